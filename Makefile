@@ -1,0 +1,37 @@
+# Two commands for a newcomer: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU wheel of torch 2.13.0 lies on this project's machines' disk; a plain `torch` pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+# Newest 5.x by default; CI also runs `make test VENV=.venv-tf4 TRANSFORMERS_SPEC=transformers==4.57.6`.
+TRANSFORMERS_SPEC ?= transformers>=4.45,<6
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hf_speculative-installed
+MODEL ?= smollm2-135m-instruct
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast compare bench clean
+
+$(STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[dev]"
+	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m hf_speculative models fetch $(MODEL)
+	$(PY) -m hf_speculative compare --model $(MODEL) --method prompt-lookup --threads 1
+
+test: install
+	$(PY) -m hf_speculative models fetch $(MODEL)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .venv-tf4 build *.egg-info .pytest_cache

@@ -1,0 +1,235 @@
+"""The two halves of every drafter: a reusable strategy and a per-call candidate generator.
+
+A :class:`DraftStrategy` is configuration only (a self-validating dataclass, safe to share between
+calls and threads). For each ``generate()`` call, :meth:`DraftStrategy.open` builds a
+:class:`SpeculativeCandidateGenerator`, a transformers ``CandidateGenerator`` that holds the state
+of that one call (caches, n-gram index, adaptive draft length) and is dropped afterwards.
+
+The base generator owns everything that must be right for *every* drafter, so a drafter only
+implements :meth:`~SpeculativeCandidateGenerator.propose`:
+
+- the draft never runs past ``max_length`` (transformers crops there only from 5.14);
+- the draft is cut at a token that would fire a stopping criterion (EOS, stop strings, custom
+  criteria), because transformers checks stopping criteria only at the end of an accepted block;
+- statistics are counted where the events happen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import torch
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StoppingCriteriaList,
+)
+
+from . import compat
+from .stats import SpeculativeStats
+
+logger = logging.getLogger(__name__)
+
+# Criteria that a draft never needs to be checked against token by token: max length is enforced
+# by capping the draft, EOS by token ids, and wall time is not a property of the tokens.
+_BUILTIN_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
+
+
+@dataclasses.dataclass
+class CallContext:
+    """What a per-call generator needs to know about the ``generate()`` call it serves."""
+
+    target: torch.nn.Module
+    generation_config: Any
+    logits_processor: Any
+    stopping_criteria: StoppingCriteriaList | None
+    stats: SpeculativeStats
+
+    @property
+    def do_sample(self) -> bool:
+        return bool(self.generation_config.do_sample)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.generation_config.max_length)
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the target's logits (the lm_head's padded size, e.g. 151936 for Qwen)."""
+        head = self.target.get_output_embeddings()
+        if head is not None and getattr(head, "out_features", None):
+            return int(head.out_features)
+        config = self.target.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return int(config.vocab_size)
+
+
+class DraftStrategy:
+    """Base of the reusable drafting strategies (``hfs.PromptLookup``, ``hfs.DraftModel``, ...).
+
+    Subclasses are dataclasses that validate themselves in ``__post_init__`` and implement
+    :meth:`open`. A strategy never holds per-call state.
+    """
+
+    name: str = "strategy"
+
+    def open(self, ctx: CallContext) -> "SpeculativeCandidateGenerator":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        """Raise a clear error if this strategy cannot serve ``target`` (device, vocabulary...)."""
+
+
+class SpeculativeCandidateGenerator(compat.CandidateGenerator):
+    """Per-call candidate generator; subclasses implement :meth:`propose`.
+
+    Args:
+        ctx (`CallContext`): the call this generator serves.
+    """
+
+    def __init__(self, ctx: CallContext):
+        self.ctx = ctx
+        self.stats = ctx.stats
+        self._eos = compat.eos_token_ids(ctx.generation_config)
+        self._eos_tensor = torch.tensor(self._eos, dtype=torch.long) if self._eos else None
+        self._custom_criteria = [c for c in (ctx.stopping_criteria or []) if not isinstance(c, _BUILTIN_CRITERIA)]
+        self._prompt_length: int | None = None
+        self._num_proposed = 0
+        self._proposed_at = 0.0
+        self.last_scores: torch.Tensor | None = None
+        self.last_verify_s = 0.0
+        # Under sampling, a draft cut *before* a stopping token would be chosen by the token that was
+        # cut, which biases the kept ones; the stopping token is kept as the last draft token instead.
+        # transformers >= 5.18 then appends a bonus token after it unless it is EOS, so with custom
+        # criteria there we do not speculate at all rather than give a wrong sample.
+        self._speculation_disabled = (
+            ctx.do_sample and bool(self._custom_criteria) and not compat.HAS_IS_DONE_CANDIDATE_RULE
+        )
+        if self._speculation_disabled:
+            logger.warning(
+                "hf_speculative: sampling with stop strings or custom stopping criteria cannot be verified "
+                "losslessly by transformers %s's assisted loop; no tokens will be drafted in this call. "
+                "Use greedy decoding, drop the stopping criteria, or use transformers < 5.18.",
+                compat.TRANSFORMERS_VERSION,
+            )
+
+    # -- what a drafter implements ----------------------------------------------------------
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Propose up to ``max_tokens`` tokens after ``input_ids``.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `[1, L]`): the verified sequence.
+            max_tokens (`int`): at least 1.
+
+        Returns:
+            `tuple`: tokens `[k]` (long, ``k <= max_tokens``, may be 0) and, when the drafter
+            sampled them, the exact logits it sampled from, `[k, V_target]`; else ``None``.
+        """
+        raise NotImplementedError
+
+    def on_verified(self, input_ids: torch.LongTensor, num_accepted: int, num_proposed: int) -> None:
+        """Called after every target forward (adapt the draft length, roll back caches).
+        ``self.last_verify_s`` holds that forward's time, ``self.last_scores`` its processed logits."""
+
+    @property
+    def after_prefill(self) -> bool:
+        """True once the target's forwards are decoding steps (the first one also prefilled the prompt)."""
+        return self.stats.target_forwards > 1
+
+    def close(self) -> None:
+        """Free per-call resources (hooks, caches). Called once when the call ends, even on error."""
+
+    # -- transformers' CandidateGenerator interface ------------------------------------------
+    def get_candidates(self, input_ids: torch.LongTensor, *args: Any, **kwargs: Any):
+        """Returns the full sequence `[1, L+k]` and the candidate logits `[1, k, V]` or ``None``."""
+        if self._prompt_length is None:
+            self._prompt_length = input_ids.shape[1]
+        start = time.perf_counter()
+        # Leave room for the target's own token: L + k + 1 <= max_length.
+        budget = self.ctx.max_length - input_ids.shape[1] - 1
+        tokens, logits = None, None
+        if budget > 0 and not self._speculation_disabled:
+            tokens, logits = self.propose(input_ids, budget)
+            if tokens is not None and tokens.numel() > 0:
+                tokens = tokens.reshape(-1)[:budget].to(device=input_ids.device, dtype=torch.long)
+                keep = self._length_before_stop(input_ids, tokens)
+                tokens = tokens[:keep]
+                logits = None if logits is None or keep == 0 else logits[:keep]
+        num = 0 if tokens is None else int(tokens.numel())
+        self._num_proposed = num
+        self.stats.record_draft(num, time.perf_counter() - start)
+        self._proposed_at = time.perf_counter()
+        if num == 0:
+            return input_ids, None
+        candidates = torch.cat([input_ids, tokens[None, :]], dim=-1)  # [1, L+k]
+        if logits is not None:
+            logits = self._to_target_vocab(logits)[None].to(input_ids.device)  # [1, k, V]
+        return candidates, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: Any) -> None:
+        accepted = min(int(num_matches), self._num_proposed)
+        self.last_verify_s = time.perf_counter() - self._proposed_at
+        self.stats.record_verify(accepted, self.last_verify_s)
+        self.stats.new_tokens = input_ids.shape[1] - (self._prompt_length or input_ids.shape[1])
+        self.last_scores = scores  # processed target logits [1, k+1, V] of this forward
+        self.on_verified(input_ids, accepted, self._num_proposed)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _length_before_stop(self, input_ids: torch.LongTensor, tokens: torch.Tensor) -> int:
+        """Number of draft tokens to keep so that no stopping criterion fires inside the block.
+
+        Greedy: cut *before* the stopping token (the target will produce it itself, deterministically).
+        Sampling: keep it as the last draft token (see ``__init__``).
+        """
+        keep_stop_token = 1 if self.ctx.do_sample else 0
+        limit = tokens.numel()
+        if self._eos_tensor is not None:
+            hits = torch.isin(tokens, self._eos_tensor.to(tokens.device)).nonzero()
+            if hits.numel():
+                limit = int(hits[0]) + keep_stop_token
+        if self._custom_criteria and limit > 0:
+            sequence = torch.cat([input_ids, tokens[None, :limit]], dim=-1)
+            base = input_ids.shape[1]
+            for i in range(1, limit + 1):
+                if any(compat.stopping_result(c(sequence[:, : base + i], None)) for c in self._custom_criteria):
+                    return i - 1 + keep_stop_token
+        return limit
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Pad (with -inf) or cut a drafter's logits `[k, V_d]` to the target's width `[k, V]`."""
+        width = self.ctx.vocab_size
+        logits = logits.float()
+        if logits.shape[-1] == width:
+            return logits
+        if logits.shape[-1] > width:
+            return logits[..., :width]
+        pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+
+class ExternalCandidateGenerator(SpeculativeCandidateGenerator):
+    """Adapts a user's raw ``CandidateGenerator`` instance: it gets the same max-length cap,
+    stopping cuts and statistics as the built-in drafters."""
+
+    def __init__(self, ctx: CallContext, inner: Any):
+        super().__init__(ctx)
+        self.inner = inner
+
+    def propose(self, input_ids, max_tokens):
+        candidates, logits = self.inner.get_candidates(input_ids)
+        tokens = candidates[0, input_ids.shape[1]:][:max_tokens]
+        if logits is not None:
+            logits = logits[0, : tokens.numel()]
+        return tokens, logits
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        update = getattr(self.inner, "update_candidate_strategy", None)
+        if update is not None:
+            try:
+                update(input_ids, self.last_scores, num_accepted)
+            except NotImplementedError:  # the abstract base raises before 5.18
+                pass

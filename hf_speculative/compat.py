@@ -1,0 +1,107 @@
+"""Every difference between supported transformers versions, in one place.
+
+Supported: transformers >= 4.45, < 6. The facts behind each shim are in the team's notes on
+transformers' assisted-generation internals; keep new shims here rather than in the drafters.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers.generation.candidate_generator import CandidateGenerator  # noqa: F401  (re-exported)
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+IS_TRANSFORMERS_5 = TRANSFORMERS_VERSION.major >= 5
+# `custom_generate=<callable>` lifts the callable's extra kwargs out of `generate()` since 4.57.
+SUPPORTS_CUSTOM_GENERATE_CALLABLE = TRANSFORMERS_VERSION >= Version("4.57.0")
+# From 5.18 the assisted loop no longer drops the bonus token after a candidate that already
+# satisfies a stopping criterion (`is_done_candidate`); it only crops at EOS and max_length.
+HAS_IS_DONE_CANDIDATE_RULE = TRANSFORMERS_VERSION < Version("5.18.0")
+
+# Cache implementations that assisted decoding cannot roll back.
+UNSUPPORTED_CACHE_IMPLEMENTATIONS = ("static", "hybrid", "sliding_window", "offloaded_static", "offloaded_hybrid",
+                                     "hybrid_chunked", "mamba", "quantized", "offloaded")
+
+
+def crop_cache(cache: Any, num_tokens_to_remove: int) -> None:
+    """Remove the last ``num_tokens_to_remove`` positions of a ``DynamicCache``.
+
+    Only a negative argument means "remove" on every version (a positive one is an absolute length
+    up to 5.14 and an error from 5.20), and ``crop(0)`` empties the cache up to 5.12: so never call
+    it with 0.
+    """
+    if num_tokens_to_remove > 0:
+        cache.crop(-num_tokens_to_remove)
+
+
+def new_dynamic_cache() -> Any:
+    """An empty full-attention ``DynamicCache`` (no sliding layers, so it can always be cropped)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+def cache_length(cache: Any) -> int:
+    return 0 if cache is None else int(cache.get_seq_length())
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_params(model_cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_cls.forward).parameters)
+
+
+def logits_to_keep_kwargs(model: torch.nn.Module, n: int) -> dict[str, int]:
+    """``{"logits_to_keep": n}`` (>= 4.50) or ``{"num_logits_to_keep": n}`` (4.45-4.49) or ``{}``."""
+    params = _forward_params(type(model))
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: n}
+    return {}
+
+
+def generation_field(generation_config: Any, name: str, default: Any) -> Any:
+    """Read a ``GenerationConfig`` field with our own fallback (5.x leaves most fields ``None``)."""
+    value = getattr(generation_config, name, None)
+    return default if value is None else value
+
+
+def eos_token_ids(generation_config: Any) -> list[int]:
+    """The EOS ids of the call as a list (empty when the model has none)."""
+    tensor = getattr(generation_config, "_eos_token_tensor", None)
+    if tensor is not None:
+        return [int(t) for t in tensor.reshape(-1).tolist()]
+    eos = getattr(generation_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
+
+
+def bind_get_candidate_generator_args(model: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Name the arguments of ``_get_candidate_generator``: its order changed across versions, the
+    names did not (``generation_config``, ``input_ids``, ``logits_processor``, ``model_kwargs``...)."""
+    signature = inspect.signature(type(model)._get_candidate_generator)
+    bound = signature.bind_partial(model, *args, **kwargs)
+    named = dict(bound.arguments)
+    named.pop("self", None)
+    named.update(named.pop("kwargs", {}) or {})
+    return named
+
+
+def stopping_result(value: Any) -> bool:
+    """Stopping criteria return a bool (4.38 and older custom ones) or a ``[B]`` bool tensor."""
+    if isinstance(value, torch.Tensor):
+        return bool(value.any())
+    return bool(value)
+
+
+def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+    """Call transformers' own ``_assisted_decoding`` on ``model`` (only the >= 4.57 signature, where
+    the loop builds its candidate generator itself; used by the ``custom_generate`` route)."""
+    from transformers.generation.utils import GenerationMixin
+
+    return GenerationMixin._assisted_decoding(model, input_ids, **kwargs)

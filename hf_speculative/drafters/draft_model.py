@@ -1,0 +1,206 @@
+"""Classic two-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a smaller
+model with the same tokenizer drafts, the target verifies."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import weakref
+from typing import Any, ClassVar
+
+import torch
+
+from .. import compat
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+
+
+@dataclasses.dataclass(eq=False)
+class DraftModel(DraftStrategy):
+    """Draft with a smaller model that shares the target's tokenizer.
+
+    The drafter keeps its own KV cache for the whole call and rolls it back to the verified
+    prefix after every target forward. The draft stops early when the drafter is unsure (its
+    probability of the token it chose falls below ``confidence_threshold``), and the longest draft
+    adapts to what gets accepted. Under sampling it samples from its own processed distribution
+    and hands exactly those logits to the rejection sampler, so the output follows the target's
+    distribution exactly.
+
+    Args:
+        model (`PreTrainedModel`): the drafter, on the target's device.
+        num_tokens (`int`, defaults to 8): the longest draft.
+        confidence_threshold (`float`, defaults to 0.3): stop drafting after a token whose drafter
+            probability is below this (0 disables).
+        adaptive (`bool`, defaults to `True`): grow the longest draft by 2 after a fully accepted
+            draft, shrink it by 1 otherwise (within ``[1, num_tokens]``).
+        tokenizer / target_tokenizer (*optional*): the two tokenizers, for a complete vocabulary
+            check; without them the check compares vocabulary sizes and special tokens, and the
+            tokenizers saved beside both models when both were loaded from local folders.
+    """
+
+    model: torch.nn.Module = dataclasses.field(repr=False)
+    num_tokens: int = 8
+    confidence_threshold: float = 0.3
+    adaptive: bool = True
+    tokenizer: Any = dataclasses.field(default=None, repr=False)
+    target_tokenizer: Any = dataclasses.field(default=None, repr=False)
+    name: ClassVar[str] = "draft-model"
+
+    def __post_init__(self):
+        if not hasattr(self.model, "config") or not callable(self.model):
+            raise TypeError(f"DraftModel(model=...) needs a transformers causal LM, got {type(self.model).__name__}.")
+        if self.num_tokens < 1:
+            raise ValueError(f"DraftModel(num_tokens={self.num_tokens}): must be >= 1.")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise ValueError(f"DraftModel(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
+        self._checked_targets: weakref.WeakSet = weakref.WeakSet()
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        if target in self._checked_targets:
+            return
+        if self.model is target:
+            raise ValueError("DraftModel(model=...) is the target itself; use a smaller model (or hfs.EarlyExit).")
+        draft_device, target_device = _device_of(self.model), _device_of(target)
+        if draft_device != target_device:
+            raise ValueError(
+                f"The draft model is on {draft_device} and the target on {target_device}; move the draft model "
+                f"with draft.to({str(target_device)!r})."
+            )
+        check_same_vocabulary(target, self.model, self.target_tokenizer, self.tokenizer)
+        self._checked_targets.add(target)
+
+    def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
+        return DraftModelCandidateGenerator(ctx, self)
+
+
+class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
+    def __init__(self, ctx: CallContext, config: DraftModel):
+        super().__init__(ctx)
+        self.config = config
+        self.drafter = config.model
+        self.cache = compat.new_dynamic_cache()
+        self.fed: list[int] = []  # tokens whose keys/values are in self.cache
+        self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
+        self.max_draft = config.num_tokens
+        self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
+
+    def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
+        """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        out = self.drafter(input_ids=ids, past_key_values=self.cache, use_cache=True, **self._keep_last)
+        self.cache = out.past_key_values
+        self.fed.extend(tokens)
+        return self._to_target_vocab(out.logits[0, -1])
+
+    def _rollback(self, input_ids: torch.LongTensor) -> int:
+        """Crop the drafter's cache to the longest prefix it shares with the verified sequence."""
+        length = input_ids.shape[1]
+        tail = input_ids[0, self._synced : len(self.fed)].tolist()
+        common = self._synced
+        for fed_token, true_token in zip(self.fed[self._synced :], tail):
+            if fed_token != true_token:
+                break
+            common += 1
+        common = min(common, length - 1)  # the last token must be fed again for its logits
+        compat.crop_cache(self.cache, len(self.fed) - common)
+        del self.fed[common:]
+        self._synced = common
+        return common
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens):
+        common = self._rollback(input_ids)
+        logits = self._forward(input_ids[0, common:].tolist(), input_ids.device)
+        self._synced = input_ids.shape[1]
+        processors = self.ctx.logits_processor
+        do_sample = self.ctx.do_sample
+        tokens: list[int] = []
+        chosen_logits: list[torch.Tensor] = []
+        sequence = input_ids
+        for i in range(min(self.max_draft, max_tokens)):
+            if processors:
+                logits = processors(sequence, logits[None])[0]
+            probs = torch.softmax(logits, dim=-1)
+            token = int(torch.multinomial(probs, 1)) if do_sample else int(torch.argmax(logits))
+            tokens.append(token)
+            chosen_logits.append(logits)
+            unsure = self.config.confidence_threshold > 0 and float(probs[token]) < self.config.confidence_threshold
+            if i + 1 == min(self.max_draft, max_tokens) or unsure:
+                break
+            if processors:
+                sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
+            logits = self._forward([token], input_ids.device)
+        draft_logits = torch.stack(chosen_logits) if do_sample else None  # [k, V]
+        return torch.tensor(tokens, dtype=torch.long), draft_logits
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        if not self.config.adaptive or num_proposed == 0:
+            return
+        if num_accepted == num_proposed:
+            self.max_draft = min(self.max_draft + 2, self.config.num_tokens)
+        else:
+            self.max_draft = max(self.max_draft - 1, 1)
+
+    def close(self):
+        self.cache = None
+        self.fed = []
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    hook = getattr(model, "_hf_hook", None)
+    if hook is not None and getattr(hook, "execution_device", None) is not None:
+        return torch.device(hook.execution_device)
+    return next(model.parameters()).device
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(config.vocab_size)
+
+
+def _local_tokenizer(model: torch.nn.Module) -> Any:
+    """The tokenizer saved beside a model loaded from a local folder (never downloads)."""
+    path = getattr(model, "name_or_path", "") or ""
+    if not os.path.isdir(path) or not any(
+        os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception:  # an unreadable tokenizer is no evidence either way
+        return None
+
+
+def check_same_vocabulary(target, drafter, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ``ValueError`` unless the two models share a vocabulary (token id -> text).
+
+    lm_heads padded beyond the tokenizer (Qwen's 151936 rows) are fine: ids the tokenizer never
+    produces cannot be drafted against the target's will.
+    """
+    target_tokenizer = target_tokenizer or _local_tokenizer(target)
+    draft_tokenizer = draft_tokenizer or _local_tokenizer(drafter)
+    names = f"target {getattr(target, 'name_or_path', type(target).__name__)!r} and drafter {getattr(drafter, 'name_or_path', type(drafter).__name__)!r}"
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        mismatched = [tok for tok, i in draft_vocab.items() if target_vocab.get(tok, i) != i]
+        mismatched += [tok for tok in draft_vocab if tok not in target_vocab]
+        if mismatched:
+            raise ValueError(
+                f"The tokenizers of the {names} differ ({len(mismatched)} tokens, e.g. {mismatched[:3]}): a "
+                "draft model must share the target's tokenizer. Pick a drafter of the same family."
+            )
+        return
+    target_size, draft_size = _vocab_size(target), _vocab_size(drafter)
+    if target_size != draft_size:
+        raise ValueError(
+            f"The vocabularies of the {names} differ in size ({target_size} vs {draft_size}): a draft model must "
+            "share the target's tokenizer. If they do share it (one lm_head padded), pass "
+            "DraftModel(..., tokenizer=draft_tok, target_tokenizer=target_tok) for a full check."
+        )
+    for field in ("eos_token_id", "bos_token_id"):
+        a, b = getattr(target.generation_config, field, None), getattr(drafter.generation_config, field, None)
+        if a is not None and b is not None and a != b:
+            raise ValueError(
+                f"The {names} disagree on {field} ({a} vs {b}); they do not share a tokenizer."
+            )

@@ -1,0 +1,113 @@
+"""Prompt lookup decoding: propose the continuation of the most recent earlier occurrence of the
+last n tokens (Saxena 2023). Free to run, excellent when the output copies the input
+(summarization, RAG, code editing), and nothing to load."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from .policy import AcceptanceEstimate, VerifyCostModel
+
+
+@dataclasses.dataclass
+class PromptLookup(DraftStrategy):
+    """N-gram lookup over the prompt and the generated text.
+
+    Better than transformers' ``prompt_lookup_num_tokens``: the longest n-gram first and its *most
+    recent* occurrence, an incremental index (the per-step cost does not grow with the context),
+    and a draft length chosen per step from the measured acceptance of matches of that n-gram size
+    and the measured cost of verifying drafts on this hardware; when matches do not pay, it drafts
+    nothing and costs nothing.
+
+    Args:
+        num_tokens (`int`, defaults to 10): the longest draft.
+        max_ngram (`int`, defaults to 3): the longest n-gram to match.
+        min_ngram (`int`, defaults to 1): the shortest n-gram to match.
+        adaptive (`bool`, defaults to `True`): choose the draft length per step; ``False`` always
+            proposes ``num_tokens`` tokens when there is a match (like transformers does).
+    """
+
+    num_tokens: int = 10
+    max_ngram: int = 3
+    min_ngram: int = 1
+    adaptive: bool = True
+    name: ClassVar[str] = "prompt-lookup"
+
+    def __post_init__(self):
+        if self.num_tokens < 1:
+            raise ValueError(f"PromptLookup(num_tokens={self.num_tokens}): must be >= 1.")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(
+                f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}): need 1 <= min_ngram <= max_ngram."
+            )
+
+    def open(self, ctx: CallContext) -> "PromptLookupCandidateGenerator":
+        return PromptLookupCandidateGenerator(ctx, self)
+
+
+class NgramIndex:
+    """Most recent end position of every n-gram (``min_n <= n <= max_n``) of a growing token list.
+
+    An n-gram ending at position ``e`` (tokens ``[e-n, e)``) is only indexed once ``e < len``, so
+    that it has a continuation; appending ``t`` tokens costs ``O(t * (max_n - min_n + 1))``.
+    """
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._next_end = 1  # ends < this are indexed
+
+    def extend(self, new_tokens: list[int]) -> None:
+        self.tokens.extend(new_tokens)
+        tokens, last_end = self.tokens, self._last_end
+        for end in range(self._next_end, len(tokens)):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                last_end[tuple(tokens[end - n : end])] = end
+        self._next_end = max(self._next_end, len(tokens))
+
+    def lookup(self) -> tuple[int, int] | None:
+        """``(n, start of the continuation)`` for the longest suffix n-gram seen before, or ``None``."""
+        tokens = self.tokens
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            end = self._last_end.get(tuple(tokens[len(tokens) - n :]))
+            if end is not None:
+                return n, end
+        return None
+
+
+class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
+    def __init__(self, ctx: CallContext, config: PromptLookup):
+        super().__init__(ctx)
+        self.config = config
+        self.index = NgramIndex(config.min_ngram, config.max_ngram)
+        self.acceptance = {n: AcceptanceEstimate() for n in range(config.min_ngram, config.max_ngram + 1)}
+        self.costs = VerifyCostModel(config.num_tokens)
+        self._matched_n: int | None = None
+
+    def propose(self, input_ids, max_tokens):
+        self.index.extend(input_ids[0, len(self.index.tokens) :].tolist())
+        self._matched_n = None
+        match = self.index.lookup()
+        if match is None:
+            return None, None
+        n, start = match
+        k = min(self.config.num_tokens, max_tokens)
+        if self.config.adaptive:
+            k = self.costs.best_length(self.acceptance[n].rate, k)
+            if k == 0:
+                self.acceptance[n].forgive()
+                return None, None
+        self._matched_n = n
+        draft = self.index.tokens[start : start + k]
+        return torch.tensor(draft, dtype=torch.long), None
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        if self.after_prefill:
+            self.costs.observe(num_proposed, self.last_verify_s)
+        if self._matched_n is not None and num_proposed:
+            self.acceptance[self._matched_n].update(num_accepted, num_proposed)

@@ -1,0 +1,94 @@
+"""Per-call speculative decoding statistics.
+
+A :class:`SpeculativeStats` is filled in by the per-call candidate generator *where each event
+happens* (a draft is proposed, a target forward verifies it) and published when the call ends, so
+``hf_speculative.last_stats(model)`` always describes one complete ``generate()`` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Any
+
+
+@dataclasses.dataclass
+class SpeculativeStats:
+    """Counters of one ``generate()`` call.
+
+    Attributes:
+        method (`str`): name of the drafting strategy (``"prompt-lookup"``, ``"draft-model"``, ...).
+        target_forwards (`int`): forwards of the target model, prefill included.
+        drafted_tokens (`int`): tokens proposed by the drafter and sent to verification.
+        accepted_tokens (`int`): proposed tokens that the target kept.
+        new_tokens (`int`): tokens added to the sequence by the call.
+        accepted_lengths (`Counter[int]`): histogram, for every target forward, of the number of
+            proposed tokens it accepted (0 = the forward produced only the target's own token).
+        draft_time_s / verify_time_s / total_time_s (`float`): wall time spent proposing, in the
+            target forward plus acceptance, and in the whole call.
+        extra (`dict`): drafter specific details (e.g. the layer set chosen by a calibration).
+    """
+
+    method: str = ""
+    target_forwards: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    new_tokens: int = 0
+    accepted_lengths: Counter = dataclasses.field(default_factory=Counter)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    # -- events -------------------------------------------------------------------------------
+    def record_draft(self, num_tokens: int, seconds: float) -> None:
+        self.drafted_tokens += num_tokens
+        self.draft_time_s += seconds
+
+    def record_verify(self, num_accepted: int, seconds: float) -> None:
+        self.target_forwards += 1
+        self.accepted_tokens += num_accepted
+        self.accepted_lengths[num_accepted] += 1
+        self.verify_time_s += seconds
+
+    # -- derived figures ----------------------------------------------------------------------
+    @property
+    def tau(self) -> float:
+        """Mean tokens gained per target forward, the target's own token included (1.0 = no gain)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of proposed tokens that were accepted (0.0 when nothing was proposed)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the counters and the derived figures."""
+        out = dataclasses.asdict(self)
+        out["accepted_lengths"] = {int(k): int(v) for k, v in sorted(self.accepted_lengths.items())}
+        out.update(tau=self.tau, acceptance_rate=self.acceptance_rate, tokens_per_second=self.tokens_per_second)
+        return out
+
+    def summary(self) -> str:
+        return (
+            f"{self.method}: {self.new_tokens} tokens in {self.total_time_s:.2f}s "
+            f"({self.tokens_per_second:.1f} tok/s), tau={self.tau:.2f}, "
+            f"acceptance={self.acceptance_rate:.0%}, target forwards={self.target_forwards}"
+        )
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
+
+    def __enter__(self) -> "Stopwatch":
+        self._t0 = time.perf_counter()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._t0
