@@ -1,0 +1,216 @@
+"""Times decoding methods on Spec-Bench prompts and writes one JSON line per (prompt, method).
+
+Timing discipline (see :func:`run_bench`): a fixed number of CPU threads, one untimed warm-up
+generation per method, then every prompt is decoded by plain greedy and each method in turn before
+moving to the next prompt (so slow drifts of the machine hit all methods alike), with the median
+time over ``repeats``. Every method's output is compared token by token with greedy's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from ..methods import MethodRun, MethodSpec, get_method, run_method
+
+MT_BENCH = "mt-bench"
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH_CATEGORIES = (MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")
+BASELINE = "greedy"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt: the first turn of a Spec-Bench question."""
+
+    question_id: Any
+    category: str
+    text: str
+
+
+def default_dataset_path(cwd: str | os.PathLike | None = None) -> Path | None:
+    """``../shared/data/spec_bench/question.jsonl`` relative to ``cwd`` if it exists, else ``None``."""
+    path = Path(cwd or os.getcwd()).parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+    return path if path.is_file() else None
+
+
+def load_prompts(
+    path: str | os.PathLike,
+    categories: Iterable[str] | None = None,
+    per_category: int | None = None,
+) -> list[Prompt]:
+    """Read a Spec-Bench ``question.jsonl`` (fields ``question_id``, ``category``, ``turns``).
+
+    Args:
+        path: the jsonl file.
+        categories (*optional*): categories to keep, in this order; ``"mt-bench"`` stands for the 8
+            MT-bench categories together, reported as one category. Default: every category of
+            the file, in file order.
+        per_category (`int`, *optional*): keep the first N prompts of each category. For
+            ``"mt-bench"`` the N are taken round-robin over its 8 categories (first writing, first
+            roleplay, ..., second writing, ...) so that a small N still covers them all.
+
+    Returns:
+        `list[Prompt]`, grouped by category.
+    """
+    by_category: dict[str, list[Prompt]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                prompt = Prompt(row["question_id"], row["category"], row["turns"][0])
+                by_category.setdefault(prompt.category, []).append(prompt)
+    if by_category and all(c in by_category for c in MT_BENCH_CATEGORIES):
+        groups = [by_category[c] for c in MT_BENCH_CATEGORIES]
+        mixed = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
+        by_category[MT_BENCH] = [dataclasses.replace(p, category=MT_BENCH) for p in mixed]
+    wanted = list(categories) if categories else [c for c in by_category if c != MT_BENCH]
+    unknown = [c for c in wanted if c not in by_category]
+    if unknown:
+        raise ValueError(f"unknown categories {unknown}; known categories: {', '.join(by_category)}")
+    prompts: list[Prompt] = []
+    for category in wanted:
+        group = by_category[category]
+        prompts.extend(group[:per_category] if per_category else group)
+    return prompts
+
+
+def encode_prompt(tokenizer: Any, text: str, chat_template: bool = True) -> torch.Tensor:
+    """Token ids `[1, L]` of ``text`` as a user turn of the chat template (raw text if there is none)."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        # The rendered template already holds the special tokens it wants (as transformers does).
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    return tokenizer(text, return_tensors="pt").input_ids
+
+
+def environment(model: Any = None, threads: int | None = None) -> dict[str, Any]:
+    """Versions, thread count, device and CPU model, stored with every benchmark record."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    device = str(getattr(model, "device", "cpu"))
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": threads if threads is not None else torch.get_num_threads(),
+        "device": device,
+        "cpu": cpu,
+        "python": platform.python_version(),
+    }
+
+
+def _record(run: MethodRun, seconds: float, prompt: Prompt, greedy_ids: list[int], base: dict) -> dict:
+    return {
+        **base,
+        "method": run.method,
+        "category": prompt.category,
+        "question_id": prompt.question_id,
+        "new_tokens": run.new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": run.new_tokens / seconds if seconds > 0 else 0.0,
+        "tau": run.tau,
+        "acceptance_rate": run.acceptance_rate,
+        "target_forwards": run.target_forwards,
+        "drafted": run.drafted,
+        "accepted": run.accepted,
+        "identical_to_greedy": run.output_ids == greedy_ids,
+    }
+
+
+def run_bench(
+    model: Any,
+    tokenizer: Any,
+    methods: Iterable[str | MethodSpec],
+    prompts: list[Prompt],
+    *,
+    out: str | os.PathLike,
+    model_name: str = "",
+    options: dict | None = None,
+    max_new_tokens: int = 128,
+    threads: int = 1,
+    repeats: int = 1,
+    chat_template: bool = True,
+    progress: bool = True,
+) -> list[dict]:
+    """Benchmark ``methods`` against plain greedy on ``prompts``; append one JSON line per run to ``out``.
+
+    Args:
+        model, tokenizer: the target model and its tokenizer.
+        methods: method names or specs; greedy is always run first (added if missing).
+        prompts (`list[Prompt]`): from :func:`load_prompts`.
+        out: the jsonl file to append to (created with its folder if needed).
+        model_name (`str`): stored in each record.
+        options (`dict`, *optional*): method options (``num_tokens``, ``draft_model``...).
+        max_new_tokens (`int`), threads (`int`), repeats (`int`): see the module docstring.
+        chat_template (`bool`): apply the tokenizer's chat template to the prompts.
+        progress (`bool`): show a tqdm bar.
+
+    Returns:
+        `list[dict]`: the records written, in order.
+    """
+    specs = [get_method(m) if isinstance(m, str) else m for m in methods]
+    specs = [get_method(BASELINE)] + [s for s in specs if s.name != BASELINE]
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not prompts:
+        raise ValueError("no prompts to run")
+    options = {} if options is None else options
+    torch.set_num_threads(threads)
+    model.eval()
+    base = {
+        "run_id": time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}",
+        "model": model_name or getattr(model.config, "_name_or_path", ""),
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        **environment(model, threads),
+    }
+    encoded = [encode_prompt(tokenizer, p.text, chat_template) for p in prompts]
+    for spec in specs:  # warm-up, untimed
+        run_method(spec, model, tokenizer, encoded[0], options=options, max_new_tokens=min(max_new_tokens, 16))
+
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    bar = tqdm(total=len(prompts) * len(specs) * repeats, disable=not progress, desc="bench", unit="gen")
+    with open(out, "a", encoding="utf-8") as f:
+        for prompt, input_ids in zip(prompts, encoded):
+            runs: dict[str, list[MethodRun]] = {s.name: [] for s in specs}
+            for _ in range(repeats):
+                for spec in specs:
+                    runs[spec.name].append(
+                        run_method(spec, model, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens)
+                    )
+                    bar.update()
+            greedy_ids = runs[BASELINE][0].output_ids
+            for spec in specs:
+                first = runs[spec.name][0]
+                seconds = statistics.median(r.seconds for r in runs[spec.name])
+                record = _record(first, seconds, prompt, greedy_ids, base)
+                record["input_tokens"] = int(input_ids.shape[1])
+                if repeats > 1:
+                    record["seconds_all"] = [r.seconds for r in runs[spec.name]]
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                records.append(record)
+    bar.close()
+    return records

@@ -1,0 +1,321 @@
+"""The registry of decoding methods that the CLI, the benchmark and the demo app can run.
+
+A :class:`MethodSpec` says how to turn one ``model.generate()`` call into a given decoding method:
+which extra keyword arguments to pass (built fresh for every call) and which options it reads.
+Every method is registered here with :func:`register_method`; callers look them up by name with
+:func:`get_method` and list them with :func:`available_methods`, so no other module keeps its own
+list of methods.
+
+:func:`run_method` runs one method on one prompt and gathers what can be measured about it, the same
+way for every kind of method:
+
+- ``"baseline"`` (plain greedy) and ``"transformers"`` (transformers' own speculative methods):
+  there are no ``hf_speculative`` statistics, so the target's forwards are counted with a forward
+  pre-hook on the target during the call, and tau is ``new_tokens / target_forwards``. Drafted and
+  accepted token counts (hence the acceptance rate) are unknown and left as ``None``. For
+  ``hf-assisted`` the assistant is another module, so its forwards never reach the hook. For
+  ``hf-early-exit`` the assistant *is* the target: transformers lowers
+  ``config.num_hidden_layers`` of the base model while drafting, so a forward that runs while the
+  layer count is lowered is a drafting forward and is not counted.
+- ``"hfs"`` (``hf_speculative`` strategies): the figures come from ``hf_speculative.last_stats``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Literal
+
+import torch
+
+MethodKind = Literal["baseline", "hfs", "transformers"]
+BuildFn = Callable[[Any, Any, dict], dict]
+
+_REGISTRY: dict[str, "MethodSpec"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """How to run one decoding method through ``model.generate()``.
+
+    Attributes:
+        name (`str`): registry key, e.g. ``"prompt-lookup"``.
+        label (`str`): short human readable name for tables and the UI.
+        description (`str`): one sentence.
+        kind (`str`): ``"baseline"``, ``"hfs"`` (needs ``hf_speculative.enable(model)``) or
+            ``"transformers"`` (transformers' own assisted generation).
+        build (`Callable[[model, tokenizer, options], dict]`): the extra ``generate()`` kwargs of
+            one call. ``options`` is a shared dict of all options given by the user; a method reads
+            only the keys listed in :attr:`options` and may cache resolved values in it (a draft
+            model loaded from its registry name).
+        options (`dict[str, Any]`): the options the method reads, with their defaults (``None``:
+            the underlying strategy's own default).
+    """
+
+    name: str
+    label: str
+    description: str
+    kind: MethodKind
+    build: BuildFn
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return "draft_model" in self.options
+
+    def option(self, options: dict | None, key: str) -> Any:
+        """The value of option ``key`` for this method: the user's if given, else the default."""
+        value = (options or {}).get(key)
+        return self.options.get(key) if value is None else value
+
+
+def register_method(spec: MethodSpec, *, replace: bool = False) -> MethodSpec:
+    """Add ``spec`` to the registry (``replace=True`` to overwrite a method of the same name)."""
+    if spec.kind not in ("baseline", "hfs", "transformers"):
+        raise ValueError(f"unknown method kind {spec.kind!r}: expected 'baseline', 'hfs' or 'transformers'")
+    if spec.name in _REGISTRY and not replace:
+        raise ValueError(f"a method named {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_method(name: str) -> MethodSpec:
+    """The registered method called ``name``; raises `ValueError` listing the known names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(available_methods())}") from None
+
+
+def available_methods() -> list[str]:
+    """Names of the registered methods, in registration order."""
+    return list(_REGISTRY)
+
+
+# -- what one call measured -----------------------------------------------------------------------
+@dataclasses.dataclass
+class MethodRun:
+    """The outcome of :func:`run_method`: new token ids, wall time and speculation figures.
+
+    ``target_forwards`` / ``drafted`` / ``accepted`` / ``tau`` / ``acceptance_rate`` are ``None``
+    where the method gives no way to measure them.
+    """
+
+    method: str
+    output_ids: list[int]
+    seconds: float
+    target_forwards: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+    tau: float | None = None
+    acceptance_rate: float | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def resolve_draft_model(spec: MethodSpec, options: dict, target: Any = None) -> Any:
+    """The draft model of ``options``; a registry name or path is loaded once (onto ``target``'s device)
+    and cached there."""
+    draft = options.get("draft_model")
+    if draft is None:
+        raise ValueError(f"method {spec.name!r} needs a draft model (option draft_model / --draft-model)")
+    if isinstance(draft, str):
+        from .models import load_model
+
+        device = getattr(target, "device", None)
+        draft, _ = load_model(draft, device=None if device is None or device.type == "cpu" else device)
+        options["draft_model"] = draft
+    return draft
+
+
+class _ForwardCounter:
+    """Counts the target's own forwards during a call (see the module docstring for early exit)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.count = 0
+        self._base_config = getattr(model, getattr(model, "base_model_prefix", ""), model).config
+        self._layers = getattr(self._base_config, "num_hidden_layers", None)
+        self._handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, args: Any) -> None:
+        if getattr(self._base_config, "num_hidden_layers", None) == self._layers:
+            self.count += 1
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def run_method(
+    spec: MethodSpec | str,
+    model: Any,
+    tokenizer: Any,
+    input_ids: torch.Tensor,
+    *,
+    options: dict | None = None,
+    max_new_tokens: int = 128,
+    **generate_kwargs: Any,
+) -> MethodRun:
+    """Run one greedy ``generate()`` call of ``spec`` on ``input_ids`` (`[1, L]`) and measure it.
+
+    Args:
+        spec (`MethodSpec` or `str`): the method or its registry name.
+        model, tokenizer: the target and its tokenizer.
+        input_ids (`torch.LongTensor` of shape `[1, L]`): the prompt.
+        options (`dict`, *optional*): method options (``num_tokens``, ``draft_model``...).
+        max_new_tokens (`int`): generation budget.
+        generate_kwargs: passed on to ``generate()``.
+
+    Returns:
+        `MethodRun`: ``output_ids`` are the new tokens, at most ``max_new_tokens`` of them (transformers
+        < 5.14 may accept a verified block past the budget; the excess is dropped so that every method is
+        compared on the same budget).
+    """
+    import hf_speculative as hfs
+
+    spec = get_method(spec) if isinstance(spec, str) else spec
+    options = {} if options is None else options
+    input_ids = input_ids.to(model.device)
+    if spec.kind == "hfs":
+        hfs.enable(model)  # idempotent
+    extra = spec.build(model, tokenizer, options)
+    kwargs = dict(
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=_pad_token_id(model, tokenizer),
+    )
+    kwargs.update(generate_kwargs)
+    kwargs.update(extra)
+    counter = _ForwardCounter(model) if spec.kind != "hfs" else None
+    try:
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = model.generate(input_ids, **kwargs)
+            seconds = time.perf_counter() - start
+    finally:
+        if counter is not None:
+            counter.remove()
+    # transformers < 5.14 can accept a verified block past the budget: keep what greedy could produce.
+    new_ids = out[0, input_ids.shape[1] : input_ids.shape[1] + max_new_tokens].tolist()
+    run = MethodRun(method=spec.name, output_ids=new_ids, seconds=seconds)
+    if counter is not None:
+        run.target_forwards = counter.count
+        run.tau = run.new_tokens / counter.count if counter.count else None
+    elif (stats := hfs.last_stats(model)) is not None:
+        run.target_forwards, run.drafted = stats.target_forwards, stats.drafted_tokens
+        run.accepted = stats.accepted_tokens
+        run.tau, run.acceptance_rate = stats.tau, stats.acceptance_rate
+    return run
+
+
+def _pad_token_id(model: Any, tokenizer: Any) -> int | None:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tokenizer, "eos_token_id", None)
+    if pad is None:
+        eos = model.generation_config.eos_token_id
+        pad = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    return pad
+
+
+# -- the built-in methods -------------------------------------------------------------------------
+def _build_greedy(model: Any, tokenizer: Any, options: dict) -> dict:
+    return {}
+
+
+def _build_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("prompt-lookup")
+    kwargs = {k: spec.option(options, k) for k in ("num_tokens", "max_ngram")}
+    return {"candidate_generator": hfs.PromptLookup(**{k: v for k, v in kwargs.items() if v is not None})}
+
+
+def _build_draft_model(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("draft-model")
+    draft = resolve_draft_model(spec, options, model)
+    num_tokens = spec.option(options, "num_tokens")
+    strategy = hfs.DraftModel(draft) if num_tokens is None else hfs.DraftModel(draft, num_tokens=num_tokens)
+    return {"candidate_generator": strategy}
+
+
+def _build_hf_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
+    spec = get_method("hf-prompt-lookup")
+    kwargs = {"prompt_lookup_num_tokens": int(spec.option(options, "num_tokens"))}
+    if spec.option(options, "max_ngram") is not None:
+        kwargs["max_matching_ngram_size"] = int(spec.option(options, "max_ngram"))
+    return kwargs
+
+
+def _build_hf_assisted(model: Any, tokenizer: Any, options: dict) -> dict:
+    spec = get_method("hf-assisted")
+    kwargs = {"assistant_model": resolve_draft_model(spec, options, model)}
+    if spec.option(options, "num_tokens") is not None:
+        kwargs["num_assistant_tokens"] = int(spec.option(options, "num_tokens"))
+    return kwargs
+
+
+def _build_hf_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
+    spec = get_method("hf-early-exit")
+    kwargs = {"assistant_early_exit": int(spec.option(options, "exit_layer"))}
+    if spec.option(options, "num_tokens") is not None:
+        kwargs["num_assistant_tokens"] = int(spec.option(options, "num_tokens"))
+    return kwargs
+
+
+def _register_builtin_methods() -> None:
+    for spec in (
+        MethodSpec("greedy", "Greedy", "Plain greedy decoding: the baseline.", "baseline", _build_greedy),
+        MethodSpec(
+            "prompt-lookup",
+            "Prompt lookup (hfs)",
+            "hf_speculative's n-gram prompt lookup: drafts the continuation of the last n-gram seen earlier.",
+            "hfs",
+            _build_prompt_lookup,
+            {"num_tokens": None, "max_ngram": None},
+        ),
+        MethodSpec(
+            "draft-model",
+            "Draft model (hfs)",
+            "hf_speculative's draft model: a smaller model with the same tokenizer drafts greedily.",
+            "hfs",
+            _build_draft_model,
+            {"draft_model": None, "num_tokens": None},
+        ),
+        MethodSpec(
+            "hf-prompt-lookup",
+            "Prompt lookup (transformers)",
+            "transformers' own prompt lookup decoding (prompt_lookup_num_tokens).",
+            "transformers",
+            _build_hf_prompt_lookup,
+            {"num_tokens": 10, "max_ngram": None},
+        ),
+        MethodSpec(
+            "hf-assisted",
+            "Assisted (transformers)",
+            "transformers' own assisted generation with a draft model (assistant_model).",
+            "transformers",
+            _build_hf_assisted,
+            {"draft_model": None, "num_tokens": None},
+        ),
+        MethodSpec(
+            "hf-early-exit",
+            "Early exit (transformers)",
+            "transformers' own self-speculation that drafts with the first layers (assistant_early_exit).",
+            "transformers",
+            _build_hf_early_exit,
+            {"exit_layer": 8, "num_tokens": None},
+        ),
+    ):
+        register_method(spec, replace=True)
+
+
+_register_builtin_methods()

@@ -1,0 +1,153 @@
+"""The decoding-method registry and :func:`run_method` on tiny random models."""
+
+import sys
+import types
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_speculative import methods
+from hf_speculative.methods import MethodSpec, available_methods, get_method, register_method, run_method
+
+BUILTIN = ["greedy", "prompt-lookup", "draft-model", "hf-prompt-lookup", "hf-assisted", "hf-early-exit"]
+# A prompt that repeats itself, so that prompt lookup finds n-grams to draft from.
+PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
+
+
+def tiny_llama(seed: int, layers: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A private copy of the registry, so tests can register methods freely."""
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0, layers=4)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_llama(1)
+
+
+def test_builtin_methods_are_registered_in_order():
+    assert available_methods()[: len(BUILTIN)] == BUILTIN
+    kinds = {name: get_method(name).kind for name in BUILTIN}
+    assert kinds == {
+        "greedy": "baseline",
+        "prompt-lookup": "hfs",
+        "draft-model": "hfs",
+        "hf-prompt-lookup": "transformers",
+        "hf-assisted": "transformers",
+        "hf-early-exit": "transformers",
+    }
+    assert [n for n in BUILTIN if get_method(n).needs_draft_model] == ["draft-model", "hf-assisted"]
+
+
+def test_unknown_method_lists_known_names():
+    with pytest.raises(ValueError, match="unknown method 'nope'") as info:
+        get_method("nope")
+    for name in BUILTIN:
+        assert name in str(info.value)
+
+
+def test_register_method(registry):
+    spec = MethodSpec("mine", "Mine", "a test method", "transformers", lambda m, t, o: {"prompt_lookup_num_tokens": 3})
+    assert register_method(spec) is spec
+    assert get_method("mine") is spec and available_methods()[-1] == "mine"
+    with pytest.raises(ValueError, match="already registered"):
+        register_method(spec)
+    other = MethodSpec("mine", "Mine 2", "replaced", "baseline", lambda m, t, o: {})
+    register_method(other, replace=True)
+    assert get_method("mine") is other
+    with pytest.raises(ValueError, match="unknown method kind"):
+        register_method(MethodSpec("bad", "Bad", "", "other", lambda m, t, o: {}))  # type: ignore[arg-type]
+
+
+def test_transformers_builds_defaults_and_options(draft):
+    build = lambda name, options: get_method(name).build(None, None, options)  # noqa: E731
+    assert build("greedy", {}) == {}
+    assert build("hf-prompt-lookup", {}) == {"prompt_lookup_num_tokens": 10}
+    assert build("hf-prompt-lookup", {"num_tokens": 4, "max_ngram": 2}) == {
+        "prompt_lookup_num_tokens": 4,
+        "max_matching_ngram_size": 2,
+    }
+    assert build("hf-early-exit", {}) == {"assistant_early_exit": 8}
+    assert build("hf-early-exit", {"exit_layer": 3, "num_tokens": 5}) == {
+        "assistant_early_exit": 3,
+        "num_assistant_tokens": 5,
+    }
+    assert build("hf-assisted", {"draft_model": draft}) == {"assistant_model": draft}
+    with pytest.raises(ValueError, match="needs a draft model"):
+        build("hf-assisted", {})
+
+
+def test_draft_model_name_is_loaded_once_and_cached(monkeypatch, draft):
+    calls = []
+
+    def load_model(name, dtype=None, device=None):
+        calls.append(name)
+        return draft, None
+
+    monkeypatch.setitem(sys.modules, "hf_speculative.models", types.SimpleNamespace(load_model=load_model))
+    options = {"draft_model": "some-registry-name"}
+    spec = get_method("hf-assisted")
+    assert spec.build(None, None, options) == {"assistant_model": draft}
+    assert spec.build(None, None, options) == {"assistant_model": draft}
+    assert calls == ["some-registry-name"] and options["draft_model"] is draft
+
+
+def test_greedy_counts_one_forward_per_token(target):
+    run = run_method("greedy", target, None, PROMPT, max_new_tokens=12)
+    assert run.new_tokens == 12 and run.target_forwards == 12 and run.tau == 1.0
+    assert run.drafted is None and run.acceptance_rate is None
+    assert run.seconds > 0 and run.tokens_per_s > 0
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("hf-prompt-lookup", {}), ("hf-assisted", {"draft_model": "draft"}), ("hf-early-exit", {"exit_layer": 1})],
+)
+def test_transformers_methods_match_greedy(target, draft, name, options):
+    options = {k: (draft if v == "draft" else v) for k, v in options.items()}
+    greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
+    run = run_method(name, target, None, PROMPT, options=options, max_new_tokens=24)
+    assert run.output_ids == greedy.output_ids
+    assert 1 <= run.target_forwards <= greedy.target_forwards
+    assert run.tau == pytest.approx(run.new_tokens / run.target_forwards)
+    assert run.acceptance_rate is None
+
+
+def test_early_exit_drafting_forwards_are_not_counted(target):
+    """The self-drafting forwards of hf-early-exit run through the target too but are not counted."""
+    calls = []
+    handle = target.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        run = run_method("hf-early-exit", target, None, PROMPT, options={"exit_layer": 1}, max_new_tokens=24)
+    finally:
+        handle.remove()
+    assert run.target_forwards < len(calls)
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "draft-model"])
+def test_hfs_methods_match_greedy_and_report_stats(target, draft, name):
+    greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
+    run = run_method(name, target, None, PROMPT, options={"draft_model": draft, "num_tokens": 4}, max_new_tokens=24)
+    assert run.output_ids == greedy.output_ids
+    assert run.target_forwards >= 1 and run.tau == pytest.approx(run.new_tokens / run.target_forwards)
+    assert run.drafted is not None and run.accepted is not None and run.accepted <= run.drafted
+    assert 0.0 <= run.acceptance_rate <= 1.0
