@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import weakref
 from typing import Any, ClassVar
 
@@ -12,6 +13,12 @@ import torch
 
 from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from .policy import VerifyCostModel
+
+
+# target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
+# them takes seconds; strategies are rebuilt per call by the benchmark and the app)
+_COMPATIBLE: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(eq=False)
@@ -27,7 +34,7 @@ class DraftModel(DraftStrategy):
 
     Args:
         model (`PreTrainedModel`): the drafter, on the target's device.
-        num_tokens (`int`, defaults to 8): the longest draft.
+        num_tokens (`int`, defaults to 16): the longest draft (the confidence rule usually stops earlier).
         confidence_threshold (`float`, defaults to 0.3): stop drafting after a token whose drafter
             probability is below this (0 disables).
         adaptive (`bool`, defaults to `True`): grow the longest draft by 2 after a fully accepted
@@ -38,7 +45,7 @@ class DraftModel(DraftStrategy):
     """
 
     model: torch.nn.Module = dataclasses.field(repr=False)
-    num_tokens: int = 8
+    num_tokens: int = 16
     confidence_threshold: float = 0.3
     adaptive: bool = True
     tokenizer: Any = dataclasses.field(default=None, repr=False)
@@ -52,10 +59,9 @@ class DraftModel(DraftStrategy):
             raise ValueError(f"DraftModel(num_tokens={self.num_tokens}): must be >= 1.")
         if not 0.0 <= self.confidence_threshold < 1.0:
             raise ValueError(f"DraftModel(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
-        self._checked_targets: weakref.WeakSet = weakref.WeakSet()
 
     def validate_target(self, target: torch.nn.Module) -> None:
-        if target in self._checked_targets:
+        if self.model in _COMPATIBLE.get(target, ()):
             return
         if self.model is target:
             raise ValueError("DraftModel(model=...) is the target itself; use a smaller model (or hfs.EarlyExit).")
@@ -66,13 +72,22 @@ class DraftModel(DraftStrategy):
                 f"with draft.to({str(target_device)!r})."
             )
         check_same_vocabulary(target, self.model, self.target_tokenizer, self.tokenizer)
-        self._checked_targets.add(target)
+        _COMPATIBLE.setdefault(target, weakref.WeakSet()).add(self.model)
 
     def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
         return DraftModelCandidateGenerator(ctx, self)
 
 
 class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
+    """Per-call state: the drafter's cache, and the costs and calibration behind the draft length.
+
+    Drafting token ``i`` pays when the chance that the whole draft up to it is accepted (the
+    product of the drafter's confidences, calibrated against what was really accepted) exceeds
+    its price in target forwards: one drafter forward plus the extra cost of verifying one more
+    token, both measured during the call. When even the first token does not pay for several
+    steps, drafting pauses (1, 2, 4, ... 32 steps) and the drafter catches up later in one forward.
+    """
+
     def __init__(self, ctx: CallContext, config: DraftModel):
         super().__init__(ctx)
         self.config = config
@@ -82,13 +97,26 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self.max_draft = config.num_tokens
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
+        self.verify_costs = VerifyCostModel(config.num_tokens)
+        self._draft_step_s: float | None = None  # one-token drafter forward, seconds
+        self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
+        self._calibration = 1.0  # accepted tokens / predicted accepted tokens
+        self._predicted = 0.0  # expected accepted tokens of the pending draft
+        self._unprofitable = 0
+        self._pause = 0
+        self._backoff = 1
 
     def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
         """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
+        start = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         out = self.drafter(input_ids=ids, past_key_values=self.cache, use_cache=True, **self._keep_last)
         self.cache = out.past_key_values
         self.fed.extend(tokens)
+        if len(tokens) == 1:
+            seconds = time.perf_counter() - start
+            old = self._draft_step_s
+            self._draft_step_s = seconds if old is None else old + 0.3 * (seconds - old)
         return self._to_target_vocab(out.logits[0, -1])
 
     def _rollback(self, input_ids: torch.LongTensor) -> int:
@@ -106,35 +134,73 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._synced = common
         return common
 
+    def _draft_price(self) -> float:
+        """One drafter forward, in target forwards."""
+        target_step = self.verify_costs.seconds(0)
+        if self._draft_step_s is not None and target_step:
+            return self._draft_step_s / target_step
+        return self._size_ratio  # until measured: forwards cost in proportion to parameters
+
+    def _verify_price(self, i: int) -> float:
+        """Extra cost of verifying an ``i``-th draft token, in target forwards."""
+        return self.verify_costs.ratio(i) - self.verify_costs.ratio(i - 1)
+
     @torch.no_grad()
     def propose(self, input_ids, max_tokens):
+        self._predicted = 0.0
+        if self._pause > 0:
+            self._pause -= 1
+            return None, None
         common = self._rollback(input_ids)
         logits = self._forward(input_ids[0, common:].tolist(), input_ids.device)
         self._synced = input_ids.shape[1]
-        processors = self.ctx.logits_processor
-        do_sample = self.ctx.do_sample
+        processors, do_sample, adaptive = self.ctx.logits_processor, self.ctx.do_sample, self.config.adaptive
+        limit = min(self.max_draft, max_tokens)
         tokens: list[int] = []
         chosen_logits: list[torch.Tensor] = []
         sequence = input_ids
-        for i in range(min(self.max_draft, max_tokens)):
+        accept_all = 1.0  # estimated probability that the whole draft so far is accepted
+        while True:
             if processors:
                 logits = processors(sequence, logits[None])[0]
             probs = torch.softmax(logits, dim=-1)
+            # Whether to draft this position is decided from the drafter's distribution alone, before
+            # sampling: a choice that depended on the sampled token would bias the rejection sampler.
+            peak = float(probs.max())
+            if adaptive and accept_all * min(peak * self._calibration, 1.0) < self._verify_price(len(tokens) + 1):
+                break  # its expected gain does not pay for verifying it (its drafting is already paid)
             token = int(torch.multinomial(probs, 1)) if do_sample else int(torch.argmax(logits))
+            confidence = float(probs[token])
+            accept_all *= min(confidence * self._calibration, 1.0)
             tokens.append(token)
             chosen_logits.append(logits)
-            unsure = self.config.confidence_threshold > 0 and float(probs[token]) < self.config.confidence_threshold
-            if i + 1 == min(self.max_draft, max_tokens) or unsure:
+            self._predicted += accept_all
+            if len(tokens) == limit or confidence < self.config.confidence_threshold:
+                break
+            # Draft one more only if even a sure next token could pay for drafting and verifying it.
+            if adaptive and accept_all < self._draft_price() + self._verify_price(len(tokens) + 1):
                 break
             if processors:
                 sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
             logits = self._forward([token], input_ids.device)
+        if not tokens:
+            # Not even the first token pays: pause drafting (1, 2, 4, ... steps) if this persists.
+            self._unprofitable += 1
+            if self._unprofitable >= 2:
+                self._pause, self._backoff, self._unprofitable = self._backoff, min(self._backoff * 2, 32), 0
+            return None, None
+        self._unprofitable, self._backoff = 0, 1
         draft_logits = torch.stack(chosen_logits) if do_sample else None  # [k, V]
         return torch.tensor(tokens, dtype=torch.long), draft_logits
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
-        if not self.config.adaptive or num_proposed == 0:
+        if self.after_prefill:
+            self.verify_costs.observe(num_proposed, self.last_verify_s)
+        if num_proposed == 0:
             return
+        if self._predicted > 0:
+            ratio = num_accepted / self._predicted
+            self._calibration = min(max(self._calibration + 0.1 * (ratio - self._calibration), 0.2), 2.0)
         if num_accepted == num_proposed:
             self.max_draft = min(self.max_draft + 2, self.config.num_tokens)
         else:
@@ -143,6 +209,10 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
     def close(self):
         self.cache = None
         self.fed = []
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
