@@ -146,7 +146,8 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
     # -- transformers' CandidateGenerator interface ------------------------------------------
     def get_candidates(self, input_ids: torch.LongTensor, *args: Any, **kwargs: Any):
         """Returns the full sequence `[1, L+k]` and the candidate logits `[1, k, V]` or ``None``."""
-        if self._prompt_length is None:
+        first_call = self._prompt_length is None
+        if first_call:
             self._prompt_length = input_ids.shape[1]
         start = time.perf_counter()
         # Leave room for the target's own token: L + k + 1 <= max_length.
@@ -160,6 +161,12 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
                 tokens = tokens[:keep]
                 logits = None if logits is None or keep == 0 else logits[:keep]
         num = 0 if tokens is None else int(tokens.numel())
+        if num == 0 and first_call and budget > 0 and self._prompt_already_stopped(input_ids):
+            # transformers < 5.18 drops the last candidate when the candidate sequence already
+            # satisfies a stopping criterion, and with no candidate at all that drops the target's
+            # own token. One filler candidate keeps the target's token whatever it is (accepted or
+            # not, the loop appends exactly the target's choice).
+            tokens, logits, num = input_ids[0, -1:], None, 1
         self._num_proposed = num
         self.stats.record_draft(num, time.perf_counter() - start)
         self._proposed_at = time.perf_counter()
@@ -198,6 +205,13 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
                 if any(compat.stopping_result(c(sequence[:, : base + i], None)) for c in self._custom_criteria):
                     return i - 1 + keep_stop_token
         return limit
+
+    def _prompt_already_stopped(self, input_ids: torch.LongTensor) -> bool:
+        """Whether a stopping criterion already holds for the prompt itself (e.g. it ends with EOS),
+        on versions whose loop then mishandles an empty draft."""
+        if not compat.HAS_IS_DONE_CANDIDATE_RULE or not self.ctx.stopping_criteria:
+            return False
+        return compat.stopping_result(self.ctx.stopping_criteria(input_ids, None))
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Pad (with -inf) or cut a drafter's logits `[k, V_d]` to the target's width `[k, V]`."""

@@ -105,3 +105,12 @@ def assisted_decoding(model: Any, input_ids: torch.Tensor, **kwargs: Any) -> Any
     from transformers.generation.utils import GenerationMixin
 
     return GenerationMixin._assisted_decoding(model, input_ids, **kwargs)
+
+
+def rollbackable_cache(cache: Any) -> Any:
+    """The cache an assisted loop can crop. On 4.x, ``generate()`` builds sliding-window layers
+    unless it knows the call is assisted (the ``custom_generate`` route), and those cannot be
+    cropped once past the window: an empty cache is swapped for a full-attention one."""
+    if IS_TRANSFORMERS_5 or cache is None or cache_length(cache) > 0:
+        return cache
+    return new_dynamic_cache()

@@ -123,6 +123,8 @@ def speculative_generate(
     _check_generation_config(model, generation_config)
     _check_batch(input_ids)
     strategy = _check_strategy(model, candidate_generator)
+    if "past_key_values" in model_kwargs:
+        model_kwargs["past_key_values"] = compat.rollbackable_cache(model_kwargs["past_key_values"])
     with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
         call.stopping_criteria = stopping_criteria
         return compat.assisted_decoding(

@@ -1,0 +1,288 @@
+"""Shared fixtures: tiny random models built from configs (no downloads), a character tokenizer for
+them, reference drafters (oracle, adversary) and the real smollm2 for ``@pytest.mark.integration``.
+
+Every drafter test compares token for token with transformers' own greedy ``generate`` on the same
+model; the references are computed with the *stock* method (``type(model).generate``), never through
+anything hf_speculative installed.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.generation.candidate_generator import CandidateGenerator
+
+import hf_speculative as hfs
+from hf_speculative.base import SpeculativeCandidateGenerator
+
+# Tiny models run faster on one thread than on several (thread start-up dominates), and the CI has 2 cores.
+torch.set_num_threads(1)
+
+VOCAB = 96
+ARCHS = ("llama", "qwen2", "gemma3")
+# Llama and Gemma3 have an EOS token; Qwen2 has none (a model without EOS must work).
+EOS = {"llama": 2, "qwen2": None, "gemma3": 1}
+# Seeds whose greedy text loops over several tokens (seed 0 of this Gemma3 repeats one token).
+SEEDS = {"llama": 0, "qwen2": 0, "gemma3": 3}
+SLIDING_WINDOW = 8
+# Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
+PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "oracle", "adversary")
+_UNSET = object()
+
+
+# -- models ------------------------------------------------------------------------------------
+def build_model(arch: str, seed: int | None = None, *, vocab_size: int = VOCAB, eos=_UNSET, layers: int | None = None,
+                hidden: int = 32, init: float = 0.02, max_positions: int = 256):
+    """A tiny random ``...ForCausalLM`` of ``arch`` in eval mode, seeded with ``seed``."""
+    eos = EOS[arch] if eos is _UNSET else eos
+    seed = SEEDS[arch] if seed is None else seed
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        initializer_range=init,
+        eos_token_id=eos,
+        pad_token_id=0,
+        bos_token_id=3,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers or 2, **common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers or 2, **common))
+    elif arch == "gemma3":
+        # Two sliding-window layers and one global layer; prompts + generations are longer than the window.
+        layers = layers or 3
+        types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        config = Gemma3TextConfig(num_hidden_layers=layers, head_dim=hidden // 4, sliding_window=SLIDING_WINDOW,
+                                  layer_types=types, **common)
+        model = Gemma3ForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = 0
+    model.generation_config.bos_token_id = 3
+    return model.eval()
+
+
+def sibling_model(target, seed: int = 100, **overrides):
+    """Another random model with ``target``'s architecture and vocabulary (a real, mostly wrong drafter)."""
+    config = copy.deepcopy(target.config)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    model = type(target)(config).eval()
+    model.generation_config = copy.deepcopy(target.generation_config)
+    return model
+
+
+def prompt_inputs(prompt=PROMPT) -> dict:
+    """``input_ids`` and ``attention_mask`` of batch size 1."""
+    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def stock_generate(model, **kwargs):
+    """transformers' own ``generate`` (bypassing anything ``hfs.enable`` installed)."""
+    torch.manual_seed(0)
+    return type(model).generate(model, **kwargs)
+
+
+def recurring_token(model):
+    """Set-up for "a stopping token in the middle of a draft".
+
+    Returns ``(prompt, token, step, free)``: ``prompt`` is ``PROMPT`` plus the start of the model's own
+    greedy text, whose greedy continuation produces ``token`` first as its new token number ``step``
+    (>= 2); the 4 tokens ending with that ``token`` already occur in ``prompt``, so drafters that follow
+    the text (prompt lookup included) propose ``token`` inside a draft. ``free`` is the greedy text
+    without any EOS (``prompt`` + continuation).
+    """
+    free = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=40, eos_token_id=None)
+    text = free[0].tolist()
+    eos = model.generation_config.eos_token_id
+    for p in range(len(PROMPT) + 6, len(PROMPT) + 25):
+        for step in range(2, 10):
+            token = text[p + step]
+            # (a prompt that already ends with the stopping token is another test: see test_integration.py)
+            if token == eos or token in text[p - 1: p + step] or eos in text[p: p + step]:
+                continue
+            block = text[p + step - 3: p + step + 1]
+            if any(text[i: i + 4] == block for i in range(p - 3)):
+                return text[:p], token, step, free
+    raise AssertionError(f"no usable repetition in the greedy text {text}")
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def model(arch):
+    """A fresh tiny model of every architecture, enabled."""
+    return hfs.enable(build_model(arch))
+
+
+# -- tokenizer -------------------------------------------------------------------------------
+def char_tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
+    """One printable character per id (id i -> chr(32 + i), the last one "\\n"), decoded by concatenation,
+    so that ``stop_strings`` can be matched."""
+    from tokenizers import Tokenizer, decoders, models
+
+    chars = [chr(32 + i) for i in range(vocab_size - 1)] + ["\n"]
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=" ")
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return char_tokenizer()
+
+
+# -- reference drafters ----------------------------------------------------------------------
+class OracleCandidateGenerator(CandidateGenerator):
+    """A raw transformers ``CandidateGenerator`` that proposes the true greedy continuation.
+
+    Args:
+        reference: the full greedy sequence (prompt included) computed beforehand with plain generate.
+        num_tokens: draft length; the draft is always ``num_tokens`` long: past the end of ``reference``
+            it is padded with ``tail`` (e.g. EOS tokens), so it can run past ``max_new_tokens``.
+    """
+
+    def __init__(self, reference, num_tokens: int = 6, tail: int | None = None):
+        self.reference = [int(t) for t in torch.as_tensor(reference).reshape(-1)]
+        self.num_tokens = num_tokens
+        self.tail = tail
+        self.proposals: list[list[int]] = []
+        self.asked_at: list[int] = []  # sequence length at each proposal
+        self.updates: list[int] = []
+        self.diverged = False
+
+    def get_candidates(self, input_ids, *args, **kwargs):
+        seq = input_ids[0].tolist()
+        if seq != self.reference[: len(seq)]:
+            self.diverged = True  # the verified text left the greedy path: the comparison will fail
+            return input_ids, None
+        draft = self.reference[len(seq): len(seq) + self.num_tokens]
+        if self.tail is not None:
+            draft += [self.tail] * (self.num_tokens - len(draft))
+        self.proposals.append(draft)
+        self.asked_at.append(len(seq))
+        if not draft:
+            return input_ids, None
+        return torch.cat([input_ids, input_ids.new_tensor([draft])], dim=-1), None
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        self.updates.append(int(num_matches))
+
+
+class AdversaryStrategy(hfs.DraftStrategy):
+    """A ``DraftStrategy`` proposing ``num_tokens`` tokens that are all wrong (never accepted): each
+    differs from the greedy continuation at its position, and none is an EOS token."""
+
+    name = "adversary"
+
+    def __init__(self, reference, num_tokens: int = 4, vocab_size: int = VOCAB, avoid=()):
+        self.reference = [int(t) for t in torch.as_tensor(reference).reshape(-1)]
+        self.num_tokens = num_tokens
+        self.vocab_size = vocab_size
+        self.avoid = set(avoid)
+
+    def open(self, ctx):
+        return _AdversaryGenerator(ctx, self)
+
+
+class _AdversaryGenerator(SpeculativeCandidateGenerator):
+    def __init__(self, ctx, config: AdversaryStrategy):
+        super().__init__(ctx)
+        self.config = config
+
+    def propose(self, input_ids, max_tokens):
+        ref, length = self.config.reference, input_ids.shape[1]
+        avoid = self.config.avoid | set(self._eos)
+        draft = []
+        for j in range(min(self.config.num_tokens, max_tokens)):
+            true = ref[length + j] if length + j < len(ref) else None
+            token = 4
+            while token == true or token in avoid:
+                token = (token + 7) % self.config.vocab_size
+            draft.append(token)
+        return torch.tensor(draft, dtype=torch.long), None
+
+
+def make_drafter(name: str, target, reference):
+    """The drafter ``name`` (one of ``DRAFTERS``) for ``target``; ``reference`` is the plain greedy
+    output of the same call (for the oracle and the adversary)."""
+    if name == "prompt-lookup":
+        return hfs.PromptLookup()
+    if name == "prompt-lookup-fixed":
+        return hfs.PromptLookup(adaptive=False)
+    # adaptive=False and confidence_threshold=0: random tiny models are never "confident", so the
+    # adaptive drafter would (rightly) stop drafting, and these tests need drafts to check.
+    if name == "draft-model":
+        return hfs.DraftModel(sibling_model(target), adaptive=False)
+    if name == "draft-model-copy":
+        return hfs.DraftModel(_plain_copy(target), confidence_threshold=0.0, adaptive=False)
+    if name == "draft-model-defaults":
+        return hfs.DraftModel(sibling_model(target))
+    if name == "oracle":
+        return OracleCandidateGenerator(reference, num_tokens=6)
+    if name == "adversary":
+        return AdversaryStrategy(reference, vocab_size=target.config.vocab_size)
+    raise ValueError(name)
+
+
+def _plain_copy(model):
+    """A deep copy of ``model`` without anything ``hfs.enable`` installed on it."""
+    clone = copy.deepcopy(model)
+    hfs.disable(clone)
+    return clone
+
+
+@pytest.fixture(params=DRAFTERS)
+def drafter_name(request) -> str:
+    return request.param
+
+
+def assert_drafter_worked(name: str, drafter, stats) -> None:
+    """The checks that make an identity test meaningful: the drafter did draft, and the always-right
+    ones were always accepted, the always-wrong one never."""
+    assert stats is not None
+    assert stats.new_tokens > 0
+    if name != "draft-model-defaults":  # may rightly decide that drafting does not pay
+        assert stats.drafted_tokens > 0, f"{name} never drafted: {stats}"
+    if name in ("oracle", "draft-model-copy"):
+        assert stats.accepted_tokens == stats.drafted_tokens, stats
+    if name == "oracle":
+        assert not drafter.diverged
+    if name == "adversary":
+        assert stats.accepted_tokens == 0, stats
+
+
+# -- the real model --------------------------------------------------------------------------
+INTEGRATION_MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def integration():
+    """``(model, tokenizer)`` of the real smollm2-135m-instruct (session-wide). Loading errors fail the
+    tests, they are not skipped."""
+    model, tokenizer = hfs.models.load_model(INTEGRATION_MODEL)
+    return model, tokenizer

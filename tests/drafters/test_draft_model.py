@@ -1,0 +1,179 @@
+"""``DraftModel``: the drafter's KV cache follows the verified text, and padded lm_heads work."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+import hf_speculative as hfs
+from hf_speculative import compat
+from hf_speculative.base import CallContext
+from tests.conftest import (
+    ARCHS,
+    PROMPT,
+    VOCAB,
+    build_model,
+    char_tokenizer,
+    prompt_inputs,
+    sibling_model,
+    stock_generate,
+)
+
+L = len(PROMPT)
+
+
+def open_generator(target, drafter, **options):
+    options = dict(dict(num_tokens=5, confidence_threshold=0.0, adaptive=False), **options)
+    ctx = CallContext(target=target, generation_config=GenerationConfig(do_sample=False, max_length=1000),
+                      logits_processor=None, stopping_criteria=None, stats=hfs.SpeculativeStats())
+    return hfs.DraftModel(drafter, **options).open(ctx)
+
+
+def fresh_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    out = stock_generate(model, **prompt_inputs(ids), do_sample=False, max_new_tokens=n, eos_token_id=None)
+    return out[0, len(ids):].tolist()
+
+
+def noisy_copy(model, noise: float = 0.02, seed: int = 5):
+    """The model with noise on its weights: a drafter that is right part of the time."""
+    clone = copy.deepcopy(model)
+    hfs.disable(clone)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for param in clone.parameters():
+            param.add_(noise * torch.randn_like(param))
+    return clone
+
+
+def check_synced(generator, drafter, verified: list[int]):
+    """The cache holds exactly the fed tokens, which are a prefix of the verified text, and the
+    drafter's next-token logits from it equal a fresh forward over the whole verified text."""
+    cache = generator.cache
+    assert compat.cache_length(cache) == len(generator.fed)
+    assert generator.fed == verified[: len(generator.fed)]
+    probe = copy.deepcopy(cache)
+    with torch.no_grad():
+        out = drafter(input_ids=torch.tensor([verified[len(generator.fed):]]), past_key_values=probe, use_cache=True)
+    torch.testing.assert_close(out.logits[0, -1].float(), fresh_logits(drafter, verified), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_rollback_after_rejections(arch):
+    target = build_model(arch)
+    drafter = sibling_model(target, seed=7)
+    generator = open_generator(target, drafter)
+    text = list(PROMPT)
+
+    tokens, logits = generator.propose(torch.tensor([text]), 5)
+    draft = tokens.tolist()
+    assert logits is None and draft == greedy(drafter, text, 5)
+    assert compat.cache_length(generator.cache) == len(generator.fed) == L + 4  # the last draft token is not fed
+
+    # verification: 2 accepted, then the target's own (different) token
+    wrong = (draft[2] + 1) % VOCAB
+    text = text + draft[:2] + [wrong]
+    common = generator._rollback(torch.tensor([text]))
+    assert common == L + 2
+    assert generator.fed == text[:common] and compat.cache_length(generator.cache) == common
+    check_synced(generator, drafter, text)
+
+    # the next draft continues from the verified text exactly
+    tokens, _ = generator.propose(torch.tensor([text]), 5)
+    assert tokens.tolist() == greedy(drafter, text, 5)
+
+    # first draft token rejected
+    draft = tokens.tolist()
+    text = text + [(draft[0] + 3) % VOCAB]
+    assert generator._rollback(torch.tensor([text])) == len(text) - 1
+    check_synced(generator, drafter, text)
+
+    # all accepted plus the target's bonus token: nothing to crop, the bonus token is fed next
+    tokens, _ = generator.propose(torch.tensor([text]), 3)
+    draft = tokens.tolist()
+    text = text + draft + [5]
+    generator._rollback(torch.tensor([text]))
+    assert generator.fed == text[: len(text) - 2]  # the last draft token was never fed
+    check_synced(generator, drafter, text)
+    tokens, _ = generator.propose(torch.tensor([text]), 4)
+    assert tokens.tolist() == greedy(drafter, text, 4)
+
+
+def test_cache_stays_synced_through_a_whole_generate(monkeypatch):
+    """During a real generate with rejections, before every draft the drafter's cache is a prefix of
+    the verified text and its length equals the fed tokens."""
+    from hf_speculative.drafters.draft_model import DraftModelCandidateGenerator
+
+    target = hfs.enable(build_model("llama"))
+    drafter = noisy_copy(target)
+    checks = []
+    original = DraftModelCandidateGenerator.propose
+
+    def spy(self, input_ids, max_tokens):
+        result = original(self, input_ids, max_tokens)
+        verified = input_ids[0].tolist()
+        assert compat.cache_length(self.cache) == len(self.fed)
+        assert self.fed[: len(verified)] == verified[: len(self.fed)]  # fed = verified text + draft so far
+        checks.append(len(self.fed))
+        return result
+
+    monkeypatch.setattr(DraftModelCandidateGenerator, "propose", spy)
+    ref = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30,
+                          candidate_generator=hfs.DraftModel(drafter, adaptive=False))
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(target)
+    assert len(checks) == stats.target_forwards - 1  # the last forward has no room for a draft
+    assert 0 < stats.accepted_tokens < stats.drafted_tokens  # partial acceptance: real rollbacks
+
+
+def test_close_frees_the_cache():
+    target = build_model("llama")
+    generator = open_generator(target, sibling_model(target))
+    generator.propose(torch.tensor([PROMPT]), 3)
+    assert compat.cache_length(generator.cache) > 0
+    generator.close()
+    assert compat.cache_length(generator.cache) == 0 and generator.fed == []
+
+
+@pytest.mark.parametrize("padded", ["drafter", "target"])
+def test_padded_lm_head_with_identical_tokenizers(padded):
+    """Qwen-style: one lm_head padded beyond the tokenizer. With both tokenizers given, the drafter is
+    accepted and the output is plain greedy's; without them the size check refuses it."""
+    tokenizer = char_tokenizer(VOCAB)
+    target = hfs.enable(build_model("llama", vocab_size=VOCAB + 32 if padded == "target" else VOCAB))
+    source = build_model("llama", seed=0, vocab_size=VOCAB + 32 if padded == "drafter" else VOCAB)
+    assert source.config.vocab_size != target.config.vocab_size
+    # a drafter that agrees with the target on the real vocabulary: the target's weights, padded or cut
+    with torch.no_grad():
+        for name, param in source.named_parameters():
+            mine = dict(target.named_parameters())[name]
+            rows = min(param.shape[0], mine.shape[0])
+            param.copy_(torch.zeros_like(param) if param.shape != mine.shape else mine)
+            if param.shape != mine.shape:
+                param[:rows].copy_(mine[:rows])
+    # The padded ids exist only in the lm_head: a trained model never produces them, this random one
+    # might, so they are suppressed (the drafter's embedding has no rows for them).
+    options = dict(suppress_tokens=list(range(VOCAB, VOCAB + 32))) if padded == "target" else {}
+    ref = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=30, **options)
+    with pytest.raises(ValueError, match="differ in size"):
+        target.generate(**prompt_inputs(), max_new_tokens=4, candidate_generator=hfs.DraftModel(source))
+    strategy = hfs.DraftModel(source, tokenizer=tokenizer, target_tokenizer=tokenizer, adaptive=False,
+                              confidence_threshold=0.0)
+    out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy,
+                          **options)
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(target)
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    # and under sampling the padded rows never get drafted nor break the rejection sampler
+    torch.manual_seed(0)
+    sampled = target.generate(**prompt_inputs(), do_sample=True, max_new_tokens=20, candidate_generator=strategy,
+                              **options)
+    assert sampled.shape[1] > L and int(sampled[0, L:].max()) < VOCAB

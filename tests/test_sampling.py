@@ -1,0 +1,285 @@
+"""Sampling stays exact: with ``do_sample=True`` the speculative output follows the target's own
+distribution.
+
+A tiny model with a 16-token vocabulary samples 3 new tokens many times. The empirical joint
+distribution of the 3 tokens is compared (chi-square, cells with few expected counts merged) with
+(a) the exact distribution computed from the target's logits and (b) plain ``generate`` sampling
+(batched, so cheap). A drafter that samples from one distribution but reports other logits to the
+rejection sampler (the classic way to break speculative sampling) must be caught by the same test.
+Everything is seeded, so the p-values are deterministic for a given torch/transformers.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from scipy import stats as scipy_stats
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_speculative as hfs
+from hf_speculative.drafters.draft_model import DraftModelCandidateGenerator
+from tests.conftest import stock_generate
+
+V = 16
+NEW = 3
+N_SPECULATIVE = 500
+N_NEGATIVE = N_SPECULATIVE  # the same test, so the same power
+N_PLAIN = 20000
+ALPHA = 1e-3
+# For the draft models; the target's first token has p_max ~ 0.66 here.
+PROMPT = (3, 4, 5, 3, 4, 5, 3, 4)
+
+
+def tiny(seed: int, init: float) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, initializer_range=init,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=0, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@pytest.fixture(scope="module")
+def target():
+    # A large init makes the distributions peaked: few cells carry the mass, so the test has power.
+    return hfs.enable(tiny(0, init=1.0))
+
+
+@pytest.fixture(scope="module")
+def close_drafter(target):
+    """The target with a flattened head: q = softmax(logits / 2), accepted about 70% of the time."""
+    model = copy.deepcopy(target)
+    hfs.disable(model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def far_drafter():
+    """An unrelated random model: nearly every draft is rejected, so the resampling path does the work."""
+    return tiny(1, init=0.5)
+
+
+@pytest.fixture(scope="module")
+def lookup_prompt(target) -> tuple:
+    """A prompt ``a b a b a`` whose prompt-lookup draft ``b a`` the target samples about half of the
+    time at both positions (searched over all pairs, so it does not depend on the random init)."""
+    pairs = [(a, b) for a in range(V) for b in range(V) if a != b]
+    odd = torch.tensor([[a, b, a, b, a] for a, b in pairs])
+    even = torch.tensor([[a, b, a, b, a, b] for a, b in pairs])
+    with torch.no_grad():
+        p_b = torch.softmax(target(odd).logits[:, -1], -1)[torch.arange(len(pairs)), odd[:, 1]]
+        p_a = torch.softmax(target(even).logits[:, -1], -1)[torch.arange(len(pairs)), even[:, 0]]
+    score = torch.stack([p_b, p_a, 1 - p_b, 1 - p_a]).min(dim=0).values
+    best = int(score.argmax())
+    assert score[best] > 0.2, "no pair gives a useful prompt-lookup test"
+    a, b = pairs[best]
+    return (a, b, a, b, a)
+
+
+def inputs(prompt, batch: int = 1) -> dict:
+    ids = torch.tensor([list(prompt)] * batch)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+_REFERENCES: dict = {}
+
+
+def cell(tokens: list[int], eos: int | None) -> tuple:
+    """The sample as a tuple, cut after its first EOS (what follows is padding)."""
+    if eos is not None and eos in tokens:
+        tokens = tokens[: tokens.index(eos) + 1]
+    return tuple(tokens)
+
+
+def references(target, prompt, eos: int | None = None) -> tuple[dict, Counter]:
+    """(exact P(t1, t2, t3) from the target's logits, ``N_PLAIN`` plain samples), cached."""
+    key = (prompt, eos)
+    if key not in _REFERENCES:
+        pairs = torch.tensor(list(itertools.product(range(V), repeat=2)))
+        ids = torch.cat([torch.tensor([prompt]).repeat(len(pairs), 1), pairs], dim=-1)
+        with torch.no_grad():
+            logp = torch.log_softmax(target(ids).logits.double(), dim=-1)
+        L = len(prompt)
+        p1, p2, p3 = logp[:, L - 1].exp(), logp[:, L].exp(), logp[:, L + 1].exp()  # rows: (t1, t2)
+        exact = Counter()
+        for row, (t1, t2) in enumerate(pairs.tolist()):
+            for t3 in range(V):
+                exact[cell([t1, t2, t3], eos)] += float(p1[row, t1] * p2[row, t2] * p3[row, t3])
+        assert abs(sum(exact.values()) - 1.0) < 1e-9
+        out = stock_generate(target, **inputs(prompt, N_PLAIN), do_sample=True, temperature=1.0, max_new_tokens=NEW,
+                             eos_token_id=eos)
+        plain = Counter(cell(row, eos) for row in out[:, L:].tolist())
+        _REFERENCES[key] = dict(exact), plain
+    return _REFERENCES[key]
+
+
+def speculative_samples(target, strategy, prompt, n: int = N_SPECULATIVE, seed: int = 1234, eos: int | None = None):
+    """``n`` speculative samples, and the summed statistics of the calls."""
+    torch.manual_seed(seed)
+    counts, total = Counter(), Counter()
+    for _ in range(n):
+        out = target.generate(**inputs(prompt), do_sample=True, temperature=1.0, max_new_tokens=NEW,
+                              eos_token_id=eos, candidate_generator=strategy)
+        tokens = out[0, len(prompt):].tolist()
+        assert eos not in tokens[:-1], "tokens after EOS"
+        counts[cell(tokens, eos)] += 1
+        st = hfs.last_stats(target)
+        total.update(drafted=st.drafted_tokens, accepted=st.accepted_tokens, forwards=st.target_forwards)
+    return counts, total
+
+
+def goodness_of_fit(counts: Counter, probs: dict, min_expected: float = 5.0) -> float:
+    """Chi-square p-value of ``counts`` against ``probs``; cells expected < ``min_expected`` merged."""
+    n = sum(counts.values())
+    assert set(counts) <= set(probs)
+    observed, expected, rest_obs, rest_exp = [], [], 0.0, 0.0
+    for cell, p in probs.items():
+        if n * p >= min_expected:
+            observed.append(counts.get(cell, 0))
+            expected.append(n * p)
+        else:
+            rest_obs += counts.get(cell, 0)
+            rest_exp += n * p
+    observed.append(rest_obs)
+    expected.append(rest_exp)
+    return float(scipy_stats.chisquare(observed, expected).pvalue)
+
+
+def two_sample(a: Counter, b: Counter, min_count: int = 10) -> float:
+    """Chi-square test of homogeneity of two samples; cells with fewer than ``min_count`` pooled merged."""
+    rows, rest = [], [0, 0]
+    for cell in set(a) | set(b):
+        if a.get(cell, 0) + b.get(cell, 0) >= min_count:
+            rows.append([a.get(cell, 0), b.get(cell, 0)])
+        else:
+            rest[0] += a.get(cell, 0)
+            rest[1] += b.get(cell, 0)
+    rows.append(rest)
+    return float(scipy_stats.chi2_contingency(torch.tensor(rows).T.numpy()).pvalue)
+
+
+def marginal(counts: Counter, position: int) -> Counter:
+    out = Counter()
+    for sample, n in counts.items():
+        out[sample[position] if position < len(sample) else None] += n
+    return out
+
+
+def marginal_probs(exact: dict, position: int) -> dict:
+    out = Counter()
+    for sample, p in exact.items():
+        out[sample[position] if position < len(sample) else None] += p
+    return dict(out)
+
+
+def assert_same_distribution(samples, exact, plain):
+    p_exact = goodness_of_fit(samples, exact)
+    p_plain = two_sample(samples, plain)
+    positions = [goodness_of_fit(marginal(samples, i), marginal_probs(exact, i)) for i in range(NEW)]
+    assert p_exact > ALPHA and p_plain > ALPHA and min(positions) > ALPHA, (p_exact, p_plain, positions)
+
+
+@pytest.mark.parametrize("which", ["draft-models", "prompt-lookup"])
+def test_the_references_agree(target, lookup_prompt, which):
+    """Plain sampling agrees with the exact distribution (so the exact one is computed right), and
+    the target is peaked enough for the tests to have power."""
+    exact, plain = references(target, PROMPT if which == "draft-models" else lookup_prompt)
+    assert goodness_of_fit(plain, exact) > ALPHA
+    assert max(exact.values()) > 0.05
+
+
+def test_draft_model_sampling_follows_the_target(target, close_drafter):
+    exact, plain = references(target, PROMPT)
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    samples, total = speculative_samples(target, strategy, PROMPT)
+    # Preconditions: full drafts, some accepted and some rejected (both paths exercised).
+    assert total["drafted"] >= 2 * N_SPECULATIVE * 0.9, total
+    assert 0.3 * total["drafted"] < total["accepted"] < 0.95 * total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
+
+
+def test_draft_model_sampling_with_default_settings(target, close_drafter):
+    """Confidence threshold and adaptive draft length: the decision to draft (and to stop) must not
+    bias the rejection sampler."""
+    exact, plain = references(target, PROMPT)
+    samples, total = speculative_samples(target, hfs.DraftModel(close_drafter), PROMPT)
+    assert total["drafted"] >= N_SPECULATIVE // 2, total
+    assert 0.3 * total["drafted"] < total["accepted"] < 0.95 * total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
+
+
+def test_draft_model_sampling_with_mostly_rejected_drafts(target, far_drafter):
+    """An unrelated drafter: the output comes mostly from the residual distribution norm(max(p - q, 0))."""
+    exact, plain = references(target, PROMPT)
+    samples, total = speculative_samples(target, hfs.DraftModel(far_drafter, adaptive=False), PROMPT)
+    assert total["drafted"] > N_SPECULATIVE and 0 < total["accepted"] < 0.2 * total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
+
+
+def test_draft_model_sampling_with_eos_in_drafts(target, close_drafter):
+    """EOS is a token the target samples ~20% of the time: drafts that contain it end there (the
+    stopping token is kept as the last draft token under sampling), and the samples that end early
+    must still follow the target's distribution."""
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([PROMPT])).logits[0, -1], -1)
+    eos = int((p1 - 0.2).abs().argmin())
+    assert 0.05 < float(p1[eos]) < 0.5
+    exact, plain = references(target, PROMPT, eos=eos)
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    samples, total = speculative_samples(target, strategy, PROMPT, eos=eos)
+    assert sum(n for sample, n in samples.items() if len(sample) < NEW) > 0.1 * N_SPECULATIVE
+    assert 0.3 * total["drafted"] < total["accepted"] < 0.95 * total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_prompt_lookup_sampling_follows_the_target(target, lookup_prompt, adaptive):
+    exact, plain = references(target, lookup_prompt)
+    samples, total = speculative_samples(target, hfs.PromptLookup(adaptive=adaptive), lookup_prompt)
+    assert total["drafted"] >= N_SPECULATIVE, total
+    assert 0.2 * total["drafted"] < total["accepted"] < 0.9 * total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
+
+
+class _LyingGenerator(DraftModelCandidateGenerator):
+    """Samples its draft from the drafter's distribution q, but reports other logits."""
+
+    def propose(self, input_ids, max_tokens):
+        tokens, logits = super().propose(input_ids, max_tokens)
+        if logits is None:
+            return tokens, logits
+        return tokens, self.config.report(logits)
+
+
+class LyingDraftModel(hfs.DraftModel):
+    def __init__(self, model, report):
+        super().__init__(model, confidence_threshold=0.0, adaptive=False)
+        self.report = report
+
+    def open(self, ctx):
+        return _LyingGenerator(ctx, self)
+
+
+@pytest.mark.parametrize(
+    "report",
+    # uniform logits; or the logits before a temperature of 2 (the drafter's head is the target's
+    # flattened by 2, so this reports exactly the target's p while sampling from q)
+    [lambda logits: torch.zeros_like(logits), lambda logits: logits * 2.0],
+    ids=["uniform-logits", "unscaled-logits"],
+)
+def test_negative_control_wrong_draft_logits_are_detected(target, close_drafter, report):
+    """The same checks must reject a drafter whose reported logits are not the ones it sampled from."""
+    exact, plain = references(target, PROMPT)
+    samples, total = speculative_samples(target, LyingDraftModel(close_drafter, report), PROMPT, n=N_NEGATIVE)
+    assert total["drafted"] > N_NEGATIVE
+    p_exact = goodness_of_fit(samples, exact)
+    p_plain = two_sample(samples, plain)
+    assert p_exact < ALPHA and p_plain < ALPHA, (p_exact, p_plain)
