@@ -286,3 +286,45 @@ def integration():
     tests, they are not skipped."""
     model, tokenizer = hfs.models.load_model(INTEGRATION_MODEL)
     return model, tokenizer
+
+
+# -- a tiny chat checkpoint (word-level tokenizer with a chat template) for the CLI and the bench --
+CHAT_WORDS = "the a cat dog sat on mat and ran to house big small red blue code def return value x y".split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with BOS/EOS/PAD and a chat template (no downloads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *CHAT_WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture
+def chat_model() -> LlamaForCausalLM:
+    """A seeded tiny Llama whose vocabulary covers ``chat_tokenizer``."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def chat_checkpoint(tmp_path, chat_model, chat_tokenizer):
+    """``chat_model`` and ``chat_tokenizer`` saved in a folder, as a local model path."""
+    chat_model.save_pretrained(tmp_path / "tiny-llama")
+    chat_tokenizer.save_pretrained(tmp_path / "tiny-llama")
+    return tmp_path / "tiny-llama"

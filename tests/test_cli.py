@@ -3,46 +3,18 @@
 import json
 
 import pytest
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from hf_speculative import models as registry
 from hf_speculative.cli import app
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
-WORDS = "the a cat dog sat on mat and ran to house big small red blue code def return value x y".split()
 
 
 @pytest.fixture
 def cli():
     runner = CliRunner()
     return lambda *args: runner.invoke(app, [str(a) for a in args], env=ENV)
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A saved tiny Llama with a word-level tokenizer and a chat template (no downloads)."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *WORDS])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
-    tokenizer.chat_template = (
-        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-    )
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture
@@ -140,9 +112,9 @@ def test_unknown_model_lists_registry(cli, dataset):
     assert "cannot load model './no/such/folder'" in result.output and "smollm2-135m-instruct" in result.output
 
 
-def test_compare_json(cli, tiny_checkpoint):
+def test_compare_json(cli, chat_checkpoint):
     result = cli(
-        "compare", "--model", tiny_checkpoint, "--method", "prompt-lookup", "--method", "hf-prompt-lookup",
+        "compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--method", "hf-prompt-lookup",
         "--prompt", "the cat sat on the mat and the cat sat on the mat", "--max-new-tokens", "10", "--json",
     )
     assert result.exit_code == 0, result.output
@@ -154,16 +126,16 @@ def test_compare_json(cli, tiny_checkpoint):
     assert payload["environment"]["threads"] == 1
 
 
-def test_compare_table(cli, tiny_checkpoint):
-    result = cli("compare", "--model", tiny_checkpoint, "--method", "hf-prompt-lookup", "--max-new-tokens", "6")
+def test_compare_table(cli, chat_checkpoint):
+    result = cli("compare", "--model", chat_checkpoint, "--method", "hf-prompt-lookup", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.output
     assert "greedy" in result.output and "hf-prompt-lookup" in result.output and "yes" in result.output
 
 
-def test_bench_end_to_end(cli, tiny_checkpoint, dataset, tmp_path):
+def test_bench_end_to_end(cli, chat_checkpoint, dataset, tmp_path):
     out = tmp_path / "out" / "bench.jsonl"
     result = cli(
-        "bench", "--model", tiny_checkpoint, "--methods", "prompt-lookup,hf-prompt-lookup", "--dataset", dataset,
+        "bench", "--model", chat_checkpoint, "--methods", "prompt-lookup,hf-prompt-lookup", "--dataset", dataset,
         "--categories", "summarization,rag", "--per-category", "1", "--max-new-tokens", "8", "--out", out,
         "--reference", "hf-prompt-lookup", "--no-progress",
     )

@@ -4,9 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from hf_speculative.bench.report import write_report
 from hf_speculative.bench.runner import (
@@ -19,39 +16,6 @@ from hf_speculative.bench.runner import (
 )
 
 SPEC_BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
-WORDS = "the a cat dog sat on mat and ran to house big small red blue code def return value x y".split()
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *WORDS])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def tiny_model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
 def write_dataset(path: Path, rows: list[tuple[int, str, str]]) -> Path:
     lines = [json.dumps({"question_id": q, "category": c, "turns": [t, "second turn"]}) for q, c, t in rows]
     path.write_text("\n".join(lines) + "\n")
@@ -99,8 +63,8 @@ def test_real_spec_bench_file():
     assert len({p.category for p in load_prompts(SPEC_BENCH, [MT_BENCH], per_category=8)}) == 1
 
 
-def test_encode_prompt_with_and_without_chat_template():
-    tokenizer = tiny_tokenizer()
+def test_encode_prompt_with_and_without_chat_template(chat_tokenizer):
+    tokenizer = chat_tokenizer
     ids = encode_prompt(tokenizer, "the cat")
     assert tokenizer.convert_ids_to_tokens(ids[0].tolist()) == ["<|user|>", "the", "cat", "<|assistant|>"]
     assert encode_prompt(tokenizer, "the cat", chat_template=False)[0].tolist() == tokenizer("the cat").input_ids
@@ -108,11 +72,11 @@ def test_encode_prompt_with_and_without_chat_template():
     assert encode_prompt(tokenizer, "the cat").shape == (1, len(tokenizer("the cat").input_ids))
 
 
-def test_run_bench_writes_records_and_report(tmp_path, two_prompts):
+def test_run_bench_writes_records_and_report(tmp_path, two_prompts, chat_model, chat_tokenizer):
     out = tmp_path / "res" / "results.jsonl"
     records = run_bench(
-        tiny_model(),
-        tiny_tokenizer(),
+        chat_model,
+        chat_tokenizer,
         ["hf-prompt-lookup"],
         load_prompts(two_prompts),
         out=out,
@@ -148,21 +112,21 @@ def test_run_bench_writes_records_and_report(tmp_path, two_prompts):
     assert "| hf-prompt-lookup | 2 |" in text and "| 2/2 |" in text
 
 
-def test_run_bench_repeats_keep_the_median(tmp_path, two_prompts):
+def test_run_bench_repeats_keep_the_median(tmp_path, two_prompts, chat_model, chat_tokenizer):
     out = tmp_path / "r.jsonl"
     records = run_bench(
-        tiny_model(), tiny_tokenizer(), ["greedy"], load_prompts(two_prompts, ["rag"]), out=out, max_new_tokens=4,
+        chat_model, chat_tokenizer, ["greedy"], load_prompts(two_prompts, ["rag"]), out=out, max_new_tokens=4,
         repeats=3, progress=False,
     )
     assert len(records) == 1 and len(records[0]["seconds_all"]) == 3
     assert records[0]["seconds"] == sorted(records[0]["seconds_all"])[1]
     with pytest.raises(ValueError, match="repeats"):
-        run_bench(tiny_model(), tiny_tokenizer(), [], load_prompts(two_prompts), out=out, repeats=0)
+        run_bench(chat_model, chat_tokenizer, [], load_prompts(two_prompts), out=out, repeats=0)
 
 
-def test_run_bench_with_hfs_prompt_lookup(tmp_path, two_prompts):
+def test_run_bench_with_hfs_prompt_lookup(tmp_path, two_prompts, chat_model, chat_tokenizer):
     records = run_bench(
-        tiny_model(), tiny_tokenizer(), ["prompt-lookup", "hf-prompt-lookup"], load_prompts(two_prompts),
+        chat_model, chat_tokenizer, ["prompt-lookup", "hf-prompt-lookup"], load_prompts(two_prompts),
         out=tmp_path / "r.jsonl", max_new_tokens=16, progress=False,
     )
     hfs_records = [r for r in records if r["method"] == "prompt-lookup"]
