@@ -13,12 +13,14 @@ import torch
 
 from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import VerifyCostModel
+from .policy import verify_costs_for
 
 
 # target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
 # them takes seconds; strategies are rebuilt per call by the benchmark and the app)
 _COMPATIBLE: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+# drafter -> seconds of a one-token forward (a property of the model and the hardware, shared by calls)
+_DRAFT_STEP_S: "weakref.WeakKeyDictionary[torch.nn.Module, float]" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(eq=False)
@@ -97,8 +99,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self.max_draft = config.num_tokens
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
-        self.verify_costs = VerifyCostModel(config.num_tokens)
-        self._draft_step_s: float | None = None  # one-token drafter forward, seconds
+        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
         self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
         self._calibration = 1.0  # accepted tokens / predicted accepted tokens
         self._predicted = 0.0  # expected accepted tokens of the pending draft
@@ -115,8 +116,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self.fed.extend(tokens)
         if len(tokens) == 1:
             seconds = time.perf_counter() - start
-            old = self._draft_step_s
-            self._draft_step_s = seconds if old is None else old + 0.3 * (seconds - old)
+            old = _DRAFT_STEP_S.get(self.drafter)
+            _DRAFT_STEP_S[self.drafter] = seconds if old is None else old + 0.3 * (seconds - old)
         return self._to_target_vocab(out.logits[0, -1])
 
     def _rollback(self, input_ids: torch.LongTensor) -> int:
@@ -136,9 +137,9 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _draft_price(self) -> float:
         """One drafter forward, in target forwards."""
-        target_step = self.verify_costs.seconds(0)
-        if self._draft_step_s is not None and target_step:
-            return self._draft_step_s / target_step
+        target_step, draft_step = self.verify_costs.seconds(0), _DRAFT_STEP_S.get(self.drafter)
+        if draft_step is not None and target_step:
+            return draft_step / target_step
         return self._size_ratio  # until measured: forwards cost in proportion to parameters
 
     def _verify_price(self, i: int) -> float:

@@ -15,6 +15,10 @@ steps.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
+
+import torch
 
 
 @dataclasses.dataclass
@@ -99,3 +103,26 @@ class VerifyCostModel:
             if value > best_value * 1.02:  # a 2% margin: do not draft for noise
                 best_k, best_value = k, value
         return best_k
+
+
+_COSTS: "weakref.WeakKeyDictionary[torch.nn.Module, VerifyCostModel]" = weakref.WeakKeyDictionary()
+_COSTS_LOCK = threading.Lock()
+
+
+def verify_costs_for(target: torch.nn.Module, max_tokens: int) -> VerifyCostModel:
+    """The cost model of ``target``'s verifying forwards, shared by all calls on that model.
+
+    Costs are a property of the model and the hardware, not of the prompt, so measurements carry
+    over from call to call (short generations would otherwise decide on the prior alone).
+    Concurrent calls may interleave their updates; each update is a single assignment.
+    """
+    if target is None:  # a generator built by hand, outside a generate() call
+        return VerifyCostModel(max_tokens)
+    with _COSTS_LOCK:
+        model = _COSTS.get(target)
+        if model is None or model.max_tokens < max_tokens:
+            grown = VerifyCostModel(max(max_tokens, 16))
+            if model is not None:
+                grown._seconds[: len(model._seconds)] = model._seconds
+            model = _COSTS[target] = grown
+        return model

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import AcceptanceEstimate, VerifyCostModel
+from .policy import AcceptanceEstimate, verify_costs_for
 
 
 @dataclasses.dataclass
@@ -86,7 +86,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         self.config = config
         self.index = NgramIndex(config.min_ngram, config.max_ngram)
         self.acceptance = {n: AcceptanceEstimate() for n in range(config.min_ngram, config.max_ngram + 1)}
-        self.costs = VerifyCostModel(config.num_tokens)
+        self.costs = verify_costs_for(ctx.target, config.num_tokens)
         self._matched_n: int | None = None
 
     def propose(self, input_ids, max_tokens):
