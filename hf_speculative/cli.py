@@ -7,6 +7,7 @@ commands, never at import time.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional
@@ -70,6 +71,20 @@ ChatOpt = Annotated[
     bool, typer.Option("--chat-template/--no-chat-template", help="Wrap prompts in the chat template.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+GqaOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sdpa-gqa/--no-sdpa-gqa",
+        help="Set transformers' TRANSFORMERS_SDPA_FORCE_GQA=1 for this process (greedy and every method alike): "
+        "grouped-query attention without repeat_kv copies in multi-token forwards, which makes verification "
+        "cheaper on CPU.",
+    ),
+]
+
+
+def _apply_sdpa_gqa(enabled: bool) -> None:
+    if enabled:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
 ReferenceOpt = Annotated[Optional[str], typer.Option("--reference", help="Add a 'vs METHOD' speedup column.")]
 
 
@@ -181,8 +196,10 @@ def compare(
     max_ngram: MaxNgramOpt = None,
     exit_layer: ExitLayerOpt = None,
     as_json: JsonOpt = False,
+    sdpa_gqa: GqaOpt = False,
 ) -> None:
     """Run plain greedy then each --method on one prompt; show outputs, tokens/s, tau and speedups."""
+    _apply_sdpa_gqa(sdpa_gqa)
     specs = _methods(_split(method), draft_model)
     import torch
 
@@ -277,8 +294,10 @@ def bench(
     exit_layer: ExitLayerOpt = None,
     chat_template: ChatOpt = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    sdpa_gqa: GqaOpt = False,
 ) -> None:
     """Benchmark methods against greedy on Spec-Bench prompts (jsonl + markdown report)."""
+    _apply_sdpa_gqa(sdpa_gqa)
     from .bench.report import format_report, write_report
     from .bench.runner import default_dataset_path, load_prompts, run_bench
 

@@ -131,6 +131,8 @@ def format_report(records: list[dict], reference: str | None = None) -> str:
             for key in ("max_new_tokens", "repeats", "threads", "device", "cpu", "torch", "transformers")
             if key in first
         )
+        if first.get("sdpa_force_gqa"):
+            env += ", TRANSFORMERS_SDPA_FORCE_GQA=1"
         parts.append(env)
         categories = _ordered(r["category"] for r in run)
         for category in categories + ([OVERALL] if len(categories) > 1 else []):

@@ -114,6 +114,8 @@ def environment(model: Any = None, threads: int | None = None) -> dict[str, Any]
         "device": device,
         "cpu": cpu,
         "python": platform.python_version(),
+        # transformers' switch for grouped-query SDPA with a mask (see `--sdpa-gqa`), read per call
+        "sdpa_force_gqa": os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1",
     }
 
 
