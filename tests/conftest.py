@@ -231,6 +231,11 @@ def make_drafter(name: str, target, reference):
     """The drafter ``name`` (one of ``DRAFTERS``) for ``target``; ``reference`` is the plain greedy
     output of the same call (for the oracle and the adversary)."""
     if name == "prompt-lookup":
+        # The adaptive policy decides from measured costs: fix them (cheap, GPU-like) so that under
+        # any machine load it drafts and the identity test checks something.
+        from hf_speculative.drafters import policy
+
+        policy.verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
         return hfs.PromptLookup()
     if name == "prompt-lookup-fixed":
         return hfs.PromptLookup(adaptive=False)
@@ -328,3 +333,20 @@ def chat_checkpoint(tmp_path, chat_model, chat_tokenizer):
     chat_model.save_pretrained(tmp_path / "tiny-llama")
     chat_tokenizer.save_pretrained(tmp_path / "tiny-llama")
     return tmp_path / "tiny-llama"
+
+
+@pytest.fixture
+def cheap_verification():
+    """Fix a target's verify-cost model to a GPU-like profile (each draft token costs 1% of a
+    forward) for one test, so that adaptive drafters decide independently of the wall clock."""
+    from hf_speculative.drafters import policy
+
+    fixed = []
+
+    def apply(target, max_tokens: int = 32):
+        policy.verify_costs_for(target, max_tokens).fix([1.0 + 0.01 * k for k in range(max_tokens + 1)])
+        fixed.append(target)
+
+    yield apply
+    for target in fixed:
+        policy._COSTS.pop(target, None)

@@ -41,6 +41,9 @@ class DraftModel(DraftStrategy):
             probability is below this (0 disables).
         adaptive (`bool`, defaults to `True`): grow the longest draft by 2 after a fully accepted
             draft, shrink it by 1 otherwise (within ``[1, num_tokens]``).
+        draft_cost (`float`, *optional*): the cost of one drafter forward in target forwards
+            (e.g. 0.1); by default it is measured during the calls (and, until measured, taken as
+            the ratio of the two models' parameter counts).
         tokenizer / target_tokenizer (*optional*): the two tokenizers, for a complete vocabulary
             check; without them the check compares vocabulary sizes and special tokens, and the
             tokenizers saved beside both models when both were loaded from local folders.
@@ -52,6 +55,7 @@ class DraftModel(DraftStrategy):
     adaptive: bool = True
     tokenizer: Any = dataclasses.field(default=None, repr=False)
     target_tokenizer: Any = dataclasses.field(default=None, repr=False)
+    draft_cost: float | None = None
     name: ClassVar[str] = "draft-model"
 
     def __post_init__(self):
@@ -59,6 +63,8 @@ class DraftModel(DraftStrategy):
             raise TypeError(f"DraftModel(model=...) needs a transformers causal LM, got {type(self.model).__name__}.")
         if self.num_tokens < 1:
             raise ValueError(f"DraftModel(num_tokens={self.num_tokens}): must be >= 1.")
+        if self.draft_cost is not None and not self.draft_cost >= 0.0:
+            raise ValueError(f"DraftModel(draft_cost={self.draft_cost}): must be >= 0 (in target forwards).")
         if not 0.0 <= self.confidence_threshold < 1.0:
             raise ValueError(f"DraftModel(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
 
@@ -137,6 +143,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _draft_price(self) -> float:
         """One drafter forward, in target forwards."""
+        if self.config.draft_cost is not None:
+            return self.config.draft_cost
         target_step, draft_step = self.verify_costs.seconds(0), _DRAFT_STEP_S.get(self.drafter)
         if draft_step is not None and target_step:
             return draft_step / target_step

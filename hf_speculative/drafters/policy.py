@@ -57,8 +57,19 @@ class VerifyCostModel:
         self._prior = [1.0] + [1.0 + prior_step + prior_per_token * k for k in range(1, max_tokens + 1)]
         self._seconds: list[float | None] = [None] * (max_tokens + 1)
         self._smoothing = smoothing
+        self._fixed: list[float] | None = None
+
+    def fix(self, ratios: list[float]) -> None:
+        """Use the given ``c(k) / c(0)`` (index ``k``) instead of measuring: for known hardware, and
+        for decisions that must not depend on the wall clock (tests). Longer drafts than given
+        extrapolate the last step."""
+        if not ratios or ratios[0] != 1.0 or any(b < a for a, b in zip(ratios, ratios[1:])):
+            raise ValueError(f"cost ratios must start at 1.0 and not decrease, got {ratios}")
+        self._fixed = list(ratios)
 
     def observe(self, k: int, seconds: float) -> None:
+        if self._fixed is not None:
+            return
         k = min(k, self.max_tokens)
         old = self._seconds[k]
         self._seconds[k] = seconds if old is None else old + self._smoothing * (seconds - old)
@@ -70,6 +81,8 @@ class VerifyCostModel:
         measured lengths (a least-squares line through them), once two lengths are known.
         """
         k = min(k, self.max_tokens)
+        if self._fixed is not None:
+            return None
         if self._seconds[k] is not None or k != 0:
             return self._seconds[k]
         points = [(j, s) for j, s in enumerate(self._seconds) if s is not None]
@@ -82,6 +95,12 @@ class VerifyCostModel:
         return intercept if intercept > 0 else None
 
     def ratio(self, k: int) -> float:
+        if self._fixed is not None:
+            fixed = self._fixed
+            if k < len(fixed):
+                return fixed[k]
+            step = fixed[-1] - fixed[-2] if len(fixed) > 1 else 0.0
+            return fixed[-1] + step * (k - len(fixed) + 1)
         base = self.seconds(0)
         if k == 0 or base is None:
             return self._prior[k]
