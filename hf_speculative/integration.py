@@ -1,13 +1,14 @@
 """How hf_speculative enters ``model.generate()`` without patching transformers.
 
-``enable(model)`` sets three *instance* attributes (bound methods, so ``copy.deepcopy`` rebinds
+``enable(model)`` sets four *instance* attributes (bound methods, so ``copy.deepcopy`` rebinds
 them to the copy):
 
 - ``generate``: pops ``candidate_generator=``, validates the call, and runs transformers' own
   assisted-generation loop (entered through its ``prompt_lookup_num_tokens`` switch);
 - ``_get_candidate_generator``: the loop asks the model for its drafter; we hand it the per-call
   generator built from the strategy of *this* call;
-- ``_get_stopping_criteria``: records the call's stopping criteria so that drafts stop before them.
+- ``_get_stopping_criteria`` / ``_get_logits_processor``: record the call's stopping criteria (so
+  that drafts stop before them) and its prepared logits processors (for drafters that sample).
 
 The strategy of the running call lives in a ``ContextVar``, so threads never see each other's calls,
 and a model without an active call behaves exactly as transformers does.
@@ -33,7 +34,7 @@ from .base import CallContext, DraftStrategy, ExternalCandidateGenerator, Specul
 from .stats import SpeculativeStats
 
 _ENABLED_FLAG = "_hf_speculative_enabled"
-_PATCHED_METHODS = ("generate", "_get_candidate_generator", "_get_stopping_criteria")
+_PATCHED_METHODS = ("generate", "_get_candidate_generator", "_get_stopping_criteria", "_get_logits_processor")
 # Arguments that select transformers' own drafters; mixing them with ours is ambiguous.
 _CONFLICTING_ARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 # transformers enters its assisted loop when this is set; our `_get_candidate_generator` ignores it.
@@ -46,6 +47,7 @@ class _Call:
     strategy: Any
     stats: SpeculativeStats
     stopping_criteria: Any = None
+    logits_processor: Any = None
     generator: SpeculativeCandidateGenerator | None = None
 
 
@@ -190,7 +192,9 @@ def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
     ctx = CallContext(
         target=self,
         generation_config=named["generation_config"],
-        logits_processor=named.get("logits_processor"),
+        # transformers < 4.57 hands the drafter the user's processors only, not the prepared list
+        # (temperature, repetition penalty, ...): prefer the one recorded when it was built.
+        logits_processor=call.logits_processor if call.logits_processor is not None else named.get("logits_processor"),
         stopping_criteria=call.stopping_criteria,
         stats=call.stats,
     )
@@ -209,9 +213,18 @@ def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
     return criteria
 
 
+def _get_logits_processor(self: torch.nn.Module, *args: Any, **kwargs: Any):
+    processors = type(self)._get_logits_processor(self, *args, **kwargs)
+    call = _ACTIVE_CALL.get()
+    if call is not None and call.model is self and call.logits_processor is None:
+        call.logits_processor = processors
+    return processors
+
+
 def _install_loop_hooks(model: torch.nn.Module) -> None:
     model._get_candidate_generator = MethodType(_get_candidate_generator, model)
     model._get_stopping_criteria = MethodType(_get_stopping_criteria, model)
+    model._get_logits_processor = MethodType(_get_logits_processor, model)
 
 
 @contextlib.contextmanager
@@ -232,8 +245,8 @@ def _temporary_loop_hooks(model: torch.nn.Module):
             if users == 0:
                 model.__dict__.pop("_hf_speculative_hook_users")
                 if not is_enabled(model):
-                    model.__dict__.pop("_get_candidate_generator", None)
-                    model.__dict__.pop("_get_stopping_criteria", None)
+                    for name in _PATCHED_METHODS[1:]:
+                        model.__dict__.pop(name, None)
 
 
 @contextlib.contextmanager
