@@ -17,6 +17,7 @@ implements :meth:`~SpeculativeCandidateGenerator.propose`:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -57,15 +58,14 @@ class CallContext:
     def max_length(self) -> int:
         return int(self.generation_config.max_length)
 
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
-        """Width of the target's logits (the lm_head's padded size, e.g. 151936 for Qwen)."""
+        """Width of the target's logits (the lm_head's padded size, e.g. 151936 for Qwen); read once
+        per call, drafters pad or cut their logits to it at every step."""
         head = self.target.get_output_embeddings()
         if head is not None and getattr(head, "out_features", None):
             return int(head.out_features)
-        config = self.target.config
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        return int(config.vocab_size)
+        return int(compat.text_config(self.target.config).vocab_size)
 
 
 class DraftStrategy:

@@ -64,6 +64,11 @@ def logits_to_keep_kwargs(model: torch.nn.Module, n: int) -> dict[str, int]:
     return {}
 
 
+def text_config(config: Any) -> Any:
+    """The text part of a (possibly multimodal) config; ``get_text_config`` is missing on old versions."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def generation_field(generation_config: Any, name: str, default: Any) -> Any:
     """Read a ``GenerationConfig`` field with our own fallback (5.x leaves most fields ``None``)."""
     value = getattr(generation_config, name, None)

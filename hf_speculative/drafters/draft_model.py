@@ -232,8 +232,7 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.vocab_size)
+    return int(compat.text_config(model.config).vocab_size)
 
 
 def _local_tokenizer(model: torch.nn.Module) -> Any:
