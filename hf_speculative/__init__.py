@@ -9,6 +9,7 @@
 from . import models
 from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from .drafters.draft_model import DraftModel
+from .drafters.eagle.drafter import Eagle
 from .drafters.prompt_lookup import PromptLookup
 from .integration import disable, enable, is_enabled, last_stats, speculative_generate
 from .models import load_model
@@ -20,6 +21,7 @@ __all__ = [
     "CallContext",
     "DraftModel",
     "DraftStrategy",
+    "Eagle",
     "PromptLookup",
     "SpeculativeCandidateGenerator",
     "SpeculativeStats",

@@ -119,3 +119,44 @@ def rollbackable_cache(cache: Any) -> Any:
     if IS_TRANSFORMERS_5 or cache is None or cache_length(cache) > 0:
         return cache
     return new_dynamic_cache()
+
+
+# -- EAGLE / self-speculative building blocks ----------------------------------------------------
+def rope_settings(config: Any) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) of a text config: 5.x keeps them in ``rope_parameters``
+    (per layer type for Gemma3), 4.x as top-level fields."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        params = params.get("full_attention", params)
+        theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0) or 10000.0))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return theta, (scaling if scaling.get("rope_type", "default") != "default" else None)
+    return float(getattr(config, "rope_theta", 10000.0) or 10000.0), getattr(config, "rope_scaling", None)
+
+
+def llama_config(**fields: Any) -> Any:
+    """A ``LlamaConfig`` for building blocks, with rope settings in the form this version reads."""
+    from transformers import LlamaConfig
+
+    rope_theta = fields.pop("rope_theta", 10000.0)
+    rope_scaling = fields.pop("rope_scaling", None)
+    if TRANSFORMERS_VERSION >= Version("5.0.0"):
+        params = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": rope_theta}
+        return LlamaConfig(rope_parameters=params, **fields)
+    return LlamaConfig(rope_theta=rope_theta, rope_scaling=rope_scaling, **fields)
+
+
+def decoder_of(model: Any) -> Any:
+    """The decoder stack (the module with ``layers`` and the final ``norm``) of a causal LM, or
+    ``None`` when this model is not built that way."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    if base is not None and not hasattr(base, "layers") and hasattr(base, "language_model"):
+        base = base.language_model
+    if base is None or not isinstance(getattr(base, "layers", None), torch.nn.ModuleList) or not hasattr(base, "norm"):
+        return None
+    return base
+
+
+def module_output(output: Any) -> torch.Tensor:
+    """The hidden states a decoder layer returned (a tensor on 5.x, a tuple's first item on 4.x)."""
+    return output[0] if isinstance(output, (tuple, list)) else output

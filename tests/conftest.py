@@ -41,7 +41,8 @@ SEEDS = {"llama": 0, "qwen2": 0, "gemma3": 3}
 SLIDING_WINDOW = 8
 # Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
-DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "oracle", "adversary")
+DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "oracle",
+            "adversary")
 _UNSET = object()
 
 
@@ -250,11 +251,33 @@ def make_drafter(name: str, target, reference):
         return hfs.DraftModel(_plain_copy(target), confidence_threshold=0.0, adaptive=False)
     if name == "draft-model-defaults":
         return hfs.DraftModel(sibling_model(target))
+    if name in ("eagle1", "eagle3"):
+        return hfs.Eagle(random_eagle(target, version=int(name[-1])), num_tokens=5, confidence_threshold=0.0,
+                         adaptive=False)
     if name == "oracle":
         return OracleCandidateGenerator(reference, num_tokens=6)
     if name == "adversary":
         return AdversaryStrategy(reference, vocab_size=target.config.vocab_size)
     raise ValueError(name)
+
+
+def random_eagle(target, version: int = 3, seed: int = 7, draft_vocab_size: int | None = None):
+    """A random EAGLE drafter shaped for ``target`` (EAGLE-3 with a reduced vocabulary of the
+    target's even ids by default: the id map is exercised by every test)."""
+    from hf_speculative.drafters.eagle.config import EagleConfig
+    from hf_speculative.drafters.eagle.model import EagleDraftModel
+
+    vocab = target.config.vocab_size
+    if version == 3 and draft_vocab_size is None:
+        draft_vocab_size = vocab // 2
+    torch.manual_seed(seed)
+    net = EagleDraftModel(EagleConfig.for_target(target.config, version=version, draft_vocab_size=draft_vocab_size))
+    if version == 3:
+        ids = torch.arange(0, vocab, 2)[:draft_vocab_size]  # target ids of the draft vocabulary
+        net.d2t.copy_(ids - torch.arange(draft_vocab_size))
+        net.t2d.zero_()
+        net.t2d[ids] = True
+    return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
 
 
 def _plain_copy(model):

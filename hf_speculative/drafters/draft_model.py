@@ -13,7 +13,7 @@ import torch
 
 from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import verify_costs_for
+from .policy import ChainLengthPolicy, sample_chain, verify_costs_for
 
 
 # target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
@@ -103,15 +103,15 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self.cache = compat.new_dynamic_cache()
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
-        self.max_draft = config.num_tokens
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
         self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
         self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
-        self._calibration = 1.0  # accepted tokens / predicted accepted tokens
-        self._predicted = 0.0  # expected accepted tokens of the pending draft
-        self._unprofitable = 0
-        self._pause = 0
-        self._backoff = 1
+        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
+                                        config.confidence_threshold, config.adaptive)
+
+    @property
+    def max_draft(self) -> int:
+        return self.policy.max_draft
 
     def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
         """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
@@ -150,70 +150,27 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
             return draft_step / target_step
         return self._size_ratio  # until measured: forwards cost in proportion to parameters
 
-    def _verify_price(self, i: int) -> float:
-        """Extra cost of verifying an ``i``-th draft token, in target forwards."""
-        return self.verify_costs.ratio(i) - self.verify_costs.ratio(i - 1)
-
     @torch.no_grad()
     def propose(self, input_ids, max_tokens):
-        self._predicted = 0.0
-        if self._pause > 0:
-            self._pause -= 1
+        if not self.policy.begin():
             return None, None
         common = self._rollback(input_ids)
         logits = self._forward(input_ids[0, common:].tolist(), input_ids.device)
         self._synced = input_ids.shape[1]
-        processors, do_sample, adaptive = self.ctx.logits_processor, self.ctx.do_sample, self.config.adaptive
-        limit = min(self.max_draft, max_tokens)
-        tokens: list[int] = []
-        chosen_logits: list[torch.Tensor] = []
-        sequence = input_ids
-        accept_all = 1.0  # estimated probability that the whole draft so far is accepted
-        while True:
-            if processors:
-                logits = processors(sequence, logits[None])[0]
-            probs = torch.softmax(logits, dim=-1)
-            # Whether to draft this position is decided from the drafter's distribution alone, before
-            # sampling: a choice that depended on the sampled token would bias the rejection sampler.
-            peak = float(probs.max())
-            if adaptive and accept_all * min(peak * self._calibration, 1.0) < self._verify_price(len(tokens) + 1):
-                break  # its expected gain does not pay for verifying it (its drafting is already paid)
-            token = int(torch.multinomial(probs, 1)) if do_sample else int(torch.argmax(logits))
-            confidence = float(probs[token])
-            accept_all *= min(confidence * self._calibration, 1.0)
-            tokens.append(token)
-            chosen_logits.append(logits)
-            self._predicted += accept_all
-            if len(tokens) == limit or confidence < self.config.confidence_threshold:
-                break
-            # Draft one more only if even a sure next token could pay for drafting and verifying it.
-            if adaptive and accept_all < self._draft_price() + self._verify_price(len(tokens) + 1):
-                break
-            if processors:
-                sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
-            logits = self._forward([token], input_ids.device)
+        tokens, chosen_logits = sample_chain(
+            self.policy, self.ctx, input_ids, logits, max_tokens,
+            lambda token: self._forward([token], input_ids.device),
+        )
+        self.policy.end(len(tokens))
         if not tokens:
-            # Not even the first token pays: pause drafting (1, 2, 4, ... steps) if this persists.
-            self._unprofitable += 1
-            if self._unprofitable >= 2:
-                self._pause, self._backoff, self._unprofitable = self._backoff, min(self._backoff * 2, 32), 0
             return None, None
-        self._unprofitable, self._backoff = 0, 1
-        draft_logits = torch.stack(chosen_logits) if do_sample else None  # [k, V]
+        draft_logits = torch.stack(chosen_logits) if self.ctx.do_sample else None  # [k, V]
         return torch.tensor(tokens, dtype=torch.long), draft_logits
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         if self.after_prefill:
             self.verify_costs.observe(num_proposed, self.last_verify_s)
-        if num_proposed == 0:
-            return
-        if self._predicted > 0:
-            ratio = num_accepted / self._predicted
-            self._calibration = min(max(self._calibration + 0.1 * (ratio - self._calibration), 0.2), 2.0)
-        if num_accepted == num_proposed:
-            self.max_draft = min(self.max_draft + 2, self.config.num_tokens)
-        else:
-            self.max_draft = max(self.max_draft - 1, 1)
+        self.policy.verified(num_accepted, num_proposed)
 
     def close(self):
         self.cache = None

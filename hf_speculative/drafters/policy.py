@@ -145,3 +145,115 @@ def verify_costs_for(target: torch.nn.Module, max_tokens: int) -> VerifyCostMode
                 grown._seconds[: len(model._seconds)] = model._seconds
             model = _COSTS[target] = grown
         return model
+
+
+class ChainLengthPolicy:
+    """When to stop a chain draft whose tokens come with the drafter's own confidence.
+
+    Used by drafters that see a distribution for every token (``DraftModel``, ``Eagle``). Drafting
+    token ``i`` pays when the chance that the whole draft up to it is accepted (the product of the
+    drafter's confidences, calibrated against what was really accepted) exceeds its price in
+    target forwards: the extra cost of verifying one more token, plus one drafter step for every
+    token after the first. When even the first token does not pay for several steps, drafting
+    pauses (1, 2, 4, ... 32 steps).
+
+    Args:
+        verify_costs (`VerifyCostModel`): the target's measured verify costs.
+        num_tokens (`int`): the longest draft.
+        draft_price (`Callable[[], float]`): one drafter step, in target forwards (read per token).
+        confidence_threshold (`float`): stop after a token whose drafter probability is below it.
+        adaptive (`bool`): apply the cost rule; the longest draft grows by 2 after a fully accepted
+            draft and shrinks by 1 otherwise either way.
+    """
+
+    def __init__(self, verify_costs: VerifyCostModel, num_tokens: int, draft_price, confidence_threshold: float = 0.3,
+                 adaptive: bool = True):
+        self.verify_costs = verify_costs
+        self.num_tokens = num_tokens
+        self.max_draft = num_tokens
+        self.draft_price = draft_price
+        self.confidence_threshold = confidence_threshold
+        self.adaptive = adaptive
+        self.calibration = 1.0  # accepted tokens / predicted accepted tokens
+        self.predicted = 0.0  # expected accepted tokens of the pending draft
+        self._accept_all = 1.0
+        self._drafted = 0
+        self._unprofitable = 0
+        self._pause = 0
+        self._backoff = 1
+
+    def begin(self) -> bool:
+        """Start a draft; ``False`` while drafting is paused (then draft nothing this step)."""
+        self.predicted, self._accept_all, self._drafted = 0.0, 1.0, 0
+        if self._pause > 0:
+            self._pause -= 1
+            return False
+        return True
+
+    def _verify_price(self, i: int) -> float:
+        return self.verify_costs.ratio(i) - self.verify_costs.ratio(i - 1)
+
+    def wants(self, peak: float) -> bool:
+        """Whether to draft the next token, given the peak of the drafter's distribution there.
+        Decided before sampling: a choice that depended on the sampled token would bias the
+        rejection sampler."""
+        if not self.adaptive:
+            return True
+        return self._accept_all * min(peak * self.calibration, 1.0) >= self._verify_price(self._drafted + 1)
+
+    def took(self, confidence: float, limit: int) -> bool:
+        """Record a drafted token of drafter probability ``confidence``; whether to draft another."""
+        self._drafted += 1
+        self._accept_all *= min(confidence * self.calibration, 1.0)
+        self.predicted += self._accept_all
+        if self._drafted >= min(limit, self.max_draft) or confidence < self.confidence_threshold:
+            return False
+        # Draft one more only if even a sure next token could pay for drafting and verifying it.
+        return not self.adaptive or self._accept_all >= self.draft_price() + self._verify_price(self._drafted + 1)
+
+    def end(self, num_drafted: int) -> None:
+        """Close a draft; an empty one counts towards pausing."""
+        if num_drafted:
+            self._unprofitable, self._backoff = 0, 1
+            return
+        self._unprofitable += 1
+        if self._unprofitable >= 2:
+            self._pause, self._backoff, self._unprofitable = self._backoff, min(self._backoff * 2, 32), 0
+
+    def verified(self, num_accepted: int, num_proposed: int) -> None:
+        if num_proposed == 0:
+            return
+        if self.predicted > 0:
+            ratio = num_accepted / self.predicted
+            self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)
+        if num_accepted == num_proposed:
+            self.max_draft = min(self.max_draft + 2, self.num_tokens)
+        else:
+            self.max_draft = max(self.max_draft - 1, 1)
+
+
+def sample_chain(policy: ChainLengthPolicy, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int,
+                 step) -> tuple[list[int], list[torch.Tensor]]:
+    """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``,
+    repeat while ``policy`` says it pays. Greedy takes the argmax; sampling draws from the processed
+    distribution, and the processed logits of every drafted token are returned for the rejection
+    sampler. Returns (tokens, processed logits `[V]` per token)."""
+    processors, do_sample = ctx.logits_processor, ctx.do_sample
+    tokens: list[int] = []
+    chosen: list[torch.Tensor] = []
+    sequence = input_ids
+    while True:
+        if processors:
+            logits = processors(sequence, logits[None])[0]
+        probs = torch.softmax(logits, dim=-1)
+        if not policy.wants(float(probs.max())):
+            break  # its expected gain does not pay for verifying it (its drafting is already paid)
+        token = int(torch.multinomial(probs, 1)) if do_sample else int(torch.argmax(logits))
+        tokens.append(token)
+        chosen.append(logits)
+        if not policy.took(float(probs[token]), max_tokens):
+            break
+        if processors:
+            sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
+        logits = step(token)
+    return tokens, chosen

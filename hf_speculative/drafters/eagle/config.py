@@ -1,0 +1,160 @@
+"""The EAGLE drafter's configuration: a self-validating dataclass saved as ``config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ... import compat
+
+FORMAT_NAME = "hf_speculative.eagle"
+
+
+@dataclasses.dataclass
+class EagleConfig:
+    """Shape of an EAGLE drafter and how it attaches to its target.
+
+    Args:
+        version (`int`): 1 (EAGLE-1, also the weights EAGLE-2 runs with) or 3 (EAGLE-3).
+        hidden_size (`int`): the drafter's width; equals the target's hidden size.
+        intermediate_size (`int`), num_attention_heads (`int`), num_key_value_heads (`int`),
+            head_dim (`int`), rms_norm_eps (`float`), rope_theta (`float`), rope_scaling (`dict`, *optional*),
+            max_position_embeddings (`int`), hidden_act (`str`), attention_bias (`bool`), mlp_bias (`bool`):
+            the decoder layer's shape, in transformers' Llama terms.
+        vocab_size (`int`): the target's vocabulary (width of the target's logits).
+        draft_vocab_size (`int`, *optional*): EAGLE-3's own lm_head width (a subset of the target's
+            vocabulary, mapped by ``d2t``); defaults to ``vocab_size``. EAGLE-1 always uses the
+            target's lm_head.
+        target_layers (`list[int]`): EAGLE-3: indices of the target's decoder layers whose outputs
+            are fused (low, middle, high); EAGLE-1: empty (the target's final, normed hidden state).
+        fc_bias (`bool`): whether ``fc`` has a bias (SafeAILab EAGLE-1 checkpoints do).
+        input_layernorm (`bool`): EAGLE-1: whether the decoder layer normalises its input
+            (SafeAILab's layer 0 does not). EAGLE-3 always normalises both halves of its input.
+        target_num_layers (`int`, *optional*): the target's depth, checked on attach.
+        target (`str`, *optional*): what the drafter was trained for (a registry name or path).
+    """
+
+    version: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int | None = None
+    draft_vocab_size: int | None = None
+    target_layers: list[int] = dataclasses.field(default_factory=list)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 8192
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    fc_bias: bool = False
+    input_layernorm: bool = False
+    target_num_layers: int | None = None
+    target: str | None = None
+
+    def __post_init__(self):
+        if self.version not in (1, 3):
+            raise ValueError(f"EagleConfig(version={self.version!r}): must be 1 (EAGLE-1/2) or 3 (EAGLE-3).")
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = self.vocab_size
+        self.target_layers = [int(i) for i in self.target_layers]
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                     "head_dim", "draft_vocab_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"EagleConfig({name}={getattr(self, name)}): must be >= 1.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"EagleConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads}).")
+        if self.version == 1 and self.draft_vocab_size != self.vocab_size:
+            raise ValueError("EagleConfig: an EAGLE-1 drafter uses the target's lm_head; draft_vocab_size must equal "
+                             "vocab_size (reduced vocabularies are an EAGLE-3 feature).")
+        if self.version == 3 and len(self.target_layers) != 3:
+            raise ValueError(f"EagleConfig(target_layers={self.target_layers}): EAGLE-3 fuses exactly three target "
+                             "layers (low, middle, high), e.g. [1, L // 2 - 1, L - 4] for an L-layer target.")
+        if self.version == 1 and self.target_layers:
+            raise ValueError("EagleConfig: EAGLE-1 reads the target's final hidden state; target_layers must be empty.")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"EagleConfig: draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size}).")
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the target features the drafter reads: H (EAGLE-1) or 3H (EAGLE-3)."""
+        return self.hidden_size * (3 if self.version == 3 else 1)
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size != self.vocab_size
+
+    @classmethod
+    def for_target(cls, target_config: Any, version: int = 3, draft_vocab_size: int | None = None,
+                   target_layers: list[int] | None = None, **overrides: Any) -> "EagleConfig":
+        """A drafter shaped like one decoder layer of ``target_config`` (a transformers config)."""
+        text = compat.text_config(target_config)
+        layers = int(text.num_hidden_layers)
+        if version == 3 and target_layers is None:
+            target_layers = default_target_layers(layers)
+        rope_theta, rope_scaling = compat.rope_settings(text)
+        fields = dict(
+            version=version, hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            vocab_size=text.vocab_size, draft_vocab_size=draft_vocab_size if version == 3 else None,
+            target_layers=list(target_layers or []) if version == 3 else [],
+            rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rope_scaling,
+            max_position_embeddings=int(getattr(text, "max_position_embeddings", 8192)),
+            hidden_act=getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", "silu"),
+            target_num_layers=layers, fc_bias=version == 1,
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    def check_target(self, target: Any) -> None:
+        """Raise ``ValueError`` naming both sides unless ``target`` (a causal LM) fits this drafter."""
+        text = compat.text_config(target.config)
+        name = getattr(target, "name_or_path", "") or type(target).__name__
+        head = target.get_output_embeddings()
+        width = int(getattr(head, "out_features", 0) or text.vocab_size)
+        layers = int(text.num_hidden_layers)
+        problems = []
+        if int(text.hidden_size) != self.hidden_size:
+            problems.append(f"hidden size: drafter {self.hidden_size}, target {text.hidden_size}")
+        if width != self.vocab_size and int(text.vocab_size) != self.vocab_size:
+            problems.append(f"vocabulary: drafter {self.vocab_size}, target {width}")
+        if self.target_num_layers is not None and self.target_num_layers != layers:
+            problems.append(f"depth: drafter trained on a {self.target_num_layers}-layer target, target has {layers}")
+        if any(not 0 <= i < layers for i in self.target_layers):
+            problems.append(f"fused layers {self.target_layers} outside the target's 0..{layers - 1}")
+        if problems:
+            raise ValueError(
+                f"This EAGLE drafter (trained for {self.target or 'an unnamed target'}) does not fit the target {name!r}: "
+                + "; ".join(problems) + ". Use a drafter trained for this model (`hf-speculative train-eagle --target ...`)."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT_NAME, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EagleConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known - {"format"})
+        if unknown:
+            raise ValueError(f"EagleConfig: unknown fields {unknown}; was this file written by a newer hf_speculative?")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+
+def default_target_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's low / middle / high layers (outputs of layers 1, L/2 - 1 and L - 4, as SpecForge)."""
+    return [1, max(num_layers // 2 - 1, 0), max(num_layers - 4, 0)]

@@ -1,0 +1,221 @@
+"""``hfs.Eagle``: the EAGLE hidden-state drafter as a strategy and its per-call generator.
+
+The path of one call: the first target forward (the prompt's prefill) runs without a draft while
+forward hooks record the target's features; from then on, every draft starts by feeding the
+drafter the pairs ``(f_t, x_{t+1})`` that the last target forward verified, which also replaces
+the drafter's cache entries written from its own predicted features, then continues the chain on
+its own predictions until the expected gain no longer pays for drafting and verifying a token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import weakref
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...features import FeatureTap
+from ..policy import ChainLengthPolicy, sample_chain, verify_costs_for
+from .model import DraftKVCache, EagleDraftModel
+
+# drafter network -> seconds of one chain step (a property of the network and the hardware)
+_STEP_S: "weakref.WeakKeyDictionary[torch.nn.Module, float]" = weakref.WeakKeyDictionary()
+# target -> drafter networks already checked against it
+_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+
+
+def pretrained_names() -> list[str]:
+    """Targets for which a trained drafter ships with the package."""
+    if not PRETRAINED_DIR.is_dir():
+        return []
+    return sorted(p.name for p in PRETRAINED_DIR.iterdir() if (p / "config.json").exists())
+
+
+@dataclasses.dataclass(eq=False)
+class Eagle(DraftStrategy):
+    """Draft with an EAGLE network that reads the target's own hidden states.
+
+    Args:
+        drafter (`EagleDraftModel`): the network (see :meth:`from_pretrained`), on the target's
+            device and dtype.
+        num_tokens (`int`, defaults to 8): the longest draft.
+        confidence_threshold (`float`, defaults to 0.05): stop after a token the drafter gives less
+            than this probability (0 disables; the cost rule below does most of the stopping).
+        adaptive (`bool`, defaults to `True`): draft a token only while the calibrated chance that
+            the draft so far is accepted pays for drafting and verifying it (measured costs).
+        draft_cost (`float`, *optional*): one drafter step in target forwards; measured by default.
+    """
+
+    drafter: EagleDraftModel = dataclasses.field(repr=False)
+    num_tokens: int = 8
+    confidence_threshold: float = 0.05
+    adaptive: bool = True
+    draft_cost: float | None = None
+    name: ClassVar[str] = "eagle"
+
+    def __post_init__(self):
+        if not isinstance(self.drafter, EagleDraftModel):
+            raise TypeError(f"Eagle(drafter=...) needs an EagleDraftModel (use hfs.Eagle.from_pretrained(path, target=model)), "
+                            f"got {type(self.drafter).__name__}.")
+        if self.num_tokens < 1:
+            raise ValueError(f"Eagle(num_tokens={self.num_tokens}): must be >= 1.")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise ValueError(f"Eagle(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
+        if self.draft_cost is not None and not self.draft_cost >= 0.0:
+            raise ValueError(f"Eagle(draft_cost={self.draft_cost}): must be >= 0 (in target forwards).")
+
+    @classmethod
+    def from_pretrained(cls, path_or_name: str | os.PathLike, target: torch.nn.Module | None = None, *,
+                        sha256: dict[str, str] | None = None, **options: Any) -> "Eagle":
+        """Load a drafter: a folder in any supported format (ours, SafeAILab EAGLE-1/2/3, SpecForge,
+        vLLM speculators) or the name of a target whose drafter ships with hf_speculative
+        (``hfs.Eagle.from_pretrained("smollm2-135m-instruct", target=model)``).
+
+        Args:
+            path_or_name (`str`): a folder, or a name from ``pretrained_names()``.
+            target (`PreTrainedModel`, *optional*): the model it will draft for; gives the device and
+                dtype, fills what a checkpoint's config leaves out, and is checked against the drafter.
+            sha256 (`dict[str, str]`, *optional*): expected digests of the checkpoint's files.
+            **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``.
+        """
+        from . import checkpoints
+
+        path = Path(path_or_name)
+        if not path.is_dir():
+            if str(path_or_name) in pretrained_names():
+                path = PRETRAINED_DIR / str(path_or_name)
+            else:
+                raise FileNotFoundError(
+                    f"No EAGLE drafter at {str(path_or_name)!r}: give a folder with config.json and weights, or one of "
+                    f"the shipped drafters {pretrained_names()} (train one with `hf-speculative train-eagle`)."
+                )
+        target_config = None if target is None else target.config
+        config, state, _ = checkpoints.load_checkpoint(path, target_config=target_config, sha256=sha256)
+        net = EagleDraftModel(config)
+        net.load_state_dict(state, strict=False)  # the rotary buffers are not stored
+        net.requires_grad_(False).eval()
+        if target is not None:
+            param = next(target.parameters())
+            net.to(device=param.device, dtype=param.dtype)
+        strategy = cls(drafter=net, **options)
+        if target is not None:
+            strategy.validate_target(target)
+        return strategy
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        if self.drafter in _CHECKED.get(target, ()):
+            return
+        self.drafter.config.check_target(target)
+        device = next(target.parameters()).device
+        if next(self.drafter.parameters()).device != device:
+            raise ValueError(f"The EAGLE drafter is on {next(self.drafter.parameters()).device} and the target on "
+                             f"{device}; move it with strategy.drafter.to({str(device)!r}).")
+        _CHECKED.setdefault(target, weakref.WeakSet()).add(self.drafter)
+
+    def open(self, ctx: CallContext) -> "EagleCandidateGenerator":
+        return EagleCandidateGenerator(ctx, self)
+
+
+class EagleCandidateGenerator(SpeculativeCandidateGenerator):
+    """Per-call state: feature hooks on the target, the drafter's KV cache, the length policy.
+
+    Invariant between forwards: the drafter's cache holds positions ``[0, n_true)`` computed from
+    the target's true features; ``pending`` holds the verified features of positions
+    ``[n_true, L - 1)`` not fed yet (``L`` = verified length; position ``L - 1``, the target's
+    newest token, has no feature until the next target forward).
+    """
+
+    def __init__(self, ctx: CallContext, config: Eagle):
+        super().__init__(ctx)
+        self.config = config
+        self.net = config.drafter
+        self.tap = FeatureTap(ctx.target, self.net.config.target_layers)
+        self.embed = ctx.target.get_input_embeddings()
+        self.head = ctx.target.get_output_embeddings()
+        self.cache = DraftKVCache()
+        self.n_true = 0
+        self.pending: torch.Tensor | None = None  # [1, P, F]
+        self._target_ids = self.net.target_ids()  # [V_draft] or None
+        self._lost = False
+        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
+        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
+                                        config.confidence_threshold, config.adaptive)
+
+    def _draft_price(self) -> float:
+        if self.config.draft_cost is not None:
+            return self.config.draft_cost
+        target_step, step = self.verify_costs.seconds(0), _STEP_S.get(self.net)
+        if step is not None and target_step:
+            return step / target_step
+        return 0.05  # until measured: one layer against a whole model
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary `[V]` (float32) for the last position of ``hidden``."""
+        logits = self.net.draft_logits(hidden[0, -1], self.head).float()  # [V_draft]
+        if self._target_ids is None:
+            return self._to_target_vocab(logits)
+        full = logits.new_full((self.ctx.vocab_size,), float("-inf"))
+        full[self._target_ids] = logits
+        return full
+
+    def _catch_up(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """Feed the verified pairs; the drafter's output hidden state for position ``L - 2``."""
+        length = input_ids.shape[1]
+        self.cache.crop(self.n_true)  # drop the entries written from predicted features
+        tokens = input_ids[:, self.n_true + 1 : length]  # [1, P]
+        positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
+        hidden = self.net(self.embed(tokens), self.pending, positions, self.cache, fused=True)  # [1, P, H]
+        self.n_true, self.pending = length - 1, None
+        return hidden[:, -1:]
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens):
+        if self._lost or self.pending is None or not self.policy.begin():
+            return None, None  # before the prefill there are no features yet
+        hidden = self._catch_up(input_ids)
+        position = input_ids.shape[1] - 1
+
+        def step(token: int) -> torch.Tensor:
+            nonlocal hidden, position
+            start = time.perf_counter()
+            ids = torch.tensor([[token]], device=input_ids.device)
+            pos = torch.tensor([[position]], device=input_ids.device)
+            hidden = self.net(self.embed(ids), hidden, pos, self.cache, fused=False)  # [1, 1, H]
+            position += 1
+            logits = self._logits(hidden)
+            seconds = time.perf_counter() - start
+            old = _STEP_S.get(self.net)
+            _STEP_S[self.net] = seconds if old is None else old + 0.3 * (seconds - old)
+            return logits
+
+        tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, self._logits(hidden), max_tokens, step)
+        self.policy.end(len(tokens))
+        if not tokens:
+            return None, None
+        return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        features = self.tap.take()  # [1, T, F]: every position that forward processed
+        if features is not None:
+            valid = features[:, : features.shape[1] - (num_proposed - num_accepted)]
+            self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
+        known = self.n_true + (0 if self.pending is None else self.pending.shape[1])
+        if known != input_ids.shape[1] - 1 and not self._lost:
+            # Some forward was not seen (or seen twice): features no longer line up with tokens.
+            # Drafting stops for this call; the output stays exact, only the speedup is lost.
+            self._lost = True
+        if self.after_prefill:
+            self.verify_costs.observe(num_proposed, self.last_verify_s)
+        self.policy.verified(num_accepted, num_proposed)
+
+    def close(self):
+        self.tap.remove()
+        self.cache = DraftKVCache()
+        self.pending = None

@@ -1,0 +1,62 @@
+"""Forward hooks that capture the target's hidden states for the drafters that read them (EAGLE).
+
+Hooks are portable across transformers versions (no modeling code is touched), are registered for
+one ``generate()`` call only and removed when it ends, and record only the forwards of the thread
+that registered them, so concurrent calls on one model do not see each other's states.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from . import compat
+
+
+class FeatureTap:
+    """Records, for every forward of ``target`` on this thread, the hidden states of some modules.
+
+    Args:
+        target (`PreTrainedModel`): a decoder-only causal LM (``layers`` + final ``norm``).
+        layers (`list[int]`): decoder layers whose outputs are recorded, concatenated in this order
+            along the feature axis; empty for the final norm's output (the normed last hidden state).
+    """
+
+    def __init__(self, target: torch.nn.Module, layers: list[int]):
+        decoder = compat.decoder_of(target)
+        if decoder is None:
+            raise ValueError(
+                f"{type(target).__name__} has no decoder stack with `layers` and a final `norm` that hf_speculative can "
+                "hook; EAGLE drafters need a decoder-only model such as Llama, Qwen2 or Gemma3."
+            )
+        depth = len(decoder.layers)
+        bad = [i for i in layers if not 0 <= i < depth]
+        if bad:
+            raise ValueError(f"The drafter reads target layers {layers}, but {type(target).__name__} has {depth} layers "
+                             f"(0..{depth - 1}); this drafter was made for a deeper model.")
+        modules = [decoder.layers[i] for i in layers] if layers else [decoder.norm]
+        self._thread = threading.get_ident()
+        self._captured: list[list[torch.Tensor]] = [[] for _ in modules]
+        self._handles = [m.register_forward_hook(self._hook(i)) for i, m in enumerate(modules)]
+
+    def _hook(self, index: int):
+        def hook(module, args, output):
+            if threading.get_ident() == self._thread:
+                self._captured[index].append(compat.module_output(output).detach())
+        return hook
+
+    def take(self) -> torch.Tensor | None:
+        """The states recorded since the last call, `[B, T, F]` (time-concatenated), or ``None``."""
+        if not self._captured[0]:
+            return None
+        parts = [torch.cat(chunks, dim=1) for chunks in self._captured]
+        for chunks in self._captured:
+            chunks.clear()
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._captured = [[] for _ in self._captured]

@@ -1,0 +1,94 @@
+"""Self-distillation data: the target's own greedy answers to a prompt list.
+
+An EAGLE drafter predicts the target's next features and tokens, so the best training text is what
+the target itself writes. Answers are generated in batches (left padding, prompts sorted by length
+so that batches pad little) and appended to a JSONL file as they finish, so an interrupted run
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+
+def chat_text(tokenizer: Any, prompt: str) -> str:
+    """The prompt as the model sees it: its chat template when it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    return prompt
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@torch.no_grad()
+def generate_responses(
+    model: Any,
+    tokenizer: Any,
+    prompts: Iterable[dict],
+    out_path: str | Path,
+    *,
+    max_new_tokens: int = 256,
+    batch_size: int = 16,
+    max_prompt_tokens: int = 1024,
+    progress: bool = True,
+) -> Path:
+    """Append ``{"id", "category", "prompt", "text", "prompt_tokens", "response_tokens"}`` rows to
+    ``out_path`` for every prompt whose id is not there yet.
+
+    ``text`` is the full chat-formatted prompt followed by the answer; ``prompt_tokens`` /
+    ``response_tokens`` are the token ids of the two parts (the answer includes its EOS when the
+    model stopped), so training never re-tokenizes and the split is exact.
+    """
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    done = {row["id"] for row in read_jsonl(out_path)} if out_path.exists() else set()
+    todo = []
+    for row in prompts:
+        if row["id"] in done:
+            continue
+        ids = tokenizer(chat_text(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_prompt_tokens:
+            todo.append((row, ids))
+    todo.sort(key=lambda item: len(item[1]))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    device = next(model.parameters()).device
+    start, written = time.perf_counter(), 0
+    with open(out_path, "a", encoding="utf-8") as f:
+        for b in range(0, len(todo), batch_size):
+            batch = todo[b : b + batch_size]
+            width = max(len(ids) for _, ids in batch)
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [B, T] left-padded
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (_, ids) in enumerate(batch):
+                input_ids[i, width - len(ids) :] = torch.tensor(ids)
+                mask[i, width - len(ids) :] = 1
+            out = model.generate(
+                input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+            )
+            for (row, ids), seq in zip(batch, out[:, width:].tolist()):
+                response = []
+                for token in seq:
+                    response.append(token)
+                    if token in eos_ids:
+                        break
+                text = tokenizer.decode(ids + response)
+                f.write(json.dumps({**row, "text": text, "prompt_tokens": ids, "response_tokens": response}) + "\n")
+                written += 1
+            f.flush()
+            if progress:
+                rate = written / (time.perf_counter() - start)
+                print(f"self-distill: {len(done) + written}/{len(done) + len(todo)} answers ({rate:.2f}/s)", flush=True)
+    return out_path
