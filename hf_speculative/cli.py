@@ -63,6 +63,10 @@ MaxNgramOpt = Annotated[Optional[int], typer.Option("--max-ngram", help="Longest
 ExitLayerOpt = Annotated[
     Optional[int], typer.Option("--exit-layer", help="Layer hf-early-exit drafts from (default 8).")
 ]
+EagleOpt = Annotated[
+    Optional[str],
+    typer.Option("--eagle", help="EAGLE drafter folder for the eagle method (default: the one shipped for --model)."),
+]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate per prompt.")]
 ThreadsOpt = Annotated[
     int, typer.Option("--threads", min=1, help="torch CPU threads (1 is fastest and steadiest on CPU).")
@@ -136,8 +140,10 @@ def _load(name: str | None) -> tuple[Any, Any, str]:
     return model.eval(), tokenizer, name
 
 
-def _options(draft_model: str | None, num_tokens: int | None, max_ngram: int | None, exit_layer: int | None) -> dict:
-    values = {"draft_model": draft_model, "num_tokens": num_tokens, "max_ngram": max_ngram, "exit_layer": exit_layer}
+def _options(draft_model: str | None, num_tokens: int | None, max_ngram: int | None, exit_layer: int | None,
+             eagle: str | None = None) -> dict:
+    values = {"draft_model": draft_model, "num_tokens": num_tokens, "max_ngram": max_ngram, "exit_layer": exit_layer,
+              "eagle": eagle}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -195,6 +201,7 @@ def compare(
     num_tokens: NumTokensOpt = None,
     max_ngram: MaxNgramOpt = None,
     exit_layer: ExitLayerOpt = None,
+    eagle: EagleOpt = None,
     as_json: JsonOpt = False,
     sdpa_gqa: GqaOpt = False,
 ) -> None:
@@ -208,7 +215,7 @@ def compare(
     from .methods import get_method, run_method
 
     target, tokenizer, model_name = _load(model)
-    options = _options(draft_model, num_tokens, max_ngram, exit_layer)
+    options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle)
     torch.set_num_threads(threads)
     text = prompt if prompt is not None else DEFAULT_PROMPT
     input_ids = encode_prompt(tokenizer, text, chat_template)
@@ -292,6 +299,7 @@ def bench(
     num_tokens: NumTokensOpt = None,
     max_ngram: MaxNgramOpt = None,
     exit_layer: ExitLayerOpt = None,
+    eagle: EagleOpt = None,
     chat_template: ChatOpt = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     sdpa_gqa: GqaOpt = False,
@@ -319,7 +327,7 @@ def bench(
             prompts,
             out=out,
             model_name=model_name,
-            options=_options(draft_model, num_tokens, max_ngram, exit_layer),
+            options=_options(draft_model, num_tokens, max_ngram, exit_layer, eagle),
             max_new_tokens=max_new_tokens,
             threads=threads,
             repeats=repeats,
@@ -348,6 +356,17 @@ def bench_report(
     except (json.JSONDecodeError, KeyError) as err:
         _fail(f"{file} is not a benchmark jsonl: {err!r}")
     typer.echo(text)
+
+
+def _register_training_commands() -> None:
+    from .training import cli as training_cli
+
+    app.command("train-eagle")(training_cli.train_eagle)
+    app.command("export-eagle")(training_cli.export_eagle)
+    app.command("self-distill")(training_cli.self_distill)
+
+
+_register_training_commands()
 
 
 def main() -> None:

@@ -247,6 +247,30 @@ def _build_draft_model(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": strategy}
 
 
+def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+    from hf_speculative.drafters.eagle.drafter import pretrained_names
+
+    spec = get_method("eagle")
+    source = spec.option(options, "eagle")
+    if source is None:
+        # the drafter shipped for this model, recognised by its registry folder or name
+        parts = str(getattr(model, "name_or_path", "")).replace("\\", "/").split("/")
+        source = next((name for name in pretrained_names() if name in parts), None)
+        if source is None:
+            raise ValueError(f"no EAGLE drafter ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
+                             f"{', '.join(pretrained_names()) or 'none'}); pass --eagle PATH to a trained drafter.")
+    cache = options.setdefault("_eagle_strategies", {})
+    key = (id(model), str(source))
+    if key not in cache:
+        cache[key] = hfs.Eagle.from_pretrained(source, target=model)
+    strategy = cache[key]
+    num_tokens = spec.option(options, "num_tokens")
+    if num_tokens is not None and num_tokens != strategy.num_tokens:
+        strategy = hfs.Eagle(strategy.drafter, num_tokens=int(num_tokens))
+    return {"candidate_generator": strategy}
+
+
 def _build_hf_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("hf-prompt-lookup")
     kwargs = {"prompt_lookup_num_tokens": int(spec.option(options, "num_tokens"))}
@@ -289,6 +313,14 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_draft_model,
             {"draft_model": None, "num_tokens": None},
+        ),
+        MethodSpec(
+            "eagle",
+            "EAGLE (hfs)",
+            "hf_speculative's EAGLE drafter: one trained layer reading the target's own hidden states.",
+            "hfs",
+            _build_eagle,
+            {"eagle": None, "num_tokens": None},
         ),
         MethodSpec(
             "hf-prompt-lookup",

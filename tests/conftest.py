@@ -273,7 +273,8 @@ def random_eagle(target, version: int = 3, seed: int = 7, draft_vocab_size: int 
     torch.manual_seed(seed)
     net = EagleDraftModel(EagleConfig.for_target(target.config, version=version, draft_vocab_size=draft_vocab_size))
     if version == 3:
-        ids = torch.arange(0, vocab, 2)[:draft_vocab_size]  # target ids of the draft vocabulary
+        step = 2 if draft_vocab_size <= vocab // 2 else 1
+        ids = torch.arange(0, vocab, step)[:draft_vocab_size]  # target ids of the draft vocabulary
         net.d2t.copy_(ids - torch.arange(draft_vocab_size))
         net.t2d.zero_()
         net.t2d[ids] = True

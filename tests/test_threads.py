@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from tests.conftest import ARCHS, build_model, prompt_inputs, sibling_model, stock_generate
+from tests.conftest import ARCHS, build_model, prompt_inputs, random_eagle, sibling_model, stock_generate
 
 ROUNDS = 3
 KWARGS = dict(do_sample=False, max_new_tokens=30)
@@ -60,11 +60,13 @@ def test_threads_with_different_strategies_on_one_model():
         "lookup": hfs.PromptLookup(adaptive=False),
         "draft": draft,
         "draft-shared": draft,  # the same strategy object used by two threads at once
+        "eagle": hfs.Eagle(random_eagle(model), num_tokens=4, confidence_threshold=0.0, adaptive=False),
         "plain": None,
     }
     # Different prompts, so that a thread reading another's state would show in its output.
     base = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
-    prompts = {"lookup": base, "draft": base[::-1], "draft-shared": base[3:] + base[:3], "plain": base[1:]}
+    prompts = {"lookup": base, "draft": base[::-1], "draft-shared": base[3:] + base[:3], "eagle": base[2:] + base[:2],
+               "plain": base[1:]}
     expected = {name: stock_generate(model, **prompt_inputs(prompt), **KWARGS).tolist()
                 for name, prompt in prompts.items()}
     results = run_threads(model, strategies, prompts)

@@ -85,8 +85,6 @@ class Eagle(DraftStrategy):
             sha256 (`dict[str, str]`, *optional*): expected digests of the checkpoint's files.
             **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``.
         """
-        from . import checkpoints
-
         path = Path(path_or_name)
         if not path.is_dir():
             if str(path_or_name) in pretrained_names():
@@ -96,6 +94,8 @@ class Eagle(DraftStrategy):
                     f"No EAGLE drafter at {str(path_or_name)!r}: give a folder with config.json and weights, or one of "
                     f"the shipped drafters {pretrained_names()} (train one with `hf-speculative train-eagle`)."
                 )
+        from . import checkpoints
+
         target_config = None if target is None else target.config
         config, state, _ = checkpoints.load_checkpoint(path, target_config=target_config, sha256=sha256)
         net = EagleDraftModel(config)

@@ -1,0 +1,119 @@
+"""``hf-speculative self-distill``, ``train-eagle`` and ``export-eagle`` (registered on the main CLI).
+
+Run them on several GPUs or nodes with ``accelerate launch -m hf_speculative train-eagle ...``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+PromptsOpt = Annotated[
+    Optional[str],
+    typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt', or builtin:N for "
+                 "N of the team's built-in training prompts (never Spec-Bench's)."),
+]
+
+
+def _prompt_rows(spec: str) -> list[dict]:
+    from .prompts import build_prompts
+    from .selfdistill import read_jsonl
+
+    if spec.startswith("builtin:"):
+        return build_prompts(int(spec.split(":", 1)[1]))
+    rows = read_jsonl(spec)
+    for i, row in enumerate(rows):
+        if "prompt" not in row:
+            raise typer.BadParameter(f"{spec}: line {i + 1} has no 'prompt' field")
+        row.setdefault("id", f"line{i:06d}")
+    return rows
+
+
+def self_distill(
+    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
+    prompts: PromptsOpt = "builtin:1600",
+    out: Annotated[Path, typer.Option("--out", help="JSONL file of answers (appended; resumes).")] = Path("self_distill.jsonl"),
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 192,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
+) -> None:
+    """Write the target's own greedy answers to a prompt list: the drafter's best training text."""
+    import torch
+
+    from ..models import load_model
+    from .selfdistill import generate_responses
+
+    if threads:
+        torch.set_num_threads(threads)
+    model, tokenizer = load_model(target)
+    generate_responses(model.eval(), tokenizer, _prompt_rows(prompts), out, max_new_tokens=max_new_tokens,
+                       batch_size=batch_size)
+
+
+def train_eagle(
+    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder: drafter, checkpoint, feature cache, logs.")],
+    data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows or "
+                                                            "{'text': ...} documents); repeatable.")] = [],  # noqa: B006
+    prompts: PromptsOpt = None,
+    distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="Answer length for --prompts.")] = 192,
+    eagle3: Annotated[bool, typer.Option("--eagle3/--eagle1", help="EAGLE-3 (default) or EAGLE-1.")] = True,
+    draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size")] = 8192,
+    unroll: Annotated[Optional[int], typer.Option("--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
+    epochs: Annotated[float, typer.Option("--epochs")] = 2.0,
+    lr: Annotated[float, typer.Option("--lr")] = 5e-4,
+    grad_accum: Annotated[int, typer.Option("--grad-accum")] = 4,
+    max_length: Annotated[int, typer.Option("--max-length")] = 1024,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="Optimizer steps between validations/checkpoints.")] = 200,
+    val_prompts: Annotated[int, typer.Option("--val-prompts")] = 8,
+    max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Train an EAGLE drafter for --target (resumes from OUT/checkpoint when present)."""
+    from .config import TrainConfig
+    from .loop import train
+
+    data = list(data)
+    if prompts:
+        distilled = out / "self_distill.jsonl"
+        self_distill(target, prompts, distilled, distill_tokens, threads=threads)
+        data.append(str(distilled))
+    if not data:
+        raise typer.BadParameter("give --data FILE (repeatable) and/or --prompts builtin:N to self-distill first")
+    cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
+                      unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
+                      eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads, seed=seed)
+    path = train(cfg)
+    summary = path / "training_summary.json"
+    if summary.exists():
+        typer.echo(summary.read_text())
+    typer.echo(f"drafter saved in {path}; use it with hfs.Eagle.from_pretrained({str(path)!r}, target=model)")
+
+
+def export_eagle(
+    drafter: Annotated[str, typer.Argument(help="Drafter folder (any supported format) or a shipped drafter's name.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder to write.")],
+    format: Annotated[str, typer.Option("--format", help="vllm (speculators format, for vLLM) or safeailab "
+                                                          "(SafeAILab EAGLE format, for SGLang and EAGLE's repo).")] = "vllm",
+    target: Annotated[Optional[str], typer.Option("--target", help="The target (registry name, folder or Hub id) "
+                                                                   "recorded as the verifier.")] = None,
+) -> None:
+    """Write a drafter in the format a serving engine loads."""
+    from ..drafters.eagle import checkpoints
+    from ..drafters.eagle.drafter import PRETRAINED_DIR, pretrained_names
+
+    source = Path(drafter)
+    if not source.is_dir() and drafter in pretrained_names():
+        source = PRETRAINED_DIR / drafter
+    if format not in ("vllm", "safeailab"):
+        raise typer.BadParameter(f"--format {format!r}: use vllm or safeailab")
+    try:
+        written = checkpoints.export(source, out, format=format, target=target)
+    except (OSError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps({"format": format, "out": str(written or out)}))

@@ -1,0 +1,89 @@
+"""``TrainConfig``: everything one drafter training run depends on, saved beside the result."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """A drafter training run (``hf-speculative train-eagle``).
+
+    Args:
+        target (`str`): registry name or folder of the target model.
+        data (`list[str]`): JSONL files: self-distillation rows or ``{"text": ...}`` documents.
+        out (`str`): output folder (drafter, checkpoints, feature cache, logs).
+        eagle3 (`bool`, defaults to `True`): EAGLE-3 (fused low/mid/high features, own reduced
+            vocabulary, training-time test); ``False`` for EAGLE-1.
+        draft_vocab_size (`int`, defaults to 8192): EAGLE-3's vocabulary (the most frequent learnt tokens).
+        unroll (`int`, defaults to 4): draft steps trained per anchor (EAGLE-3's training-time test;
+            EAGLE-1 uses 1 unless set).
+        epochs (`float`, defaults to 2): passes over the training examples.
+        lr (`float`, defaults to 5e-4), warmup (`int`, defaults to 50), weight_decay (`float`, defaults to 0),
+            grad_accum (`int`, defaults to 4), max_grad_norm (`float`, defaults to 0.5).
+        max_length (`int`, defaults to 1024): longest sequence, in tokens.
+        val_every (`int`, defaults to 20): one example in ``val_every`` is held out for validation.
+        eval_every (`int`, defaults to 200): optimizer steps between validations (and checkpoints).
+        val_prompts (`int`, defaults to 8), val_new_tokens (`int`, defaults to 64), val_draft (`int`,
+            defaults to 6): the validation tau: greedy speculative generation on held-out prompts
+            with a fixed draft length (a property of the drafter, not of the machine's speed).
+        noise (`float`, defaults to 0.0): uniform feature noise (EAGLE-1's trick; 0.2 is typical there).
+        init_from_target (`bool`, defaults to `True`): start the decoder layer, norm and lm_head from
+            the target's last layer, final norm and lm_head rows (Llama-style norms only).
+        seed (`int`, defaults to 0), max_examples (`int`, *optional*), threads (`int`, *optional*).
+    """
+
+    target: str
+    data: list[str]
+    out: str
+    eagle3: bool = True
+    draft_vocab_size: int = 8192
+    unroll: int | None = None
+    epochs: float = 2.0
+    lr: float = 5e-4
+    warmup: int = 50
+    weight_decay: float = 0.0
+    grad_accum: int = 4
+    max_grad_norm: float = 0.5
+    max_length: int = 1024
+    val_every: int = 20
+    eval_every: int = 200
+    val_prompts: int = 8
+    val_new_tokens: int = 64
+    val_draft: int = 6
+    noise: float = 0.0
+    init_from_target: bool = True
+    seed: int = 0
+    max_examples: int | None = None
+    threads: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.data, str):
+            self.data = [self.data]
+        if not self.data:
+            raise ValueError("TrainConfig(data=[]): give at least one JSONL file (--data).")
+        if self.unroll is None:
+            self.unroll = 4 if self.eagle3 else 1
+        checks = {"unroll": self.unroll >= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,
+                  "max_length": self.max_length >= 8, "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1,
+                  "draft_vocab_size": self.draft_vocab_size >= 16, "val_draft": self.val_draft >= 1, "noise": self.noise >= 0}
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"TrainConfig: invalid {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)}.")
+
+    @property
+    def version(self) -> int:
+        return 3 if self.eagle3 else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainConfig":
+        return cls(**json.loads(Path(path).read_text()))

@@ -1,0 +1,252 @@
+"""The training loop of hidden-state drafters, on ``accelerate``.
+
+The same code runs on a CPU (``hf-speculative train-eagle ...``), one GPU, or many GPUs and nodes
+(``accelerate launch -m hf_speculative train-eagle ...``): ``accelerate`` places the model, shards
+the data loader, reduces gradients and saves/restores the full training state for ``--resume``.
+The target's features are computed once into a memory-mapped cache (the main process builds it,
+the others wait), then every epoch reads them from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import compat
+from ..drafters.eagle.config import EagleConfig
+from ..drafters.eagle.model import EagleDraftModel
+from .config import TrainConfig
+from .data import FeatureCache, draft_vocabulary, read_examples
+from .evaluate import validation_tau
+from .losses import eagle_loss
+
+LOG = "train_log.jsonl"
+STATE = "checkpoint"
+
+
+class _CachedExamples(torch.utils.data.Dataset):
+    def __init__(self, examples, cache: FeatureCache, indices: list[int]):
+        self.examples, self.cache, self.indices = examples, cache, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        j = self.indices[i]
+        features, final, top = self.cache.get(j)
+        ex = self.examples[j]
+        return {"ids": torch.tensor(ex.ids), "loss_mask": torch.tensor(ex.loss_mask), "features": features, "final": final,
+                "top": top}
+
+
+def _collate(batch: list[dict]) -> dict[str, torch.Tensor]:
+    if len(batch) != 1:
+        raise ValueError("sequences of different lengths are trained one at a time (batch size 1)")
+    return {k: v[None] for k, v in batch[0].items()}
+
+
+def init_from_target(net: EagleDraftModel, target: Any, draft_ids: torch.Tensor | None) -> bool:
+    """Warm start: the decoder layer from the target's last layer (q/k/v's feature half), the final
+    norm and lm_head rows from the target's, ``fc`` passing the highest fused feature through.
+    Only for Llama-style norms (``w * x``; Gemma's ``(1 + w) * x`` would be mis-copied). Returns
+    whether it applied."""
+    decoder = compat.decoder_of(target)
+    last = decoder.layers[-1] if decoder is not None else None
+    if last is None or "gemma" in type(decoder.norm).__name__.lower() or not hasattr(last, "mlp"):
+        return False
+    h = net.config.hidden_size
+    with torch.no_grad():
+        try:
+            net.midlayer.mlp.load_state_dict(last.mlp.state_dict())
+            net.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
+            net.midlayer.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
+            for name in ("q_proj", "k_proj", "v_proj"):
+                mine, theirs = getattr(net.midlayer.self_attn, name), getattr(last.self_attn, name)
+                mine.weight[:, -h:].copy_(theirs.weight)
+                if mine.bias is not None and theirs.bias is not None:
+                    mine.bias.copy_(theirs.bias)
+            for name in ("input_layernorm", "hidden_norm"):
+                if hasattr(net.midlayer, name):
+                    getattr(net.midlayer, name).weight.copy_(last.input_layernorm.weight)
+        except (RuntimeError, AttributeError):  # another layer layout: keep the random init
+            return False
+        net.fc.weight.mul_(0.1)
+        net.fc.weight[:, -h:] += torch.eye(h, dtype=net.fc.weight.dtype)
+        if net.config.version == 3:
+            head = target.get_output_embeddings().weight
+            net.lm_head.weight.copy_(head if draft_ids is None else head[draft_ids])
+            net.norm.weight.copy_(decoder.norm.weight)
+    return True
+
+
+def _set_vocabulary(net: EagleDraftModel, draft_ids: torch.Tensor) -> None:
+    with torch.no_grad():
+        net.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+        net.t2d.zero_()
+        net.t2d[draft_ids] = True
+
+
+def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
+    """Train a drafter as ``cfg`` says; returns the folder of the trained drafter (``cfg.out``)."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    from ..drafters.eagle import checkpoints
+    from ..models import load_model
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
+    set_seed(cfg.seed)
+    started = time.perf_counter()
+
+    target, tokenizer = load_model(cfg.target)
+    target.requires_grad_(False).eval().to(accelerator.device)
+    examples = [ex for path in cfg.data for ex in read_examples(path, tokenizer, cfg.max_length)]
+    if cfg.max_examples:
+        examples = examples[: cfg.max_examples]
+    val_idx = [i for i in range(len(examples)) if i % cfg.val_every == 0]
+    train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
+    eagle_cfg = EagleConfig.for_target(target.config, version=cfg.version,
+                                       draft_vocab_size=cfg.draft_vocab_size if cfg.eagle3 else None, target=cfg.target)
+    draft_ids = None
+    if eagle_cfg.reduced_vocab:
+        eos = compat.eos_token_ids(target.generation_config)
+        draft_ids = draft_vocabulary([examples[i] for i in train_idx], eagle_cfg.draft_vocab_size, eagle_cfg.vocab_size, eos)
+
+    with accelerator.main_process_first():
+        cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
+                                   source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
+                                   progress=progress and accelerator.is_main_process)
+
+    net = EagleDraftModel(eagle_cfg)
+    if draft_ids is not None:
+        _set_vocabulary(net, draft_ids)
+    warm = cfg.init_from_target and init_from_target(net, target, draft_ids)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    loader = torch.utils.data.DataLoader(_CachedExamples(examples, cache, train_idx), batch_size=1, shuffle=True,
+                                         collate_fn=_collate, generator=torch.Generator().manual_seed(cfg.seed))
+    total_steps = max(1, math.ceil(len(loader) * cfg.epochs / cfg.grad_accum))
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        progress_ = min((step - cfg.warmup) / max(total_steps - cfg.warmup, 1), 1.0)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    net, optimizer, loader, scheduler = accelerator.prepare(net, optimizer, loader, scheduler)
+    accelerator.register_for_checkpointing(_Progress())
+    embed = target.get_input_embeddings()
+    head_weight = target.get_output_embeddings().weight
+    cfg.save(out / "train_config.json")
+
+    step, seen_tokens, done_batches = 0, 0, 0
+    state_dir = out / STATE
+    if (state_dir / "progress.json").exists():
+        accelerator.load_state(str(state_dir))
+        saved = json.loads((state_dir / "progress.json").read_text())
+        step, seen_tokens, done_batches = saved["step"], saved["tokens"], saved["batches"]
+        accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
+
+    def evaluate_and_save(final: bool = False) -> dict:
+        accelerator.wait_for_everyone()
+        record: dict[str, Any] = {"step": step, "tokens": seen_tokens, "seconds": round(time.perf_counter() - started, 1)}
+        if accelerator.is_main_process:
+            model = accelerator.unwrap_model(net)
+            model.eval()
+            record.update(_teacher_forced(model, embed, head_weight, examples, cache, val_idx[:64], cfg.unroll))
+            record["val_tau"] = validation_tau(model, target, [examples[i] for i in val_idx[: cfg.val_prompts]],
+                                               cfg.val_new_tokens, cfg.val_draft)
+            model.train()
+            meta = {"train_config": cfg.to_dict(), "last_validation": record, "warm_start": warm,
+                    "train_examples": len(train_idx), "val_examples": len(val_idx)}
+            checkpoints.save_pretrained(model, out, metadata=meta)
+            with open(out / LOG, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+        if not final:
+            accelerator.save_state(str(state_dir))
+            if accelerator.is_main_process:
+                (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": seen_tokens, "batches": done_batches}))
+        return record
+
+    net.train()
+    epochs = math.ceil(cfg.epochs)
+    bar = tqdm(total=total_steps, initial=step, desc="train-eagle", disable=not (progress and accelerator.is_main_process))
+    running = None
+    for epoch in range(epochs):
+        skip = done_batches - epoch * len(loader)
+        if skip >= len(loader):
+            continue
+        epoch_loader = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
+        for batch in epoch_loader:
+            if step >= total_steps:
+                break
+            with accelerator.accumulate(net):
+                loss, metrics = eagle_loss(accelerator.unwrap_model(net), embed, head_weight, batch["ids"], batch["loss_mask"],
+                                           batch["features"], batch["final"], cfg.unroll, noise=cfg.noise,
+                                           target_top=batch["top"])
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and cfg.max_grad_norm:
+                    accelerator.clip_grad_norm_(net.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            done_batches += 1
+            seen_tokens += int(batch["ids"].numel())
+            running = metrics.accuracy[0] if running is None else 0.98 * running + 0.02 * metrics.accuracy[0]
+            if accelerator.sync_gradients:
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics.loss:.3f}", acc0=f"{running:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
+                if step % cfg.eval_every == 0:
+                    evaluate_and_save()
+    bar.close()
+    record = evaluate_and_save(final=True)
+    if accelerator.is_main_process:
+        summary = {"seconds": round(time.perf_counter() - started, 1), "optimizer_steps": step, "tokens_seen": seen_tokens,
+                   "final_validation": record}
+        (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return out
+
+
+class _Progress:
+    """Nothing to save itself (progress.json holds the counters); keeps accelerate's checkpoint
+    layout stable when more objects are registered later."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@torch.no_grad()
+def _teacher_forced(net, embed, head_weight, examples, cache, indices, unroll) -> dict:
+    """Per-step top-1 agreement with the target on held-out examples, and the tau it implies for
+    a chain as long as ``unroll`` (1 + sum of running products of the per-step rates)."""
+    correct, counts = [0.0] * unroll, [0] * unroll
+    for i in indices:
+        features, final, top = cache.get(i)
+        ex = examples[i]
+        _, m = eagle_loss(net, embed, head_weight, torch.tensor([ex.ids]), torch.tensor([ex.loss_mask]),
+                          features[None], final[None], unroll, target_top=top[None])
+        for j, (a, n) in enumerate(zip(m.accuracy, m.counts)):
+            correct[j] += a * n
+            counts[j] += n
+    rates = [c / n if n else 0.0 for c, n in zip(correct, counts)]
+    tau, run = 1.0, 1.0
+    for r in rates:
+        run *= r
+        tau += run
+    return {"val_acc": [round(r, 4) for r in rates], "val_tau_teacher_forced": round(tau, 3)}
