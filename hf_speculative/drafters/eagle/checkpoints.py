@@ -1,0 +1,250 @@
+"""EAGLE drafter checkpoints: our own format, the formats of other projects, and export to them.
+
+Formats read by :func:`load_checkpoint` (detected from ``config.json`` and the weight names; the
+weights may be ``model.safetensors``, ``pytorch_model.bin`` or either one sharded with an index):
+
+- ``native`` (ours, :func:`save_pretrained`): ``config.json`` = ``EagleConfig.to_dict()`` (with
+  ``"format": "hf_speculative.eagle"``), ``model.safetensors`` in our names, optional ``training.json``.
+- ``safeailab-eagle1`` (EAGLE-1, whose weights EAGLE-2 also runs; SafeAILab/EAGLE
+  ``eagle/model/cnets1.py``, ``eagle/model/ea_model.py``, ``eagle/train/*_config.json``): a
+  Llama ``config.json`` describing the *drafter* (``num_hidden_layers`` is 1, not the target's depth),
+  an optional ``"bias"`` for ``fc`` (absent = ``True`` in their loader); keys ``fc.weight`` [H, 2H],
+  ``fc.bias``, ``layers.0.*`` without ``layers.0.input_layernorm`` (their layer 0 has none), and
+  ``embed_tokens.weight`` (a copy of the target's embedding, ignored here). fc input is
+  ``cat([embedding, feature])``, the feature being the target's final normed hidden state.
+- ``safeailab-eagle3`` (SafeAILab/EAGLE ``eagle/model/cnets.py``, ``eagle/traineagle3/``) and
+  ``specforge-eagle3`` (sgl-project/SpecForge ``specforge/modeling/draft/llama3_eagle.py``
+  ``LlamaForCausalLMEagle3``, ``configs/*-eagle3.json``, ``specforge/export/to_sglang.py``): Llama
+  config plus ``draft_vocab_size``; keys ``fc.weight`` [H, 3H], ``midlayer.*`` (our names),
+  ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``. Fused layers: SafeAILab hardcodes them
+  (``eagle/model/modeling_llama_kv.py`` records the hidden state *entering* layers 2, L//2 and L-3,
+  i.e. the outputs of layers 1, L//2-1, L-4: our default, so they need ``target_config`` for L);
+  SpecForge records ``eagle_config.eagle_aux_hidden_state_layer_ids`` as outputs of layers (SGLang's
+  ``set_eagle3_layers_to_capture`` adds 1 to capture the next layer's input), our convention.
+- ``vllm-speculators-eagle3`` (vllm-project/speculators ``src/speculators/models/eagle3/``,
+  ``convert/eagle/eagle3_converter.py``; vLLM ``transformers_utils/configs/speculators/``,
+  ``model_executor/models/llama_eagle3.py``): ``speculators_model_type: "eagle3"``,
+  ``transformer_layer_config`` (Llama; its ``vocab_size`` is the target's), ``draft_vocab_size``,
+  ``speculators_config.verifier.name_or_path``, ``eagle_aux_hidden_state_layer_ids`` in vLLM's
+  convention (the hidden state *entering* that layer, default [2, L//2, L-3]: vLLM id = our index + 1);
+  keys ``layers.0.*``, ``fc``, ``norm``, ``lm_head``, ``d2t``/``t2d`` (only with a reduced vocabulary),
+  ``embed_tokens.weight`` (ignored). vLLM defaults ``norm_before_residual`` to true when absent.
+
+All four projects store ``d2t`` as an offset: target id = draft id + d2t[draft id] (ours too).
+``rms_norm_eps`` / ``rope_theta`` come from the config (defaults 1e-6 / 10000 as SafeAILab's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import EagleConfig
+from .formats import CheckpointError, detect, read, write
+from .model import EagleDraftModel
+
+__all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_drafter", "check_compatible", "export"]
+
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def save_pretrained(model: EagleDraftModel, directory: str | Path, *, metadata: dict | None = None) -> Path:
+    """Write ``model`` in our format: ``config.json``, ``model.safetensors`` (dtype kept) and, with
+    ``metadata`` (training command, data, ...), ``training.json``. Returns the directory."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.save(directory)
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
+              str(directory / "model.safetensors"), metadata={"format": "pt"})
+    if metadata is not None:
+        (directory / "training.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
+    return directory
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # safetensors / pickle / zip errors of a damaged file
+        message = (f"Cannot read the weights file {path} ({type(error).__name__}: {error}); it is corrupt or "
+                   "truncated. Download or copy it again (compare its sha256 with the source's).")
+        raise CheckpointError(message) from error
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if not path.exists():
+            continue
+        if not name.endswith(".index.json"):
+            return _read_file(path)
+        weight_map = json.loads(path.read_text())["weight_map"]
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            if not (directory / shard).exists():
+                raise CheckpointError(f"{path} lists the shard {shard}, which is not in {directory}.")
+            state.update(_read_file(directory / shard))
+        return state
+    raise CheckpointError(f"No weights in {directory}: expected one of {', '.join(WEIGHT_FILES)}.")
+
+
+def _expected(config: EagleConfig) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    with torch.device("meta"):
+        model = EagleDraftModel(config)
+    return {k: (v.shape, v.dtype) for k, v in model.state_dict().items()}
+
+
+def validate_state_dict(config: EagleConfig, state: dict[str, torch.Tensor], source: str) -> None:
+    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys and shapes ``config`` describes."""
+    expected = _expected(config)
+    drafter = (f"the drafter its config describes (EAGLE-{config.version}, hidden {config.hidden_size}, vocabulary "
+               f"{config.vocab_size}/{config.draft_vocab_size}, fc_bias={config.fc_bias}, "
+               f"input_layernorm={config.input_layernorm})")
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"missing keys {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}")
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)}, drafter {tuple(shape)}"
+              for k, (shape, _) in expected.items() if k in state and state[k].shape != shape]
+    if shapes:
+        problems.append("shape mismatches " + "; ".join(shapes[:4]))
+    if problems:
+        raise CheckpointError(f"{source} does not match {drafter}: " + "; ".join(problems) + ". The config.json and "
+                              "the weights come from different drafters, or the file was written for another "
+                              "architecture; use the config.json that was saved with these weights.")
+
+
+def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, target_config: Any = None,
+                    sha256: dict[str, str] | None = None) -> tuple[EagleConfig, dict[str, torch.Tensor], str]:
+    """Read an EAGLE drafter saved in any supported format (see the module docstring).
+
+    Args:
+        path: the checkpoint directory (or a file in it).
+        dtype: cast the floating-point weights to this dtype (``d2t`` / ``t2d`` keep theirs).
+        target_config: the target's transformers config, used to fill what a format does not record:
+            the fused layers of SafeAILab EAGLE-3 (and speculators configs without
+            ``eagle_aux_hidden_state_layer_ids``) follow from its depth; ``target_num_layers`` and
+            ``target`` (its ``_name_or_path``) are filled from it; a hidden size or vocabulary
+            different from the drafter's is an error.
+        sha256: ``{file name: hex digest}`` to verify before reading.
+
+    Returns:
+        ``(config, state_dict, format_name)``; the state dict is in our names and loads into
+        ``EagleDraftModel(config)`` with ``strict=True``.
+    """
+    directory = Path(path)
+    if directory.is_file():
+        directory = directory.parent
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"No config.json in {directory}: not a drafter checkpoint directory.")
+    for name, want in (sha256 or {}).items():
+        got = _sha256(directory / name)
+        if got != want.lower():
+            raise CheckpointError(f"sha256 of {directory / name} is {got}, expected {want.lower()}: the file is "
+                                  "damaged or not the published one. Download it again.")
+    try:
+        cfg = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_path} is not valid JSON ({error}).") from error
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{config_path} holds a {type(cfg).__name__}, not a config object.")
+    state = _read_weights(directory)
+    fmt = detect(cfg, set(state))
+    try:
+        config, state = read(fmt, cfg, state, target_config)
+    except KeyError as error:
+        message = f"{config_path} ({fmt}) lacks the field {error}, which that format always has."
+        raise CheckpointError(message) from error
+    validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})")
+    if target_config is not None:
+        _check_target_config(config, target_config)
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    return config, state, fmt
+
+
+def _check_target_config(config: EagleConfig, target_config: Any) -> None:
+    from ... import compat
+
+    text = compat.text_config(target_config)
+    depth = int(text.num_hidden_layers)
+    sides = (("hidden size", config.hidden_size, int(text.hidden_size)),
+             ("vocabulary", config.vocab_size, int(text.vocab_size)))
+    problems = [f"{what}: drafter {mine}, target {theirs}" for what, mine, theirs in sides if mine != theirs]
+    if any(not 0 <= i < depth for i in config.target_layers):
+        problems.append(f"fused layers {config.target_layers} outside the target's 0..{depth - 1}")
+    if problems:
+        raise CheckpointError("This EAGLE drafter does not fit the target config "
+                              f"{getattr(target_config, '_name_or_path', '') or type(target_config).__name__}: "
+                              + "; ".join(problems) + ". Use a drafter trained for this target.")
+
+
+def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, target_config: Any = None,
+                 sha256: dict[str, str] | None = None) -> EagleDraftModel:
+    """:func:`load_checkpoint` into a ready ``EagleDraftModel`` (eval mode)."""
+    config, state, _ = load_checkpoint(path, dtype=dtype, target_config=target_config, sha256=sha256)
+    model = EagleDraftModel(config)
+    model.load_state_dict(state, strict=True)
+    return (model.to(dtype) if dtype is not None else model).eval()
+
+
+def check_compatible(config: EagleConfig, target_model: Any) -> None:
+    """Raise ``ValueError`` naming both sides unless the drafter fits ``target_model``: hidden size,
+    vocabulary (the target's lm_head width or config vocab), fused layers within its depth, and the
+    depth it was trained for when recorded."""
+    config.check_target(target_model)
+
+
+def export(model_or_path: EagleDraftModel | str | Path, out_dir: str | Path, format: str = "vllm", *,
+           target_config: Any = None, speculative_tokens: int = 5) -> Path:
+    """Write a drafter in the layout a serving engine loads.
+
+    ``format="vllm"``: vLLM's speculators ``eagle3`` layout (``vllm serve DIR`` reads the target
+    from ``speculators_config.verifier.name_or_path``, i.e. ``config.target``); EAGLE-3 only.
+    ``format="safeailab"``: SafeAILab's layout for the drafter's version (EAGLE-1: also what vLLM's
+    ``method: "eagle"`` and SGLang's EAGLE load; EAGLE-3: ``LlamaForCausalLMEagle3``, which SGLang and
+    SpecForge load). Weights go to ``model.safetensors``; the target's embedding is not copied.
+    """
+    from safetensors.torch import save_file
+
+    if isinstance(model_or_path, EagleDraftModel):
+        config = model_or_path.config
+        state = {k: v.detach().cpu() for k, v in model_or_path.state_dict().items()}
+    else:
+        config, state, _ = load_checkpoint(model_or_path, target_config=target_config)
+    verifier = list(getattr(target_config, "architectures", None) or []) if target_config is not None else None
+    cfg, out = write(format, config, state, speculative_tokens=speculative_tokens, verifier_architectures=verifier)
+    if format == "vllm" and not config.target:
+        warnings.warn("The drafter records no target; vLLM needs speculators_config.verifier.name_or_path "
+                      "(set EagleConfig.target before exporting, or edit config.json).", stacklevel=2)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in out.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out_dir
