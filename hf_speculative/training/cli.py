@@ -112,7 +112,14 @@ def export_eagle(
     if format not in ("vllm", "safeailab"):
         raise typer.BadParameter(f"--format {format!r}: use vllm or safeailab")
     try:
-        written = checkpoints.export(source, out, format=format, target=target)
+        target_config = None
+        if target is not None:
+            from transformers import AutoConfig
+
+            from ..models import resolve
+
+            target_config = AutoConfig.from_pretrained(resolve(target))
+        written = checkpoints.export(source, out, format=format, target_config=target_config)
     except (OSError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

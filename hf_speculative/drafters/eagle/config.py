@@ -111,7 +111,7 @@ class EagleConfig:
             rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rope_scaling,
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 8192)),
             hidden_act=getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", "silu"),
-            target_num_layers=layers, fc_bias=version == 1,
+            target_num_layers=layers,
         )
         fields.update(overrides)
         return cls(**fields)

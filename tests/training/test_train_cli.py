@@ -1,0 +1,78 @@
+"""``hf-speculative self-distill`` / ``train-eagle`` / ``export-eagle`` end to end on a tiny saved
+chat model: answers generated, features cached, a drafter trained, validated, saved, resumed,
+exported, reloaded, and exact when it drafts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import hf_speculative as hfs
+from hf_speculative.cli import app
+from tests.conftest import CHAT_WORDS
+
+ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
+
+def run(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    words = CHAT_WORDS
+    rows = [{"id": f"q{i}", "prompt": " ".join(words[(i * 3 + j) % len(words)] for j in range(6))} for i in range(24)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("version", ["--eagle3", "--eagle1"])
+def test_train_eagle_end_to_end(tmp_path, chat_checkpoint, prompts, version):
+    out = tmp_path / "drafter"
+    common = ["train-eagle", "--target", chat_checkpoint, "--prompts", prompts, "--distill-tokens", 16, "--out", out,
+              version, "--draft-vocab-size", 24, "--grad-accum", 1, "--eval-every", 10, "--val-prompts", 2,
+              "--threads", 1]
+    run(*common, "--epochs", 1)
+    distilled = [json.loads(line) for line in (out / "self_distill.jsonl").read_text().splitlines()]
+    assert len(distilled) == 24 and all(r["response_tokens"] for r in distilled)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log and all(1.0 <= r["val_tau"] <= 7.0 for r in log)
+    assert len(log[-1]["val_acc"]) == (4 if version == "--eagle3" else 1)
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["optimizer_steps"] == 22 and summary["tokens_seen"] > 0  # 24 examples, 2 held out
+
+    # resume: a second epoch continues from the saved checkpoint instead of starting over
+    result = run(*common, "--epochs", 2)
+    assert "resumed from" in result.output
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["optimizer_steps"] == 44
+
+    model, tokenizer = hfs.load_model(str(chat_checkpoint))
+    hfs.enable(model)
+    strategy = hfs.Eagle.from_pretrained(out, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+    assert hfs.last_stats(model).drafted_tokens > 0
+
+    for fmt in ("vllm", "safeailab"):
+        if fmt == "vllm" and version == "--eagle1":
+            continue
+        exported = tmp_path / f"export-{fmt}"
+        run("export-eagle", out, "--out", exported, "--format", fmt)
+        again = hfs.Eagle.from_pretrained(exported, target=model)
+        for (name, a), b in zip(strategy.drafter.state_dict().items(), again.drafter.state_dict().values()):
+            assert torch.equal(a, b), name
+
+
+def test_train_eagle_needs_data(tmp_path, chat_checkpoint):
+    result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--out", str(tmp_path / "o")], env=ENV)
+    assert result.exit_code != 0
+    assert "--data" in result.output
