@@ -1,0 +1,50 @@
+"""The hf_speculative demo: greedy and speculative decoding side by side (Gradio).
+
+Run ``python app.py`` (or ``make demo``) and open the printed URL. On Hugging Face Spaces this file
+is the ``app_file``; Spaces runs it as ``__main__`` too. Importing it builds nothing: call
+:func:`build_app` for the Blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def build_app(**kwargs: Any) -> Any:
+    """The demo's ``gr.Blocks`` (see :func:`hf_speculative.app.ui.build_app` for the arguments)."""
+    from hf_speculative.app import build_app as _build_app
+
+    return _build_app(**kwargs)
+
+
+def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
+    parser.add_argument("--model", default=None, help="model selected when the page opens (default: the registry's)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's own; 1 gives the steadiest timings on small CPUs)")
+    parser.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait in the queue")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build the app and serve it until interrupted, printing the local URL."""
+    args = _parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    kwargs: dict[str, Any] = {"max_queue": args.max_queue}
+    if args.model:
+        kwargs["default_model"] = args.model
+    demo = build_app(**kwargs)
+    _, local_url, _ = demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True)
+    print(f"hf_speculative demo running at {local_url}  (Ctrl+C to stop)", flush=True)
+    demo.block_thread()
+
+
+if __name__ == "__main__":
+    main()

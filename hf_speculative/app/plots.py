@@ -1,0 +1,41 @@
+"""The figure shown after a comparison: tokens over time, and accepted draft length per step.
+
+Built on a bare ``matplotlib.figure.Figure`` (no pyplot): pyplot keeps global state that is not safe
+across the server's worker threads, and a bare figure is freed with its last reference.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from matplotlib.figure import Figure
+
+from .streaming import MethodTrace
+
+
+def comparison_figure(traces: Sequence[MethodTrace]) -> Figure | None:
+    """Two panels: cumulative new tokens against wall time per method (steeper = faster), and the
+    number of draft tokens accepted at each target forward (0 = the forward gave one token).
+
+    Returns ``None`` when no method produced a token.
+    """
+    shown = [t for t in traces if t.token_times]
+    if not shown:
+        return None
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    over_time, per_step = fig.subplots(1, 2)
+    for trace in shown:
+        with trace.lock:
+            times = [0.0] + [t for t, _ in trace.token_times]
+            tokens = [0] + [n for _, n in trace.token_times]
+            accepted = list(trace.accepted_lengths)
+        label = trace.spec.label
+        over_time.step(times, tokens, where="post", label=label)
+        per_step.plot(range(1, len(accepted) + 1), accepted, marker="o", markersize=3, linewidth=1, label=label)
+    over_time.set(title="Tokens over time", xlabel="seconds", ylabel="new tokens")
+    per_step.set(title="Accepted draft tokens per target forward", xlabel="target forward", ylabel="accepted")
+    per_step.yaxis.get_major_locator().set_params(integer=True)
+    for ax in (over_time, per_step):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return fig

@@ -1,0 +1,93 @@
+"""Fixtures of the demo app's tests: tiny chat checkpoints on disk and the app served on a free port.
+
+The app is launched in the test process (``prevent_thread_lock``), so tests can also look at its model
+cache and at the generation threads. No test downloads anything.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from tests.conftest import CHAT_TEMPLATE, CHAT_WORDS
+
+torch.set_num_threads(1)
+gr = pytest.importorskip("gradio", reason="the demo app needs the `app` extra: pip install -e '.[app]'")
+
+# Repetitive prompt words: the tiny model's greedy text loops, so prompt lookup gets drafts accepted.
+TINY_PROMPT = "the cat sat on the mat and the dog sat on the mat and the cat ran to the house"
+
+
+def save_tiny_chat_model(folder: Path, words: list[str], seed: int = 0) -> Path:
+    """A word-level chat tokenizer over ``words`` and a seeded tiny Llama of exactly its vocabulary
+    (every generated id decodes to a word), saved in ``folder``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory) -> Path:
+    """The tiny chat checkpoint the app tests use as target (and as its own draft model)."""
+    return save_tiny_chat_model(tmp_path_factory.mktemp("app-models") / "tiny-chat", CHAT_WORDS)
+
+
+@pytest.fixture(scope="session")
+def other_vocab_dir(tmp_path_factory) -> Path:
+    """A tiny chat model with another vocabulary: a draft model that does not fit ``tiny_chat_dir``."""
+    words = [w.upper() for w in CHAT_WORDS] + ["extra", "words", "here"]
+    return save_tiny_chat_model(tmp_path_factory.mktemp("app-models") / "other-vocab", words, seed=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served_app(tiny_chat_dir):
+    """``(url, demo, cache)``: the app with the tiny model as default, on a free localhost port."""
+    from hf_speculative.app.cache import ModelCache
+    from hf_speculative.app.ui import build_app
+
+    cache = ModelCache(device=torch.device("cpu"))
+    demo = build_app(cache, default_model=str(tiny_chat_dir), max_new_tokens_limit=256, default_max_new_tokens=24)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    yield url, demo, cache
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(served_app):
+    from gradio_client import Client
+
+    return Client(served_app[0], verbose=False)
+
+
+def compare_args(prompt: str, model: str, methods: list[str], *, max_new_tokens: int = 24, sampling: bool = False,
+                 temperature: float = 0.7, seed: int = 0, options: dict | None = None) -> list:
+    """The ``/compare`` endpoint's positional arguments; ``options`` maps ``(method, key)`` to a value."""
+    from hf_speculative.app.request import option_slots
+
+    options = options or {}
+    values = [options.get((s.method, s.key), s.default) for s in option_slots()]
+    return [prompt, model, methods, max_new_tokens, sampling, temperature, seed, False, *values]
