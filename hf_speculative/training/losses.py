@@ -32,96 +32,119 @@ class StepMetrics:
     counts: list[int]  # positions scored per draft step
 
 
-def _chain_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-    """q `[B, nh, T, D]`; keys/values[0] `[B, kvh, T, D]` (true features, causal over anchors),
-    keys/values[i >= 1] the chain's own step ``i`` at the same anchor (diagonal). Returns `[B, T, nh*D]`."""
+def _chain_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                     anchors: torch.Tensor) -> torch.Tensor:
+    """q `[B, nh, A, D]` (one row per anchor); keys/values[0] `[B, kvh, T, D]` (true features of
+    every position, causal: anchor ``p`` sees positions ``<= p``); keys/values[i >= 1] `[B, kvh, A, D]`,
+    the chain's own step ``i`` at the same anchor (a diagonal). Returns `[B, A, nh * D]`."""
     groups = q.shape[1] // keys[0].shape[1]
     keys = [k.repeat_interleave(groups, dim=1) for k in keys]
     values = [v.repeat_interleave(groups, dim=1) for v in values]
     scale = 1.0 / math.sqrt(q.shape[-1])
-    t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]  # [B, nh, T, T]
-    scores += [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # [B, nh, T, 1] each
+    t = keys[0].shape[2]
+    visible = torch.arange(t, device=q.device)[None, :] <= anchors[:, None]  # [A, T]
+    scores = [(q @ keys[0].transpose(-1, -2) * scale).masked_fill(~visible, float("-inf"))]  # [B, nh, A, T]
+    scores += [(q * k).sum(-1, keepdim=True) * scale for k in keys[1:]]  # [B, nh, A, 1] each
     weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
     out = weights[..., :t] @ values[0]
     for i, v in enumerate(values[1:]):
         out = out + weights[..., t + i : t + i + 1] * v
-    return out.transpose(1, 2).reshape(q.shape[0], t, -1)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
 def unroll(net: EagleDraftModel, embed: torch.nn.Module, ids: torch.Tensor, features: torch.Tensor,
-           steps: int, noise: float = 0.0) -> list[torch.Tensor]:
-    """Drafter outputs `[B, T, H]` for draft steps ``0..steps-1`` at every anchor (see module doc).
+           steps: int, noise: float = 0.0, anchors: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Drafter outputs `[B, A, H]` for draft steps ``0..steps-1`` at each anchor (see module doc).
 
     Args:
         ids (`torch.LongTensor` of shape `[B, T]`), features (`torch.Tensor` of shape `[B, T, F]`).
         noise (`float`): uniform noise on the true features (EAGLE-1's robustness trick).
+        anchors (`torch.LongTensor` of shape `[A]`, *optional*): the anchors to compute (default:
+            all ``T``). Every position still provides its step-0 keys and values; only anchors run
+            queries, MLP and later steps, so prompts cost little when only answers are learnt.
     """
     b, t = ids.shape
     layer = net.midlayer
-    pad = ids.new_zeros(b, steps + 1)
-    shifted = torch.cat([ids, pad], dim=1)
+    anchors = torch.arange(t, device=ids.device) if anchors is None else anchors
+    shifted = torch.cat([ids, ids.new_zeros(b, steps + 1)], dim=1)
     if noise:
         features = features + (torch.rand_like(features) - 0.5) * 2 * noise
-    outputs, keys, values = [], [], []
-    hidden = features
-    for j in range(steps):
-        emb = embed(shifted[:, j + 1 : j + 1 + t])  # x_{p+j+1}  [B, T, H]
-        residual = net.fuse(hidden, emb) if (j == 0 or net.config.version == 1) else hidden
-        positions = (torch.arange(t, device=ids.device) + j)[None].expand(b, t)
-        cos, sin = net.rope(residual, positions)
-        q, k, v = layer.qkv(layer.attention_input(residual, emb), cos, sin)
+    # step 0: keys/values of every position from the true features
+    emb = embed(shifted[:, 1 : t + 1])  # x_{p+1}  [B, T, H]
+    fused = net.fuse(features, emb)  # [B, T, H]
+    positions = torch.arange(t, device=ids.device)[None].expand(b, t)
+    cos, sin = net.rope(fused, positions)
+    x, residual = layer.prepare(fused, emb)
+    q, k, v = layer.qkv(x, cos, sin)
+    keys, values = [k], [v]
+    hidden = layer.finish(residual[:, anchors], _chain_attention(q[:, :, anchors], keys, values, anchors))  # [B, A, H]
+    outputs = [hidden]
+    for j in range(1, steps):
+        emb = embed(shifted[:, anchors + j + 1])  # x_{p+j+1}  [B, A, H]
+        stream = net.fuse(hidden, emb) if net.config.version == 1 else hidden
+        cos, sin = net.rope(stream, (anchors + j)[None].expand(b, -1))
+        x, residual = layer.prepare(stream, emb)
+        q, k, v = layer.qkv(x, cos, sin)
         keys.append(k)
         values.append(v)
-        hidden = layer.finish(residual, _chain_attention(q, keys, values))
+        hidden = layer.finish(residual, _chain_attention(q, keys, values, anchors))
         outputs.append(hidden)
     return outputs
+
+
+def learnt_anchors(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """Anchors `[A]` whose draft steps ``0..steps-1`` include at least one learnt token (batch of one)."""
+    t = loss_mask.shape[-1]
+    learnt = loss_mask[0, :].bool().clone()
+    learnt[t - 1 :] = False  # the last position predicts nothing inside the sequence
+    hit = torch.zeros(t, dtype=torch.bool, device=loss_mask.device)
+    for j in range(steps):  # step j at anchor p is scored at q = p + j + 1
+        hit[: max(t - j - 1, 0)] |= learnt[j + 1 :]
+    return hit.nonzero().reshape(-1)
 
 
 def eagle_loss(net: EagleDraftModel, embed: torch.nn.Module, head_weight: torch.Tensor, ids: torch.Tensor,
                loss_mask: torch.Tensor, features: torch.Tensor, final: torch.Tensor, steps: int,
                step_weight: float = 0.8, noise: float = 0.0,
                target_top: torch.Tensor | None = None) -> tuple[torch.Tensor, StepMetrics]:
-    """The training loss of one batch and its per-step top-1 agreement with the target.
+    """The training loss of one sequence (batch of one) and its per-step top-1 agreement with the target.
 
     Args:
         head_weight (`torch.Tensor` of shape `[V, H]`): the target's lm_head weight (frozen).
-        loss_mask (`torch.Tensor` of shape `[B, T]`): 1 where the next token is learnt.
-        final (`torch.Tensor` of shape `[B, T, H]`): the target's final normed hidden states.
-        target_top (`torch.LongTensor` of shape `[B, T]`, *optional*): the target's argmax at every
+        loss_mask (`torch.Tensor` of shape `[1, T]`): 1 where the next token is learnt.
+        final (`torch.Tensor` of shape `[1, T, H]`): the target's final normed hidden states.
+        target_top (`torch.LongTensor` of shape `[1, T]`, *optional*): the target's argmax at every
             position (cached; recomputed from ``final`` through the whole lm_head when absent).
     """
-    outputs = unroll(net, embed, ids, features, steps, noise)
     t = ids.shape[1]
+    anchors = learnt_anchors(loss_mask, steps)
     draft_ids = net.target_ids()
     head = head_weight if draft_ids is None else head_weight[draft_ids]  # [V_d, H]
-    with torch.no_grad():
-        target_logits = final @ head.T  # [B, T, V_d]: position q predicts x_{q+1}
-        # Drafts are judged against the target's choice over its whole vocabulary.
-        if target_top is None:
-            target_top = (final @ head_weight.T).argmax(-1) if draft_ids is not None else target_logits.argmax(-1)
-    total = ids.new_zeros((), dtype=torch.float32)
+    total = features.new_zeros(())
     accuracy, counts = [], []
+    if anchors.numel() == 0:
+        return total, StepMetrics(0.0, [0.0] * steps, [0] * steps)
+    outputs = unroll(net, embed, ids, features, steps, noise, anchors)
     for j, hidden in enumerate(outputs):
-        # step j at anchor p predicts x_{p+j+2}: the target's distribution at position q = p+j+1
-        q = torch.arange(t, device=ids.device) + j + 1
-        valid = q < t - 1
-        q = q.clamp(max=t - 1)
-        mask = (loss_mask[:, q] > 0) & valid[None]  # [B, T]
-        n = int(mask.sum())
+        q = anchors + j + 1  # step j at anchor p predicts x_{p+j+2} from the target's position p+j+1
+        keep = q < t - 1
+        keep[keep.clone()] = loss_mask[0, q[keep]] > 0
+        n = int(keep.sum())
         counts.append(n)
         if n == 0:
             accuracy.append(0.0)
             continue
-        logits = net.draft_logits(hidden, lambda h: h @ head_weight.T).float()  # [B, T, V_d]
-        target_p = torch.softmax(target_logits[:, q].float(), dim=-1)
-        token_loss = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
-        loss = token_loss[mask].mean()
+        rows, q = hidden[0, keep], q[keep]  # [N, H], [N]
+        with torch.no_grad():
+            target_p = torch.softmax((final[0, q] @ head.T).float(), dim=-1)  # [N, V_d]
+            top = (target_top[0, q] if target_top is not None
+                   else (final[0, q] @ head_weight.T).argmax(-1))  # the target's choice over its whole vocabulary
+        logits = net.draft_logits(rows, lambda h: h @ head_weight.T).float()  # [N, V_d]
+        loss = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
         if net.config.version == 1:
-            loss = F.smooth_l1_loss(hidden[mask], final[:, q][mask]) + 0.1 * loss
+            loss = F.smooth_l1_loss(rows, final[0, q]) + 0.1 * loss
         total = total + (step_weight ** j) * loss
         with torch.no_grad():
             chosen = logits.argmax(-1) if draft_ids is None else draft_ids[logits.argmax(-1)]
-            accuracy.append(float((chosen == target_top[:, q])[mask].float().mean()))
+            accuracy.append(float((chosen == top).float().mean()))
     return total, StepMetrics(float(total.detach()), accuracy, counts)

@@ -32,6 +32,8 @@ class EagleConfig:
         fc_bias (`bool`): whether ``fc`` has a bias (SafeAILab EAGLE-1 checkpoints do).
         input_layernorm (`bool`): EAGLE-1: whether the decoder layer normalises its input
             (SafeAILab's layer 0 does not). EAGLE-3 always normalises both halves of its input.
+        norm_before_residual (`bool`): EAGLE-3: the residual stream starts from the *normed* feature
+            (a vLLM speculators variant); by default it starts from the feature itself.
         target_num_layers (`int`, *optional*): the target's depth, checked on attach.
         target (`str`, *optional*): what the drafter was trained for (a registry name or path).
     """
@@ -54,6 +56,7 @@ class EagleConfig:
     mlp_bias: bool = False
     fc_bias: bool = False
     input_layernorm: bool = False
+    norm_before_residual: bool = False
     target_num_layers: int | None = None
     target: str | None = None
 
@@ -78,6 +81,8 @@ class EagleConfig:
         if self.version == 3 and len(self.target_layers) != 3:
             raise ValueError(f"EagleConfig(target_layers={self.target_layers}): EAGLE-3 fuses exactly three target "
                              "layers (low, middle, high), e.g. [1, L // 2 - 1, L - 4] for an L-layer target.")
+        if self.version == 1 and self.norm_before_residual:
+            raise ValueError("EagleConfig(norm_before_residual=True) is an EAGLE-3 variant; EAGLE-1 has no hidden_norm.")
         if self.version == 1 and self.target_layers:
             raise ValueError("EagleConfig: EAGLE-1 reads the target's final hidden state; target_layers must be empty.")
         if self.draft_vocab_size > self.vocab_size:

@@ -160,8 +160,7 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
         if layer_cfg.get("model_type", "llama") != "llama":
             raise CheckpointError(f"{source}: transformer_layer_config.model_type={layer_cfg['model_type']!r}; this "
                                   "library's drafter is a Llama layer (model_type 'llama').")
-        _unsupported(cfg, {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
-                           "norm_output": False}, source)
+        _unsupported(cfg, {"norm_before_fc": False, "fc_norm": False, "norm_output": False}, source)
         if cfg.get("target_hidden_size") not in (None, layer_cfg["hidden_size"]):
             raise CheckpointError(f"{source}: target_hidden_size {cfg['target_hidden_size']} differs from hidden_size "
                                   f"{layer_cfg['hidden_size']}; this library's drafter has the target's width.")
@@ -174,7 +173,8 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
         verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         fields = _llama_fields(layer_cfg, sd, "midlayer.")
         fields.update(version=3, vocab_size=vocab, draft_vocab_size=draft, target_layers=layers, fc_bias=False,
-                      target_num_layers=depth, target=verifier or name)
+                      target_num_layers=depth, target=verifier or name,
+                      norm_before_residual=bool(cfg.get("norm_before_residual") or False))
         return EagleConfig(**fields), sd
     raise CheckpointError(f"Unknown checkpoint format {fmt!r}.")
 
@@ -206,7 +206,7 @@ def write(fmt: str, config: EagleConfig, sd: dict[str, torch.Tensor], *, specula
             out.pop("d2t", None), out.pop("t2d", None)
         cfg = {
             "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
-            "draft_vocab_size": config.draft_vocab_size, "norm_before_residual": False, "norm_before_fc": False,
+            "draft_vocab_size": config.draft_vocab_size, "norm_before_residual": config.norm_before_residual, "norm_before_fc": False,
             "fc_norm": False, "norm_output": False, "target_hidden_size": None,
             "eagle_aux_hidden_state_layer_ids": [i + 1 for i in config.target_layers],
             "speculators_config": {
@@ -222,6 +222,10 @@ def write(fmt: str, config: EagleConfig, sd: dict[str, torch.Tensor], *, specula
     if fmt != "safeailab":
         raise CheckpointError(f"Unknown export format {fmt!r}: use 'vllm' or 'safeailab'.")
     cfg = {**_llama_config(config, dtype), "bos_token_id": None, "eos_token_id": None, "pad_token_id": 0}
+    if config.norm_before_residual:
+        raise CheckpointError("This EAGLE-3 drafter starts its residual from the normed feature "
+                              "(norm_before_residual=True), which SafeAILab's and SpecForge's code do not implement; "
+                              "export it with format='vllm'.")
     if config.version == 1:
         if config.input_layernorm:
             raise CheckpointError("This EAGLE-1 drafter normalises its layer input (input_layernorm=True); SafeAILab's "

@@ -87,6 +87,7 @@ class EagleLayer(nn.Module):
     def __init__(self, config: EagleConfig, llama_config):
         super().__init__()
         self.version = config.version
+        self.norm_before_residual = config.norm_before_residual
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.self_attn = LlamaAttention(llama_config, layer_idx=0)
@@ -100,12 +101,15 @@ class EagleLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(llama_config)
 
-    def attention_input(self, hidden: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """`[B, T, H]` (EAGLE-1) or `[B, T, 2H]` (EAGLE-3): what q/k/v are projected from."""
+    def prepare(self, hidden: torch.Tensor, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What q/k/v are projected from, `[B, T, H]` (EAGLE-1) or `[B, T, 2H]` (EAGLE-3), and the
+        residual stream `[B, T, H]`."""
         if self.version == 3:
-            return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual
         norm = getattr(self, "input_layernorm", None)
-        return hidden if norm is None else norm(hidden)
+        return (hidden if norm is None else norm(hidden)), hidden
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated q `[B, nh, T, D]`, k and v `[B, kvh, T, D]`."""
@@ -191,14 +195,15 @@ class EagleDraftModel(nn.Module):
             hidden = self.fuse(hidden, embeds)
         layer = self.midlayer
         cos, sin = self.rope(hidden, positions)
-        q, k, v = layer.qkv(layer.attention_input(hidden, embeds), cos, sin)
+        x, residual = layer.prepare(hidden, embeds)
+        q, k, v = layer.qkv(x, cos, sin)
         past = 0
         if cache is not None:
             past = cache.length
             k, v = cache.append(k, v)
         if attn_mask is None:
             attn_mask = causal_mask(q.shape[2], past, q.device)
-        return layer.finish(hidden, attend(q, k, v, attn_mask))
+        return layer.finish(residual, attend(q, k, v, attn_mask))
 
     def draft_logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
         """Logits over the drafter's vocabulary `[..., V_draft]` (the target's for EAGLE-1)."""

@@ -7,6 +7,7 @@ fields and file kinds of SafeAILab EAGLE-1/3, SpecForge and vLLM speculators (se
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import json
 
 import pytest
@@ -134,6 +135,7 @@ def speculators_json(model, aux_ids, **extra):
 
 
 def write_speculators(tmp_path, model, aux_ids=(2, 4, 5), sharded=False, **extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     sd = renamed(model, "midlayer.", "layers.0.")
     sd["embed_tokens.weight"] = torch.randn(V, H)
     (tmp_path / "config.json").write_text(json.dumps(speculators_json(model, list(aux_ids), **extra)))
@@ -223,9 +225,26 @@ def test_vllm_speculators_default_layers_from_target(tmp_path):
     assert load_checkpoint(tmp_path, target_config=target_config())[0].target_layers == [1, 3, 4]
 
 
+def test_vllm_speculators_norm_before_residual(tmp_path):
+    """The speculators variant whose residual starts from the normed feature loads, runs as written
+    (differently from the plain layout), exports back to vllm, and refuses the SafeAILab layout."""
+    model = random_drafter(3, norm_before_residual=True)
+    write_speculators(tmp_path / "in", model, norm_before_residual=True)
+    config, state, _ = load_checkpoint(tmp_path / "in", target_config=target_config())
+    assert config.norm_before_residual
+    assert_same_drafter(model, config, state)
+    plain = EagleDraftModel(dataclasses.replace(config, norm_before_residual=False))
+    plain.load_state_dict(state, strict=True)
+    assert not torch.equal(run(plain.eval()), run(model))
+    checkpoints.export(model, tmp_path / "vllm", format="vllm")
+    assert json.loads((tmp_path / "vllm" / "config.json").read_text())["norm_before_residual"] is True
+    with pytest.raises(CheckpointError, match="norm_before_residual=True"):
+        checkpoints.export(model, tmp_path / "sai", format="safeailab")
+
+
 def test_vllm_speculators_unsupported_variant(tmp_path):
-    write_speculators(tmp_path, random_drafter(3), norm_before_residual=True)
-    with pytest.raises(CheckpointError, match="norm_before_residual=True.*does not implement"):
+    write_speculators(tmp_path, random_drafter(3), norm_before_fc=True)
+    with pytest.raises(CheckpointError, match="norm_before_fc=True.*does not implement"):
         load_checkpoint(tmp_path)
 
 
