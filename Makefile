@@ -10,13 +10,13 @@ STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast compare bench clean
+.PHONY: install demo test test-fast compare bench clean docs docs-serve
 
 $(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[dev]"
+	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[dev,docs]"
 	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $(STAMP)
 
@@ -33,5 +33,12 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
+# The documentation site (mkdocs-material, offline): docs/ -> site/; the test suite builds it too.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
 clean:
-	rm -rf $(VENV) .venv-tf4 build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-tf4 build *.egg-info .pytest_cache site
