@@ -60,7 +60,8 @@ class MethodTrace:
             self.ids.extend(ids[: max(0, self.max_new_tokens - len(self.ids))])
             self.accepted_lengths.append(len(ids) - 1)
             self.block_ends.append(len(self.ids))
-            self.token_times.append((now - (self.started or now), len(self.ids)))
+            start = now if self.started is None else self.started
+            self.token_times.append((now - start, len(self.ids)))
 
     def blocks_since(self, start: int) -> list[tuple[list[int], int]]:
         """``(ids, accepted)`` of the blocks from index ``start`` on (for incremental rendering)."""

@@ -1,0 +1,184 @@
+"""The app served on a free port, driven through its API with gradio_client (as a visitor's page does)."""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+import time
+
+import pytest
+import torch
+
+from hf_speculative.app.request import selectable_methods
+from hf_speculative.app.session import THREAD_PREFIX
+from hf_speculative.bench.runner import encode_prompt
+from tests.app.conftest import TINY_PROMPT, compare_args, free_port
+
+# Methods that must run on the tiny model (others, e.g. eagle without a trained drafter, must fail cleanly).
+MUST_RUN = {"prompt-lookup", "draft-model", "hf-prompt-lookup", "hf-assisted", "hf-early-exit"}
+
+
+def _value(output):
+    """An HTML output's value (the API returns ``gr.update`` dicts for them)."""
+    return output.get("value") if isinstance(output, dict) else output
+
+
+def _pane_text(pane_html: str) -> str:
+    body = re.search(r'<div class="hfs-text">(.*)</div></div>$', pane_html, re.S).group(1)
+    return html.unescape(re.sub(r"<[^>]+>", "", body))
+
+
+def _options_for(tiny_chat_dir) -> dict:
+    return {(m, "draft_model"): str(tiny_chat_dir) for m in selectable_methods()} | {
+        (m, "exit_layer"): 1 for m in selectable_methods()}
+
+
+def _compare(client, *args, **kwargs):
+    return client.predict(*compare_args(*args, **kwargs), api_name="/compare")
+
+
+def test_every_method_streams_greedy_text_with_consistent_figures(client, tiny_chat_dir):
+    names = selectable_methods()
+    by_method, panes, greedy_tps = {}, {}, {}
+    for start in range(0, len(names), 3):  # greedy + three methods per page
+        group = names[start:start + 3]
+        out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), group, options=_options_for(tiny_chat_dir))
+        status, pane_outputs, results = out[0], out[1:5], out[-1]
+        assert status.startswith("Done:"), status
+        for record, pane in zip(results["methods"], pane_outputs):
+            by_method.setdefault(record["method"], record)
+            panes.setdefault(record["method"], _value(pane))
+            greedy_tps.setdefault(record["method"], results["methods"][0]["tokens_per_s"])  # this page's greedy
+    greedy = by_method["greedy"]
+    assert greedy["status"] == "done" and greedy["new_tokens"] > 0 and greedy["tau"] == 1.0
+    assert greedy["target_forwards"] == greedy["new_tokens"]
+    for name in names:
+        record, pane = by_method[name], panes[name]
+        assert f'data-method="{name}"' in pane
+        if record["status"] == "error":
+            assert name not in MUST_RUN, f"{name} failed: {record['error']}"
+            assert record["error"] and "Traceback" not in record["error"] and 'class="hfs-error"' in pane
+            continue
+        assert record["status"] == "done"
+        assert record["output_ids"] == greedy["output_ids"] and record["text"] == greedy["text"]
+        assert record["identical_to_baseline"] is True and 'data-identical="yes"' in pane
+        assert _pane_text(pane) == record["text"]
+        assert record["tau"] == pytest.approx(record["new_tokens"] / record["target_forwards"])
+        assert record["accepted_tokens"] == sum(record["accepted_lengths"])
+        assert len(record["accepted_lengths"]) == record["target_forwards"]
+        assert record["tokens_per_s"] == pytest.approx(record["new_tokens"] / record["seconds"])
+        assert record["speedup"] == pytest.approx(record["tokens_per_s"] / greedy_tps[name])
+        assert f"speedup {record['speedup']:.2f}×" in pane
+        assert f"τ {record['tau']:.2f}" in pane
+        if record["kind"] == "hfs":
+            stats = record["hfs_stats"]
+            assert stats["target_forwards"] == record["target_forwards"]
+            assert stats["accepted_tokens"] == record["accepted_tokens"]
+            assert record["acceptance_rate"] == pytest.approx(stats["acceptance_rate"]) or not stats["drafted_tokens"]
+    assert by_method["prompt-lookup"]["accepted_tokens"] > 0, "the repetitive prompt must give accepted drafts"
+    assert 'class="hfs-draft"' in panes["prompt-lookup"]
+    assert MUST_RUN & set(names) == {n for n in names if by_method[n]["status"] == "done"} & MUST_RUN
+
+
+def test_the_baseline_is_transformers_greedy(client, served_app, tiny_chat_dir):
+    out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["prompt-lookup"], max_new_tokens=20)
+    greedy = out[-1]["methods"][0]
+    loaded = served_app[2].get(str(tiny_chat_dir))
+    ids = encode_prompt(loaded.tokenizer, TINY_PROMPT)
+    with torch.inference_mode():
+        reference = type(loaded.model).generate(loaded.model, ids, attention_mask=torch.ones_like(ids),
+                                                max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert greedy["output_ids"] == reference[0, ids.shape[1]:].tolist()
+    assert served_app[2].loads == 1, "the model is loaded once and reused by every request"
+
+
+def test_sampling_runs_and_says_so(client, tiny_chat_dir):
+    out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["prompt-lookup"], sampling=True, temperature=1.0, seed=3)
+    results = out[-1]
+    assert results["sampling"] == {"temperature": 1.0, "seed": 3}
+    assert all(m["status"] == "done" and m["new_tokens"] > 0 for m in results["methods"])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "model", "message"),
+    [
+        ("   ", None, "The prompt is empty"),
+        (" ".join(["cat"] * 3000), None, "The prompt is too long"),
+        ("hello", "./no-such-model-folder", "Cannot load model './no-such-model-folder'"),
+    ],
+)
+def test_bad_requests_show_a_message_and_the_app_keeps_serving(client, tiny_chat_dir, prompt, model, message):
+    out = _compare(client, prompt, model or str(tiny_chat_dir), ["prompt-lookup"])
+    assert message in out[0] and "Traceback" not in out[0]
+    assert message in out[-1]["error"]
+    again = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["prompt-lookup"], max_new_tokens=8)
+    assert again[0].startswith("Done: 2/2")
+
+
+def test_a_drafter_that_does_not_fit_fails_in_its_pane_only(client, tiny_chat_dir, other_vocab_dir):
+    options = {("draft-model", "draft_model"): str(other_vocab_dir), ("hf-assisted", "draft_model"): str(other_vocab_dir)}
+    out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["draft-model", "hf-assisted", "prompt-lookup"],
+                   options=options, max_new_tokens=8)
+    records = {m["method"]: m for m in out[-1]["methods"]}
+    assert "failed: Draft model (hfs)" in out[0]
+    for name in ("draft-model", "hf-assisted"):
+        assert records[name]["status"] == "error", records[name]
+        assert "Traceback" not in records[name]["error"]
+    assert "vocab" in records["draft-model"]["error"].lower()
+    assert records["prompt-lookup"]["status"] == "done" and records["prompt-lookup"]["identical_to_baseline"]
+
+
+def test_queue_is_bounded_with_a_concurrency_limit(served_app):
+    demo = served_app[1]
+    assert demo._queue.max_size == 16
+    assert demo._queue.default_concurrency_limit == 1  # CPU: one comparison at a time, fair timings
+
+
+def _generation_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
+
+
+def test_cancelling_a_request_stops_its_generation(tiny_chat_dir):
+    """A visitor who leaves (or presses Stop) cancels the event: the generation thread must end."""
+    from gradio_client import Client
+
+    from hf_speculative.app.cache import ModelCache
+    from hf_speculative.app.ui import build_app
+    from hf_speculative.models import load_model
+
+    forwards = []
+
+    def slow_loader(name, device=None):
+        model, tokenizer = load_model(name)
+        def slow_forward(*_):  # returns None: the forward's inputs stay as they are
+            forwards.append(1)
+            time.sleep(0.02)
+
+        model.register_forward_pre_hook(slow_forward)
+        model.generation_config.eos_token_id = None  # no early end: only a cancel can stop it
+        return model, tokenizer
+
+    demo = build_app(ModelCache(slow_loader, device=torch.device("cpu"), warmup=False),
+                     default_model=str(tiny_chat_dir), max_new_tokens_limit=512)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        job = Client(url, verbose=False).submit(
+            *compare_args(TINY_PROMPT, str(tiny_chat_dir), ["hf-prompt-lookup"], max_new_tokens=400),
+            api_name="/compare")
+        deadline = time.monotonic() + 30
+        while not _generation_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _generation_threads(), f"the generation never started: {job.status()}"
+        job.cancel()
+        # greedy alone takes 400 x 20 ms = 8 s: a thread still alive after 3 s was not stopped
+        deadline = time.monotonic() + 3
+        while _generation_threads() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _generation_threads(), "the generation thread kept running after the request was cancelled"
+        stopped_at = len(forwards)
+        assert stopped_at < 200, "stopped long before the end"
+        time.sleep(0.3)
+        assert len(forwards) == stopped_at
+    finally:
+        demo.close()
