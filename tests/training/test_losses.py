@@ -63,3 +63,25 @@ def test_training_steps_learn_the_targets_choices(version):
         optimizer.step()
     assert after.accuracy[0] > max(before.accuracy[0], 0.9), (before, after)
     assert after.accuracy[1] > max(before.accuracy[1], 0.6), (before, after)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_anchor_subset_equals_full_unroll(version):
+    """Computing only the learnt anchors (the answer of a self-distillation row) changes nothing there."""
+    from hf_speculative.training.losses import learnt_anchors
+
+    target = build_model("llama", layers=4)
+    net = random_eagle(target, version=version)
+    torch.manual_seed(4)
+    t, steps = 16, 3
+    ids = torch.randint(0, target.config.vocab_size, (1, t))
+    features = torch.randn(1, t, net.config.feature_size)
+    mask = torch.zeros(1, t, dtype=torch.long)
+    mask[0, 9:15] = 1  # answer tokens 10..15 are learnt
+    anchors = learnt_anchors(mask, steps)
+    assert anchors.tolist() == list(range(6, 14))  # anchors whose steps reach a learnt position
+    with torch.no_grad():
+        full = unroll(net, target.get_input_embeddings(), ids, features, steps)
+        part = unroll(net, target.get_input_embeddings(), ids, features, steps, anchors=anchors)
+    for a, b in zip(full, part):
+        torch.testing.assert_close(a[:, anchors], b, atol=1e-5, rtol=1e-4)
