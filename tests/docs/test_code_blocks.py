@@ -96,7 +96,7 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
         for block in parse(page):
             if block.marker == "not-run" or not block.executable:
                 continue
-            reasons = [r for r in (unmet(req) for req in block.requirements) if r]
+            reasons = list(dict.fromkeys(r for r in (unmet(req) for req in block.requirements) if r))
             if reasons:
                 skipped.append(f"{block.where}: {'; '.join(reasons)}")
                 continue
