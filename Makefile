@@ -16,15 +16,17 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[dev,docs]"
+	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[dev,docs,app,app-test]"
 	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# The Gradio app on localhost (prints its URL); DEMO_ARGS e.g. "--port 7861 --threads 2".
+DEMO_ARGS ?= --threads 1
 demo: install
 	$(PY) -m hf_speculative models fetch $(MODEL)
-	$(PY) -m hf_speculative compare --model $(MODEL) --method prompt-lookup --threads 1
+	$(PY) app.py --model $(MODEL) $(DEMO_ARGS)
 
 test: install
 	$(PY) -m hf_speculative models fetch $(MODEL)

@@ -19,14 +19,23 @@ def build_app(**kwargs: Any) -> Any:
     return _build_app(**kwargs)
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else None
+
+
 def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", "7860")))
-    parser.add_argument("--model", default=None, help="model selected when the page opens (default: the registry's)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's own; 1 gives the steadiest timings on small CPUs)")
-    parser.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait in the queue")
+    # Environment variables for Spaces, where app.py runs without arguments (set them in the Space's settings).
+    parser.add_argument("--model", default=os.environ.get("HFS_APP_MODEL"),
+                        help="model selected when the page opens (default: the registry's; env HFS_APP_MODEL)")
+    parser.add_argument("--threads", type=int, default=_env_int("HFS_APP_THREADS"),
+                        help="torch CPU threads (default: torch's own; 1 gives the steadiest timings on small CPUs; "
+                        "env HFS_APP_THREADS)")
+    parser.add_argument("--max-queue", type=int, default=_env_int("HFS_APP_MAX_QUEUE") or 16,
+                        help="requests allowed to wait in the queue (env HFS_APP_MAX_QUEUE)")
     return parser.parse_args(argv)
 
 

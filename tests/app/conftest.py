@@ -6,7 +6,10 @@ cache and at the generation threads. No test downloads anything.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +94,48 @@ def compare_args(prompt: str, model: str, methods: list[str], *, max_new_tokens:
     options = options or {}
     values = [options.get((s.method, s.key), s.default) for s in option_slots()]
     return [prompt, model, methods, max_new_tokens, sampling, temperature, seed, False, *values]
+
+
+def generation_threads() -> list[threading.Thread]:
+    """The app's generation threads that are still running."""
+    from hf_speculative.app.session import THREAD_PREFIX
+
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
+
+
+@contextlib.contextmanager
+def slow_app(model_dir: Path, seconds_per_forward: float = 0.02):
+    """Serve an app whose model takes ``seconds_per_forward`` per forward and never stops by itself
+    (no EOS): only a cancel ends a long generation early. Yields ``(url, forwards)``, ``forwards`` a
+    list that grows by one per forward."""
+    from hf_speculative.app.cache import ModelCache
+    from hf_speculative.app.ui import build_app
+    from hf_speculative.models import load_model
+
+    forwards: list[int] = []
+
+    def slow_forward(*_):  # returns None: the forward's inputs stay as they are
+        forwards.append(1)
+        time.sleep(seconds_per_forward)
+
+    def loader(name, device=None):
+        model, tokenizer = load_model(name)
+        model.register_forward_pre_hook(slow_forward)
+        model.generation_config.eos_token_id = None
+        return model, tokenizer
+
+    demo = build_app(ModelCache(loader, device=torch.device("cpu"), warmup=False), default_model=str(model_dir),
+                     max_new_tokens_limit=512, default_max_new_tokens=400, default_methods=["hf-prompt-lookup"])
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    try:
+        yield url, forwards
+    finally:
+        demo.close()
+
+
+def wait_until(condition, timeout: float) -> bool:
+    """Poll ``condition()`` every 50 ms for up to ``timeout`` seconds; its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(condition())

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import html
 import re
-import threading
 import time
 
 import pytest
 import torch
 
 from hf_speculative.app.request import selectable_methods
-from hf_speculative.app.session import THREAD_PREFIX
 from hf_speculative.bench.runner import encode_prompt
-from tests.app.conftest import TINY_PROMPT, compare_args, free_port
+from tests.app.conftest import TINY_PROMPT, compare_args, generation_threads, slow_app, wait_until
 
 # Methods that must run on the tiny model (others, e.g. eagle without a trained drafter, must fail cleanly).
 MUST_RUN = {"prompt-lookup", "draft-model", "hf-prompt-lookup", "hf-assisted", "hf-early-exit"}
@@ -135,50 +133,19 @@ def test_queue_is_bounded_with_a_concurrency_limit(served_app):
     assert demo._queue.default_concurrency_limit == 1  # CPU: one comparison at a time, fair timings
 
 
-def _generation_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
-
-
 def test_cancelling_a_request_stops_its_generation(tiny_chat_dir):
     """A visitor who leaves (or presses Stop) cancels the event: the generation thread must end."""
     from gradio_client import Client
 
-    from hf_speculative.app.cache import ModelCache
-    from hf_speculative.app.ui import build_app
-    from hf_speculative.models import load_model
-
-    forwards = []
-
-    def slow_loader(name, device=None):
-        model, tokenizer = load_model(name)
-        def slow_forward(*_):  # returns None: the forward's inputs stay as they are
-            forwards.append(1)
-            time.sleep(0.02)
-
-        model.register_forward_pre_hook(slow_forward)
-        model.generation_config.eos_token_id = None  # no early end: only a cancel can stop it
-        return model, tokenizer
-
-    demo = build_app(ModelCache(slow_loader, device=torch.device("cpu"), warmup=False),
-                     default_model=str(tiny_chat_dir), max_new_tokens_limit=512)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
-    try:
+    with slow_app(tiny_chat_dir) as (url, forwards):
         job = Client(url, verbose=False).submit(
             *compare_args(TINY_PROMPT, str(tiny_chat_dir), ["hf-prompt-lookup"], max_new_tokens=400),
             api_name="/compare")
-        deadline = time.monotonic() + 30
-        while not _generation_threads() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _generation_threads(), f"the generation never started: {job.status()}"
+        assert wait_until(generation_threads, 30), f"the generation never started: {job.status()}"
         job.cancel()
         # greedy alone takes 400 x 20 ms = 8 s: a thread still alive after 3 s was not stopped
-        deadline = time.monotonic() + 3
-        while _generation_threads() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _generation_threads(), "the generation thread kept running after the request was cancelled"
+        assert wait_until(lambda: not generation_threads(), 3), "the generation kept running after the cancel"
         stopped_at = len(forwards)
         assert stopped_at < 200, "stopped long before the end"
         time.sleep(0.3)
         assert len(forwards) == stopped_at
-    finally:
-        demo.close()
