@@ -39,6 +39,7 @@ def self_distill(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 192,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
+    max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", min=1, help="Skip longer prompts.")] = 1024,
 ) -> None:
     """Write the target's own greedy answers to a prompt list: the drafter's best training text."""
     import torch
@@ -50,7 +51,7 @@ def self_distill(
         torch.set_num_threads(threads)
     model, tokenizer = load_model(target)
     generate_responses(model.eval(), tokenizer, _prompt_rows(prompts), out, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size)
+                       batch_size=batch_size, max_prompt_tokens=max_prompt_tokens)
 
 
 def train_eagle(
@@ -60,6 +61,7 @@ def train_eagle(
                                                             "{'text': ...} documents); repeatable.")] = [],  # noqa: B006
     prompts: PromptsOpt = None,
     distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="Answer length for --prompts.")] = 192,
+    max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="Skip longer --prompts.")] = 1024,
     eagle3: Annotated[bool, typer.Option("--eagle3/--eagle1", help="EAGLE-3 (default) or EAGLE-1.")] = True,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size")] = 8192,
     unroll: Annotated[Optional[int], typer.Option("--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
@@ -80,7 +82,7 @@ def train_eagle(
     data = list(data)
     if prompts:
         distilled = out / "self_distill.jsonl"
-        self_distill(target, prompts, distilled, distill_tokens, threads=threads)
+        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens)
         data.append(str(distilled))
     if not data:
         raise typer.BadParameter("give --data FILE (repeatable) and/or --prompts builtin:N to self-distill first")
