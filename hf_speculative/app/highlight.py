@@ -27,6 +27,7 @@ PANE_CSS = """
 .hfs-text { white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 0.85em; line-height: 1.45; }
 .hfs-draft { background: #bbf7d0; color: #14532d; border-radius: 2px; }
 .hfs-target { background: transparent; }
+.hfs-legend .hfs-target { border-bottom: 1px dotted #64748b; }
 .hfs-error { color: #991b1b; white-space: pre-wrap; }
 """
 """Styles of the panes (given to each pane's ``gr.HTML(css_template=...)``)."""
