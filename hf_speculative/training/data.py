@@ -63,7 +63,7 @@ def read_examples(path: str | Path, tokenizer: Any = None, max_length: int = 102
                 mask = [1] * (len(ids) - 1) + [0]
             else:
                 raise ValueError(f"{path}:{line_no}: expected a 'text' field or self-distillation fields "
-                                 "('prompt_tokens', 'response_tokens'); got {sorted(row)}.")
+                                 f"('prompt_tokens', 'response_tokens'); got {sorted(row)}.")
             if len(ids) >= 4 and sum(mask) >= 2:
                 examples.append(Example(ids, mask))
     if not examples:
