@@ -43,9 +43,13 @@ def run_comparison(page, url: str, prompt: str, timeout_s: float = 60) -> str:
     page.goto(url)
     page.locator("#hfs-prompt textarea").fill(prompt)
     page.locator("#hfs-run").click()
-    status = page.locator("#hfs-status")
-    status.filter(has_text="Done:").wait_for(timeout=timeout_s * 1000)
-    return status.inner_text()
+    # the end of a run, or a message: fail fast with what the page says rather than time out
+    page.wait_for_function(
+        "() => { const t = document.querySelector('#hfs-status')?.innerText || '';"
+        " return t.includes('Done:') || t.includes('⚠️'); }",
+        timeout=timeout_s * 1000,
+    )
+    return page.locator("#hfs-status").inner_text()
 
 
 def check_page(page, methods: list[str]) -> dict:

@@ -19,7 +19,11 @@ def test_default_model_prompt_lookup_matches_greedy_with_consistent_figures():
     from hf_speculative.app.ui import build_app
     from hf_speculative.bench.runner import encode_prompt
 
+    from hf_speculative.drafters import policy
+
     cache = ModelCache(device=torch.device("cpu"))
+    # fixed (GPU-like) costs: the adaptive prompt lookup drafts whatever the load of the machine
+    policy.verify_costs_for(cache.get(hfs.models.DEFAULT_MODEL).model, 32).fix([1.0 + 0.01 * k for k in range(33)])
     demo = build_app(cache)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
