@@ -172,6 +172,12 @@ def _run_comparison(cache, slots, default_model, max_new_limit, max_prompt_token
         gr.Warning(str(err))
         yield _outputs(f"**⚠️ {err}**", None, results={"error": str(err)})
         return
+    except Exception as err:  # noqa: BLE001 - e.g. a tokenizer that cannot encode the prompt
+        logger.exception("preparing the comparison failed")
+        message = f"Unexpected error: {describe_error(err)}"
+        gr.Warning(message)
+        yield _outputs(f"**⚠️ {message}**", None, results={"error": message})
+        return
     try:
         for running in comparison.run():
             yield _outputs(_running_status(comparison, running), comparison)

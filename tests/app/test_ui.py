@@ -149,3 +149,27 @@ def test_cancelling_a_request_stops_its_generation(tiny_chat_dir):
         assert stopped_at < 200, "stopped long before the end"
         time.sleep(0.3)
         assert len(forwards) == stopped_at
+
+
+def test_an_unexpected_failure_before_the_run_is_a_message_too(tiny_chat_dir):
+    from hf_speculative.app.cache import ModelCache
+    from hf_speculative.app.request import option_slots
+    from hf_speculative.app.ui import _run_comparison
+    from tests.conftest import build_model
+
+    class BrokenTokenizer:
+        chat_template = None
+        eos_token_id = pad_token_id = 0
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("this tokenizer cannot encode")
+
+    cache = ModelCache(lambda name, device=None: (build_model("llama"), BrokenTokenizer()), warmup=False,
+                       device=torch.device("cpu"))
+    form = compare_args("hello", "any", ["prompt-lookup"])
+    form = (*form[:8], form[8:])
+    with pytest.warns(UserWarning, match="this tokenizer cannot encode"):
+        outputs = list(_run_comparison(cache, option_slots(), "any", 64, 2048, form))
+    status, results = outputs[-1][0], outputs[-1][-1]
+    assert status == "**⚠️ Unexpected error: this tokenizer cannot encode**"
+    assert results == {"error": "Unexpected error: this tokenizer cannot encode"}
