@@ -62,7 +62,8 @@ def build_app(
     choices = selectable_methods()
     ticked = [m for m in (default_methods or ["prompt-lookup", "hf-prompt-lookup"]) if m in choices] or choices[:1]
 
-    with gr.Blocks(title="hf_speculative: speculative decoding demo") as demo:
+    # analytics off: no calls home from a demo that may run offline or on a visitor-facing Space
+    with gr.Blocks(title="hf_speculative: speculative decoding demo", analytics_enabled=False) as demo:
         gr.HTML(INTRO_HTML, css_template=PANE_CSS)
         gr.Markdown(f"**Device:** {describe_device(cache.device)} · {_versions()}", elem_id="hfs-device")
         with gr.Row():
