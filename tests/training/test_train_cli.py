@@ -58,6 +58,7 @@ def test_train_eagle_end_to_end(tmp_path, chat_checkpoint, prompts, version):
     strategy = hfs.Eagle.from_pretrained(out, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
     ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
     assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
     assert hfs.last_stats(model).drafted_tokens > 0
