@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .app.examples import EXAMPLES
 from .bench.runner import SPEC_BENCH_CATEGORIES
 
 app = typer.Typer(
@@ -28,25 +29,7 @@ app = typer.Typer(
 models_app = typer.Typer(help="The offline model registry.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
-DEFAULT_PROMPT = """\
-Rename the function `mean` to `average` and the variable `values` to `numbers` in the code below. \
-Reply with the complete updated code only.
-
-```python
-def mean(values):
-    if not values:
-        raise ValueError("mean() of an empty list")
-    total = 0.0
-    for value in values:
-        total += value
-    return total / len(values)
-
-
-def variance(values):
-    m = mean(values)
-    return mean([(value - m) ** 2 for value in values])
-```
-"""
+DEFAULT_PROMPT = EXAMPLES["code editing"]  # the demo app's code-editing example
 
 # Options shared by the commands that run methods.
 ModelOpt = Annotated[

@@ -188,7 +188,7 @@ def run_method(
         attention_mask=torch.ones_like(input_ids),
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        pad_token_id=_pad_token_id(model, tokenizer),
+        pad_token_id=pad_token_id(model, tokenizer),
     )
     kwargs.update(generate_kwargs)
     kwargs.update(extra)
@@ -214,7 +214,8 @@ def run_method(
     return run
 
 
-def _pad_token_id(model: Any, tokenizer: Any) -> int | None:
+def pad_token_id(model: Any, tokenizer: Any) -> int | None:
+    """The id to pad with: the tokenizer's pad, else its EOS, else the model's (first) EOS."""
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from ..methods import get_method
+from ..methods import get_method, pad_token_id
 from .cache import LoadedModel, ModelCache
 from .highlight import SourcedText
 from .request import AppError, CompareRequest
@@ -104,7 +104,7 @@ class Comparison:
             trace.error, trace.status = describe_error(err), "error"
             return
         generate_into(trace, model, self.input_ids, extra, cancel=self.cancel_event,
-                      pad_token_id=_pad_token_id(model, tokenizer), sampling=self.request.sampling)
+                      pad_token_id=pad_token_id(model, tokenizer), sampling=self.request.sampling)
 
     def _resolve_options(self, spec: Any) -> dict:
         """The method's options, with a draft model name replaced by the cached model."""
@@ -173,16 +173,6 @@ class Comparison:
         if isinstance(context, int) and n + self.request.max_new_tokens > context:
             raise AppError(f"The prompt ({n:,} tokens) plus {self.request.max_new_tokens} new tokens exceed the "
                            f"model's context of {context:,} tokens.")
-
-
-def _pad_token_id(model: Any, tokenizer: Any) -> int | None:
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(tokenizer, "eos_token_id", None)
-    if pad is None:
-        eos = model.generation_config.eos_token_id
-        pad = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
-    return pad
 
 
 def _json_keys(value: Any) -> Any:

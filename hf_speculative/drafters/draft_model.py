@@ -13,14 +13,12 @@ import torch
 
 from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import ChainLengthPolicy, sample_chain, verify_costs_for
+from .policy import ChainLengthPolicy, draft_price, record_draft_step, sample_chain, verify_costs_for
 
 
 # target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
 # them takes seconds; strategies are rebuilt per call by the benchmark and the app)
 _COMPATIBLE: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
-# drafter -> seconds of a one-token forward (a property of the model and the hardware, shared by calls)
-_DRAFT_STEP_S: "weakref.WeakKeyDictionary[torch.nn.Module, float]" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(eq=False)
@@ -121,9 +119,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self.cache = out.past_key_values
         self.fed.extend(tokens)
         if len(tokens) == 1:
-            seconds = time.perf_counter() - start
-            old = _DRAFT_STEP_S.get(self.drafter)
-            _DRAFT_STEP_S[self.drafter] = seconds if old is None else old + 0.3 * (seconds - old)
+            record_draft_step(self.drafter, time.perf_counter() - start)
         return self._to_target_vocab(out.logits[0, -1])
 
     def _rollback(self, input_ids: torch.LongTensor) -> int:
@@ -143,12 +139,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _draft_price(self) -> float:
         """One drafter forward, in target forwards."""
-        if self.config.draft_cost is not None:
-            return self.config.draft_cost
-        target_step, draft_step = self.verify_costs.seconds(0), _DRAFT_STEP_S.get(self.drafter)
-        if draft_step is not None and target_step:
-            return draft_step / target_step
-        return self._size_ratio  # until measured: forwards cost in proportion to parameters
+        # until measured: forwards cost in proportion to parameters
+        return draft_price(self.drafter, self.verify_costs, self.config.draft_cost, self._size_ratio)
 
     @torch.no_grad()
     def propose(self, input_ids, max_tokens):

@@ -147,6 +147,28 @@ def verify_costs_for(target: torch.nn.Module, max_tokens: int) -> VerifyCostMode
         return model
 
 
+# drafter module -> smoothed seconds of one drafting step (a property of the drafter and the hardware,
+# shared by every call that drafts with it)
+_DRAFT_STEP_S: "weakref.WeakKeyDictionary[torch.nn.Module, float]" = weakref.WeakKeyDictionary()
+
+
+def record_draft_step(drafter: torch.nn.Module, seconds: float) -> None:
+    """Fold one measured drafting step of ``drafter`` into its running estimate."""
+    old = _DRAFT_STEP_S.get(drafter)
+    _DRAFT_STEP_S[drafter] = seconds if old is None else old + 0.3 * (seconds - old)
+
+
+def draft_price(drafter: torch.nn.Module, verify_costs: VerifyCostModel, fixed: float | None, prior: float) -> float:
+    """One drafting step of ``drafter`` in target forwards: ``fixed`` if the user gave it, else measured
+    (drafter step / one-token target forward), else ``prior`` until both are measured."""
+    if fixed is not None:
+        return fixed
+    target_step, step = verify_costs.seconds(0), _DRAFT_STEP_S.get(drafter)
+    if step is not None and target_step:
+        return step / target_step
+    return prior
+
+
 class ChainLengthPolicy:
     """When to stop a chain draft whose tokens come with the drafter's own confidence.
 

@@ -48,7 +48,7 @@ from .config import EagleConfig
 from .formats import CheckpointError, detect, read, write
 from .model import EagleDraftModel
 
-__all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_drafter", "check_compatible", "export"]
+__all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_drafter", "export"]
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -211,13 +211,6 @@ def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, target_c
     model = EagleDraftModel(config)
     model.load_state_dict(state, strict=True)
     return (model.to(dtype) if dtype is not None else model).eval()
-
-
-def check_compatible(config: EagleConfig, target_model: Any) -> None:
-    """Raise ``ValueError`` naming both sides unless the drafter fits ``target_model``: hidden size,
-    vocabulary (the target's lm_head width or config vocab), fused layers within its depth, and the
-    depth it was trained for when recorded."""
-    config.check_target(target_model)
 
 
 def export(model_or_path: EagleDraftModel | str | Path, out_dir: str | Path, format: str = "vllm", *,

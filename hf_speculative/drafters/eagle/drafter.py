@@ -20,11 +20,9 @@ import torch
 
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...features import FeatureTap
-from ..policy import ChainLengthPolicy, sample_chain, verify_costs_for
+from ..policy import ChainLengthPolicy, draft_price, record_draft_step, sample_chain, verify_costs_for
 from .model import DraftKVCache, EagleDraftModel
 
-# drafter network -> seconds of one chain step (a property of the network and the hardware)
-_STEP_S: "weakref.WeakKeyDictionary[torch.nn.Module, float]" = weakref.WeakKeyDictionary()
 # target -> drafter networks already checked against it
 _CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 
@@ -96,14 +94,12 @@ class Eagle(DraftStrategy):
                 )
         from . import checkpoints
 
-        target_config = None if target is None else target.config
-        config, state, _ = checkpoints.load_checkpoint(path, target_config=target_config, sha256=sha256)
-        net = EagleDraftModel(config)
-        net.load_state_dict(state, strict=False)  # the rotary buffers are not stored
-        net.requires_grad_(False).eval()
-        if target is not None:
-            param = next(target.parameters())
-            net.to(device=param.device, dtype=param.dtype)
+        param = None if target is None else next(target.parameters())
+        net = checkpoints.load_drafter(path, dtype=None if param is None else param.dtype,
+                                       target_config=None if target is None else target.config, sha256=sha256)
+        net.requires_grad_(False)
+        if param is not None:
+            net.to(param.device)
         strategy = cls(drafter=net, **options)
         if target is not None:
             strategy.validate_target(target)
@@ -149,12 +145,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
                                         config.confidence_threshold, config.adaptive)
 
     def _draft_price(self) -> float:
-        if self.config.draft_cost is not None:
-            return self.config.draft_cost
-        target_step, step = self.verify_costs.seconds(0), _STEP_S.get(self.net)
-        if step is not None and target_step:
-            return step / target_step
-        return 0.05  # until measured: one layer against a whole model
+        # until measured: one layer against a whole model
+        return draft_price(self.net, self.verify_costs, self.config.draft_cost, 0.05)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary `[V]` (float32) for the last position of ``hidden``."""
@@ -190,9 +182,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             hidden = self.net(self.embed(ids), hidden, pos, self.cache, fused=False)  # [1, 1, H]
             position += 1
             logits = self._logits(hidden)
-            seconds = time.perf_counter() - start
-            old = _STEP_S.get(self.net)
-            _STEP_S[self.net] = seconds if old is None else old + 0.3 * (seconds - old)
+            record_draft_step(self.net, time.perf_counter() - start)
             return logits
 
         tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, self._logits(hidden), max_tokens, step)

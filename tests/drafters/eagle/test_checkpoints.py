@@ -16,7 +16,7 @@ import transformers
 from safetensors.torch import save_file
 
 from hf_speculative.drafters.eagle import checkpoints
-from hf_speculative.drafters.eagle.checkpoints import CheckpointError, check_compatible, export, load_checkpoint
+from hf_speculative.drafters.eagle.checkpoints import CheckpointError, export, load_checkpoint
 from hf_speculative.drafters.eagle.config import EagleConfig
 from hf_speculative.drafters.eagle.model import EagleDraftModel
 
@@ -359,10 +359,10 @@ def test_target_config_mismatch(tmp_path):
         load_checkpoint(tmp_path, target_config=target_config(num_hidden_layers=4))
 
 
-def test_check_compatible():
+def test_check_target():
     config = random_drafter(3).config
-    check_compatible(config, transformers.LlamaForCausalLM(target_config()))
+    config.check_target(transformers.LlamaForCausalLM(target_config()))
     with pytest.raises(ValueError, match="hidden size: drafter 64, target 32.*vocabulary: drafter 100, target 50"):
-        check_compatible(config, transformers.LlamaForCausalLM(target_config(hidden_size=32, vocab_size=50)))
+        config.check_target(transformers.LlamaForCausalLM(target_config(hidden_size=32, vocab_size=50)))
     with pytest.raises(ValueError, match="depth: drafter trained on a 8-layer target, target has 6"):
-        check_compatible(config, transformers.LlamaForCausalLM(target_config(num_hidden_layers=6)))
+        config.check_target(transformers.LlamaForCausalLM(target_config(num_hidden_layers=6)))
