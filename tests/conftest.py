@@ -281,6 +281,34 @@ def random_eagle(target, version: int = 3, seed: int = 7, draft_vocab_size: int 
     return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
 
 
+def fit_eagle(target, version: int, ids, iterations: int, unroll: int, lr: float = 3e-3):
+    """A random full-vocabulary EAGLE drafter for ``target`` trained ``iterations`` Adam steps on the
+    target's features over ``ids`` `[1, T]`, every position learnt. Returns ``(net, before, last)``:
+    the step metrics before training and of the last training step."""
+    from hf_speculative.features import FeatureTap
+    from hf_speculative.training.losses import eagle_loss
+
+    net = random_eagle(target, version=version, draft_vocab_size=target.config.vocab_size if version == 3 else None)
+    net.requires_grad_(True).train()
+    taps = FeatureTap(target, net.config.target_layers), FeatureTap(target, [])
+    with torch.no_grad():
+        target(input_ids=ids)
+    features, final = taps[0].take(), taps[1].take()
+    for tap in taps:
+        tap.remove()
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings().weight
+    mask = torch.ones_like(ids)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    _, before = eagle_loss(net, embed, head, ids, mask, features, final, steps=unroll)
+    last = before
+    for _ in range(iterations):
+        loss, last = eagle_loss(net, embed, head, ids, mask, features, final, steps=unroll)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return net, before, last
+
+
 def _plain_copy(model):
     """A deep copy of ``model`` without anything ``hfs.enable`` installed on it."""
     clone = copy.deepcopy(model)
@@ -328,12 +356,11 @@ CHAT_TEMPLATE = (
 )
 
 
-@pytest.fixture
-def chat_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer with BOS/EOS/PAD and a chat template (no downloads)."""
+def make_chat_tokenizer(words=CHAT_WORDS) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``words`` with BOS/EOS/PAD and a chat template (no downloads)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *CHAT_WORDS])}
+    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *words])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
@@ -341,6 +368,12 @@ def chat_tokenizer() -> PreTrainedTokenizerFast:
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+@pytest.fixture
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """``make_chat_tokenizer()`` over the test words."""
+    return make_chat_tokenizer()
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.conftest import CHAT_TEMPLATE, CHAT_WORDS
+from tests.conftest import CHAT_WORDS, make_chat_tokenizer
 
 torch.set_num_threads(1)
 gr = pytest.importorskip("gradio", reason="the demo app needs the `app` extra: pip install -e '.[app]'")
@@ -28,18 +28,10 @@ TINY_PROMPT = "the cat sat on the mat and the dog sat on the mat and the cat ran
 def save_tiny_chat_model(folder: Path, words: list[str], seed: int = 0) -> Path:
     """A word-level chat tokenizer over ``words`` and a seeded tiny Llama of exactly its vocabulary
     (every generated id decodes to a word), saved in ``folder``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", *words])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = make_chat_tokenizer(words)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=len(tokenizer.get_vocab()), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=512,
     )
     LlamaForCausalLM(config).eval().save_pretrained(folder)

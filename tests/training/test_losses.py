@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_speculative.drafters.eagle.model import DraftKVCache
-from hf_speculative.training.losses import eagle_loss, unroll
-from tests.conftest import build_model, random_eagle
+from hf_speculative.training.losses import unroll
+from tests.conftest import build_model, fit_eagle, random_eagle
 
 
 @pytest.mark.parametrize("version", [1, 3])
@@ -38,29 +38,11 @@ def test_unroll_matches_chain_drafting(version):
 def test_training_steps_learn_the_targets_choices(version):
     """A few hundred optimizer steps on one sequence drive the per-step agreement with the
     target's argmax up, for the first and the unrolled steps: the losses point the right way."""
-    from hf_speculative.features import FeatureTap
-
     target = build_model("llama", layers=4, init=0.3)  # peaked distributions: a clear argmax to learn
     target.requires_grad_(False)
-    net = random_eagle(target, version=version, draft_vocab_size=target.config.vocab_size if version == 3 else None)
-    net.requires_grad_(True).train()
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings().weight
     torch.manual_seed(3)
     ids = torch.randint(4, target.config.vocab_size, (1, 24))
-    taps = FeatureTap(target, net.config.target_layers), FeatureTap(target, [])
-    with torch.no_grad():
-        target(input_ids=ids)
-    features, final = taps[0].take(), taps[1].take()
-    for tap in taps:
-        tap.remove()
-    mask = torch.ones(1, 24, dtype=torch.long)
-    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
-    _, before = eagle_loss(net, embed, head, ids, mask, features, final, steps=2)
-    for _ in range(150):
-        loss, after = eagle_loss(net, embed, head, ids, mask, features, final, steps=2)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    _, before, after = fit_eagle(target, version, ids, iterations=150, unroll=2)
     assert after.accuracy[0] > max(before.accuracy[0], 0.9), (before, after)
     assert after.accuracy[1] > max(before.accuracy[1], 0.6), (before, after)
 

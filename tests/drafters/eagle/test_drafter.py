@@ -8,9 +8,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.drafters.eagle.config import EagleConfig
-from hf_speculative.features import FeatureTap
-from hf_speculative.training.losses import eagle_loss
-from tests.conftest import PROMPT, build_model, prompt_inputs, random_eagle, stock_generate
+from tests.conftest import PROMPT, build_model, fit_eagle, prompt_inputs, random_eagle, stock_generate
 
 L = len(PROMPT)
 
@@ -22,22 +20,7 @@ def _hook_count(model) -> int:
 def train_on_own_text(target, version: int, steps: int = 250, new_tokens: int = 40):
     """An EAGLE drafter over-fitted to the target's greedy continuation of PROMPT (drafts accepted)."""
     text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=new_tokens, eos_token_id=None)
-    net = random_eagle(target, version=version, draft_vocab_size=target.config.vocab_size if version == 3 else None)
-    net.requires_grad_(True).train()
-    taps = FeatureTap(target, net.config.target_layers), FeatureTap(target, [])
-    with torch.no_grad():
-        target(input_ids=text)
-    features, final = taps[0].take(), taps[1].take()
-    for tap in taps:
-        tap.remove()
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings().weight
-    mask = torch.ones_like(text)
-    optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
-    for _ in range(steps):
-        loss, _ = eagle_loss(net, embed, head, text, mask, features, final, steps=3)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    net, _, _ = fit_eagle(target, version, text, iterations=steps, unroll=3)
     return net.eval().requires_grad_(False), text
 
 
