@@ -11,6 +11,7 @@ from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from .drafters.draft_model import DraftModel
 from .drafters.eagle.drafter import Eagle
 from .drafters.prompt_lookup import PromptLookup
+from .drafters.self_speculative import EarlyExit, LayerSkip
 from .integration import disable, enable, is_enabled, last_stats, speculative_generate
 from .models import load_model
 from .stats import SpeculativeStats
@@ -21,7 +22,9 @@ __all__ = [
     "CallContext",
     "DraftModel",
     "DraftStrategy",
+    "EarlyExit",
     "Eagle",
+    "LayerSkip",
     "PromptLookup",
     "SpeculativeCandidateGenerator",
     "SpeculativeStats",

@@ -49,6 +49,9 @@ class CallContext:
     logits_processor: Any
     stopping_criteria: StoppingCriteriaList | None
     stats: SpeculativeStats
+    # the loop's model kwargs when the generator was built; their ``past_key_values`` is the
+    # target's cache for the whole call (self-speculative drafters write into it and crop it back)
+    model_kwargs: dict | None = None
 
     @property
     def do_sample(self) -> bool:

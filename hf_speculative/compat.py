@@ -160,3 +160,46 @@ def decoder_of(model: Any) -> Any:
 def module_output(output: Any) -> torch.Tensor:
     """The hidden states a decoder layer returned (a tensor on 5.x, a tuple's first item on 4.x)."""
     return output[0] if isinstance(output, (tuple, list)) else output
+
+
+# -- self-speculative drafting on the target's own cache ------------------------------------------
+def forward_params(model_cls: type) -> frozenset[str]:
+    """Names of the parameters of ``model_cls.forward``."""
+    return _forward_params(model_cls)
+
+
+def cache_layer_length(cache: Any, layer_idx: int) -> int:
+    """Positions seen by one layer of a cache (0 for a layer not created yet)."""
+    if hasattr(cache, "layers"):  # >= 4.56: a list of layer objects
+        return int(cache.get_seq_length(layer_idx)) if layer_idx < len(cache.layers) else 0
+    keys = getattr(cache, "key_cache", [])  # 4.45-4.55: lists of tensors
+    return int(keys[layer_idx].shape[-2]) if layer_idx < len(keys) and keys[layer_idx].numel() else 0
+
+
+def cache_mask_sizes(cache: Any, layer_idx: int, position: int) -> tuple[int, int]:
+    """``(kv_length, kv_offset)`` of the keys one layer attends to when a single query at
+    ``position`` is added: the cache's own answer (>= 4.56; its argument is the query length from
+    5.0, the cache positions before), else every stored key plus the query."""
+    if hasattr(cache, "get_mask_sizes") and hasattr(cache, "layers"):
+        if IS_TRANSFORMERS_5:
+            return tuple(int(x) for x in cache.get_mask_sizes(1, layer_idx))
+        return tuple(int(x) for x in cache.get_mask_sizes(torch.tensor([position]), layer_idx))
+    return cache_layer_length(cache, layer_idx) + 1, 0
+
+
+def crop_cache_layer(cache: Any, layer_idx: int, num_tokens_to_remove: int) -> None:
+    """Remove the last ``num_tokens_to_remove`` positions of one layer (the layers a draft wrote)."""
+    if num_tokens_to_remove <= 0:
+        return
+    if hasattr(cache, "layers"):
+        cache.layers[layer_idx].crop(-num_tokens_to_remove)
+        return
+    cache.key_cache[layer_idx] = cache.key_cache[layer_idx][..., :-num_tokens_to_remove, :]
+    cache.value_cache[layer_idx] = cache.value_cache[layer_idx][..., :-num_tokens_to_remove, :]
+
+
+def target_cache(model_kwargs: Any) -> Any:
+    """The cache object the assisted loop will use for the target (``None`` if not built yet)."""
+    if not isinstance(model_kwargs, dict):
+        return None
+    return model_kwargs.get("past_key_values")

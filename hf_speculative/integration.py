@@ -197,6 +197,7 @@ def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
         logits_processor=call.logits_processor if call.logits_processor is not None else named.get("logits_processor"),
         stopping_criteria=call.stopping_criteria,
         stats=call.stats,
+        model_kwargs=named.get("model_kwargs"),
     )
     if isinstance(call.strategy, DraftStrategy):
         call.generator = call.strategy.open(ctx)

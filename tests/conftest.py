@@ -41,8 +41,8 @@ SEEDS = {"llama": 0, "qwen2": 0, "gemma3": 3}
 SLIDING_WINDOW = 8
 # Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
-DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "oracle",
-            "adversary")
+DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
+            "layer-skip", "layer-skip-auto", "oracle", "adversary")
 _UNSET = object()
 
 
@@ -254,6 +254,14 @@ def make_drafter(name: str, target, reference):
     if name in ("eagle1", "eagle3"):
         return hfs.Eagle(random_eagle(target, version=int(name[-1])), num_tokens=5, confidence_threshold=0.0,
                          adaptive=False)
+    # self-speculative: layer 0 skipped by "layer-skip" (the view then sizes its masks from another
+    # layer); "layer-skip-auto" calibrates on the first 16 tokens of the call
+    if name == "early-exit":
+        return hfs.EarlyExit(exit_layer=1, num_tokens=5, confidence_threshold=0.0, adaptive=False)
+    if name == "layer-skip":
+        return hfs.LayerSkip(skip=[0], num_tokens=5, confidence_threshold=0.0, adaptive=False)
+    if name == "layer-skip-auto":
+        return hfs.LayerSkip("auto", calibration_tokens=16, num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if name == "oracle":
         return OracleCandidateGenerator(reference, num_tokens=6)
     if name == "adversary":

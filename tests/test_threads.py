@@ -61,12 +61,15 @@ def test_threads_with_different_strategies_on_one_model():
         "draft": draft,
         "draft-shared": draft,  # the same strategy object used by two threads at once
         "eagle": hfs.Eagle(random_eagle(model), num_tokens=4, confidence_threshold=0.0, adaptive=False),
+        # two self-speculative drafts writing into their own calls' caches through views of one model
+        "early-exit": hfs.EarlyExit(exit_layer=1, num_tokens=4, confidence_threshold=0.0, adaptive=False),
+        "layer-skip": hfs.LayerSkip(skip=[0], num_tokens=4, confidence_threshold=0.0, adaptive=False),
         "plain": None,
     }
     # Different prompts, so that a thread reading another's state would show in its output.
     base = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
     prompts = {"lookup": base, "draft": base[::-1], "draft-shared": base[3:] + base[:3], "eagle": base[2:] + base[:2],
-               "plain": base[1:]}
+               "early-exit": base[4:] + base[:4], "layer-skip": base[5:] + base[:5], "plain": base[1:]}
     expected = {name: stock_generate(model, **prompt_inputs(prompt), **KWARGS).tolist()
                 for name, prompt in prompts.items()}
     results = run_threads(model, strategies, prompts)

@@ -1,0 +1,271 @@
+"""Self-speculative decoding: the target drafts for itself with fewer layers, on its own KV cache.
+
+- ``hfs.EarlyExit(exit_layer=k)``: the first ``k`` layers, then the final norm and lm_head
+  (LayerSkip, Elhoushi et al. 2024).
+- ``hfs.LayerSkip(skip=[...] | "auto")``: every layer but a skipped set (Draft & Verify, Zhang et
+  al. 2023; SWIFT, Xia et al. 2024); ``"auto"`` calibrates the set (see ``layer_calibration``).
+
+The path of one draft: the last verified token is fed at position ``L - 1`` through the chosen
+layers (they read the target's cache for the context and append their own entries), then each
+drafted token at the next position, while the chain policy says it pays. Before the target
+verifies, the entries the draft wrote are cropped from exactly the layers that wrote them, so the
+cache the target sees is the one plain decoding would hold. There is no second cache and no
+second prefill: the first target forward prefills the prompt and the draft starts after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import weakref
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from .. import compat
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
+from .layer_view import LayerSubset, check_structure, num_layers
+from .policy import ChainLengthPolicy, draft_price, record_draft_step, sample_chain, verify_costs_for
+
+# target -> {layer tuple: view}; views hold no per-call state, so calls and threads share them
+# (and the measured cost of a drafting step, keyed by the view, carries over between calls)
+_VIEWS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, ...], LayerSubset]]" = weakref.WeakKeyDictionary()
+_VIEWS_LOCK = threading.Lock()
+
+
+def layer_subset(target: torch.nn.Module, layers: Sequence[int]) -> LayerSubset:
+    """The (shared) view of ``target`` that runs ``layers``."""
+    key = tuple(sorted(set(int(i) for i in layers)))
+    with _VIEWS_LOCK:
+        table = _VIEWS.setdefault(target, {})
+        if key not in table:
+            table[key] = LayerSubset(target, key)
+        return table[key]
+
+
+class _SelfSpeculative(DraftStrategy):
+    """What EarlyExit and LayerSkip share (each declares its own fields, in its own order)."""
+
+    num_tokens: int
+    confidence_threshold: float
+    adaptive: bool
+    draft_cost: float | None
+
+    def _check_common(self, label: str) -> None:
+        if self.num_tokens < 1:
+            raise ValueError(f"{label}(num_tokens={self.num_tokens}): must be >= 1.")
+        if not 0.0 <= self.confidence_threshold < 1.0:
+            raise ValueError(f"{label}(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
+        if self.draft_cost is not None and not self.draft_cost >= 0.0:
+            raise ValueError(f"{label}(draft_cost={self.draft_cost}): must be >= 0 (in target forwards).")
+
+    def drafted_layers(self, target: torch.nn.Module) -> list[int] | None:
+        """The layers a draft runs (``None``: not known before the call calibrates)."""
+        raise NotImplementedError
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        check_structure(target)
+        layers = self.drafted_layers(target)
+        if layers is not None:
+            layer_subset(target, layers)
+
+    def open(self, ctx: CallContext) -> "SelfSpeculativeCandidateGenerator":
+        return SelfSpeculativeCandidateGenerator(ctx, self)
+
+
+@dataclasses.dataclass(eq=False)
+class EarlyExit(_SelfSpeculative):
+    """Draft with the target's first ``exit_layer`` layers, its final norm and its lm_head.
+
+    Args:
+        exit_layer (`int`): layers run by a draft, in ``[1, num_layers)``; models trained for early
+            exit (LayerSkip checkpoints) accept far more at shallow exits than others.
+        num_tokens (`int`, defaults to 8): the longest draft.
+        confidence_threshold (`float`, defaults to 0.1): stop after a token the exit gives less than
+            this probability (0 disables).
+        adaptive (`bool`, defaults to `True`): draft a token only while its calibrated chance of
+            acceptance pays for drafting and verifying it (measured costs).
+        draft_cost (`float`, *optional*): one drafting step in target forwards; measured by default.
+    """
+
+    exit_layer: int
+    num_tokens: int = 8
+    confidence_threshold: float = 0.1
+    adaptive: bool = True
+    draft_cost: float | None = None
+    name: ClassVar[str] = "early-exit"
+
+    def __post_init__(self):
+        if not isinstance(self.exit_layer, int) or self.exit_layer < 1:
+            raise ValueError(f"EarlyExit(exit_layer={self.exit_layer!r}): give the number of layers to draft with, >= 1 "
+                             "(e.g. hfs.EarlyExit(exit_layer=8)).")
+        self._check_common("EarlyExit")
+
+    def drafted_layers(self, target: torch.nn.Module) -> list[int]:
+        total = num_layers(target)
+        if self.exit_layer >= total:
+            raise ValueError(f"EarlyExit(exit_layer={self.exit_layer}) must be below the model's {total} layers "
+                             f"(an exit after every layer is the model itself); pick 1..{total - 1}.")
+        return list(range(self.exit_layer))
+
+
+@dataclasses.dataclass(eq=False)
+class LayerSkip(_SelfSpeculative):
+    """Draft with the target minus a set of skipped layers.
+
+    Args:
+        skip (`list[int]` or `"auto"`, defaults to `"auto"`): layer indices to skip. ``"auto"``
+            picks them with a short calibration that maximises the expected speedup (acceptance
+            measured against the full model x cost): on ``calibration_file`` if it holds one for
+            this model, else on the first ``calibration_tokens`` tokens of the first call (prompt
+            and generated text); the result is cached per model for later calls, saved to
+            ``calibration_file`` when given, and reported in ``hfs.last_stats(model).extra``.
+            :meth:`calibrate` does the same ahead of time on prompts of your choice.
+        calibration_file (`str`, *optional*): JSON file to load the calibration from / save it to.
+        calibration_tokens (`int`, defaults to 64): tokens the on-the-fly calibration waits for.
+        num_tokens, confidence_threshold, adaptive, draft_cost: as for :class:`EarlyExit`.
+    """
+
+    skip: Sequence[int] | str = "auto"
+    num_tokens: int = 8
+    confidence_threshold: float = 0.1
+    adaptive: bool = True
+    draft_cost: float | None = None
+    calibration_file: str | os.PathLike | None = None
+    calibration_tokens: int = 64
+    name: ClassVar[str] = "layer-skip"
+
+    def __post_init__(self):
+        if isinstance(self.skip, str):
+            if self.skip != "auto":
+                raise ValueError(f"LayerSkip(skip={self.skip!r}): give a list of layer indices or 'auto'.")
+        else:
+            skip = list(self.skip)
+            if not skip or not all(isinstance(i, int) and not isinstance(i, bool) for i in skip) or len(set(skip)) != len(skip):
+                raise ValueError(f"LayerSkip(skip={self.skip!r}): give distinct integer layer indices (at least one), "
+                                 "or skip='auto'.")
+            self.skip = sorted(skip)
+            if self.calibration_file is not None:
+                raise ValueError("LayerSkip(calibration_file=...) is only read with skip='auto'.")
+        if self.calibration_tokens < 8:
+            raise ValueError(f"LayerSkip(calibration_tokens={self.calibration_tokens}): must be >= 8.")
+        self._check_common("LayerSkip")
+
+    @property
+    def auto(self) -> bool:
+        return isinstance(self.skip, str)
+
+    def drafted_layers(self, target: torch.nn.Module) -> list[int] | None:
+        total = num_layers(target)
+        if self.auto:
+            plan = self.calibration_for(target)
+            return None if plan is None else plan.drafted_layers
+        bad = [i for i in self.skip if not 0 <= i < total]
+        if bad:
+            raise ValueError(f"LayerSkip(skip={list(self.skip)}): {bad} out of range, the model has layers 0..{total - 1}.")
+        if len(self.skip) >= total:
+            raise ValueError(f"LayerSkip(skip=...) skips all {total} layers; keep at least one.")
+        return [i for i in range(total) if i not in set(self.skip)]
+
+    def calibration_for(self, target: torch.nn.Module) -> SkipCalibration | None:
+        """The calibration this strategy would use for ``target`` now (``None``: to be measured)."""
+        plan = cached_calibration(target)
+        if plan is None and self.calibration_file is not None and os.path.exists(self.calibration_file):
+            plan = SkipCalibration.load(self.calibration_file)
+            plan.check_fits(target)
+            remember_calibration(target, plan)
+        return plan
+
+    def calibrate(self, target: torch.nn.Module, input_ids: torch.Tensor) -> SkipCalibration:
+        """Calibrate the skipped set for ``target`` on ``input_ids`` `[1, T]` or `[T]` now (e.g. a
+        few prompts joined), cache it for the model and save it to ``calibration_file`` if given."""
+        check_structure(target)
+        ids = torch.as_tensor(input_ids).reshape(1, -1).to(next(target.parameters()).device)
+        plan = calibrate_layer_skip(target, ids, verify_costs_for(target, self.num_tokens), self.num_tokens)
+        remember_calibration(target, plan)
+        if self.calibration_file is not None:
+            plan.save(self.calibration_file)
+        return plan
+
+
+class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
+    """Per-call state: the target's cache, the view of the drafting layers and the length policy."""
+
+    def __init__(self, ctx: CallContext, config: _SelfSpeculative):
+        super().__init__(ctx)
+        self.config = config
+        self.cache = compat.target_cache(ctx.model_kwargs)
+        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
+        self.subset: LayerSubset | None = None
+        layers = config.drafted_layers(ctx.target)
+        if layers is not None and not getattr(config, "auto", False):
+            self._use(layers, source="given")
+        elif layers is not None:  # "auto" with a calibration made by an earlier call, or read from a file
+            plan = cached_calibration(ctx.target)
+            self._use(layers, source="file" if plan.source == "file" else "cached", plan=plan)
+        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
+                                        config.confidence_threshold, config.adaptive)
+
+    def _use(self, layers: list[int], source: str, plan: SkipCalibration | None = None) -> None:
+        self.subset = layer_subset(self.ctx.target, layers)
+        total = num_layers(self.ctx.target)
+        info: dict[str, Any] = {"layers": len(layers), "of": total,
+                                "skip": [i for i in range(total) if i not in set(layers)], "source": source}
+        if plan is not None:
+            info.update(agreement=round(plan.agreement, 4), expected_speedup=round(plan.expected_speedup, 3),
+                        calibration_s=round(plan.seconds, 3), calibration_tokens=plan.tokens)
+        self.stats.extra[self.config.name] = info
+
+    def _draft_price(self) -> float:
+        # until measured: the share of the model's parameters a draft step runs
+        return draft_price(self.subset, self.verify_costs, self.config.draft_cost, self.subset.cost)
+
+    def _maybe_calibrate(self, input_ids: torch.LongTensor) -> None:
+        config = self.config
+        if input_ids.shape[1] < config.calibration_tokens:
+            return  # wait for enough text to measure agreement on
+        plan = config.calibration_for(self.ctx.target) or config.calibrate(self.ctx.target, input_ids)
+        self._use(plan.drafted_layers, source=plan.source, plan=plan)
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens):
+        if self.cache is None or self.stats.target_forwards == 0:
+            return None, None  # the first target forward prefills the prompt; drafts start after it
+        if self.subset is None:
+            self._maybe_calibrate(input_ids)
+            if self.subset is None:
+                return None, None
+        subset, device = self.subset, input_ids.device
+        position = input_ids.shape[1] - 1
+        if compat.cache_layer_length(self.cache, subset.layers[0]) != position or not self.policy.begin():
+            return None, None
+        fed = 0
+
+        def step(token: int) -> torch.Tensor:
+            nonlocal fed
+            start = time.perf_counter()
+            logits = subset.step(token, position + fed, self.cache, device)
+            fed += 1
+            record_draft_step(subset, time.perf_counter() - start)
+            return self._to_target_vocab(logits)
+
+        try:
+            first = step(int(input_ids[0, -1]))
+            tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
+        finally:
+            subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
+        self.policy.end(len(tokens))
+        if not tokens:
+            return None, None
+        return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        if self.after_prefill:
+            self.verify_costs.observe(num_proposed, self.last_verify_s)
+        self.policy.verified(num_accepted, num_proposed)
+
+    def close(self):
+        self.cache = None
