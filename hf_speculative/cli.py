@@ -44,7 +44,13 @@ NumTokensOpt = Annotated[
 ]
 MaxNgramOpt = Annotated[Optional[int], typer.Option("--max-ngram", help="Longest n-gram matched by prompt lookup.")]
 ExitLayerOpt = Annotated[
-    Optional[int], typer.Option("--exit-layer", help="Layer hf-early-exit drafts from (default 8).")
+    Optional[int], typer.Option("--exit-layer", help="Layers early-exit / hf-early-exit draft with (default 8).")
+]
+SkipOpt = Annotated[
+    Optional[str], typer.Option("--skip", help="Layers layer-skip skips: 'auto' (default) or indices, e.g. 4,6,9.")
+]
+CalibrationOpt = Annotated[
+    Optional[str], typer.Option("--calibration-file", help="JSON file layer-skip 'auto' loads its calibration from / saves it to.")
 ]
 EagleOpt = Annotated[
     Optional[str],
@@ -124,9 +130,9 @@ def _load(name: str | None) -> tuple[Any, Any, str]:
 
 
 def _options(draft_model: str | None, num_tokens: int | None, max_ngram: int | None, exit_layer: int | None,
-             eagle: str | None = None) -> dict:
+             eagle: str | None = None, skip: str | None = None, calibration_file: str | None = None) -> dict:
     values = {"draft_model": draft_model, "num_tokens": num_tokens, "max_ngram": max_ngram, "exit_layer": exit_layer,
-              "eagle": eagle}
+              "eagle": eagle, "skip": skip, "calibration_file": calibration_file}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -185,6 +191,8 @@ def compare(
     max_ngram: MaxNgramOpt = None,
     exit_layer: ExitLayerOpt = None,
     eagle: EagleOpt = None,
+    skip: SkipOpt = None,
+    calibration_file: CalibrationOpt = None,
     as_json: JsonOpt = False,
     sdpa_gqa: GqaOpt = False,
 ) -> None:
@@ -198,7 +206,7 @@ def compare(
     from .methods import get_method, run_method
 
     target, tokenizer, model_name = _load(model)
-    options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle)
+    options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file)
     torch.set_num_threads(threads)
     text = prompt if prompt is not None else DEFAULT_PROMPT
     input_ids = encode_prompt(tokenizer, text, chat_template)
@@ -283,6 +291,8 @@ def bench(
     max_ngram: MaxNgramOpt = None,
     exit_layer: ExitLayerOpt = None,
     eagle: EagleOpt = None,
+    skip: SkipOpt = None,
+    calibration_file: CalibrationOpt = None,
     chat_template: ChatOpt = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     sdpa_gqa: GqaOpt = False,
@@ -310,7 +320,7 @@ def bench(
             prompts,
             out=out,
             model_name=model_name,
-            options=_options(draft_model, num_tokens, max_ngram, exit_layer, eagle),
+            options=_options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file),
             max_new_tokens=max_new_tokens,
             threads=threads,
             repeats=repeats,

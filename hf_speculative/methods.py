@@ -109,6 +109,7 @@ class MethodRun:
     accepted: int | None = None
     tau: float | None = None
     acceptance_rate: float | None = None
+    extra: dict | None = None  # drafter details from the stats (e.g. LayerSkip's calibration)
 
     @property
     def new_tokens(self) -> int:
@@ -211,6 +212,7 @@ def run_method(
         run.target_forwards, run.drafted = stats.target_forwards, stats.drafted_tokens
         run.accepted = stats.accepted_tokens
         run.tau, run.acceptance_rate = stats.tau, stats.acceptance_rate
+        run.extra = dict(stats.extra) or None
     return run
 
 
@@ -272,6 +274,35 @@ def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": strategy}
 
 
+def _self_speculative_options(spec: MethodSpec, options: dict) -> dict:
+    keep = {key: spec.option(options, key) for key in ("num_tokens",)}
+    return {key: int(value) for key, value in keep.items() if value is not None}
+
+
+def _build_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("early-exit")
+    exit_layer = int(spec.option(options, "exit_layer"))
+    return {"candidate_generator": hfs.EarlyExit(exit_layer=exit_layer, **_self_speculative_options(spec, options))}
+
+
+def _build_layer_skip(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("layer-skip")
+    skip = spec.option(options, "skip")
+    if isinstance(skip, str) and skip != "auto":
+        try:
+            skip = [int(i) for i in skip.replace(" ", "").split(",") if i]
+        except ValueError:
+            raise ValueError(f"--skip {skip!r}: give 'auto' or comma-separated layer indices, e.g. --skip 4,6,9") from None
+    extra = _self_speculative_options(spec, options)
+    if skip == "auto" and spec.option(options, "calibration_file") is not None:
+        extra["calibration_file"] = spec.option(options, "calibration_file")
+    return {"candidate_generator": hfs.LayerSkip(skip, **extra)}
+
+
 def _build_hf_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("hf-prompt-lookup")
     kwargs = {"prompt_lookup_num_tokens": int(spec.option(options, "num_tokens"))}
@@ -322,6 +353,22 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_eagle,
             {"eagle": None, "num_tokens": None},
+        ),
+        MethodSpec(
+            "early-exit",
+            "Early exit (hfs)",
+            "hf_speculative's early exit: the target's first layers draft, on the target's own KV cache.",
+            "hfs",
+            _build_early_exit,
+            {"exit_layer": 8, "num_tokens": None},
+        ),
+        MethodSpec(
+            "layer-skip",
+            "Layer skip (hfs)",
+            "hf_speculative's layer skipping: the target minus a calibrated set of layers drafts, on its own KV cache.",
+            "hfs",
+            _build_layer_skip,
+            {"skip": "auto", "calibration_file": None, "num_tokens": None},
         ),
         MethodSpec(
             "hf-prompt-lookup",

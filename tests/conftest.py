@@ -255,13 +255,13 @@ def make_drafter(name: str, target, reference):
         return hfs.Eagle(random_eagle(target, version=int(name[-1])), num_tokens=5, confidence_threshold=0.0,
                          adaptive=False)
     # self-speculative: layer 0 skipped by "layer-skip" (the view then sizes its masks from another
-    # layer); "layer-skip-auto" calibrates on the first 16 tokens of the call
+    # layer); "layer-skip-auto" calibrates after the first 4 generated tokens
     if name == "early-exit":
         return hfs.EarlyExit(exit_layer=1, num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if name == "layer-skip":
         return hfs.LayerSkip(skip=[0], num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if name == "layer-skip-auto":
-        return hfs.LayerSkip("auto", calibration_tokens=16, num_tokens=5, confidence_threshold=0.0, adaptive=False)
+        return hfs.LayerSkip("auto", calibration_tokens=4, num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if name == "oracle":
         return OracleCandidateGenerator(reference, num_tokens=6)
     if name == "adversary":
@@ -334,7 +334,9 @@ def assert_drafter_worked(name: str, drafter, stats) -> None:
     ones were always accepted, the always-wrong one never."""
     assert stats is not None
     assert stats.new_tokens > 0
-    if name != "draft-model-defaults":  # may rightly decide that drafting does not pay
+    # drafts only once calibrated, after 4 generated tokens: the next two leave no room for a draft
+    calibrating = name == "layer-skip-auto" and stats.new_tokens <= 6
+    if name != "draft-model-defaults" and not calibrating:  # (defaults may rightly decide drafting does not pay)
         assert stats.drafted_tokens > 0, f"{name} never drafted: {stats}"
     if name in ("oracle", "draft-model-copy"):
         assert stats.accepted_tokens == stats.drafted_tokens, stats

@@ -15,7 +15,8 @@ NEEDS_EARLY_EXIT = pytest.mark.skipif(
     not hasattr(transformers.GenerationConfig(), "assistant_early_exit"),
     reason="transformers' assistant_early_exit arrived in 4.47",
 )
-BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "hf-prompt-lookup", "hf-assisted", "hf-early-exit"]
+BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "early-exit", "layer-skip", "hf-prompt-lookup", "hf-assisted",
+           "hf-early-exit"]
 # A prompt that repeats itself, so that prompt lookup finds n-grams to draft from.
 PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
 
@@ -57,6 +58,8 @@ def test_builtin_methods_are_registered_in_order():
         "prompt-lookup": "hfs",
         "draft-model": "hfs",
         "eagle": "hfs",
+        "early-exit": "hfs",
+        "layer-skip": "hfs",
         "hf-prompt-lookup": "transformers",
         "hf-assisted": "transformers",
         "hf-early-exit": "transformers",

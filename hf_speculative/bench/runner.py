@@ -134,6 +134,7 @@ def _record(run: MethodRun, seconds: float, prompt: Prompt, greedy_ids: list[int
         "drafted": run.drafted,
         "accepted": run.accepted,
         "identical_to_greedy": run.output_ids == greedy_ids,
+        **({"extra": run.extra} if run.extra else {}),
     }
 
 

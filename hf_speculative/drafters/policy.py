@@ -177,7 +177,12 @@ class ChainLengthPolicy:
     drafter's confidences, calibrated against what was really accepted) exceeds its price in
     target forwards: the extra cost of verifying one more token, plus one drafter step for every
     token after the first. When even the first token does not pay for several steps, drafting
-    pauses (1, 2, 4, ... 32 steps).
+    pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own backoff) while the measured
+    profit of recent drafts is negative: accepted tokens minus what the draft cost in target
+    forwards (its drafter steps, the first one included, plus the extra verification). This is
+    what stops a drafter whose every step is expensive (self-speculation) from losing time to
+    confident but wrong drafts. Decisions depend on past drafts only, never on the token being
+    sampled, so the rejection sampler stays exact.
 
     Args:
         verify_costs (`VerifyCostModel`): the target's measured verify costs.
@@ -203,6 +208,9 @@ class ChainLengthPolicy:
         self._unprofitable = 0
         self._pause = 0
         self._backoff = 1
+        self.profit = 0.5  # decayed mean of (accepted tokens - cost in target forwards) per draft
+        self._steps = 0
+        self._loss_backoff = 1
 
     def begin(self) -> bool:
         """Start a draft; ``False`` while drafting is paused (then draft nothing this step)."""
@@ -233,8 +241,10 @@ class ChainLengthPolicy:
         # Draft one more only if even a sure next token could pay for drafting and verifying it.
         return not self.adaptive or self._accept_all >= self.draft_price() + self._verify_price(self._drafted + 1)
 
-    def end(self, num_drafted: int) -> None:
-        """Close a draft; an empty one counts towards pausing."""
+    def end(self, num_drafted: int, steps: int | None = None) -> None:
+        """Close a draft of ``num_drafted`` tokens that took ``steps`` drafter steps (default: one
+        per token); an empty one counts towards pausing."""
+        self._steps = num_drafted if steps is None else steps
         if num_drafted:
             self._unprofitable, self._backoff = 0, 1
             return
@@ -245,6 +255,16 @@ class ChainLengthPolicy:
     def verified(self, num_accepted: int, num_proposed: int) -> None:
         if num_proposed == 0:
             return
+        cost = self._steps * self.draft_price() + self.verify_costs.ratio(num_proposed) - 1.0
+        gain = num_accepted - cost
+        self.profit += 0.25 * (gain - self.profit)
+        if gain > 0:
+            self._loss_backoff = 1
+        elif self.adaptive and self.profit < 0:
+            # drafting loses time here: stop for a while (1, 2, 4, ... 32 steps), then try again
+            self._pause = max(self._pause, self._loss_backoff)
+            self._loss_backoff = min(self._loss_backoff * 2, 32)
+            self.profit = 0.0
         if self.predicted > 0:
             ratio = num_accepted / self.predicted
             self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)

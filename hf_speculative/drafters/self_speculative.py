@@ -120,12 +120,13 @@ class LayerSkip(_SelfSpeculative):
         skip (`list[int]` or `"auto"`, defaults to `"auto"`): layer indices to skip. ``"auto"``
             picks them with a short calibration that maximises the expected speedup (acceptance
             measured against the full model x cost): on ``calibration_file`` if it holds one for
-            this model, else on the first ``calibration_tokens`` tokens of the first call (prompt
-            and generated text); the result is cached per model for later calls, saved to
+            this model, else on the first ``calibration_tokens`` tokens the first call generates
+            (drafting nothing until then: the model's own text is what drafts will be judged on,
+            and it agrees with a reduced model far more than a prompt does); the result is cached per model for later calls, saved to
             ``calibration_file`` when given, and reported in ``hfs.last_stats(model).extra``.
             :meth:`calibrate` does the same ahead of time on prompts of your choice.
         calibration_file (`str`, *optional*): JSON file to load the calibration from / save it to.
-        calibration_tokens (`int`, defaults to 64): tokens the on-the-fly calibration waits for.
+        calibration_tokens (`int`, defaults to 32): generated tokens the on-the-fly calibration waits for.
         num_tokens, confidence_threshold, adaptive, draft_cost: as for :class:`EarlyExit`.
     """
 
@@ -135,7 +136,7 @@ class LayerSkip(_SelfSpeculative):
     adaptive: bool = True
     draft_cost: float | None = None
     calibration_file: str | os.PathLike | None = None
-    calibration_tokens: int = 64
+    calibration_tokens: int = 32
     name: ClassVar[str] = "layer-skip"
 
     def __post_init__(self):
@@ -150,8 +151,8 @@ class LayerSkip(_SelfSpeculative):
             self.skip = sorted(skip)
             if self.calibration_file is not None:
                 raise ValueError("LayerSkip(calibration_file=...) is only read with skip='auto'.")
-        if self.calibration_tokens < 8:
-            raise ValueError(f"LayerSkip(calibration_tokens={self.calibration_tokens}): must be >= 8.")
+        if self.calibration_tokens < 4:
+            raise ValueError(f"LayerSkip(calibration_tokens={self.calibration_tokens}): must be >= 4.")
         self._check_common("LayerSkip")
 
     @property
@@ -179,12 +180,14 @@ class LayerSkip(_SelfSpeculative):
             remember_calibration(target, plan)
         return plan
 
-    def calibrate(self, target: torch.nn.Module, input_ids: torch.Tensor) -> SkipCalibration:
-        """Calibrate the skipped set for ``target`` on ``input_ids`` `[1, T]` or `[T]` now (e.g. a
-        few prompts joined), cache it for the model and save it to ``calibration_file`` if given."""
+    def calibrate(self, target: torch.nn.Module, input_ids: torch.Tensor, from_position: int = 0) -> SkipCalibration:
+        """Calibrate the skipped set for ``target`` on ``input_ids`` `[1, T]` or `[T]` now (best: a
+        prompt and the model's own greedy answer, with ``from_position`` = the prompt's length),
+        cache it for the model and save it to ``calibration_file`` if given."""
         check_structure(target)
         ids = torch.as_tensor(input_ids).reshape(1, -1).to(next(target.parameters()).device)
-        plan = calibrate_layer_skip(target, ids, verify_costs_for(target, self.num_tokens), self.num_tokens)
+        plan = calibrate_layer_skip(target, ids, verify_costs_for(target, self.num_tokens), self.num_tokens,
+                                    from_position=from_position)
         remember_calibration(target, plan)
         if self.calibration_file is not None:
             plan.save(self.calibration_file)
@@ -225,9 +228,10 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _maybe_calibrate(self, input_ids: torch.LongTensor) -> None:
         config = self.config
-        if input_ids.shape[1] < config.calibration_tokens:
-            return  # wait for enough text to measure agreement on
-        plan = config.calibration_for(self.ctx.target) or config.calibrate(self.ctx.target, input_ids)
+        if input_ids.shape[1] - self._prompt_length < config.calibration_tokens:
+            return  # wait for enough generated text to measure agreement on
+        plan = config.calibration_for(self.ctx.target) or config.calibrate(self.ctx.target, input_ids,
+                                                                           from_position=self._prompt_length)
         self._use(plan.drafted_layers, source=plan.source, plan=plan)
 
     @torch.no_grad()
@@ -257,7 +261,7 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
             tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
-        self.policy.end(len(tokens))
+        self.policy.end(len(tokens), steps=fed)
         if not tokens:
             return None, None
         return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)

@@ -137,7 +137,8 @@ def test_auto_calibrates_once_per_model_and_reports_it(tmp_path):
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=strategy)
     first = hfs.last_stats(model).extra["layer-skip"]
     assert out.tolist() == ref.tolist()
-    assert first["source"] == "calibrated" and first["calibration_tokens"] == 16 and first["calibration_s"] > 0
+    # positions compared: those predicting the 16 generated tokens and the next one
+    assert first["source"] == "calibrated" and first["calibration_tokens"] == 17 and first["calibration_s"] > 0
     assert file.exists() and json.loads(file.read_text())["skip"] == first["skip"]
     # the next call (a new strategy object too) reuses the model's calibration from the start
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.LayerSkip(**EXACT))
