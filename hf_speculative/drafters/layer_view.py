@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import threading
 import weakref
 from typing import Any
@@ -119,9 +120,10 @@ class LayerSubset:
         # per layer type, one layer of the view whose cache sizes stand for all of that type
         self._witness = {kind: self.layers[self.types.index(kind)] for kind in set(self.types)}
 
-    @property
+    @functools.cached_property
     def cost(self) -> float:
-        """Parameters run per token (layers + lm_head), as a fraction of the full model's."""
+        """Parameters run per token (layers + lm_head), as a fraction of the full model's (computed once:
+        the chain policy reads it as its price prior for every drafted token)."""
         decoder = compat.decoder_of(self.target)
         head = self.target.get_output_embeddings()
         per_layer = [sum(p.numel() for p in layer.parameters()) for layer in decoder.layers]
