@@ -52,6 +52,10 @@ SkipOpt = Annotated[
 CalibrationOpt = Annotated[
     Optional[str], typer.Option("--calibration-file", help="JSON file layer-skip 'auto' loads its calibration from / saves it to.")
 ]
+AdapterOpt = Annotated[
+    Optional[str],
+    typer.Option("--adapter", help="Exit adapter folder for early-exit-adapter (default: the one shipped for --model)."),
+]
 EagleOpt = Annotated[
     Optional[str],
     typer.Option("--eagle", help="EAGLE drafter folder for the eagle method (default: the one shipped for --model)."),
@@ -130,9 +134,10 @@ def _load(name: str | None) -> tuple[Any, Any, str]:
 
 
 def _options(draft_model: str | None, num_tokens: int | None, max_ngram: int | None, exit_layer: int | None,
-             eagle: str | None = None, skip: str | None = None, calibration_file: str | None = None) -> dict:
+             eagle: str | None = None, skip: str | None = None, calibration_file: str | None = None,
+             adapter: str | None = None) -> dict:
     values = {"draft_model": draft_model, "num_tokens": num_tokens, "max_ngram": max_ngram, "exit_layer": exit_layer,
-              "eagle": eagle, "skip": skip, "calibration_file": calibration_file}
+              "eagle": eagle, "skip": skip, "calibration_file": calibration_file, "adapter": adapter}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -193,6 +198,7 @@ def compare(
     eagle: EagleOpt = None,
     skip: SkipOpt = None,
     calibration_file: CalibrationOpt = None,
+    adapter: AdapterOpt = None,
     as_json: JsonOpt = False,
     sdpa_gqa: GqaOpt = False,
 ) -> None:
@@ -206,7 +212,7 @@ def compare(
     from .methods import get_method, run_method
 
     target, tokenizer, model_name = _load(model)
-    options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file)
+    options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file, adapter)
     torch.set_num_threads(threads)
     text = prompt if prompt is not None else DEFAULT_PROMPT
     input_ids = encode_prompt(tokenizer, text, chat_template)
@@ -293,6 +299,7 @@ def bench(
     eagle: EagleOpt = None,
     skip: SkipOpt = None,
     calibration_file: CalibrationOpt = None,
+    adapter: AdapterOpt = None,
     chat_template: ChatOpt = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     sdpa_gqa: GqaOpt = False,
@@ -320,7 +327,7 @@ def bench(
             prompts,
             out=out,
             model_name=model_name,
-            options=_options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file),
+            options=_options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file, adapter),
             max_new_tokens=max_new_tokens,
             threads=threads,
             repeats=repeats,

@@ -287,6 +287,28 @@ def _build_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": hfs.EarlyExit(exit_layer=exit_layer, **_self_speculative_options(spec, options))}
 
 
+def _build_early_exit_adapter(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+    from .drafters.exit_adapter import shipped_adapters
+
+    spec = get_method("early-exit-adapter")
+    source = spec.option(options, "adapter")
+    if source is None:
+        # the adapter shipped for this model, recognised by its registry folder or name
+        parts = str(getattr(model, "name_or_path", "")).replace("\\", "/").split("/")
+        source = next((name for name in shipped_adapters() if name in parts), None)
+        if source is None:
+            raise ValueError(f"no exit adapter ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
+                             f"{', '.join(shipped_adapters()) or 'none'}); pass --adapter PATH to one trained with "
+                             "`hf-speculative train-eagle --exit-layer K`.")
+    extra = _self_speculative_options(spec, options)
+    cache = options.setdefault("_exit_adapters", {})
+    key = (id(model), str(source), tuple(sorted(extra.items())))
+    if key not in cache:  # loaded once per model and settings, not per call
+        cache[key] = hfs.EarlyExit(adapter=source, **extra)
+    return {"candidate_generator": cache[key]}
+
+
 def _build_layer_skip(model: Any, tokenizer: Any, options: dict) -> dict:
     import hf_speculative as hfs
 
@@ -361,6 +383,15 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_early_exit,
             {"exit_layer": 8, "num_tokens": None},
+        ),
+        MethodSpec(
+            "early-exit-adapter",
+            "Early exit + adapter (hfs)",
+            "hf_speculative's early exit with a trained exit adapter (Kangaroo): the target's first layers and one "
+            "small trained layer draft, on the target's own KV cache.",
+            "hfs",
+            _build_early_exit_adapter,
+            {"adapter": None, "num_tokens": None},
         ),
         MethodSpec(
             "layer-skip",

@@ -42,7 +42,7 @@ SLIDING_WINDOW = 8
 # Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
-            "layer-skip", "layer-skip-auto", "oracle", "adversary")
+            "early-exit-adapter", "layer-skip", "layer-skip-auto", "oracle", "adversary")
 _UNSET = object()
 
 
@@ -258,6 +258,9 @@ def make_drafter(name: str, target, reference):
     # layer); "layer-skip-auto" calibrates after the first 4 generated tokens
     if name == "early-exit":
         return hfs.EarlyExit(exit_layer=1, num_tokens=5, confidence_threshold=0.0, adaptive=False)
+    if name == "early-exit-adapter":
+        return hfs.EarlyExit(adapter=random_exit_adapter(target, exit_layer=1), num_tokens=5, confidence_threshold=0.0,
+                             adaptive=False)
     if name == "layer-skip":
         return hfs.LayerSkip(skip=[0], num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if name == "layer-skip-auto":
@@ -286,6 +289,25 @@ def random_eagle(target, version: int = 3, seed: int = 7, draft_vocab_size: int 
         net.d2t.copy_(ids - torch.arange(draft_vocab_size))
         net.t2d.zero_()
         net.t2d[ids] = True
+    return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
+
+
+def random_exit_adapter(target, exit_layer: int = 1, seed: int = 7, draft_vocab_size: int | None = None):
+    """A random exit adapter for ``target``'s first ``exit_layer`` layers (reduced vocabulary of the
+    target's even ids by default, as ``random_eagle``)."""
+    from hf_speculative.drafters.eagle.config import EagleConfig
+    from hf_speculative.drafters.eagle.model import EagleDraftModel
+
+    vocab = target.config.vocab_size
+    draft_vocab_size = draft_vocab_size or vocab // 2
+    torch.manual_seed(seed)
+    net = EagleDraftModel(EagleConfig.for_target(target.config, version=3, draft_vocab_size=draft_vocab_size,
+                                                 target_layers=[exit_layer - 1], exit_layer=exit_layer))
+    step = 2 if draft_vocab_size <= vocab // 2 else 1
+    ids = torch.arange(0, vocab, step)[:draft_vocab_size]
+    net.d2t.copy_(ids - torch.arange(draft_vocab_size))
+    net.t2d.zero_()
+    net.t2d[ids] = True
     return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
 
 

@@ -15,8 +15,8 @@ NEEDS_EARLY_EXIT = pytest.mark.skipif(
     not hasattr(transformers.GenerationConfig(), "assistant_early_exit"),
     reason="transformers' assistant_early_exit arrived in 4.47",
 )
-BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "early-exit", "layer-skip", "hf-prompt-lookup", "hf-assisted",
-           "hf-early-exit"]
+BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "early-exit", "early-exit-adapter", "layer-skip",
+           "hf-prompt-lookup", "hf-assisted", "hf-early-exit"]
 # A prompt that repeats itself, so that prompt lookup finds n-grams to draft from.
 PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
 
@@ -59,6 +59,7 @@ def test_builtin_methods_are_registered_in_order():
         "draft-model": "hfs",
         "eagle": "hfs",
         "early-exit": "hfs",
+        "early-exit-adapter": "hfs",
         "layer-skip": "hfs",
         "hf-prompt-lookup": "transformers",
         "hf-assisted": "transformers",
@@ -165,3 +166,17 @@ def test_hfs_methods_match_greedy_and_report_stats(target, draft, name):
     assert run.target_forwards >= 1 and run.tau == pytest.approx(run.new_tokens / run.target_forwards)
     assert run.drafted is not None and run.accepted is not None and run.accepted <= run.drafted
     assert 0.0 <= run.acceptance_rate <= 1.0
+
+
+def test_early_exit_adapter_method(target, tmp_path):
+    from hf_speculative.drafters.eagle import checkpoints
+    from tests.conftest import random_exit_adapter
+
+    with pytest.raises(ValueError, match="--adapter PATH"):
+        run_method("early-exit-adapter", target, None, PROMPT, max_new_tokens=8)
+    checkpoints.save_pretrained(random_exit_adapter(target, exit_layer=1), tmp_path / "adapter")
+    greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
+    options = {"adapter": str(tmp_path / "adapter"), "num_tokens": 3}
+    run = run_method("early-exit-adapter", target, None, PROMPT, options=options, max_new_tokens=24)
+    assert run.output_ids == greedy.output_ids
+    assert run.extra["early-exit"]["adapter"] == str(tmp_path / "adapter")

@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_speculative as hfs
 from hf_speculative.drafters.draft_model import DraftModelCandidateGenerator
-from tests.conftest import stock_generate
+from tests.conftest import random_exit_adapter, stock_generate
 
 V = 16
 NEW = 3
@@ -294,12 +294,14 @@ def deep_target():
     return hfs.enable(tiny(5, init=1.0, layers=2))
 
 
-@pytest.mark.parametrize("kind", ["early-exit", "layer-skip"])
+@pytest.mark.parametrize("kind", ["early-exit", "early-exit-adapter", "layer-skip"])
 def test_self_speculative_sampling_follows_the_target(deep_target, kind):
     exact, plain = references(deep_target, PROMPT)
     assert goodness_of_fit(plain, exact) > ALPHA
     options = dict(confidence_threshold=0.0, adaptive=False)
-    strategy = hfs.EarlyExit(exit_layer=1, **options) if kind == "early-exit" else hfs.LayerSkip(skip=[0], **options)
+    strategy = {"early-exit": lambda: hfs.EarlyExit(exit_layer=1, **options),
+                "early-exit-adapter": lambda: hfs.EarlyExit(adapter=random_exit_adapter(deep_target, 1), **options),
+                "layer-skip": lambda: hfs.LayerSkip(skip=[0], **options)}[kind]()
     # (seed 2: with the default seed the layer-skip samples gave p = 0.0009 against plain sampling
     # while p = 0.06 against the exact distribution; 1000 samples at seeds 1, 2, 3 gave p >= 0.026 on both)
     samples, total = speculative_samples(deep_target, strategy, PROMPT, seed=2)

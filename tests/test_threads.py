@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from tests.conftest import ARCHS, build_model, prompt_inputs, random_eagle, sibling_model, stock_generate
+from tests.conftest import ARCHS, build_model, prompt_inputs, random_eagle, random_exit_adapter, sibling_model, stock_generate
 
 ROUNDS = 3
 KWARGS = dict(do_sample=False, max_new_tokens=30)
@@ -64,12 +64,16 @@ def test_threads_with_different_strategies_on_one_model():
         # two self-speculative drafts writing into their own calls' caches through views of one model
         "early-exit": hfs.EarlyExit(exit_layer=1, num_tokens=4, confidence_threshold=0.0, adaptive=False),
         "layer-skip": hfs.LayerSkip(skip=[0], num_tokens=4, confidence_threshold=0.0, adaptive=False),
+        # its feature hooks on the shared layer must record only its own thread's forwards
+        "exit-adapter": hfs.EarlyExit(adapter=random_exit_adapter(model, 1), num_tokens=4, confidence_threshold=0.0,
+                                      adaptive=False),
         "plain": None,
     }
     # Different prompts, so that a thread reading another's state would show in its output.
     base = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
     prompts = {"lookup": base, "draft": base[::-1], "draft-shared": base[3:] + base[:3], "eagle": base[2:] + base[:2],
-               "early-exit": base[4:] + base[:4], "layer-skip": base[5:] + base[:5], "plain": base[1:]}
+               "early-exit": base[4:] + base[:4], "layer-skip": base[5:] + base[:5], "exit-adapter": base[6:] + base[:6],
+               "plain": base[1:]}
     expected = {name: stock_generate(model, **prompt_inputs(prompt), **KWARGS).tolist()
                 for name, prompt in prompts.items()}
     results = run_threads(model, strategies, prompts)

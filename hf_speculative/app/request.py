@@ -25,6 +25,7 @@ _OPTION_HELP = {
     "exit_layer": "layer the early-exit drafter stops at",
     "draft_model": "registry name or local folder of a smaller model with the same tokenizer",
     "eagle": "folder of a trained EAGLE drafter (blank: the one shipped for this model)",
+    "adapter": "folder of a trained exit adapter (blank: the one shipped for this model)",
 }
 
 

@@ -13,7 +13,8 @@ import torch
 
 from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import ChainLengthPolicy, draft_price, record_draft_step, sample_chain, verify_costs_for
+from .policy import (ChainLengthPolicy, check_chain_options, draft_price, record_draft_step, sample_chain,
+                     verify_costs_for)
 
 
 # target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
@@ -59,12 +60,7 @@ class DraftModel(DraftStrategy):
     def __post_init__(self):
         if not hasattr(self.model, "config") or not callable(self.model):
             raise TypeError(f"DraftModel(model=...) needs a transformers causal LM, got {type(self.model).__name__}.")
-        if self.num_tokens < 1:
-            raise ValueError(f"DraftModel(num_tokens={self.num_tokens}): must be >= 1.")
-        if self.draft_cost is not None and not self.draft_cost >= 0.0:
-            raise ValueError(f"DraftModel(draft_cost={self.draft_cost}): must be >= 0 (in target forwards).")
-        if not 0.0 <= self.confidence_threshold < 1.0:
-            raise ValueError(f"DraftModel(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
+        check_chain_options(self)
 
     def validate_target(self, target: torch.nn.Module) -> None:
         if self.model in _COMPATIBLE.get(target, ()):
@@ -160,9 +156,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         return torch.tensor(tokens, dtype=torch.long), draft_logits
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
-        if self.after_prefill:
-            self.verify_costs.observe(num_proposed, self.last_verify_s)
-        self.policy.verified(num_accepted, num_proposed)
+        # (the prefill's forward is not a verification: it says nothing of verify costs)
+        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
 
     def close(self):
         self.cache = None

@@ -115,6 +115,7 @@ class LayerSubset:
         outer._modules = dict(target._modules)
         outer._modules[_child_name(target, decoder)] = inner
         self.view = outer
+        self.decoder_view = inner
         self._extra = compat.logits_to_keep_kwargs(target, 1)
         self._cache_position = "cache_position" in compat.forward_params(type(target))
         # per layer type, one layer of the view whose cache sizes stand for all of that type
@@ -145,6 +146,15 @@ class LayerSubset:
     def step(self, token: int, position: int, cache: Any, device: torch.device) -> torch.Tensor:
         """Feed ``token`` at ``position`` through the view; its next-token logits `[V]` (float32).
         Writes one entry to ``cache`` in each of the view's layers (the caller crops them)."""
+        out = self.view(**self._inputs(token, position, cache, device), **self._extra)
+        return out.logits[0, -1].float()
+
+    def hidden(self, token: int, position: int, cache: Any, device: torch.device) -> torch.Tensor:
+        """As :meth:`step`, but the exit state `[H]` (the last layer's output through the model's final
+        norm) instead of logits: no lm_head, for an exit adapter to read."""
+        return self.decoder_view(**self._inputs(token, position, cache, device)).last_hidden_state[0, -1]
+
+    def _inputs(self, token: int, position: int, cache: Any, device: torch.device) -> dict[str, Any]:
         masks = {kind: self._mask(cache, kind, position, device) for kind in self._witness}
         if self.mixed:
             attention_mask: Any = {kind: masks.get(kind) for kind in ("full_attention", "sliding_attention")}
@@ -152,18 +162,11 @@ class LayerSubset:
             only = next(iter(masks.values()))
             kv_length, _ = compat.cache_mask_sizes(cache, self.layers[0], position)
             attention_mask = only if only is not None else torch.zeros((1, 1, 1, kv_length), dtype=self.dtype, device=device)
-        kwargs: dict[str, Any] = dict(self._extra)
+        kwargs: dict[str, Any] = {}
         if self._cache_position:
             kwargs["cache_position"] = torch.tensor([position], device=device)
-        out = self.view(
-            input_ids=torch.tensor([[token]], device=device),
-            position_ids=torch.tensor([[position]], device=device),
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            use_cache=True,
-            **kwargs,
-        )
-        return out.logits[0, -1].float()
+        return dict(input_ids=torch.tensor([[token]], device=device), position_ids=torch.tensor([[position]], device=device),
+                    attention_mask=attention_mask, past_key_values=cache, use_cache=True, **kwargs)
 
     def rollback(self, cache: Any, num_tokens: int) -> None:
         """Remove the last ``num_tokens`` entries the view wrote (its layers only)."""

@@ -124,6 +124,18 @@ class VerifyCostModel:
         return best_k
 
 
+def check_chain_options(strategy) -> None:
+    """The checks every chain drafter's options share (``num_tokens``, ``confidence_threshold``,
+    ``draft_cost``), with the strategy's class name in the message."""
+    label = type(strategy).__name__
+    if strategy.num_tokens < 1:
+        raise ValueError(f"{label}(num_tokens={strategy.num_tokens}): must be >= 1.")
+    if not 0.0 <= strategy.confidence_threshold < 1.0:
+        raise ValueError(f"{label}(confidence_threshold={strategy.confidence_threshold}): must be in [0, 1).")
+    if strategy.draft_cost is not None and not strategy.draft_cost >= 0.0:
+        raise ValueError(f"{label}(draft_cost={strategy.draft_cost}): must be >= 0 (in target forwards).")
+
+
 _COSTS: "weakref.WeakKeyDictionary[torch.nn.Module, VerifyCostModel]" = weakref.WeakKeyDictionary()
 _COSTS_LOCK = threading.Lock()
 
@@ -252,7 +264,12 @@ class ChainLengthPolicy:
         if self._unprofitable >= 2:
             self._pause, self._backoff, self._unprofitable = self._backoff, min(self._backoff * 2, 32), 0
 
-    def verified(self, num_accepted: int, num_proposed: int) -> None:
+    def verified(self, num_accepted: int, num_proposed: int, seconds: float | None = None) -> None:
+        """Learn from a verifying forward: ``num_accepted`` of ``num_proposed`` drafted tokens kept, in
+        ``seconds`` of wall time (folded into the target's verify-cost model; ``None``: not a timing
+        to learn from, e.g. the prefill)."""
+        if seconds is not None:
+            self.verify_costs.observe(num_proposed, seconds)
         if num_proposed == 0:
             return
         cost = self._steps * self.draft_price() + self.verify_costs.ratio(num_proposed) - 1.0

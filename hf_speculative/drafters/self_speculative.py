@@ -28,12 +28,15 @@ from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
 from .layer_view import LayerSubset, check_structure, num_layers
-from .policy import ChainLengthPolicy, draft_price, record_draft_step, sample_chain, verify_costs_for
+from .policy import (ChainLengthPolicy, check_chain_options, draft_price, record_draft_step, sample_chain,
+                     verify_costs_for)
 
 # target -> {layer tuple: view}; views hold no per-call state, so calls and threads share them
 # (and the measured cost of a drafting step, keyed by the view, carries over between calls)
 _VIEWS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, ...], LayerSubset]]" = weakref.WeakKeyDictionary()
 _VIEWS_LOCK = threading.Lock()
+# target -> exit adapters already checked against it (and moved to its device and dtype)
+_ADAPTERS_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 
 
 def layer_subset(target: torch.nn.Module, layers: Sequence[int]) -> LayerSubset:
@@ -54,14 +57,6 @@ class _SelfSpeculative(DraftStrategy):
     adaptive: bool
     draft_cost: float | None
 
-    def _check_common(self, label: str) -> None:
-        if self.num_tokens < 1:
-            raise ValueError(f"{label}(num_tokens={self.num_tokens}): must be >= 1.")
-        if not 0.0 <= self.confidence_threshold < 1.0:
-            raise ValueError(f"{label}(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
-        if self.draft_cost is not None and not self.draft_cost >= 0.0:
-            raise ValueError(f"{label}(draft_cost={self.draft_cost}): must be >= 0 (in target forwards).")
-
     def drafted_layers(self, target: torch.nn.Module) -> list[int] | None:
         """The layers a draft runs (``None``: not known before the call calibrates)."""
         raise NotImplementedError
@@ -78,11 +73,18 @@ class _SelfSpeculative(DraftStrategy):
 
 @dataclasses.dataclass(eq=False)
 class EarlyExit(_SelfSpeculative):
-    """Draft with the target's first ``exit_layer`` layers, its final norm and its lm_head.
+    """Draft with the target's first ``exit_layer`` layers, its final norm and its lm_head, or with a
+    trained exit adapter instead of the norm and lm_head.
 
     Args:
         exit_layer (`int`): layers run by a draft, in ``[1, num_layers)``; models trained for early
-            exit (LayerSkip checkpoints) accept far more at shallow exits than others.
+            exit (LayerSkip checkpoints) accept far more at shallow exits than others. Taken from the
+            adapter when one is given.
+        adapter (`str` or `EagleDraftModel`, *optional*): a trained exit adapter (Kangaroo): a folder
+            written by ``hf-speculative train-eagle --exit-layer K``, a shipped adapter's name, or a
+            loaded network. It reads the exit state of each drafted token and attends over those of
+            the context with its own small cache; the target's cache is shared as without it.
+        adapter_sha256 (`dict[str, str]`, *optional*): expected digests of the adapter's files.
         num_tokens (`int`, defaults to 8): the longest draft.
         confidence_threshold (`float`, defaults to 0.1): stop after a token the exit gives less than
             this probability (0 disables).
@@ -91,18 +93,32 @@ class EarlyExit(_SelfSpeculative):
         draft_cost (`float`, *optional*): one drafting step in target forwards; measured by default.
     """
 
-    exit_layer: int
+    exit_layer: int | None = None
     num_tokens: int = 8
     confidence_threshold: float = 0.1
     adaptive: bool = True
     draft_cost: float | None = None
+    adapter: Any = dataclasses.field(default=None, repr=False)
+    adapter_sha256: dict | None = dataclasses.field(default=None, repr=False)
     name: ClassVar[str] = "early-exit"
 
     def __post_init__(self):
-        if not isinstance(self.exit_layer, int) or self.exit_layer < 1:
+        self._adapter_net = None
+        if self.adapter is not None:
+            from .exit_adapter import describe, load_adapter
+
+            self._adapter_net = load_adapter(self.adapter, sha256=self.adapter_sha256)
+            self.adapter_label = describe(self._adapter_net, self.adapter)
+            trained = self._adapter_net.config.exit_layer
+            if self.exit_layer is None:
+                self.exit_layer = trained
+            elif self.exit_layer != trained:
+                raise ValueError(f"EarlyExit(exit_layer={self.exit_layer}) with an adapter trained for exit_layer={trained}: "
+                                 f"an adapter reads the exit it was trained on; use exit_layer={trained} (or leave it out).")
+        if isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int) or self.exit_layer < 1:
             raise ValueError(f"EarlyExit(exit_layer={self.exit_layer!r}): give the number of layers to draft with, >= 1 "
                              "(e.g. hfs.EarlyExit(exit_layer=8)).")
-        self._check_common("EarlyExit")
+        check_chain_options(self)
 
     def drafted_layers(self, target: torch.nn.Module) -> list[int]:
         total = num_layers(target)
@@ -110,6 +126,36 @@ class EarlyExit(_SelfSpeculative):
             raise ValueError(f"EarlyExit(exit_layer={self.exit_layer}) must be below the model's {total} layers "
                              f"(an exit after every layer is the model itself); pick 1..{total - 1}.")
         return list(range(self.exit_layer))
+
+    def adapter_for(self, target: torch.nn.Module):
+        """The adapter network, checked against ``target`` and on its device and dtype (``None`` without one)."""
+        net = self._adapter_net
+        if net is None:
+            return None
+        with _VIEWS_LOCK:
+            checked = _ADAPTERS_CHECKED.setdefault(target, weakref.WeakSet())
+            if net not in checked:
+                net.config.check_target(target)
+                param = next(target.parameters())
+                mine = next(net.parameters())
+                if (mine.device, mine.dtype) != (param.device, param.dtype):
+                    if any(net in others for others in _ADAPTERS_CHECKED.values()):
+                        raise ValueError(f"This exit adapter already serves a model on {mine.device} / {mine.dtype}; "
+                                         f"load a second EarlyExit(adapter=...) for the model on {param.device} / {param.dtype}.")
+                    net.to(device=param.device, dtype=param.dtype)
+                checked.add(net)
+        return net
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        self.adapter_for(target)  # first: its error names what the adapter was trained for
+        super().validate_target(target)
+
+    def open(self, ctx: CallContext) -> "SelfSpeculativeCandidateGenerator":
+        if self._adapter_net is None:
+            return SelfSpeculativeCandidateGenerator(ctx, self)
+        from .exit_adapter import ExitAdapterCandidateGenerator
+
+        return ExitAdapterCandidateGenerator(ctx, self)
 
 
 @dataclasses.dataclass(eq=False)
@@ -153,7 +199,7 @@ class LayerSkip(_SelfSpeculative):
                 raise ValueError("LayerSkip(calibration_file=...) is only read with skip='auto'.")
         if self.calibration_tokens < 4:
             raise ValueError(f"LayerSkip(calibration_tokens={self.calibration_tokens}): must be >= 4.")
-        self._check_common("LayerSkip")
+        check_chain_options(self)
 
     @property
     def auto(self) -> bool:
@@ -270,9 +316,8 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
         return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
-        if self.after_prefill:
-            self.verify_costs.observe(num_proposed, self.last_verify_s)
-        self.policy.verified(num_accepted, num_proposed)
+        # (the prefill's forward is not a verification: it says nothing of verify costs)
+        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
 
     def close(self):
         self.cache = None

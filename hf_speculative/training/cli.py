@@ -74,26 +74,38 @@ def train_eagle(
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    exit_layer: Annotated[Optional[int], typer.Option(
+        "--exit-layer", min=1, help="Train an exit adapter for hfs.EarlyExit(exit_layer=K, adapter=OUT) instead of an "
+                                    "EAGLE drafter.")] = None,
 ) -> None:
-    """Train an EAGLE drafter for --target (resumes from OUT/checkpoint when present)."""
+    """Train an EAGLE drafter (or, with --exit-layer K, an early-exit adapter) for --target (resumes from
+    OUT/checkpoint when present)."""
     from .config import TrainConfig
     from .loop import train
 
     data = list(data)
+    distilled = out / "self_distill.jsonl"
     if prompts:
-        distilled = out / "self_distill.jsonl"
-        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens)
         data.append(str(distilled))
     if not data:
         raise typer.BadParameter("give --data FILE (repeatable) and/or --prompts builtin:N to self-distill first")
-    cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
-                      unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
-                      eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads, seed=seed)
+    try:  # checked before the (slow) self-distillation
+        cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
+                          unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
+                          eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
+                          seed=seed, exit_layer=exit_layer)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    if prompts:
+        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens)
     path = train(cfg)
     summary = path / "training_summary.json"
     if summary.exists():
         typer.echo(summary.read_text())
-    typer.echo(f"drafter saved in {path}; use it with hfs.Eagle.from_pretrained({str(path)!r}, target=model)")
+    if exit_layer is not None:
+        typer.echo(f"exit adapter saved in {path}; use it with hfs.EarlyExit(adapter={str(path)!r})")
+    else:
+        typer.echo(f"drafter saved in {path}; use it with hfs.Eagle.from_pretrained({str(path)!r}, target=model)")
 
 
 def export_eagle(

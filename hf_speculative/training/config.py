@@ -34,6 +34,9 @@ class TrainConfig:
         init_from_target (`bool`, defaults to `True`): start the decoder layer, norm and lm_head from
             the target's last layer, final norm and lm_head rows (Llama-style norms only).
         seed (`int`, defaults to 0), max_examples (`int`, *optional*), threads (`int`, *optional*).
+        exit_layer (`int`, *optional*): train an exit adapter for ``hfs.EarlyExit(exit_layer=k, adapter=...)``
+            instead of an EAGLE drafter (EAGLE-3 shaped, reading the normed output of the target's first
+            ``k`` layers for each token; ``unroll`` is 1: every input it sees when drafting is a real exit state).
     """
 
     target: str
@@ -59,14 +62,23 @@ class TrainConfig:
     seed: int = 0
     max_examples: int | None = None
     threads: int | None = None
+    exit_layer: int | None = None
 
     def __post_init__(self):
         if isinstance(self.data, str):
             self.data = [self.data]
         if not self.data:
             raise ValueError("TrainConfig(data=[]): give at least one JSONL file (--data).")
+        if self.exit_layer is not None:
+            if not self.eagle3:
+                raise ValueError("TrainConfig(exit_layer=..., eagle3=False): an exit adapter is EAGLE-3 shaped; drop --eagle1.")
+            if self.unroll not in (None, 1):
+                raise ValueError(f"TrainConfig(exit_layer={self.exit_layer}, unroll={self.unroll}): an exit adapter reads a real "
+                                 "exit state at every draft step, so there is nothing to unroll; use --unroll 1 (the default).")
+            if self.exit_layer < 1:
+                raise ValueError(f"TrainConfig(exit_layer={self.exit_layer}): must be >= 1.")
         if self.unroll is None:
-            self.unroll = 4 if self.eagle3 else 1
+            self.unroll = 1 if self.exit_layer is not None else 4 if self.eagle3 else 1
         checks = {"unroll": self.unroll >= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,
                   "max_length": self.max_length >= 8, "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1,
                   "draft_vocab_size": self.draft_vocab_size >= 16, "val_draft": self.val_draft >= 1, "noise": self.noise >= 0}

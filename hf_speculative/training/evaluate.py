@@ -9,7 +9,8 @@ import torch
 
 @torch.no_grad()
 def validation_tau(net: Any, target: Any, examples: list, new_tokens: int = 64, draft: int = 6) -> float:
-    """Mean accepted tokens per target forward of greedy generation with ``net`` drafting a fixed
+    """Mean accepted tokens per target forward of greedy generation with ``net`` (an EAGLE drafter or
+    an exit adapter) drafting a fixed
     ``draft`` tokens (no cost policy, so the figure does not depend on the machine's speed), over
     the prompts of ``examples`` (their tokens before the first learnt one)."""
     import hf_speculative as hfs
@@ -18,7 +19,10 @@ def validation_tau(net: Any, target: Any, examples: list, new_tokens: int = 64, 
     enabled_here = not hfs.is_enabled(target)
     if enabled_here:
         hfs.enable(target)
-    strategy = Eagle(net, num_tokens=draft, confidence_threshold=0.0, adaptive=False)
+    if net.config.exit_layer is not None:
+        strategy = hfs.EarlyExit(adapter=net, num_tokens=draft, confidence_threshold=0.0, adaptive=False)
+    else:
+        strategy = Eagle(net, num_tokens=draft, confidence_threshold=0.0, adaptive=False)
     tokens = forwards = 0
     try:
         for ex in examples:

@@ -115,8 +115,16 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         examples = examples[: cfg.max_examples]
     val_idx = [i for i in range(len(examples)) if i % cfg.val_every == 0]
     train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
+    adapter = {}
+    if cfg.exit_layer is not None:
+        depth = int(compat.text_config(target.config).num_hidden_layers)
+        if cfg.exit_layer >= depth:
+            raise ValueError(f"--exit-layer {cfg.exit_layer}: the target has {depth} layers; an exit must come before the "
+                             f"last (1..{depth - 1}).")
+        adapter = {"target_layers": [cfg.exit_layer - 1], "exit_layer": cfg.exit_layer}
     eagle_cfg = EagleConfig.for_target(target.config, version=cfg.version,
-                                       draft_vocab_size=cfg.draft_vocab_size if cfg.eagle3 else None, target=cfg.target)
+                                       draft_vocab_size=cfg.draft_vocab_size if cfg.eagle3 else None, target=cfg.target,
+                                       **adapter)
     draft_ids = None
     if eagle_cfg.reduced_vocab:
         eos = compat.eos_token_ids(target.generation_config)
@@ -147,6 +155,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     accelerator.register_for_checkpointing(_Progress())
     embed = target.get_input_embeddings()
     head_weight = target.get_output_embeddings().weight
+    inputs = drafter_inputs(eagle_cfg, target)
     cfg.save(out / "train_config.json")
 
     step, seen_tokens, done_batches = 0, 0, 0
@@ -163,7 +172,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         if accelerator.is_main_process:
             model = accelerator.unwrap_model(net)
             model.eval()
-            record.update(_teacher_forced(model, embed, head_weight, examples, cache, val_idx[:64], cfg.unroll))
+            record.update(_teacher_forced(model, embed, head_weight, examples, cache, val_idx[:64], cfg.unroll, inputs))
             record["val_tau"] = validation_tau(model, target, [examples[i] for i in val_idx[: cfg.val_prompts]],
                                                cfg.val_new_tokens, cfg.val_draft)
             model.train()
@@ -193,7 +202,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 break
             with accelerator.accumulate(net):
                 loss, metrics = eagle_loss(accelerator.unwrap_model(net), embed, head_weight, batch["ids"], batch["loss_mask"],
-                                           batch["features"], batch["final"], cfg.unroll, noise=cfg.noise,
+                                           inputs(batch["features"]), batch["final"], cfg.unroll, noise=cfg.noise,
                                            target_top=batch["top"])
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.max_grad_norm:
@@ -230,8 +239,24 @@ class _Progress:
         pass
 
 
+def drafter_inputs(config: EagleConfig, target: Any):
+    """What the network reads, from the cached features `[B, T, F]`: the features themselves for
+    EAGLE; for an exit adapter, the next position's exit state through the target's final norm
+    (:func:`~hf_speculative.drafters.exit_adapter.adapter_features`, the drafting path's definition)."""
+    if config.exit_layer is None:
+        return lambda features: features
+    from ..drafters.exit_adapter import adapter_features
+
+    norm = compat.decoder_of(target).norm
+
+    def exit_inputs(features: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return adapter_features(features.to(next(norm.parameters()).dtype), norm).float()
+    return exit_inputs
+
+
 @torch.no_grad()
-def _teacher_forced(net, embed, head_weight, examples, cache, indices, unroll) -> dict:
+def _teacher_forced(net, embed, head_weight, examples, cache, indices, unroll, inputs=lambda f: f) -> dict:
     """Per-step top-1 agreement with the target on held-out examples, and the tau it implies for
     a chain as long as ``unroll`` (1 + sum of running products of the per-step rates)."""
     correct, counts = [0.0] * unroll, [0] * unroll
@@ -239,7 +264,7 @@ def _teacher_forced(net, embed, head_weight, examples, cache, indices, unroll) -
         features, final, top = cache.get(i)
         ex = examples[i]
         _, m = eagle_loss(net, embed, head_weight, torch.tensor([ex.ids]), torch.tensor([ex.loss_mask]),
-                          features[None], final[None], unroll, target_top=top[None])
+                          inputs(features[None]), final[None], unroll, target_top=top[None])
         for j, (a, n) in enumerate(zip(m.accuracy, m.counts)):
             correct[j] += a * n
             counts[j] += n

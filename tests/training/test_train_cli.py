@@ -77,3 +77,37 @@ def test_train_eagle_needs_data(tmp_path, chat_checkpoint):
     result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--out", str(tmp_path / "o")], env=ENV)
     assert result.exit_code != 0
     assert "--data" in result.output
+
+
+def test_train_exit_adapter_end_to_end(tmp_path, chat_checkpoint, prompts):
+    """``train-eagle --exit-layer K`` trains an adapter with the same loop, which EarlyExit loads and
+    drafts with exactly; it has no serving-engine export, and says so."""
+    out = tmp_path / "adapter"
+    result = run("train-eagle", "--target", chat_checkpoint, "--prompts", prompts, "--distill-tokens", 16, "--out", out,
+                 "--exit-layer", 1, "--draft-vocab-size", 24, "--grad-accum", 1, "--eval-every", 10, "--val-prompts", 2,
+                 "--threads", 1, "--epochs", 1)
+    assert "hfs.EarlyExit(adapter=" in result.output
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log and all(1.0 <= r["val_tau"] <= 7.0 for r in log) and len(log[-1]["val_acc"]) == 1
+    config = json.loads((out / "config.json").read_text())
+    assert config["exit_layer"] == 1 and config["target_layers"] == [0]
+
+    model, tokenizer = hfs.load_model(str(chat_checkpoint))
+    hfs.enable(model)
+    strategy = hfs.EarlyExit(adapter=out, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+    assert hfs.last_stats(model).drafted_tokens > 0
+
+    refused = CliRunner().invoke(app, ["export-eagle", str(out), "--out", str(tmp_path / "x"), "--format", "vllm"], env=ENV)
+    assert refused.exit_code == 2 and "no vLLM or SafeAILab form" in refused.output
+
+
+def test_train_exit_adapter_bad_options(tmp_path, chat_checkpoint, prompts):
+    for extra, message in ((["--eagle1"], "drop --eagle1"), (["--unroll", 3], "use --unroll 1")):
+        result = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--data", prompts,
+                                                           "--out", tmp_path / "o", "--exit-layer", 1, *extra]], env=ENV)
+        assert result.exit_code != 0 and message in (result.output + str(result.exception)), result.output

@@ -36,6 +36,11 @@ class EagleConfig:
             (a vLLM speculators variant); by default it starts from the feature itself.
         target_num_layers (`int`, *optional*): the target's depth, checked on attach.
         target (`str`, *optional*): what the drafter was trained for (a registry name or path).
+        exit_layer (`int`, *optional*): makes the network an *exit adapter* (Kangaroo, Liu et al.
+            2024) for ``hfs.EarlyExit(exit_layer=k, adapter=...)``: at every draft step the target runs
+            its first ``k`` layers on the drafted token (on its own cache), and the network reads that
+            token's exit state (the output of layer ``k - 1`` through the target's final norm) instead
+            of the previous position's features. An EAGLE-3-shaped network with ``target_layers = [k - 1]``.
     """
 
     version: int
@@ -59,10 +64,21 @@ class EagleConfig:
     norm_before_residual: bool = False
     target_num_layers: int | None = None
     target: str | None = None
+    exit_layer: int | None = None
 
     def __post_init__(self):
         if self.version not in (1, 3):
             raise ValueError(f"EagleConfig(version={self.version!r}): must be 1 (EAGLE-1/2) or 3 (EAGLE-3).")
+        if self.exit_layer is not None:
+            if self.version != 3 or int(self.exit_layer) < 1:
+                raise ValueError(f"EagleConfig(exit_layer={self.exit_layer!r}): an exit adapter is EAGLE-3 shaped "
+                                 "(version=3) and reads the output of the first exit_layer >= 1 layers.")
+            self.exit_layer = int(self.exit_layer)
+            if not self.target_layers:
+                self.target_layers = [self.exit_layer - 1]
+            if [int(i) for i in self.target_layers] != [self.exit_layer - 1]:
+                raise ValueError(f"EagleConfig(exit_layer={self.exit_layer}, target_layers={self.target_layers}): an "
+                                 f"exit adapter reads only layer {self.exit_layer - 1}'s output (target_layers=[exit_layer - 1]).")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.draft_vocab_size is None:
@@ -78,7 +94,7 @@ class EagleConfig:
         if self.version == 1 and self.draft_vocab_size != self.vocab_size:
             raise ValueError("EagleConfig: an EAGLE-1 drafter uses the target's lm_head; draft_vocab_size must equal "
                              "vocab_size (reduced vocabularies are an EAGLE-3 feature).")
-        if self.version == 3 and len(self.target_layers) != 3:
+        if self.version == 3 and self.exit_layer is None and len(self.target_layers) != 3:
             raise ValueError(f"EagleConfig(target_layers={self.target_layers}): EAGLE-3 fuses exactly three target "
                              "layers (low, middle, high), e.g. [1, L // 2 - 1, L - 4] for an L-layer target.")
         if self.version == 1 and self.norm_before_residual:
@@ -90,8 +106,12 @@ class EagleConfig:
 
     @property
     def feature_size(self) -> int:
-        """Width of the target features the drafter reads: H (EAGLE-1) or 3H (EAGLE-3)."""
-        return self.hidden_size * (3 if self.version == 3 else 1)
+        """Width of the target features the drafter reads: H (EAGLE-1, exit adapters) or 3H (EAGLE-3)."""
+        return self.hidden_size * (len(self.target_layers) if self.version == 3 else 1)
+
+    @property
+    def is_exit_adapter(self) -> bool:
+        return self.exit_layer is not None
 
     @property
     def reduced_vocab(self) -> bool:
@@ -137,10 +157,13 @@ class EagleConfig:
             problems.append(f"depth: drafter trained on a {self.target_num_layers}-layer target, target has {layers}")
         if any(not 0 <= i < layers for i in self.target_layers):
             problems.append(f"fused layers {self.target_layers} outside the target's 0..{layers - 1}")
+        if self.exit_layer is not None and self.exit_layer >= layers:
+            problems.append(f"exit after layer {self.exit_layer}, target has {layers} layers")
         if problems:
+            kind, flag = ("exit adapter", f" --exit-layer {self.exit_layer}") if self.exit_layer else ("EAGLE drafter", "")
             raise ValueError(
-                f"This EAGLE drafter (trained for {self.target or 'an unnamed target'}) does not fit the target {name!r}: "
-                + "; ".join(problems) + ". Use a drafter trained for this model (`hf-speculative train-eagle --target ...`)."
+                f"This {kind} (trained for {self.target or 'an unnamed target'}) does not fit the target {name!r}: "
+                + "; ".join(problems) + f". Use a {kind} trained for this model (`hf-speculative train-eagle --target ...{flag}`)."
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -20,7 +20,8 @@ import torch
 
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...features import FeatureTap
-from ..policy import ChainLengthPolicy, draft_price, record_draft_step, sample_chain, verify_costs_for
+from ..policy import (ChainLengthPolicy, check_chain_options, draft_price, record_draft_step, sample_chain,
+                      verify_costs_for)
 from .model import DraftKVCache, EagleDraftModel
 
 # target -> drafter networks already checked against it
@@ -62,12 +63,10 @@ class Eagle(DraftStrategy):
         if not isinstance(self.drafter, EagleDraftModel):
             raise TypeError(f"Eagle(drafter=...) needs an EagleDraftModel (use hfs.Eagle.from_pretrained(path, target=model)), "
                             f"got {type(self.drafter).__name__}.")
-        if self.num_tokens < 1:
-            raise ValueError(f"Eagle(num_tokens={self.num_tokens}): must be >= 1.")
-        if not 0.0 <= self.confidence_threshold < 1.0:
-            raise ValueError(f"Eagle(confidence_threshold={self.confidence_threshold}): must be in [0, 1).")
-        if self.draft_cost is not None and not self.draft_cost >= 0.0:
-            raise ValueError(f"Eagle(draft_cost={self.draft_cost}): must be >= 0 (in target forwards).")
+        if self.drafter.config.exit_layer is not None:
+            raise ValueError(f"This network is an exit adapter for the first {self.drafter.config.exit_layer} layers, not an "
+                             f"EAGLE drafter: use hfs.EarlyExit(exit_layer={self.drafter.config.exit_layer}, adapter=path).")
+        check_chain_options(self)
 
     @classmethod
     def from_pretrained(cls, path_or_name: str | os.PathLike, target: torch.nn.Module | None = None, *,
@@ -201,9 +200,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             # Some forward was not seen (or seen twice): features no longer line up with tokens.
             # Drafting stops for this call; the output stays exact, only the speedup is lost.
             self._lost = True
-        if self.after_prefill:
-            self.verify_costs.observe(num_proposed, self.last_verify_s)
-        self.policy.verified(num_accepted, num_proposed)
+        # (the prefill's forward is not a verification: it says nothing of verify costs)
+        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
 
     def close(self):
         self.tap.remove()

@@ -195,6 +195,11 @@ def write(fmt: str, config: EagleConfig, sd: dict[str, torch.Tensor], *, specula
           verifier_architectures: list[str] | None = None):
     """``(config.json dict, state dict)`` of our drafter in layout ``fmt`` ("vllm" or "safeailab")."""
     dtype = sd["fc.weight"].dtype
+    if config.exit_layer is not None:
+        raise CheckpointError(
+            f"This is an exit adapter (hfs.EarlyExit(exit_layer={config.exit_layer}, adapter=...)), not an EAGLE drafter: "
+            "it reads the exit state of each drafted token, which no serving engine computes. It has no vLLM or "
+            "SafeAILab form; keep it in hf_speculative's format.")
     if fmt == "vllm":
         if config.version != 3:
             raise CheckpointError(
