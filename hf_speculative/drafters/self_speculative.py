@@ -249,6 +249,7 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
         self.cache = compat.target_cache(ctx.model_kwargs)
         self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
         self.subset: LayerSubset | None = None
+        self._idle = False  # the calibration found no set worth drafting with
         layers = config.drafted_layers(ctx.target)
         if layers is not None and not getattr(config, "auto", False):
             self._use(layers, source="given")
@@ -266,6 +267,10 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
         if plan is not None:
             info.update(agreement=round(plan.agreement, 4), expected_speedup=round(plan.expected_speedup, 3),
                         calibration_s=round(plan.seconds, 3), calibration_tokens=plan.tokens)
+            # "auto" maximises the expected speedup; when no skipped set beats plain decoding, skipping
+            # nothing is the maximum: do not draft (adaptive=False drafts anyway, as it always does)
+            self._idle = self.config.adaptive and plan.expected_speedup <= 1.0
+            info["drafting"] = not self._idle
         self.stats.extra[self.config.name] = info
 
     def _draft_price(self) -> float:
@@ -291,6 +296,8 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
             self._maybe_calibrate(input_ids)
             if self.subset is None:
                 return None, None
+        if self._idle:
+            return None, None
         subset, device = self.subset, input_ids.device
         position = input_ids.shape[1] - 1
         if compat.cache_layer_length(self.cache, subset.layers[0]) != position or not self.policy.begin():

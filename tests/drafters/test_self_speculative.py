@@ -152,6 +152,21 @@ def test_auto_calibrates_once_per_model_and_reports_it(tmp_path):
     assert third["source"] == "file" and third["skip"] == first["skip"]
 
 
+@pytest.mark.parametrize("expected, drafts", [(1.0, False), (1.4, True)])
+def test_auto_does_not_draft_when_no_set_pays(tmp_path, cheap_verification, expected, drafts):
+    """A calibration whose best set is expected to lose against plain decoding means: skip nothing.
+    The adaptive strategy then drafts nothing at all (no draft steps paid for)."""
+    model = hfs.enable(build_model("llama", layers=4))
+    cheap_verification(model)
+    SkipCalibration(skip=[1, 2], num_layers=4, agreement=0.5, draft_cost=0.6, expected_speedup=expected).save(tmp_path / "c.json")
+    strategy = hfs.LayerSkip(calibration_file=tmp_path / "c.json", confidence_threshold=0.0, draft_cost=0.0)
+    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=strategy)
+    assert out.tolist() == stock_generate(model, **prompt_inputs(), **GREEDY).tolist()
+    stats = hfs.last_stats(model)
+    assert stats.extra["layer-skip"]["drafting"] is drafts
+    assert (stats.drafted_tokens > 0) is drafts, stats
+
+
 def test_a_short_generation_drafts_nothing_until_calibrated():
     model = hfs.enable(build_model("llama", layers=4))
     ref = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=5)
