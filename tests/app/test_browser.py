@@ -38,9 +38,16 @@ def browser_page(tmp_path):
             context.close()
 
 
+def open_app(page, url: str) -> None:
+    """Load the page and wait until the app is mounted: Gradio mounts it after the load event, and text
+    typed before then never reaches the app's state (seen with gradio 6.17 on a loaded machine)."""
+    page.goto(url)
+    page.wait_for_load_state("networkidle")
+
+
 def run_comparison(page, url: str, prompt: str, timeout_s: float = 60) -> str:
     """Open the page, type ``prompt``, press Generate and wait for the end; returns the status text."""
-    page.goto(url)
+    open_app(page, url)
     page.locator("#hfs-prompt textarea").fill(prompt)
     page.locator("#hfs-run").click()
     # the end of a run, or a message: fail fast with what the page says rather than time out
@@ -86,7 +93,7 @@ def test_page_runs_a_comparison_and_shows_it(browser_page, served_app, tmp_path)
 
 def test_a_bad_request_shows_a_message_in_the_page(browser_page, served_app):
     page = browser_page
-    page.goto(served_app[0])
+    open_app(page, served_app[0])
     page.locator("#hfs-prompt textarea").fill("   ")
     page.locator("#hfs-run").click()
     page.locator("#hfs-status").filter(has_text="The prompt is empty").wait_for(timeout=30_000)
@@ -96,7 +103,7 @@ def test_a_bad_request_shows_a_message_in_the_page(browser_page, served_app):
 def test_closing_the_page_stops_the_generation(browser_page, tiny_chat_dir):
     page = browser_page
     with slow_app(tiny_chat_dir) as (url, forwards):
-        page.goto(url)
+        open_app(page, url)
         page.locator("#hfs-prompt textarea").fill(TINY_PROMPT)
         page.locator("#hfs-run").click()
         assert wait_until(lambda: len(forwards) > 5, 60), (
