@@ -591,3 +591,24 @@ def test_smollm2_draft_model_copy_is_always_accepted(integration, cheap_verifica
     stats = hfs.last_stats(model)
     assert stats.drafted_tokens > 0 and stats.acceptance_rate == 1.0, stats
     assert stats.target_forwards < stats.new_tokens
+
+
+@pytest.mark.integration
+def test_smollm2_shipped_exit_adapter(integration):
+    """The exit adapter shipped for the default model loads by name, drafts exactly, and is trained:
+    a random adapter's drafts are almost never accepted."""
+    from hf_speculative.drafters.exit_adapter import shipped_adapters
+
+    model, tokenizer = integration
+    hfs.enable(model)
+    assert "smollm2-135m-instruct" in shipped_adapters()
+    strategy = hfs.EarlyExit(adapter="smollm2-135m-instruct", num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    assert strategy.exit_layer == 4
+    inputs = chat_inputs(tokenizer)
+    kwargs = dict(do_sample=False, max_new_tokens=64)
+    ref = stock_generate(model, **inputs, **kwargs)
+    out = model.generate(**inputs, **kwargs, candidate_generator=strategy)
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.acceptance_rate > 0.25 and stats.tau > 1.5, stats
+    assert model.config.num_hidden_layers == 30
