@@ -116,12 +116,7 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary `[V]` (float32) for the last entry of ``hidden`` `[1, T, H]`."""
-        logits = self.net.draft_logits(hidden[0, -1], None).float()  # [V_draft]
-        if self._target_ids is None:
-            return self._to_target_vocab(logits)
-        full = logits.new_full((self.ctx.vocab_size,), float("-inf"))
-        full[self._target_ids] = logits
-        return full
+        return self._to_target_vocab(self.net.draft_logits(hidden[0, -1], None), self._target_ids)
 
     def _feed(self, input_ids: torch.LongTensor, exit_state: torch.Tensor) -> torch.Tensor:
         """Catch the adapter up on the verified positions, then the newest token with ``exit_state``

@@ -149,12 +149,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the target's vocabulary `[V]` (float32) for the last position of ``hidden``."""
-        logits = self.net.draft_logits(hidden[0, -1], self.head).float()  # [V_draft]
-        if self._target_ids is None:
-            return self._to_target_vocab(logits)
-        full = logits.new_full((self.ctx.vocab_size,), float("-inf"))
-        full[self._target_ids] = logits
-        return full
+        return self._to_target_vocab(self.net.draft_logits(hidden[0, -1], self.head), self._target_ids)
 
     def _catch_up(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """Feed the verified pairs; the drafter's output hidden state for position ``L - 2``."""
