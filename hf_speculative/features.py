@@ -55,6 +55,14 @@ class FeatureTap:
             chunks.clear()
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
+    def take_verified(self, num_accepted: int, num_proposed: int) -> torch.Tensor | None:
+        """:meth:`take` after a verifying forward, without the positions of rejected draft tokens:
+        the states of the tokens that stay, `[B, T - (num_proposed - num_accepted), F]`, or ``None``."""
+        states = self.take()
+        if states is None:
+            return None
+        return states[:, : states.shape[1] - (num_proposed - num_accepted)]
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()

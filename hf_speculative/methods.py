@@ -250,6 +250,12 @@ def _build_draft_model(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": strategy}
 
 
+def _shipped_for(model: Any, names: list[str]) -> str | None:
+    """The shipped drafter (of ``names``) for ``model``, recognised by its registry folder or name."""
+    parts = str(getattr(model, "name_or_path", "")).replace("\\", "/").split("/")
+    return next((name for name in names if name in parts), None)
+
+
 def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
     import hf_speculative as hfs
     from hf_speculative.drafters.eagle.drafter import pretrained_names
@@ -257,9 +263,7 @@ def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("eagle")
     source = spec.option(options, "eagle")
     if source is None:
-        # the drafter shipped for this model, recognised by its registry folder or name
-        parts = str(getattr(model, "name_or_path", "")).replace("\\", "/").split("/")
-        source = next((name for name in pretrained_names() if name in parts), None)
+        source = _shipped_for(model, pretrained_names())
         if source is None:
             raise ValueError(f"no EAGLE drafter ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
                              f"{', '.join(pretrained_names()) or 'none'}); pass --eagle PATH to a trained drafter.")
@@ -294,9 +298,7 @@ def _build_early_exit_adapter(model: Any, tokenizer: Any, options: dict) -> dict
     spec = get_method("early-exit-adapter")
     source = spec.option(options, "adapter")
     if source is None:
-        # the adapter shipped for this model, recognised by its registry folder or name
-        parts = str(getattr(model, "name_or_path", "")).replace("\\", "/").split("/")
-        source = next((name for name in shipped_adapters() if name in parts), None)
+        source = _shipped_for(model, shipped_adapters())
         if source is None:
             raise ValueError(f"no exit adapter ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
                              f"{', '.join(shipped_adapters()) or 'none'}); pass --adapter PATH to one trained with "

@@ -13,8 +13,8 @@ import torch
 
 from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import (ChainLengthPolicy, check_chain_options, draft_price, record_draft_step, sample_chain,
-                     verify_costs_for)
+from .policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
+                     record_draft_step, sample_chain, verify_costs_for)
 
 
 # target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
@@ -149,11 +149,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
             self.policy, self.ctx, input_ids, logits, max_tokens,
             lambda token: self._forward([token], input_ids.device),
         )
-        self.policy.end(len(tokens))
-        if not tokens:
-            return None, None
-        draft_logits = torch.stack(chosen_logits) if self.ctx.do_sample else None  # [k, V]
-        return torch.tensor(tokens, dtype=torch.long), draft_logits
+        return chain_candidates(self.policy, tokens, chosen_logits, self.ctx.do_sample)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         # (the prefill's forward is not a verification: it says nothing of verify costs)

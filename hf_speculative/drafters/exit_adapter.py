@@ -30,7 +30,7 @@ import torch
 from .. import compat
 from ..features import FeatureTap
 from .eagle.model import DraftKVCache, EagleDraftModel
-from .policy import draft_price, record_draft_step, sample_chain
+from .policy import chain_candidates, draft_price, record_draft_step, sample_chain
 from .self_speculative import SelfSpeculativeCandidateGenerator
 
 
@@ -77,15 +77,6 @@ def load_adapter(source: str | os.PathLike | EagleDraftModel, *, sha256: dict[st
     return net
 
 
-def adapter_cost(target: torch.nn.Module, net: EagleDraftModel) -> float:
-    """Parameters run per draft step (``k`` target layers + the adapter) over the target's (prior price)."""
-    decoder = compat.decoder_of(target)
-    per_layer = [sum(p.numel() for p in layer.parameters()) for layer in decoder.layers]
-    head = target.get_output_embeddings()
-    whole = sum(per_layer) + (head.weight.numel() if head is not None else 0)
-    return (sum(per_layer[: net.config.exit_layer]) + sum(p.numel() for p in net.parameters())) / whole
-
-
 class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
     """``EarlyExit`` with an adapter: the first ``k`` layers on the target's cache, then the adapter.
 
@@ -108,7 +99,8 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         self.known = 0  # positions whose exit state a target forward gave
         self._target_ids = self.net.target_ids()  # [V_draft] or None
         self._lost = False
-        self._prior = adapter_cost(ctx.target, self.net)
+        # prior price of a draft step: the first k layers and the adapter, as a share of the target's parameters
+        self._prior = self.subset.cost_with(sum(p.numel() for p in self.net.parameters()))
         self.stats.extra[config.name]["adapter"] = config.adapter_label
 
     def _draft_price(self) -> float:
@@ -164,19 +156,16 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
             self.tap.take()  # the draft's own passes through layer k - 1 are not verified states
-        self.policy.end(len(tokens), steps=fed)
-        if not tokens:
-            return None, None
-        return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)
+        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
-        states = self.tap.take()  # [1, T, H]: every position that forward processed
-        if states is not None:
-            valid = states[:, : states.shape[1] - (num_proposed - num_accepted)]
-            if self.known == 0:
+        valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', H]
+        if valid is not None:
+            first = self.known == 0
+            self.known += valid.shape[1]
+            if first:
                 valid = valid[:, 1:]  # position 0 is never an adapter input (its token has no predecessor entry)
             self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
-            self.known += states.shape[1] - (num_proposed - num_accepted)
         if self.known != input_ids.shape[1] - 1 and not self._lost:
             # Some forward was not seen (or seen twice): exit states no longer line up with tokens.
             # Drafting stops for this call; the output stays exact, only the speedup is lost.

@@ -122,14 +122,25 @@ class LayerSubset:
         self._witness = {kind: self.layers[self.types.index(kind)] for kind in set(self.types)}
 
     @functools.cached_property
-    def cost(self) -> float:
-        """Parameters run per token (layers + lm_head), as a fraction of the full model's (computed once:
-        the chain policy reads it as its price prior for every drafted token)."""
+    def _parameter_counts(self) -> tuple[int, int, int]:
+        """(parameters of the view's layers, of the lm_head, of the full model's layers + lm_head)."""
         decoder = compat.decoder_of(self.target)
         head = self.target.get_output_embeddings()
         per_layer = [sum(p.numel() for p in layer.parameters()) for layer in decoder.layers]
         head_params = head.weight.numel() if head is not None else 0
-        return (sum(per_layer[i] for i in self.layers) + head_params) / (sum(per_layer) + head_params)
+        return sum(per_layer[i] for i in self.layers), head_params, sum(per_layer) + head_params
+
+    @functools.cached_property
+    def cost(self) -> float:
+        """Parameters run per token (layers + lm_head), as a fraction of the full model's (computed once:
+        the chain policy reads it as its price prior for every drafted token)."""
+        mine, head, whole = self._parameter_counts
+        return (mine + head) / whole
+
+    def cost_with(self, head_params: int) -> float:
+        """As :attr:`cost`, with another head of ``head_params`` parameters instead of the lm_head (an exit adapter)."""
+        mine, _, whole = self._parameter_counts
+        return (mine + head_params) / whole
 
     def _mask(self, cache: Any, kind: str, position: int, device: torch.device) -> torch.Tensor | None:
         """Float mask `[1, 1, 1, kv]` for a query at ``position``, or ``None`` when it sees every key."""

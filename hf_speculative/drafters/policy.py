@@ -291,6 +291,17 @@ class ChainLengthPolicy:
             self.max_draft = max(self.max_draft - 1, 1)
 
 
+def chain_candidates(policy: ChainLengthPolicy, tokens: list[int], chosen: list[torch.Tensor], do_sample: bool,
+                     steps: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Close a chain draft in ``policy`` (``steps`` drafter steps; default one per token) and return it
+    as ``propose`` does: tokens `[k]` and, under sampling, their processed logits `[k, V]`; ``(None,
+    None)`` for an empty draft."""
+    policy.end(len(tokens), steps=steps)
+    if not tokens:
+        return None, None
+    return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if do_sample else None)
+
+
 def sample_chain(policy: ChainLengthPolicy, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int,
                  step) -> tuple[list[int], list[torch.Tensor]]:
     """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``,

@@ -28,8 +28,8 @@ from .. import compat
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
 from .layer_view import LayerSubset, check_structure, num_layers
-from .policy import (ChainLengthPolicy, check_chain_options, draft_price, record_draft_step, sample_chain,
-                     verify_costs_for)
+from .policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
+                     record_draft_step, sample_chain, verify_costs_for)
 
 # target -> {layer tuple: view}; views hold no per-call state, so calls and threads share them
 # (and the measured cost of a drafting step, keyed by the view, carries over between calls)
@@ -317,10 +317,7 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
             tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
-        self.policy.end(len(tokens), steps=fed)
-        if not tokens:
-            return None, None
-        return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)
+        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         # (the prefill's forward is not a verification: it says nothing of verify costs)

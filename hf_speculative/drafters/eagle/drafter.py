@@ -20,8 +20,8 @@ import torch
 
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...features import FeatureTap
-from ..policy import (ChainLengthPolicy, check_chain_options, draft_price, record_draft_step, sample_chain,
-                      verify_costs_for)
+from ..policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
+                      record_draft_step, sample_chain, verify_costs_for)
 from .model import DraftKVCache, EagleDraftModel
 
 # target -> drafter networks already checked against it
@@ -180,15 +180,11 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             return logits
 
         tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, self._logits(hidden), max_tokens, step)
-        self.policy.end(len(tokens))
-        if not tokens:
-            return None, None
-        return torch.tensor(tokens, dtype=torch.long), (torch.stack(chosen) if self.ctx.do_sample else None)
+        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
-        features = self.tap.take()  # [1, T, F]: every position that forward processed
-        if features is not None:
-            valid = features[:, : features.shape[1] - (num_proposed - num_accepted)]
+        valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', F]
+        if valid is not None:
             self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
         known = self.n_true + (0 if self.pending is None else self.pending.shape[1])
         if known != input_ids.shape[1] - 1 and not self._lost:
