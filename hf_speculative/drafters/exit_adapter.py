@@ -39,9 +39,9 @@ SHIPPED_DIR = Path(__file__).parent / "exit_adapters"
 
 def shipped_adapters() -> list[str]:
     """Targets for which a trained exit adapter ships with the package."""
-    if not SHIPPED_DIR.is_dir():
-        return []
-    return sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / "config.json").exists())
+    from .eagle.checkpoints import shipped_names
+
+    return shipped_names(SHIPPED_DIR)
 
 
 def adapter_features(exit_states: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -61,14 +61,10 @@ def load_adapter(source: str | os.PathLike | EagleDraftModel, *, sha256: dict[st
     else:
         from .eagle import checkpoints
 
-        path = Path(source)
-        if not path.is_dir():
-            if str(source) in shipped_adapters():
-                path = SHIPPED_DIR / str(source)
-            else:
-                raise FileNotFoundError(
-                    f"No exit adapter at {str(source)!r}: give the folder written by `hf-speculative train-eagle "
-                    f"--exit-layer K --out DIR` (config.json + model.safetensors), or a shipped name {shipped_adapters()}.")
+        path = checkpoints.find_folder(
+            source, SHIPPED_DIR,
+            missing=f"No exit adapter at {str(source)!r}: give the folder written by `hf-speculative train-eagle --exit-layer K "
+            f"--out DIR` (config.json + model.safetensors), or a shipped name {shipped_adapters()}.")
         net = checkpoints.load_drafter(path, sha256=sha256).requires_grad_(False)
     if not net.config.is_exit_adapter:
         raise ValueError("EarlyExit(adapter=...) got an EAGLE drafter, which reads the target's features of the previous "

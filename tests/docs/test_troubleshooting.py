@@ -27,6 +27,8 @@ PAGE = DOCS / "troubleshooting.md"
 HOLE = "{…}"
 MIN_QUOTE = 12  # characters of literal text a quote needs to be distinctive
 _MESSAGE_CALLS = {"_fail", "BadParameter", "warning", "warn", "error", "exception"}
+# helpers that raise a message their caller writes, passed by keyword
+_MESSAGE_KEYWORDS = {"find_folder": "missing"}
 
 
 @dataclasses.dataclass
@@ -91,6 +93,11 @@ def message_sites(package: Path = PACKAGE, root: Path = ROOT) -> list[Site]:
                 call, kind = node, _call_name(node)
                 if kind == "BadParameter":
                     continue  # seen as a raise
+            elif isinstance(node, ast.Call) and _call_name(node) in _MESSAGE_KEYWORDS:
+                keyword = next((k for k in node.keywords if k.arg == _MESSAGE_KEYWORDS[_call_name(node)]), None)
+                if keyword is None:
+                    continue
+                call, kind = ast.Call(func=node.func, args=[keyword.value], keywords=[]), _call_name(node)
             else:
                 continue
             template = _template(_resolve(call.args[0], node, scopes))
@@ -160,10 +167,13 @@ def test_templates_and_matching(tmp_path):
         "def g(path):\n"
         "    message = f'Cannot read {path}; it is corrupt.'\n"
         "    raise KeyError(message)\n"
+        "def h(name):\n"
+        "    return find_folder(name, DIR, missing=f'No widget at {name!r}: give a folder.')\n"
     )
     sites = message_sites(tmp_path / "pkg", root=tmp_path)
     assert [s.template for s in sites] == ["Thing(n={…}): must be >= 1.", "pip failed (exit {…}) for {…}",
-                                           "cannot load model {…}: {…}", "Cannot read {…}; it is corrupt."]
+                                           "cannot load model {…}: {…}", "Cannot read {…}; it is corrupt.",
+                                           "No widget at {…}: give a folder."]
     assert _matches("Thing(n=…): must be >= 1.", sites[0].template)
     assert not _matches("Other(n=…): must be >= 1.", sites[0].template)
     assert _matches("pip failed (exit …) for", sites[1].template)

@@ -54,6 +54,27 @@ WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
+def shipped_names(shipped_dir: Path) -> list[str]:
+    """Names of the networks shipped under ``shipped_dir`` (one folder with a ``config.json`` each)."""
+    if not shipped_dir.is_dir():
+        return []
+    return sorted(p.name for p in shipped_dir.iterdir() if (p / "config.json").exists())
+
+
+def find_folder(source: str | Path, shipped_dir: Path, missing: str) -> Path:
+    """``source`` if it is a folder, else the shipped network of that name under ``shipped_dir``.
+
+    Raises:
+        FileNotFoundError: ``missing``, the caller's message saying what to give instead.
+    """
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if str(source) in shipped_names(shipped_dir):
+        return shipped_dir / str(source)
+    raise FileNotFoundError(missing)
+
+
 def save_pretrained(model: EagleDraftModel, directory: str | Path, *, metadata: dict | None = None) -> Path:
     """Write ``model`` in our format: ``config.json``, ``model.safetensors`` (dtype kept) and, with
     ``metadata`` (training command, data, ...), ``training.json``. Returns the directory."""

@@ -32,9 +32,9 @@ PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
 def pretrained_names() -> list[str]:
     """Targets for which a trained drafter ships with the package."""
-    if not PRETRAINED_DIR.is_dir():
-        return []
-    return sorted(p.name for p in PRETRAINED_DIR.iterdir() if (p / "config.json").exists())
+    from .checkpoints import shipped_names
+
+    return shipped_names(PRETRAINED_DIR)
 
 
 @dataclasses.dataclass(eq=False)
@@ -82,17 +82,12 @@ class Eagle(DraftStrategy):
             sha256 (`dict[str, str]`, *optional*): expected digests of the checkpoint's files.
             **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``.
         """
-        path = Path(path_or_name)
-        if not path.is_dir():
-            if str(path_or_name) in pretrained_names():
-                path = PRETRAINED_DIR / str(path_or_name)
-            else:
-                raise FileNotFoundError(
-                    f"No EAGLE drafter at {str(path_or_name)!r}: give a folder with config.json and weights, or one of "
-                    f"the shipped drafters {pretrained_names()} (train one with `hf-speculative train-eagle`)."
-                )
         from . import checkpoints
 
+        path = checkpoints.find_folder(
+            path_or_name, PRETRAINED_DIR,
+            missing=f"No EAGLE drafter at {str(path_or_name)!r}: give a folder with config.json and weights (train one with "
+            f"`hf-speculative train-eagle`), or one of the shipped drafters {pretrained_names()}.")
         param = None if target is None else next(target.parameters())
         net = checkpoints.load_drafter(path, dtype=None if param is None else param.dtype,
                                        target_config=None if target is None else target.config, sha256=sha256)
