@@ -8,6 +8,7 @@
 
 from . import models
 from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from .cpu_layout import optimize_for_cpu
 from .drafters.draft_model import DraftModel
 from .drafters.eagle.drafter import Eagle
 from .drafters.prompt_lookup import PromptLookup
@@ -34,5 +35,6 @@ __all__ = [
     "last_stats",
     "load_model",
     "models",
+    "optimize_for_cpu",
     "speculative_generate",
 ]

@@ -79,6 +79,26 @@ GqaOpt = Annotated[
 ]
 
 
+LayoutOpt = Annotated[
+    str,
+    typer.Option(
+        "--cpu-layout",
+        help="Re-lay out the target's fp32 CPU linear weights column-major (hfs.optimize_for_cpu) before running "
+        "greedy and every method: none, output (the lm_head only) or all. Multi-token verification gets cheaper.",
+    ),
+]
+
+
+def _apply_cpu_layout(model, layers: str) -> None:
+    from .cpu_layout import LAYERS, optimize_for_cpu
+
+    if layers == "none":
+        return
+    if layers not in LAYERS:
+        _fail(f"--cpu-layout {layers}: use none, output or all")
+    optimize_for_cpu(model, layers=layers)
+
+
 def _apply_sdpa_gqa(enabled: bool) -> None:
     if enabled:
         os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
@@ -201,6 +221,7 @@ def compare(
     adapter: AdapterOpt = None,
     as_json: JsonOpt = False,
     sdpa_gqa: GqaOpt = False,
+    cpu_layout: LayoutOpt = "none",
 ) -> None:
     """Run plain greedy then each --method on one prompt; show outputs, tokens/s, tau and speedups."""
     _apply_sdpa_gqa(sdpa_gqa)
@@ -212,6 +233,7 @@ def compare(
     from .methods import get_method, run_method
 
     target, tokenizer, model_name = _load(model)
+    _apply_cpu_layout(target, cpu_layout)
     options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file, adapter)
     torch.set_num_threads(threads)
     text = prompt if prompt is not None else DEFAULT_PROMPT
@@ -303,6 +325,7 @@ def bench(
     chat_template: ChatOpt = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     sdpa_gqa: GqaOpt = False,
+    cpu_layout: LayoutOpt = "none",
 ) -> None:
     """Benchmark methods against greedy on Spec-Bench prompts (jsonl + markdown report)."""
     _apply_sdpa_gqa(sdpa_gqa)
@@ -319,6 +342,7 @@ def bench(
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         _fail(f"cannot read {dataset}: {err}")
     target, tokenizer, model_name = _load(model)
+    _apply_cpu_layout(target, cpu_layout)
     try:
         records = run_bench(
             target,

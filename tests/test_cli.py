@@ -126,6 +126,24 @@ def test_compare_json(cli, chat_checkpoint):
     assert payload["environment"]["threads"] == 1
 
 
+def test_compare_and_bench_with_cpu_layout(cli, chat_checkpoint, dataset, tmp_path):
+    result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "8",
+                 "--cpu-layout", "all", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["environment"]["cpu_layout"] == "all"
+    assert all(r["identical_to_greedy"] for r in payload["results"])
+    out = tmp_path / "bench.jsonl"
+    result = cli("bench", "--model", chat_checkpoint, "--methods", "prompt-lookup", "--dataset", dataset,
+                 "--categories", "rag", "--per-category", "1", "--max-new-tokens", "6", "--out", out,
+                 "--cpu-layout", "output", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert {json.loads(line)["cpu_layout"] for line in out.read_text().splitlines()} == {"output"}
+    assert "weights column-major (output" in result.stdout
+    result = cli("compare", "--model", chat_checkpoint, "--cpu-layout", "mlp")
+    assert result.exit_code == 2 and "--cpu-layout mlp: use none, output or all" in result.output
+
+
 def test_compare_table(cli, chat_checkpoint):
     result = cli("compare", "--model", chat_checkpoint, "--method", "hf-prompt-lookup", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.output

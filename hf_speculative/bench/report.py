@@ -133,6 +133,8 @@ def format_report(records: list[dict], reference: str | None = None) -> str:
         )
         if first.get("sdpa_force_gqa"):
             env += ", TRANSFORMERS_SDPA_FORCE_GQA=1"
+        if first.get("cpu_layout", "none") != "none":
+            env += f", weights column-major ({first['cpu_layout']}, hfs.optimize_for_cpu)"
         parts.append(env)
         categories = _ordered(r["category"] for r in run)
         for category in categories + ([OVERALL] if len(categories) > 1 else []):

@@ -19,6 +19,8 @@ from typing import Any, Iterable
 
 import torch
 
+from ..cpu_layout import cpu_layout
+
 from ..methods import MethodRun, MethodSpec, get_method, run_method
 
 MT_BENCH = "mt-bench"
@@ -116,6 +118,8 @@ def environment(model: Any = None, threads: int | None = None) -> dict[str, Any]
         "python": platform.python_version(),
         # transformers' switch for grouped-query SDPA with a mask (see `--sdpa-gqa`), read per call
         "sdpa_force_gqa": os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1",
+        # which weights hfs.optimize_for_cpu re-laid out (see `--cpu-layout`)
+        "cpu_layout": cpu_layout(model) if model is not None else "none",
     }
 
 

@@ -159,6 +159,12 @@ def verify_costs_for(target: torch.nn.Module, max_tokens: int) -> VerifyCostMode
         return model
 
 
+def forget_costs(target: torch.nn.Module) -> None:
+    """Drop ``target``'s measured verify costs (after a change that alters them, e.g. its weight layout)."""
+    with _COSTS_LOCK:
+        _COSTS.pop(target, None)
+
+
 # drafter module -> smoothed seconds of one drafting step (a property of the drafter and the hardware,
 # shared by every call that drafts with it)
 _DRAFT_STEP_S: "weakref.WeakKeyDictionary[torch.nn.Module, float]" = weakref.WeakKeyDictionary()

@@ -1,0 +1,111 @@
+"""``hfs.optimize_for_cpu``: same values and parameters in another memory layout, and every drafter
+still token-identical to plain greedy on the re-laid-out model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_speculative as hfs
+from hf_speculative.cpu_layout import cpu_layout
+from hf_speculative.drafters import policy
+from tests.conftest import PROMPT, build_model, make_drafter, prompt_inputs, stock_generate
+
+GREEDY = dict(do_sample=False, max_new_tokens=40)
+
+
+def _linears(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def test_values_parameters_and_output_are_kept(arch):
+    model = build_model(arch)
+    ids = prompt_inputs()["input_ids"]
+    with torch.no_grad():
+        before = model(ids).logits
+    params = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+
+    changed = hfs.optimize_for_cpu(model)
+
+    assert changed == len(_linears(model)) > 0
+    assert cpu_layout(model) == "all"
+    for name, p in model.named_parameters():
+        kept, value = params[name]
+        assert p is kept, f"{name} was replaced instead of re-laid out"
+        assert torch.equal(p, value), name
+    for m in _linears(model):
+        assert m.weight.stride() == (1, m.weight.shape[0])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+    assert hfs.optimize_for_cpu(model) == 0  # already done
+
+    assert hfs.optimize_for_cpu(model, enable=False) == changed
+    assert cpu_layout(model) == "none"
+    assert all(m.weight.is_contiguous() for m in _linears(model))
+
+
+def test_tied_embeddings_stay_tied():
+    model = build_model("llama")
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    ids = prompt_inputs()["input_ids"]
+    with torch.no_grad():
+        before = model(ids).logits
+    hfs.optimize_for_cpu(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.stride() == (1, model.lm_head.weight.shape[0])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "draft-model", "eagle3", "early-exit", "layer-skip",
+                                          "oracle", "adversary"])
+def test_drafters_identical_to_greedy_on_the_new_layout(arch, drafter_name):
+    model = hfs.enable(build_model(arch))
+    hfs.optimize_for_cpu(model)
+    ref = stock_generate(model, **prompt_inputs(), **GREEDY)
+    drafter = make_drafter(drafter_name, model, ref)
+    torch.manual_seed(0)
+    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=drafter)
+    assert out.tolist() == ref.tolist()
+    assert ref.shape[1] > len(PROMPT)
+
+
+def test_save_and_reload_after_optimizing(tmp_path):
+    model = build_model("llama")
+    hfs.optimize_for_cpu(model)
+    model.save_pretrained(tmp_path)
+    again = type(model).from_pretrained(tmp_path)
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_other_dtypes_are_left_alone():
+    model = build_model("llama").to(torch.bfloat16)
+    assert hfs.optimize_for_cpu(model) == 0
+    assert cpu_layout(model) == "none"
+    assert all(m.weight.is_contiguous() for m in _linears(model))
+
+
+def test_measured_verify_costs_are_forgotten():
+    model = build_model("llama")
+    costs = policy.verify_costs_for(model, 8)
+    costs.observe(0, 0.01)
+    assert policy.verify_costs_for(model, 8) is costs
+    hfs.optimize_for_cpu(model)
+    fresh = policy.verify_costs_for(model, 8)
+    assert fresh is not costs and fresh.seconds(0) is None
+
+
+def test_output_layer_only_and_bad_option():
+    model = build_model("qwen2")
+    assert hfs.optimize_for_cpu(model, layers="output") == 1
+    assert cpu_layout(model) == "output"
+    assert model.lm_head.weight.stride() == (1, model.lm_head.weight.shape[0])
+    assert all(m.weight.is_contiguous() for m in _linears(model) if m is not model.lm_head)
+    assert hfs.optimize_for_cpu(model) == len(_linears(model)) - 1
+    assert cpu_layout(model) == "all"
+    model.model.layers[0].mlp.up_proj.weight.data = model.model.layers[0].mlp.up_proj.weight.data.contiguous()
+    assert cpu_layout(model) == "mixed"
+    with pytest.raises(ValueError, match="use one of"):
+        hfs.optimize_for_cpu(model, layers="mlp")
