@@ -77,6 +77,9 @@ def train_eagle(
     exit_layer: Annotated[Optional[int], typer.Option(
         "--exit-layer", min=1, help="Train an exit adapter for hfs.EarlyExit(exit_layer=K, adapter=OUT) instead of an "
                                     "EAGLE drafter.")] = None,
+    init_from: Annotated[Optional[str], typer.Option(
+        "--init-from", help="Continue training this drafter (a folder, or a shipped drafter's name, e.g. "
+                            "smollm2-135m-instruct) instead of starting a new one; its draft vocabulary is kept.")] = None,
 ) -> None:
     """Train an EAGLE drafter (or, with --exit-layer K, an early-exit adapter) for --target (resumes from
     OUT/checkpoint when present)."""
@@ -93,8 +96,12 @@ def train_eagle(
         cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
                           unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
-                          seed=seed, exit_layer=exit_layer)
-    except ValueError as error:
+                          seed=seed, exit_layer=exit_layer, init_from=init_from)
+        if init_from is not None:
+            from .loop import init_source
+
+            init_source(cfg)
+    except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
     if prompts:
         self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens)

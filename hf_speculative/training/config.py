@@ -33,6 +33,10 @@ class TrainConfig:
         noise (`float`, defaults to 0.0): uniform feature noise (EAGLE-1's trick; 0.2 is typical there).
         init_from_target (`bool`, defaults to `True`): start the decoder layer, norm and lm_head from
             the target's last layer, final norm and lm_head rows (Llama-style norms only).
+        init_from (`str`, *optional*): continue training an existing drafter instead: a folder in any
+            supported format, or the name of a shipped drafter. Its weights, fused layers and draft
+            vocabulary are kept (``draft_vocab_size`` and ``init_from_target`` are then unused); it must
+            be of the kind trained here (EAGLE-1 or 3, exit adapter for the same layer) and fit the target.
         seed (`int`, defaults to 0), max_examples (`int`, *optional*), threads (`int`, *optional*).
         exit_layer (`int`, *optional*): train an exit adapter for ``hfs.EarlyExit(exit_layer=k, adapter=...)``
             instead of an EAGLE drafter (EAGLE-3 shaped, reading the normed output of the target's first
@@ -63,6 +67,7 @@ class TrainConfig:
     max_examples: int | None = None
     threads: int | None = None
     exit_layer: int | None = None
+    init_from: str | None = None
 
     def __post_init__(self):
         if isinstance(self.data, str):

@@ -115,30 +115,14 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         examples = examples[: cfg.max_examples]
     val_idx = [i for i in range(len(examples)) if i % cfg.val_every == 0]
     train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
-    adapter = {}
-    if cfg.exit_layer is not None:
-        depth = int(compat.text_config(target.config).num_hidden_layers)
-        if cfg.exit_layer >= depth:
-            raise ValueError(f"--exit-layer {cfg.exit_layer}: the target has {depth} layers; an exit must come before the "
-                             f"last (1..{depth - 1}).")
-        adapter = {"target_layers": [cfg.exit_layer - 1], "exit_layer": cfg.exit_layer}
-    eagle_cfg = EagleConfig.for_target(target.config, version=cfg.version,
-                                       draft_vocab_size=cfg.draft_vocab_size if cfg.eagle3 else None, target=cfg.target,
-                                       **adapter)
-    draft_ids = None
-    if eagle_cfg.reduced_vocab:
-        eos = compat.eos_token_ids(target.generation_config)
-        draft_ids = draft_vocabulary([examples[i] for i in train_idx], eagle_cfg.draft_vocab_size, eagle_cfg.vocab_size, eos)
+    net, warm = initial_network(cfg, target, [examples[i] for i in train_idx])
+    eagle_cfg = net.config
 
     with accelerator.main_process_first():
         cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
                                    source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
                                    progress=progress and accelerator.is_main_process)
 
-    net = EagleDraftModel(eagle_cfg)
-    if draft_ids is not None:
-        _set_vocabulary(net, draft_ids)
-    warm = cfg.init_from_target and init_from_target(net, target, draft_ids)
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     loader = torch.utils.data.DataLoader(_CachedExamples(examples, cache, train_idx), batch_size=1, shuffle=True,
                                          collate_fn=_collate, generator=torch.Generator().manual_seed(cfg.seed))
@@ -226,6 +210,63 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                    "final_validation": record}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
+
+
+def initial_network(cfg: TrainConfig, target: Any, train_examples: list) -> tuple[EagleDraftModel, bool]:
+    """The network training starts from, and whether it was warm-started: the drafter named by
+    ``cfg.init_from`` (continued training), else a new one shaped for ``target`` (its draft
+    vocabulary the most frequent tokens of ``train_examples``), started from the target's last
+    layer where ``cfg.init_from_target`` allows."""
+    if cfg.init_from is not None:
+        return _continued(cfg, target), True
+    adapter = {}
+    if cfg.exit_layer is not None:
+        depth = int(compat.text_config(target.config).num_hidden_layers)
+        if cfg.exit_layer >= depth:
+            raise ValueError(f"--exit-layer {cfg.exit_layer}: the target has {depth} layers; an exit must come before the "
+                             f"last (1..{depth - 1}).")
+        adapter = {"target_layers": [cfg.exit_layer - 1], "exit_layer": cfg.exit_layer}
+    eagle_cfg = EagleConfig.for_target(target.config, version=cfg.version,
+                                       draft_vocab_size=cfg.draft_vocab_size if cfg.eagle3 else None, target=cfg.target,
+                                       **adapter)
+    net = EagleDraftModel(eagle_cfg)
+    draft_ids = None
+    if eagle_cfg.reduced_vocab:
+        eos = compat.eos_token_ids(target.generation_config)
+        draft_ids = draft_vocabulary(train_examples, eagle_cfg.draft_vocab_size, eagle_cfg.vocab_size, eos)
+        _set_vocabulary(net, draft_ids)
+    return net, cfg.init_from_target and init_from_target(net, target, draft_ids)
+
+
+def init_source(cfg: TrainConfig) -> Path:
+    """The folder of ``cfg.init_from``: a folder, or a shipped drafter (exit adapter with ``exit_layer``).
+
+    Raises:
+        FileNotFoundError: neither exists (the message lists the shipped names).
+    """
+    from ..drafters.eagle import checkpoints
+    from ..drafters.eagle.drafter import PRETRAINED_DIR
+    from ..drafters.exit_adapter import SHIPPED_DIR
+
+    shipped = PRETRAINED_DIR if cfg.exit_layer is None else SHIPPED_DIR
+    return checkpoints.find_folder(
+        cfg.init_from, shipped,
+        missing=f"--init-from {cfg.init_from!r}: no such folder, and no shipped network of that name "
+        f"({checkpoints.shipped_names(shipped)}); give a folder written by train-eagle or in a supported format.")
+
+
+def _continued(cfg: TrainConfig, target: Any) -> EagleDraftModel:
+    """``cfg.init_from`` loaded in float32 for training, checked to be the kind of network ``cfg`` trains."""
+    from ..drafters.eagle import checkpoints
+
+    net = checkpoints.load_drafter(init_source(cfg), dtype=torch.float32, target_config=target.config)
+    mine = (net.config.version, net.config.exit_layer)
+    if mine != (cfg.version, cfg.exit_layer):
+        def kind(version, exit_layer):
+            return f"an exit adapter for layer {exit_layer}" if exit_layer is not None else f"an EAGLE-{version} drafter"
+        raise ValueError(f"--init-from {cfg.init_from!r} is {kind(*mine)}, but this run trains {kind(cfg.version, cfg.exit_layer)}; "
+                         "give a network of the same kind, or change --eagle1/--eagle3/--exit-layer to match it.")
+    return net.train()
 
 
 class _Progress:

@@ -4,6 +4,7 @@ exported, reloaded, and exact when it drafts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -111,3 +112,67 @@ def test_train_exit_adapter_bad_options(tmp_path, chat_checkpoint, prompts):
         result = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--data", prompts,
                                                            "--out", tmp_path / "o", "--exit-layer", 1, *extra]], env=ENV)
         assert result.exit_code != 0 and message in (result.output + str(result.exception)), result.output
+
+
+def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, prompts):
+    """``--init-from`` starts from an existing drafter's weights and keeps its draft vocabulary (a new
+    run would choose its own, here of another size); the continued drafter is still exact."""
+    from hf_speculative.drafters.eagle import checkpoints
+    from hf_speculative.training.config import TrainConfig
+    from hf_speculative.training.loop import initial_network
+
+    first = tmp_path / "first"
+    common = ["--target", chat_checkpoint, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1]
+    run("train-eagle", *common, "--prompts", prompts, "--distill-tokens", 16, "--out", first, "--draft-vocab-size", 24,
+        "--epochs", 1)
+    model, tokenizer = hfs.load_model(str(chat_checkpoint))
+    trained = checkpoints.load_drafter(first, dtype=torch.float32)
+
+    cfg = TrainConfig(target=str(chat_checkpoint), data=[str(first / "self_distill.jsonl")], out=str(tmp_path / "x"),
+                      draft_vocab_size=20, init_from=str(first))
+    start, warm = initial_network(cfg, model, [])
+    assert warm and start.training and start.config.draft_vocab_size == 24
+    for (name, a), b in zip(trained.state_dict().items(), start.state_dict().values()):
+        assert torch.equal(a, b), name
+    fresh, _ = initial_network(dataclasses.replace(cfg, init_from=None), model,
+                               _examples(first / "self_distill.jsonl", tokenizer))
+    assert fresh.config.draft_vocab_size == 20
+
+    second = tmp_path / "second"
+    run("train-eagle", *common, "--data", first / "self_distill.jsonl", "--out", second, "--init-from", first,
+        "--epochs", 1)
+    meta = json.loads((second / "training.json").read_text())
+    assert meta["warm_start"] and meta["train_config"]["init_from"] == str(first)
+    continued = checkpoints.load_drafter(second, dtype=torch.float32)
+    assert torch.equal(continued.d2t, trained.d2t)
+    assert not torch.equal(continued.fc.weight, trained.fc.weight)  # it did train
+
+    hfs.enable(model)
+    strategy = hfs.Eagle.from_pretrained(second, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    ids = tokenizer("the cat sat on", return_tensors="pt")
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+
+
+def _examples(path, tokenizer):
+    from hf_speculative.training.data import read_examples
+
+    return read_examples(path, tokenizer)
+
+
+def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
+    """A missing --init-from is refused before any self-distillation; a network of another kind says which."""
+    missing = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--prompts", prompts,
+                                                        "--out", tmp_path / "o", "--init-from", tmp_path / "nope"]], env=ENV)
+    assert missing.exit_code != 0 and "no such folder" in missing.output, missing.output
+    assert not (tmp_path / "o" / "self_distill.jsonl").exists()
+
+    eagle3 = tmp_path / "e3"
+    run("train-eagle", "--target", chat_checkpoint, "--prompts", prompts, "--distill-tokens", 8, "--out", eagle3,
+        "--draft-vocab-size", 24, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1,
+        "--max-examples", 4, "--epochs", 1)
+    result = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--data",
+                                                       eagle3 / "self_distill.jsonl", "--out", tmp_path / "o2", "--eagle1",
+                                                       "--init-from", eagle3, "--threads", 1]], env=ENV)
+    assert result.exit_code != 0
+    assert "is an EAGLE-3 drafter, but this run trains an EAGLE-1 drafter" in str(result.exception), result.output
