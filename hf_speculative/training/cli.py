@@ -6,6 +6,7 @@ Run them on several GPUs or nodes with ``accelerate launch -m hf_speculative tra
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,8 +14,9 @@ import typer
 
 PromptsOpt = Annotated[
     Optional[str],
-    typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt', or builtin:N for "
-                 "N of the team's built-in training prompts (never Spec-Bench's)."),
+    typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt', builtin:N for the "
+                 "first N of the team's built-in training prompts (never Spec-Bench's), or builtin:A-B for those "
+                 "numbered A to B-1 (e.g. the ones an earlier drafter did not see)."),
 ]
 
 
@@ -23,7 +25,12 @@ def _prompt_rows(spec: str) -> list[dict]:
     from .selfdistill import read_jsonl
 
     if spec.startswith("builtin:"):
-        return build_prompts(int(spec.split(":", 1)[1]))
+        match = re.fullmatch(r"builtin:(?:(\d+)-)?(\d+)", spec)
+        first, last = (int(match.group(1) or 0), int(match.group(2))) if match else (0, 0)
+        if first >= last:
+            raise typer.BadParameter(f"--prompts {spec}: use builtin:N (the first N built-in prompts) or builtin:A-B "
+                                     "(prompts A to B-1), with 0 <= A < B.")
+        return build_prompts(last)[first:]
     rows = read_jsonl(spec)
     for i, row in enumerate(rows):
         if "prompt" not in row:
@@ -47,10 +54,11 @@ def self_distill(
     from ..models import load_model
     from .selfdistill import generate_responses
 
+    rows = _prompt_rows(prompts)  # a bad --prompts fails before the model loads
     if threads:
         torch.set_num_threads(threads)
     model, tokenizer = load_model(target)
-    generate_responses(model.eval(), tokenizer, _prompt_rows(prompts), out, max_new_tokens=max_new_tokens,
+    generate_responses(model.eval(), tokenizer, rows, out, max_new_tokens=max_new_tokens,
                        batch_size=batch_size, max_prompt_tokens=max_prompt_tokens)
 
 

@@ -176,3 +176,19 @@ def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
                                                        "--init-from", eagle3, "--threads", 1]], env=ENV)
     assert result.exit_code != 0
     assert "is an EAGLE-3 drafter, but this run trains an EAGLE-1 drafter" in str(result.exception), result.output
+
+
+def test_builtin_prompt_ranges():
+    """``--prompts builtin:A-B`` is the slice A..B-1 of the built-in list (ids kept), ``builtin:N`` its first N."""
+    import typer
+
+    from hf_speculative.training.cli import _prompt_rows
+    from hf_speculative.training.prompts import build_prompts
+
+    every = build_prompts(12)
+    assert _prompt_rows("builtin:12") == every
+    assert _prompt_rows("builtin:5-12") == every[5:]
+    assert [r["id"] for r in _prompt_rows("builtin:10-12")] == ["p00010", "p00011"]
+    for bad in ("builtin:7-7", "builtin:x", "builtin:-3", "builtin:9-2"):
+        with pytest.raises(typer.BadParameter, match="use builtin:N"):
+            _prompt_rows(bad)
