@@ -1,0 +1,91 @@
+"""What a target forward on k tokens costs, relative to a one-token forward, per weight layout.
+
+    python benchmarks/verify_costs.py --model smollm2-135m-instruct --context 512 --repeats 25
+
+A speculative step verifies k - 1 drafted tokens in one forward on k tokens, so this table is what
+decides which draft lengths can pay. The layouts are loaded side by side and timed interleaved (one
+forward of each in turn, on its own KV cache cropped back after every forward), so that a busy
+machine slows them alike; medians after dropping the first 20% of the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+LAYOUTS = ("none", "output", "all")
+
+
+def build_models(name: str, layouts: tuple[str, ...]) -> dict:
+    import hf_speculative as hfs
+
+    models = {}
+    for layout in layouts:
+        model, _ = hfs.load_model(name)
+        if layout != "none":
+            hfs.optimize_for_cpu(model, layers=layout)
+        models[layout] = model.eval()
+    return models
+
+
+def prefill(models: dict, context: int, seed: int = 0) -> dict:
+    from transformers import DynamicCache
+
+    ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(seed))
+    caches = {}
+    for layout, model in models.items():
+        caches[layout] = DynamicCache()
+        model(ids, past_key_values=caches[layout], use_cache=True)
+    return caches
+
+
+def forward_seconds(models: dict, caches: dict, k: int, repeats: int) -> dict[str, float]:
+    ids = torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k))
+    times: dict[str, list[float]] = {layout: [] for layout in models}
+    for _ in range(repeats):
+        for layout, model in models.items():
+            start = time.perf_counter()
+            model(ids, past_key_values=caches[layout], use_cache=True)
+            times[layout].append(time.perf_counter() - start)
+            caches[layout].crop(-k)  # back to the context: every forward sees the same cache length
+    warm = repeats // 5
+    return {layout: statistics.median(t[warm:]) for layout, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--tokens", default="1,2,3,4,5,6,8,10")
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    layouts = tuple(args.layouts.split(","))
+    tokens = [int(k) for k in args.tokens.split(",")]
+    with torch.no_grad():
+        models = build_models(args.model, layouts)
+        caches = prefill(models, args.context)
+        seconds = {k: forward_seconds(models, caches, k, args.repeats) for k in tokens}
+    base = seconds[1]["none"] if "none" in layouts and 1 in seconds else None
+    print(f"{args.model}, context {args.context}, {args.threads} thread(s), torch {torch.__version__}")
+    print("| layout | " + " | ".join(f"k={k}" for k in tokens) + " |")
+    print("|---|" + "---|" * len(tokens))
+    for layout in layouts:
+        own = seconds[1][layout] if 1 in seconds else None
+        cells = []
+        for k in tokens:
+            ms = seconds[k][layout] * 1e3
+            ratio = seconds[k][layout] / own if own else float("nan")
+            cells.append(f"{ms:.1f} ms ({ratio:.2f}×)")
+        print(f"| {layout} | " + " | ".join(cells) + " |")
+    if base:
+        print(f"one-token forward: none {base * 1e3:.1f} ms; ratios are to each layout's own one-token forward")
+
+
+if __name__ == "__main__":
+    main()
