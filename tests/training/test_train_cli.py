@@ -150,6 +150,7 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     hfs.enable(model)
     strategy = hfs.Eagle.from_pretrained(second, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
     ids = tokenizer("the cat sat on", return_tensors="pt")
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
     ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
     assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
 
