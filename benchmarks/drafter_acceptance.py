@@ -14,7 +14,7 @@ import collections
 
 import torch
 
-from hf_speculative.bench.runner import MT_BENCH, encode_prompt, load_prompts
+from hf_speculative.bench.runner import SPEC_BENCH_CATEGORIES, encode_prompt, load_prompts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--drafter", default="smollm2-135m-instruct", help="folder or shipped drafter name")
     parser.add_argument("--dataset", default="../shared/data/spec_bench/question.jsonl")
-    parser.add_argument("--categories", default=f"{MT_BENCH},translation,summarization,qa,math_reasoning,rag")
+    parser.add_argument("--categories", default=",".join(SPEC_BENCH_CATEGORIES))
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--draft", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)

@@ -119,6 +119,7 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     run would choose its own, here of another size); the continued drafter is still exact."""
     from hf_speculative.drafters.eagle import checkpoints
     from hf_speculative.training.config import TrainConfig
+    from hf_speculative.training.data import read_examples
     from hf_speculative.training.loop import initial_network
 
     first = tmp_path / "first"
@@ -135,7 +136,7 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     for (name, a), b in zip(trained.state_dict().items(), start.state_dict().values()):
         assert torch.equal(a, b), name
     fresh, _ = initial_network(dataclasses.replace(cfg, init_from=None), model,
-                               _examples(first / "self_distill.jsonl", tokenizer))
+                               read_examples(first / "self_distill.jsonl", tokenizer))
     assert fresh.config.draft_vocab_size == 20
 
     second = tmp_path / "second"
@@ -153,12 +154,6 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
     ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
     assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
-
-
-def _examples(path, tokenizer):
-    from hf_speculative.training.data import read_examples
-
-    return read_examples(path, tokenizer)
 
 
 def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
