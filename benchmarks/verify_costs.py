@@ -4,7 +4,7 @@
 
 A speculative step verifies k - 1 drafted tokens in one forward on k tokens, so this table is what
 decides which draft lengths can pay. The layouts are loaded side by side and timed interleaved (one
-forward of each in turn, on its own KV cache cropped back after every forward), so that a busy
+forward of each size and layout in turn, on its own KV cache cropped back after every forward), so that a busy
 machine slows them alike; medians after dropping the first 20% of the runs.
 """
 
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-LAYOUTS = ("none", "output", "all")
+LAYOUTS = ("none", "output", "all", "all+packed")
 
 
 def build_models(name: str, layouts: tuple[str, ...]) -> dict:
@@ -26,7 +26,8 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     for layout in layouts:
         model, _ = hfs.load_model(name)
         if layout != "none":
-            hfs.optimize_for_cpu(model, layers=layout)
+            layers, _, packed = layout.partition("+")
+            hfs.optimize_for_cpu(model, layers=layers, pack=packed == "packed")
         models[layout] = model.eval()
     return models
 
@@ -42,17 +43,20 @@ def prefill(models: dict, context: int, seed: int = 0) -> dict:
     return caches
 
 
-def forward_seconds(models: dict, caches: dict, k: int, repeats: int) -> dict[str, float]:
-    ids = torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k))
-    times: dict[str, list[float]] = {layout: [] for layout in models}
+def forward_seconds(models: dict, caches: dict, tokens: list[int], repeats: int) -> dict[int, dict[str, float]]:
+    """Median seconds of a forward on ``k`` tokens per layout; every repeat runs every (k, layout)
+    once in turn, so that a machine whose speed drifts slows all of them alike."""
+    ids = {k: torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k)) for k in tokens}
+    times: dict[tuple[int, str], list[float]] = {(k, layout): [] for k in tokens for layout in models}
     for _ in range(repeats):
-        for layout, model in models.items():
-            start = time.perf_counter()
-            model(ids, past_key_values=caches[layout], use_cache=True)
-            times[layout].append(time.perf_counter() - start)
-            caches[layout].crop(-k)  # back to the context: every forward sees the same cache length
+        for k in tokens:
+            for layout, model in models.items():
+                start = time.perf_counter()
+                model(ids[k], past_key_values=caches[layout], use_cache=True)
+                times[k, layout].append(time.perf_counter() - start)
+                caches[layout].crop(-k)  # back to the context: every forward sees the same cache length
     warm = repeats // 5
-    return {layout: statistics.median(t[warm:]) for layout, t in times.items()}
+    return {k: {layout: statistics.median(times[k, layout][warm:]) for layout in models} for k in tokens}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         models = build_models(args.model, layouts)
         caches = prefill(models, args.context)
-        seconds = {k: forward_seconds(models, caches, k, args.repeats) for k in tokens}
+        seconds = forward_seconds(models, caches, tokens, args.repeats)
     base = seconds[1]["none"] if "none" in layouts and 1 in seconds else None
     print(f"{args.model}, context {args.context}, {args.threads} thread(s), torch {torch.__version__}")
     print("| layout | " + " | ".join(f"k={k}" for k in tokens) + " |")

@@ -84,19 +84,24 @@ LayoutOpt = Annotated[
     typer.Option(
         "--cpu-layout",
         help="Re-lay out the target's fp32 CPU linear weights column-major (hfs.optimize_for_cpu) before running "
-        "greedy and every method: none, output (the lm_head only) or all. Multi-token verification gets cheaper.",
+        "greedy and every method: none, output (the lm_head only) or all; output+packed / all+packed also run "
+        "products of several rows on oneDNN-packed copies (pack=True). Multi-token verification gets cheaper.",
     ),
 ]
 
 
-def _apply_cpu_layout(model, layers: str) -> None:
+def _apply_cpu_layout(model, layout: str) -> None:
     from .cpu_layout import LAYERS, optimize_for_cpu
 
-    if layers == "none":
+    if layout == "none":
         return
-    if layers not in LAYERS:
-        _fail(f"--cpu-layout {layers}: use none, output or all")
-    optimize_for_cpu(model, layers=layers)
+    layers, plus, packed = layout.partition("+")
+    if layers not in LAYERS or (plus and packed != "packed"):
+        _fail(f"--cpu-layout {layout}: use none, output, all, output+packed or all+packed")
+    try:
+        optimize_for_cpu(model, layers=layers, pack=bool(plus))
+    except RuntimeError as err:
+        _fail(f"--cpu-layout {layout}: {err}")
 
 
 def _apply_sdpa_gqa(enabled: bool) -> None:

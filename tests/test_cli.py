@@ -128,10 +128,10 @@ def test_compare_json(cli, chat_checkpoint):
 
 def test_compare_and_bench_with_cpu_layout(cli, chat_checkpoint, dataset, tmp_path):
     result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "8",
-                 "--cpu-layout", "all", "--json")
+                 "--cpu-layout", "all+packed", "--json")
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert payload["environment"]["cpu_layout"] == "all"
+    assert payload["environment"]["cpu_layout"] == "all+packed"
     assert all(r["identical_to_greedy"] for r in payload["results"])
     out = tmp_path / "bench.jsonl"
     result = cli("bench", "--model", chat_checkpoint, "--methods", "prompt-lookup", "--dataset", dataset,
@@ -140,8 +140,10 @@ def test_compare_and_bench_with_cpu_layout(cli, chat_checkpoint, dataset, tmp_pa
     assert result.exit_code == 0, result.output
     assert {json.loads(line)["cpu_layout"] for line in out.read_text().splitlines()} == {"output"}
     assert "weights column-major (output" in result.stdout
-    result = cli("compare", "--model", chat_checkpoint, "--cpu-layout", "mlp")
-    assert result.exit_code == 2 and "--cpu-layout mlp: use none, output or all" in result.output
+    for bad in ("mlp", "all+fast"):
+        result = cli("compare", "--model", chat_checkpoint, "--cpu-layout", bad)
+        assert result.exit_code == 2
+        assert f"--cpu-layout {bad}: use none, output, all, output+packed or all+packed" in result.output
 
 
 def test_compare_table(cli, chat_checkpoint):

@@ -3,11 +3,14 @@ still token-identical to plain greedy on the re-laid-out model."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.cpu_layout import cpu_layout
+from hf_speculative import cpu_layout as cpu_layout_module
+from hf_speculative.cpu_layout import PackedLinear, cpu_layout
 from hf_speculative.drafters import policy
 from tests.conftest import PROMPT, build_model, make_drafter, prompt_inputs, stock_generate
 
@@ -109,3 +112,99 @@ def test_output_layer_only_and_bad_option():
     assert cpu_layout(model) == "mixed"
     with pytest.raises(ValueError, match="use one of"):
         hfs.optimize_for_cpu(model, layers="mlp")
+
+
+# --- pack=True: oneDNN-packed products of several rows (PackedLinear) -------------------------
+
+
+def test_packed_keeps_parameters_state_dict_and_outputs(arch):
+    model = build_model(arch)
+    ids = prompt_inputs()["input_ids"]
+    with torch.no_grad():
+        before, one_row = model(ids).logits, model(ids[:, :1]).logits
+    params = dict(model.named_parameters())
+    keys = list(model.state_dict())
+
+    changed = hfs.optimize_for_cpu(model, pack=True)
+
+    assert changed == len(_linears(model))
+    assert cpu_layout(model) == "all+packed"
+    assert all(type(m) is PackedLinear for m in _linears(model))
+    assert dict(model.named_parameters()) == params and list(model.state_dict()) == keys
+    assert all(m._hfs_packed.tensor is None for m in _linears(model))  # made on first use
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids[:, :1]).logits, one_row, rtol=1e-5, atol=1e-5)
+        assert all(m._hfs_packed.tensor is None for m in _linears(model))  # one row: F.linear
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+    assert all(m._hfs_packed.tensor is not None for m in _linears(model))  # several rows: packed
+
+    assert hfs.optimize_for_cpu(model, enable=False) == changed
+    assert cpu_layout(model) == "none"
+    assert all(type(m) is torch.nn.Linear and not hasattr(m, "_hfs_packed") for m in _linears(model))
+
+
+def test_packed_copy_follows_in_place_weight_changes():
+    layer = torch.nn.Linear(16, 8)
+    hfs.optimize_for_cpu(layer, pack=True)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        layer.weight.mul_(-2.0)  # e.g. an optimizer step or load_state_dict
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        layer.load_state_dict({"weight": torch.randn(8, 16), "bias": torch.zeros(8)})
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+
+
+def test_packed_layers_still_train():
+    model = build_model("llama")
+    hfs.optimize_for_cpu(model, pack=True)
+    ids = prompt_inputs()["input_ids"]
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in _linears(model))
+
+
+def test_packed_model_copies_saves_and_pickles(tmp_path):
+    model = build_model("qwen2")
+    hfs.optimize_for_cpu(model, pack=True)
+    ids = prompt_inputs()["input_ids"]
+    with torch.no_grad():
+        expected = model(ids).logits
+    twin = copy.deepcopy(model)
+    assert cpu_layout(twin) == "all+packed" and twin.lm_head._hfs_packed.tensor is None
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    model.save_pretrained(tmp_path / "hf")
+    again = type(model).from_pretrained(tmp_path / "hf")
+    with torch.no_grad():
+        for other in (twin, loaded, again):
+            torch.testing.assert_close(other(ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_output_layer_packed_only():
+    model = build_model("llama")
+    assert hfs.optimize_for_cpu(model, layers="output", pack=True) == 1
+    assert cpu_layout(model) == "output+packed"
+    assert type(model.lm_head) is PackedLinear
+    assert all(type(m) is torch.nn.Linear for m in _linears(model) if m is not model.lm_head)
+
+
+def test_pack_without_onednn_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(cpu_layout_module, "_can_pack", lambda: False)
+    model = build_model("llama")
+    with pytest.raises(RuntimeError, match="without pack"):
+        hfs.optimize_for_cpu(model, pack=True)
+    assert cpu_layout(model) == "none"
+
+
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "draft-model", "eagle3", "early-exit", "oracle",
+                                          "adversary"])
+def test_drafters_identical_to_greedy_when_packed(arch, drafter_name):
+    model = hfs.enable(build_model(arch))
+    hfs.optimize_for_cpu(model, pack=True)
+    ref = stock_generate(model, **prompt_inputs(), **GREEDY)
+    drafter = make_drafter(drafter_name, model, ref)
+    torch.manual_seed(0)
+    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=drafter)
+    assert out.tolist() == ref.tolist()
+    assert model.lm_head._hfs_packed.tensor is not None  # verification ran on the packed weights
