@@ -101,7 +101,7 @@ def _apply_cpu_layout(model, layout: str) -> None:
     try:
         optimize_for_cpu(model, layers=layers, pack=bool(plus))
     except RuntimeError as err:
-        _fail(f"--cpu-layout {layout}: {err}")
+        _fail(str(err))
 
 
 def _apply_sdpa_gqa(enabled: bool) -> None:

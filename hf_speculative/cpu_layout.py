@@ -70,7 +70,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             matrices lose a little with 2-3 rows and gain from 4).
         pack (`bool`, defaults to `False`): also swap those layers to `PackedLinear`, whose
             inference products of 2+ rows (verification) run on a oneDNN-packed copy of the
-            weight, made on first use: one more copy of those weights in memory. The parameters,
+            weight, made here (and again after in-place changes to the weight): one more copy of
+            those weights in memory. The parameters,
             state dict, hooks and one-row products (plain decoding) are unchanged.
 
     Returns:
@@ -86,7 +87,7 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         for module in _modules(model, layers):
             if not _eligible(module):
                 continue
-            touched = _set_packed(module, pack) if (pack or not enable) else False
+            touched = False
             weight = module.weight
             if id(weight) not in seen:  # tied weights (lm_head = embeddings) are one parameter
                 seen.add(id(weight))
@@ -96,6 +97,10 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
                 elif not enable and _converted(weight):
                     weight.data = weight.data.contiguous()
                     touched = True
+            if pack or not enable:
+                touched |= _set_packed(module, pack)
+            if type(module) is PackedLinear:
+                module._hfs_packed.get(module.weight)  # now, not inside the first verification
             changed += touched
     if changed:
         policy.forget_costs(model)  # verify costs measured in the old layout no longer hold
@@ -130,7 +135,8 @@ def cpu_layout(model: torch.nn.Module) -> str:
 
 class _Packed:
     """A weight's oneDNN-packed copy, tied to the weight it was made from (storage and version):
-    made on first use, made again after the weight changed in place, never saved or copied."""
+    made again on use after the weight changed in place; never saved or copied (a copy of the
+    module packs on first use)."""
 
     def __init__(self) -> None:
         self.tensor: torch.Tensor | None = None

@@ -3,6 +3,7 @@ still token-identical to plain greedy on the re-laid-out model."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -131,16 +132,32 @@ def test_packed_keeps_parameters_state_dict_and_outputs(arch):
     assert cpu_layout(model) == "all+packed"
     assert all(type(m) is PackedLinear for m in _linears(model))
     assert dict(model.named_parameters()) == params and list(model.state_dict()) == keys
-    assert all(m._hfs_packed.tensor is None for m in _linears(model))  # made on first use
-    with torch.no_grad():
+    assert all(m._hfs_packed.tensor is not None for m in _linears(model))  # packed now, not in a verification
+    calls = []
+    with torch.no_grad(), _counting_packed_products(calls):
         torch.testing.assert_close(model(ids[:, :1]).logits, one_row, rtol=1e-5, atol=1e-5)
-        assert all(m._hfs_packed.tensor is None for m in _linears(model))  # one row: F.linear
+        assert not calls  # one row: F.linear
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
-    assert all(m._hfs_packed.tensor is not None for m in _linears(model))  # several rows: packed
+    assert len(calls) == len(_linears(model))  # several rows: the packed copies
 
     assert hfs.optimize_for_cpu(model, enable=False) == changed
     assert cpu_layout(model) == "none"
     assert all(type(m) is torch.nn.Linear and not hasattr(m, "_hfs_packed") for m in _linears(model))
+
+
+@contextlib.contextmanager
+def _counting_packed_products(calls: list):
+    original = cpu_layout_module._Packed.get
+
+    def counted(self, weight):
+        calls.append(weight.shape)
+        return original(self, weight)
+
+    cpu_layout_module._Packed.get = counted
+    try:
+        yield
+    finally:
+        cpu_layout_module._Packed.get = original
 
 
 def test_packed_copy_follows_in_place_weight_changes():
@@ -207,4 +224,8 @@ def test_drafters_identical_to_greedy_when_packed(arch, drafter_name):
     torch.manual_seed(0)
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=drafter)
     assert out.tolist() == ref.tolist()
-    assert model.lm_head._hfs_packed.tensor is not None  # verification ran on the packed weights
+    calls = []
+    with _counting_packed_products(calls):
+        torch.manual_seed(0)
+        model.generate(**prompt_inputs(), **GREEDY, candidate_generator=make_drafter(drafter_name, model, ref))
+    assert calls  # verification ran on the packed weights

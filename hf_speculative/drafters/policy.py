@@ -56,6 +56,7 @@ class VerifyCostModel:
         self.max_tokens = max_tokens
         self._prior = [1.0] + [1.0 + prior_step + prior_per_token * k for k in range(1, max_tokens + 1)]
         self._seconds: list[float | None] = [None] * (max_tokens + 1)
+        self._timings = [0] * (max_tokens + 1)
         self._smoothing = smoothing
         self._fixed: list[float] | None = None
 
@@ -68,11 +69,25 @@ class VerifyCostModel:
         self._fixed = list(ratios)
 
     def observe(self, k: int, seconds: float) -> None:
+        """Fold in one timing. A length counts as measured from its second timing on: the first one
+        often includes one-time work (packing weights, growing buffers), and a single inflated
+        timing that stopped all drafting would never be measured again. The lower of the first two
+        is kept, then later timings are smoothed, each at most doubling the estimate (one
+        interference spike)."""
         if self._fixed is not None:
             return
         k = min(k, self.max_tokens)
-        old = self._seconds[k]
-        self._seconds[k] = seconds if old is None else old + self._smoothing * (seconds - old)
+        old, count = self._seconds[k], self._timings[k]
+        if old is None:
+            new = seconds
+        elif count == 1:
+            new = min(old, seconds)
+        else:
+            new = old + self._smoothing * (min(seconds, 2.0 * old) - old)
+        self._seconds[k], self._timings[k] = new, count + 1
+
+    def _measured(self, k: int) -> float | None:
+        return self._seconds[k] if self._timings[k] >= 2 else None
 
     def seconds(self, k: int) -> float | None:
         """Measured seconds of a forward verifying ``k`` draft tokens (``None`` until measured).
@@ -83,9 +98,9 @@ class VerifyCostModel:
         k = min(k, self.max_tokens)
         if self._fixed is not None:
             return None
-        if self._seconds[k] is not None or k != 0:
-            return self._seconds[k]
-        points = [(j, s) for j, s in enumerate(self._seconds) if s is not None]
+        if self._measured(k) is not None or k != 0:
+            return self._measured(k)
+        points = [(j, self._measured(j)) for j in range(len(self._seconds)) if self._measured(j) is not None]
         if len(points) < 2:
             return None
         mean_k = sum(j for j, _ in points) / len(points)
@@ -104,12 +119,12 @@ class VerifyCostModel:
         base = self.seconds(0)
         if k == 0 or base is None:
             return self._prior[k]
-        if self._seconds[k] is not None:
-            return max(self._seconds[k] / base, 1.0)
+        if self._measured(k) is not None:
+            return max(self._measured(k) / base, 1.0)
         # Unmeasured length: extrapolate from the nearest measured shorter draft.
         for j in range(k - 1, 0, -1):
-            if self._seconds[j] is not None:
-                return max(self._seconds[j] / base, 1.0) + (self._prior[k] - self._prior[j])
+            if self._measured(j) is not None:
+                return max(self._measured(j) / base, 1.0) + (self._prior[k] - self._prior[j])
         return self._prior[k]
 
     def best_length(self, rate: float, max_tokens: int) -> int:
@@ -145,7 +160,7 @@ def verify_costs_for(target: torch.nn.Module, max_tokens: int) -> VerifyCostMode
 
     Costs are a property of the model and the hardware, not of the prompt, so measurements carry
     over from call to call (short generations would otherwise decide on the prior alone).
-    Concurrent calls may interleave their updates; each update is a single assignment.
+    Concurrent calls may interleave their updates; each update is one tuple assignment.
     """
     if target is None:  # a generator built by hand, outside a generate() call
         return VerifyCostModel(max_tokens)
@@ -155,6 +170,7 @@ def verify_costs_for(target: torch.nn.Module, max_tokens: int) -> VerifyCostMode
             grown = VerifyCostModel(max(max_tokens, 16))
             if model is not None:
                 grown._seconds[: len(model._seconds)] = model._seconds
+                grown._timings[: len(model._timings)] = model._timings
             model = _COSTS[target] = grown
         return model
 

@@ -106,9 +106,9 @@ def train_eagle(
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from)
         if init_from is not None:
-            from .loop import init_source
+            from .start import check_init_from
 
-            init_source(cfg)
+            check_init_from(cfg)
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
     if prompts:

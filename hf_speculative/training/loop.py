@@ -19,11 +19,11 @@ import torch
 
 from .. import compat
 from ..drafters.eagle.config import EagleConfig
-from ..drafters.eagle.model import EagleDraftModel
 from .config import TrainConfig
-from .data import FeatureCache, draft_vocabulary, read_examples
+from .data import FeatureCache, read_examples
 from .evaluate import validation_tau
 from .losses import eagle_loss
+from .start import initial_network
 
 LOG = "train_log.jsonl"
 STATE = "checkpoint"
@@ -48,47 +48,6 @@ def _collate(batch: list[dict]) -> dict[str, torch.Tensor]:
     if len(batch) != 1:
         raise ValueError("sequences of different lengths are trained one at a time (batch size 1)")
     return {k: v[None] for k, v in batch[0].items()}
-
-
-def init_from_target(net: EagleDraftModel, target: Any, draft_ids: torch.Tensor | None) -> bool:
-    """Warm start: the decoder layer from the target's last layer (q/k/v's feature half), the final
-    norm and lm_head rows from the target's, ``fc`` passing the highest fused feature through.
-    Only for Llama-style norms (``w * x``; Gemma's ``(1 + w) * x`` would be mis-copied). Returns
-    whether it applied."""
-    decoder = compat.decoder_of(target)
-    last = decoder.layers[-1] if decoder is not None else None
-    if last is None or "gemma" in type(decoder.norm).__name__.lower() or not hasattr(last, "mlp"):
-        return False
-    h = net.config.hidden_size
-    with torch.no_grad():
-        try:
-            net.midlayer.mlp.load_state_dict(last.mlp.state_dict())
-            net.midlayer.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
-            net.midlayer.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
-            for name in ("q_proj", "k_proj", "v_proj"):
-                mine, theirs = getattr(net.midlayer.self_attn, name), getattr(last.self_attn, name)
-                mine.weight[:, -h:].copy_(theirs.weight)
-                if mine.bias is not None and theirs.bias is not None:
-                    mine.bias.copy_(theirs.bias)
-            for name in ("input_layernorm", "hidden_norm"):
-                if hasattr(net.midlayer, name):
-                    getattr(net.midlayer, name).weight.copy_(last.input_layernorm.weight)
-        except (RuntimeError, AttributeError):  # another layer layout: keep the random init
-            return False
-        net.fc.weight.mul_(0.1)
-        net.fc.weight[:, -h:] += torch.eye(h, dtype=net.fc.weight.dtype)
-        if net.config.version == 3:
-            head = target.get_output_embeddings().weight
-            net.lm_head.weight.copy_(head if draft_ids is None else head[draft_ids])
-            net.norm.weight.copy_(decoder.norm.weight)
-    return True
-
-
-def _set_vocabulary(net: EagleDraftModel, draft_ids: torch.Tensor) -> None:
-    with torch.no_grad():
-        net.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
-        net.t2d.zero_()
-        net.t2d[draft_ids] = True
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
@@ -210,63 +169,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                    "final_validation": record}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
-
-
-def initial_network(cfg: TrainConfig, target: Any, train_examples: list) -> tuple[EagleDraftModel, bool]:
-    """The network training starts from, and whether it was warm-started: the drafter named by
-    ``cfg.init_from`` (continued training), else a new one shaped for ``target`` (its draft
-    vocabulary the most frequent tokens of ``train_examples``), started from the target's last
-    layer where ``cfg.init_from_target`` allows."""
-    if cfg.init_from is not None:
-        return _continued(cfg, target), True
-    adapter = {}
-    if cfg.exit_layer is not None:
-        depth = int(compat.text_config(target.config).num_hidden_layers)
-        if cfg.exit_layer >= depth:
-            raise ValueError(f"--exit-layer {cfg.exit_layer}: the target has {depth} layers; an exit must come before the "
-                             f"last (1..{depth - 1}).")
-        adapter = {"target_layers": [cfg.exit_layer - 1], "exit_layer": cfg.exit_layer}
-    eagle_cfg = EagleConfig.for_target(target.config, version=cfg.version,
-                                       draft_vocab_size=cfg.draft_vocab_size if cfg.eagle3 else None, target=cfg.target,
-                                       **adapter)
-    net = EagleDraftModel(eagle_cfg)
-    draft_ids = None
-    if eagle_cfg.reduced_vocab:
-        eos = compat.eos_token_ids(target.generation_config)
-        draft_ids = draft_vocabulary(train_examples, eagle_cfg.draft_vocab_size, eagle_cfg.vocab_size, eos)
-        _set_vocabulary(net, draft_ids)
-    return net, cfg.init_from_target and init_from_target(net, target, draft_ids)
-
-
-def init_source(cfg: TrainConfig) -> Path:
-    """The folder of ``cfg.init_from``: a folder, or a shipped drafter (exit adapter with ``exit_layer``).
-
-    Raises:
-        FileNotFoundError: neither exists (the message lists the shipped names).
-    """
-    from ..drafters.eagle import checkpoints
-    from ..drafters.eagle.drafter import PRETRAINED_DIR
-    from ..drafters.exit_adapter import SHIPPED_DIR
-
-    shipped = PRETRAINED_DIR if cfg.exit_layer is None else SHIPPED_DIR
-    return checkpoints.find_folder(
-        cfg.init_from, shipped,
-        missing=f"--init-from {cfg.init_from!r}: no such folder, and no shipped network of that name "
-        f"({checkpoints.shipped_names(shipped)}); give a folder written by train-eagle or in a supported format.")
-
-
-def _continued(cfg: TrainConfig, target: Any) -> EagleDraftModel:
-    """``cfg.init_from`` loaded in float32 for training, checked to be the kind of network ``cfg`` trains."""
-    from ..drafters.eagle import checkpoints
-
-    net = checkpoints.load_drafter(init_source(cfg), dtype=torch.float32, target_config=target.config)
-    mine = (net.config.version, net.config.exit_layer)
-    if mine != (cfg.version, cfg.exit_layer):
-        def kind(version, exit_layer):
-            return f"an exit adapter for layer {exit_layer}" if exit_layer is not None else f"an EAGLE-{version} drafter"
-        raise ValueError(f"--init-from {cfg.init_from!r} is {kind(*mine)}, but this run trains {kind(cfg.version, cfg.exit_layer)}; "
-                         "give a network of the same kind, or change --eagle1/--eagle3/--exit-layer to match it.")
-    return net.train()
 
 
 class _Progress:

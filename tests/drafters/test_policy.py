@@ -8,10 +8,12 @@ from hf_speculative.drafters.policy import AcceptanceEstimate, VerifyCostModel
 
 
 def measured(costs: list[float]) -> VerifyCostModel:
-    """A cost model that has measured ``costs[k]`` seconds for a forward verifying ``k`` tokens."""
+    """A cost model that has measured ``costs[k]`` seconds for a forward verifying ``k`` tokens
+    (twice: a length counts as measured from its second timing)."""
     model = VerifyCostModel(len(costs) - 1)
-    for k, seconds in enumerate(costs):
-        model.observe(k, seconds)
+    for _ in range(2):
+        for k, seconds in enumerate(costs):
+            model.observe(k, seconds)
     return model
 
 
@@ -72,8 +74,9 @@ def test_observations_are_smoothed():
 
 def test_unmeasured_lengths_extrapolate_upwards():
     model = VerifyCostModel(6)
-    model.observe(0, 1.0)
-    model.observe(2, 1.5)
+    for _ in range(2):
+        model.observe(0, 1.0)
+        model.observe(2, 1.5)
     assert model.ratio(2) == pytest.approx(1.5)
     assert model.ratio(3) > model.ratio(2) and model.ratio(6) > model.ratio(3)
     assert model.ratio(1) >= 1.0
@@ -112,12 +115,33 @@ def test_base_cost_is_extrapolated_when_never_measured():
     measured lengths, so that measured costs still decide."""
     model = VerifyCostModel(8)
     model.observe(2, 1.4)
+    model.observe(2, 1.4)
     assert model.seconds(0) is None  # one point is not a line
     model.observe(4, 1.8)  # 1.0 + 0.2 k
+    model.observe(4, 1.8)
     assert model.seconds(0) == pytest.approx(1.0)
     assert model.ratio(4) == pytest.approx(1.8)
     expensive = VerifyCostModel(8)
     for k in range(1, 9):  # every verified token costs 1.5 plain steps; k = 0 never measured
         expensive.observe(k, 1.0 + 1.5 * k)
+        expensive.observe(k, 1.0 + 1.5 * k)
     assert expensive.seconds(0) == pytest.approx(1.0)
     assert expensive.best_length(1.0, 8) == 0
+
+
+def test_one_slow_first_timing_does_not_stop_drafting():
+    """The first forward verifying a draft may include one-time work (e.g. packing weights): it is
+    not trusted alone, and the lower of the first two timings is kept, so drafting that pays goes on."""
+    model = VerifyCostModel(4)
+    for _ in range(3):
+        model.observe(0, 1.0)
+    model.observe(2, 20.0)  # one-time work inside the first verification
+    assert model.seconds(2) is None and model.ratio(2) == model._prior[2]  # the prior still decides
+    assert model.best_length(0.8, 4) > 0
+    model.observe(2, 1.3)
+    assert model.ratio(2) == pytest.approx(1.3)
+    model.observe(2, 13.0)  # a later spike at most doubles the estimate, then decays
+    assert model.ratio(2) <= 1.3 + 0.3 * 1.3 + 1e-9
+    for _ in range(20):
+        model.observe(2, 1.3)
+    assert model.ratio(2) == pytest.approx(1.3, rel=1e-3)

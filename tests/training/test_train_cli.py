@@ -120,7 +120,7 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     from hf_speculative.drafters.eagle import checkpoints
     from hf_speculative.training.config import TrainConfig
     from hf_speculative.training.data import read_examples
-    from hf_speculative.training.loop import initial_network
+    from hf_speculative.training.start import initial_network
 
     first = tmp_path / "first"
     common = ["--target", chat_checkpoint, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1]
@@ -157,7 +157,8 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
 
 
 def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
-    """A missing --init-from is refused before any self-distillation; a network of another kind says which."""
+    """A missing --init-from, or a network of another kind (which it names), is refused before any
+    self-distillation."""
     missing = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--prompts", prompts,
                                                         "--out", tmp_path / "o", "--init-from", tmp_path / "nope"]], env=ENV)
     assert missing.exit_code != 0 and "no such folder" in missing.output, missing.output
@@ -167,11 +168,13 @@ def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
     run("train-eagle", "--target", chat_checkpoint, "--prompts", prompts, "--distill-tokens", 8, "--out", eagle3,
         "--draft-vocab-size", 24, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1,
         "--max-examples", 4, "--epochs", 1)
-    result = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--data",
-                                                       eagle3 / "self_distill.jsonl", "--out", tmp_path / "o2", "--eagle1",
-                                                       "--init-from", eagle3, "--threads", 1]], env=ENV)
-    assert result.exit_code != 0
-    assert "is an EAGLE-3 drafter, but this run trains an EAGLE-1 drafter" in str(result.exception), result.output
+    for kind, message in ((["--eagle1"], "is an EAGLE-3 drafter, but this run trains an EAGLE-1 drafter"),
+                          (["--exit-layer", 1], "is an EAGLE-3 drafter, but this run trains an exit adapter for layer 1")):
+        result = CliRunner().invoke(app, [str(a) for a in ["train-eagle", "--target", chat_checkpoint, "--prompts", prompts,
+                                                           "--out", tmp_path / "o2", *kind, "--init-from", eagle3,
+                                                           "--threads", 1]], env=ENV)
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "o2" / "self_distill.jsonl").exists()  # refused before self-distillation
 
 
 def test_builtin_prompt_ranges():

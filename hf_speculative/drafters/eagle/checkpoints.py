@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from .config import EagleConfig
-from .formats import CheckpointError, detect, read, write
+from .formats import NATIVE, SAFEAILAB1, CheckpointError, detect, read, write
 from .model import EagleDraftModel
 
 __all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_drafter", "export"]
@@ -159,6 +159,44 @@ def validate_state_dict(config: EagleConfig, state: dict[str, torch.Tensor], sou
                               "architecture; use the config.json that was saved with these weights.")
 
 
+def _read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        cfg = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_path} is not valid JSON ({error}).") from error
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{config_path} holds a {type(cfg).__name__}, not a config object.")
+    return cfg
+
+
+def network_kind(path: str | Path) -> tuple[int, int | None]:
+    """``(EAGLE version, exit layer or None)`` of the drafter saved in ``path``, from its
+    ``config.json`` and weight names alone (no target needed; the weights are not checked)."""
+    directory = Path(path)
+    if directory.is_file():
+        directory = directory.parent
+    config_path = directory / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"No config.json in {directory}: not a drafter checkpoint directory.")
+    cfg = _read_config(config_path)
+    single = directory / "model.safetensors"
+    if single.exists():
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(single), framework="pt") as handle:
+                names = set(handle.keys())
+        except Exception as error:  # damaged header
+            raise CheckpointError(f"Cannot read the weights file {single} ({type(error).__name__}: {error}); it is "
+                                  "corrupt or truncated. Copy it again.") from error
+    else:
+        names = set(_read_weights(directory))
+    fmt = detect(cfg, names)
+    if fmt == NATIVE:
+        return int(cfg.get("version", 1)), cfg.get("exit_layer")
+    return (1, None) if fmt == SAFEAILAB1 else (3, None)
+
+
 def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, target_config: Any = None,
                     sha256: dict[str, str] | None = None) -> tuple[EagleConfig, dict[str, torch.Tensor], str]:
     """Read an EAGLE drafter saved in any supported format (see the module docstring).
@@ -188,12 +226,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
         if got != want.lower():
             raise CheckpointError(f"sha256 of {directory / name} is {got}, expected {want.lower()}: the file is "
                                   "damaged or not the published one. Download it again.")
-    try:
-        cfg = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{config_path} is not valid JSON ({error}).") from error
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{config_path} holds a {type(cfg).__name__}, not a config object.")
+    cfg = _read_config(config_path)
     state = _read_weights(directory)
     fmt = detect(cfg, set(state))
     try:

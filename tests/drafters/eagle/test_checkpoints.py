@@ -261,6 +261,38 @@ def test_native_round_trip_keeps_dtype_and_metadata(tmp_path):
     assert checkpoints.load_drafter(tmp_path).config == model.config
 
 
+def test_network_kind_without_the_target(tmp_path):
+    """``network_kind`` names EAGLE-1 / EAGLE-3 / exit adapter from config and weight names alone,
+    for every format (SafeAILab EAGLE-3 could not be loaded without the target's depth)."""
+    e1, e3 = random_drafter(1), random_drafter(3)
+    adapter = random_drafter(3, target_layers=[2], exit_layer=3)
+    checkpoints.save_pretrained(adapter, tmp_path / "adapter")
+    checkpoints.save_pretrained(e3, tmp_path / "native3")
+    cases = {
+        write_safeailab1(_mkdir(tmp_path / "s1"), e1): (1, None),
+        write_safeailab1(_mkdir(tmp_path / "s1st"), e1, kind="st"): (1, None),
+        write_safeailab3(_mkdir(tmp_path / "s3"), e3): (3, None),
+        write_specforge(_mkdir(tmp_path / "sf"), e3, [1, 3, 5]): (3, None),
+        write_speculators(tmp_path / "vllm", e3, sharded=True): (3, None),
+        tmp_path / "native3": (3, None),
+        tmp_path / "adapter": (3, 3),
+    }
+    for folder, expected in cases.items():
+        assert checkpoints.network_kind(folder) == expected, folder
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        checkpoints.network_kind(tmp_path / "broken")
+    with pytest.raises(CheckpointError, match="No config.json"):
+        checkpoints.network_kind(tmp_path / "nowhere")
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
+
+
 # -- export round trips ---------------------------------------------------------------------------
 @pytest.mark.parametrize("version,fmt,layers,expected", [
     (3, "vllm", None, "vllm-speculators-eagle3"), (3, "safeailab", None, "safeailab-eagle3"),
