@@ -71,8 +71,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         pack (`bool`, defaults to `False`): also swap those layers to `PackedLinear`, whose
             inference products of 2+ rows (verification) run on a oneDNN-packed copy of the
             weight, made here (and again after in-place changes to the weight): one more copy of
-            those weights in memory. The parameters,
-            state dict, hooks and one-row products (plain decoding) are unchanged.
+            those weights in memory. The parameters, state dict, hooks and one-row products (plain
+            decoding) are unchanged.
 
     Returns:
         `int`: how many linear layers changed (0 when there was nothing to do, e.g. on a GPU).
