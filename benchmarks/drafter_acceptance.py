@@ -3,8 +3,10 @@
     python benchmarks/drafter_acceptance.py --drafter smollm2-135m-instruct --per-category 3 --draft 5
 
 Greedy generation with a fixed draft length (no cost policy, so nothing depends on timings):
-τ per category and P(accepted >= i), the share of target forwards whose draft kept at least ``i``
-tokens. Use it to compare drafters; speedups come from ``hf-speculative bench``.
+τ per category, P(accepted >= i), the share of target forwards whose draft kept at least ``i``
+tokens, and "in vocab", the share of the target's tokens that the drafter's (possibly reduced)
+vocabulary can propose at all: a ceiling on every guess. Use it to compare drafters; speedups come
+from ``hf-speculative bench``.
 """
 
 from __future__ import annotations
@@ -34,26 +36,34 @@ def main(argv: list[str] | None = None) -> None:
     hfs.enable(model)
     eagle = hfs.Eagle.from_pretrained(args.drafter, target=model, num_tokens=args.draft, confidence_threshold=0.0,
                                       adaptive=False)
+    network = eagle.drafter
+    proposable = network.t2d.bool() if network.config.reduced_vocab else None  # [V] target ids it can draft
     total: collections.Counter = collections.Counter()
-    print(f"| category | τ | " + " | ".join(f"P(≥{i})" for i in range(1, args.draft + 1)) + " |")
-    print("|---|---|" + "---|" * args.draft)
+    print(f"| category | τ | " + " | ".join(f"P(≥{i})" for i in range(1, args.draft + 1)) + " | in vocab |")
+    print("|---|---|" + "---|" * (args.draft + 1))
     for category in args.categories.split(","):
         accepted: collections.Counter = collections.Counter()
         for prompt in load_prompts(args.dataset, [category], args.per_category):
             ids = encode_prompt(tokenizer, prompt.text)
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                           do_sample=False, candidate_generator=eagle)
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, candidate_generator=eagle)
             accepted.update(hfs.last_stats(model).accepted_lengths)
+            new = out[0, ids.shape[1]:]  # [T] the target's greedy tokens
+            inside = len(new) if proposable is None else int(proposable[new].sum())
+            accepted["in_vocab"] += inside
+            accepted["tokens"] += len(new)
         total.update(accepted)
         print(_row(category, accepted, args.draft), flush=True)
     print(_row("overall", total, args.draft))
 
 
-def _row(label: str, accepted: collections.Counter, draft: int) -> str:
+def _row(label: str, counts: collections.Counter, draft: int) -> str:
+    accepted = {a: n for a, n in counts.items() if isinstance(a, int)}  # accepted length -> forwards
     forwards = sum(accepted.values())
     tau = 1 + sum(a * n for a, n in accepted.items()) / forwards
     at_least = [sum(n for a, n in accepted.items() if a >= i) / forwards for i in range(1, draft + 1)]
-    return f"| {label} | {tau:.2f} | " + " | ".join(f"{p:.2f}" for p in at_least) + " |"
+    in_vocab = counts["in_vocab"] / max(counts["tokens"], 1)
+    return f"| {label} | {tau:.2f} | " + " | ".join(f"{p:.2f}" for p in at_least) + f" | {in_vocab:.2f} |"
 
 
 if __name__ == "__main__":
