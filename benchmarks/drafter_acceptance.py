@@ -41,28 +41,29 @@ def main(argv: list[str] | None = None) -> None:
     total: collections.Counter = collections.Counter()
     print(f"| category | τ | " + " | ".join(f"P(≥{i})" for i in range(1, args.draft + 1)) + " | in vocab |")
     print("|---|---|" + "---|" * (args.draft + 1))
+    coverage_total: collections.Counter = collections.Counter()
     for category in args.categories.split(","):
-        accepted: collections.Counter = collections.Counter()
+        accepted: collections.Counter = collections.Counter()  # accepted length -> target forwards
+        coverage: collections.Counter = collections.Counter()  # "in_vocab" / "tokens" of the greedy output
         for prompt in load_prompts(args.dataset, [category], args.per_category):
             ids = encode_prompt(tokenizer, prompt.text)
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
                                  do_sample=False, candidate_generator=eagle)
             accepted.update(hfs.last_stats(model).accepted_lengths)
             new = out[0, ids.shape[1]:]  # [T] the target's greedy tokens
-            inside = len(new) if proposable is None else int(proposable[new].sum())
-            accepted["in_vocab"] += inside
-            accepted["tokens"] += len(new)
+            coverage["in_vocab"] += len(new) if proposable is None else int(proposable[new].sum())
+            coverage["tokens"] += len(new)
         total.update(accepted)
-        print(_row(category, accepted, args.draft), flush=True)
-    print(_row("overall", total, args.draft))
+        coverage_total.update(coverage)
+        print(_row(category, accepted, coverage, args.draft), flush=True)
+    print(_row("overall", total, coverage_total, args.draft))
 
 
-def _row(label: str, counts: collections.Counter, draft: int) -> str:
-    accepted = {a: n for a, n in counts.items() if isinstance(a, int)}  # accepted length -> forwards
+def _row(label: str, accepted: collections.Counter, coverage: collections.Counter, draft: int) -> str:
     forwards = sum(accepted.values())
     tau = 1 + sum(a * n for a, n in accepted.items()) / forwards
     at_least = [sum(n for a, n in accepted.items() if a >= i) / forwards for i in range(1, draft + 1)]
-    in_vocab = counts["in_vocab"] / max(counts["tokens"], 1)
+    in_vocab = coverage["in_vocab"] / max(coverage["tokens"], 1)
     return f"| {label} | {tau:.2f} | " + " | ".join(f"{p:.2f}" for p in at_least) + f" | {in_vocab:.2f} |"
 
 

@@ -40,7 +40,7 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -108,9 +108,12 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise
     except Exception as error:  # safetensors / pickle / zip errors of a damaged file
-        message = (f"Cannot read the weights file {path} ({type(error).__name__}: {error}); it is corrupt or "
-                   "truncated. Download or copy it again (compare its sha256 with the source's).")
-        raise CheckpointError(message) from error
+        _damaged(path, error)
+
+
+def _damaged(path: Path, error: Exception) -> NoReturn:
+    raise CheckpointError(f"Cannot read the weights file {path} ({type(error).__name__}: {error}); it is corrupt or "
+                          "truncated. Download or copy it again (compare its sha256 with the source's).") from error
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -159,6 +162,16 @@ def validate_state_dict(config: EagleConfig, state: dict[str, torch.Tensor], sou
                               "architecture; use the config.json that was saved with these weights.")
 
 
+def _checkpoint_dir(path: str | Path) -> Path:
+    """The checkpoint directory of ``path`` (a directory or a file in it), which must hold a config.json."""
+    directory = Path(path)
+    if directory.is_file():
+        directory = directory.parent
+    if not (directory / "config.json").exists():
+        raise CheckpointError(f"No config.json in {directory}: not a drafter checkpoint directory.")
+    return directory
+
+
 def _read_config(config_path: Path) -> dict[str, Any]:
     try:
         cfg = json.loads(config_path.read_text())
@@ -172,23 +185,17 @@ def _read_config(config_path: Path) -> dict[str, Any]:
 def network_kind(path: str | Path) -> tuple[int, int | None]:
     """``(EAGLE version, exit layer or None)`` of the drafter saved in ``path``, from its
     ``config.json`` and weight names alone (no target needed; the weights are not checked)."""
-    directory = Path(path)
-    if directory.is_file():
-        directory = directory.parent
-    config_path = directory / "config.json"
-    if not config_path.exists():
-        raise CheckpointError(f"No config.json in {directory}: not a drafter checkpoint directory.")
-    cfg = _read_config(config_path)
+    directory = _checkpoint_dir(path)
+    cfg = _read_config(directory / "config.json")
     single = directory / "model.safetensors"
     if single.exists():
         from safetensors import safe_open
 
         try:
-            with safe_open(str(single), framework="pt") as handle:
+            with safe_open(str(single), framework="pt") as handle:  # the header only
                 names = set(handle.keys())
         except Exception as error:  # damaged header
-            raise CheckpointError(f"Cannot read the weights file {single} ({type(error).__name__}: {error}); it is "
-                                  "corrupt or truncated. Copy it again.") from error
+            _damaged(single, error)
     else:
         names = set(_read_weights(directory))
     fmt = detect(cfg, names)
@@ -215,12 +222,8 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
         ``(config, state_dict, format_name)``; the state dict is in our names and loads into
         ``EagleDraftModel(config)`` with ``strict=True``.
     """
-    directory = Path(path)
-    if directory.is_file():
-        directory = directory.parent
+    directory = _checkpoint_dir(path)
     config_path = directory / "config.json"
-    if not config_path.exists():
-        raise CheckpointError(f"No config.json in {directory}: not a drafter checkpoint directory.")
     for name, want in (sha256 or {}).items():
         got = _sha256(directory / name)
         if got != want.lower():
