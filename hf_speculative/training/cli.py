@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -16,27 +16,56 @@ PromptsOpt = Annotated[
     Optional[str],
     typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt', builtin:N for the "
                  "first N of the team's built-in training prompts (never Spec-Bench's), or builtin:A-B for those "
-                 "numbered A to B-1 (e.g. the ones an earlier drafter did not see)."),
+                 "numbered A to B-1 (e.g. the ones an earlier drafter did not see); context:N or context:A-B for the "
+                 "long-context list (summaries and RAG over --passages, short factual questions)."),
+]
+PassagesOpt = Annotated[
+    list[Path],
+    typer.Option("--passages", help="JSONL texts for --prompts context:...: earlier self-distillation answers (each "
+                 "answer a passage, its prompt the question it answers) or {'text': ...} documents; repeatable."),
 ]
 
 
-def _prompt_rows(spec: str) -> list[dict]:
+def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None) -> list[dict]:
+    from .context_prompts import build_context_prompts, read_passages
     from .prompts import build_prompts
     from .selfdistill import read_jsonl
 
-    if spec.startswith("builtin:"):
-        match = re.fullmatch(r"builtin:(?:(\d+)-)?(\d+)", spec)
+    kind = spec.split(":", 1)[0]
+    if kind in ("builtin", "context"):
+        match = re.fullmatch(kind + r":(?:(\d+)-)?(\d+)", spec)
         first, last = (int(match.group(1) or 0), int(match.group(2))) if match else (0, 0)
         if first >= last:
-            raise typer.BadParameter(f"--prompts {spec}: use builtin:N (the first N built-in prompts) or builtin:A-B "
+            raise typer.BadParameter(f"--prompts {spec}: use {kind}:N (the first N {kind} prompts) or {kind}:A-B "
                                      "(prompts A to B-1), with 0 <= A < B.")
-        return build_prompts(last)[first:]
+        if kind == "builtin":
+            return build_prompts(last)[first:]
+        texts = []
+        for path in passages:
+            try:
+                texts += read_passages(path, tokenizer=_tokenizer(target))
+            except (OSError, ValueError) as error:
+                raise typer.BadParameter(f"--passages {path}: {error}") from None
+        return build_context_prompts(last, texts)[first:]
+    if passages:
+        raise typer.BadParameter("--passages only feeds --prompts context:N; a prompts file is used as it is.")
     rows = read_jsonl(spec)
     for i, row in enumerate(rows):
         if "prompt" not in row:
             raise typer.BadParameter(f"{spec}: line {i + 1} has no 'prompt' field")
         row.setdefault("id", f"line{i:06d}")
     return rows
+
+
+def _tokenizer(target: str | None) -> Any:
+    """The target's tokenizer, loaded on its own (passages stored as token ids are decoded before the model loads)."""
+    if target is None:
+        return None
+    from transformers import AutoTokenizer
+
+    from ..models import resolve
+
+    return AutoTokenizer.from_pretrained(resolve(target))
 
 
 def self_distill(
@@ -47,6 +76,7 @@ def self_distill(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
     max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", min=1, help="Skip longer prompts.")] = 1024,
+    passages: PassagesOpt = [],  # noqa: B006
 ) -> None:
     """Write the target's own greedy answers to a prompt list: the drafter's best training text."""
     import torch
@@ -54,7 +84,7 @@ def self_distill(
     from ..models import load_model
     from .selfdistill import generate_responses
 
-    rows = _prompt_rows(prompts)  # a bad --prompts fails before the model loads
+    rows = _prompt_rows(prompts, passages, target)  # a bad --prompts fails before the model loads
     if threads:
         torch.set_num_threads(threads)
     model, tokenizer = load_model(target)
@@ -70,6 +100,7 @@ def train_eagle(
     prompts: PromptsOpt = None,
     distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="Answer length for --prompts.")] = 192,
     max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="Skip longer --prompts.")] = 1024,
+    passages: PassagesOpt = [],  # noqa: B006
     eagle3: Annotated[bool, typer.Option("--eagle3/--eagle1", help="EAGLE-3 (default) or EAGLE-1.")] = True,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size")] = 8192,
     unroll: Annotated[Optional[int], typer.Option("--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
@@ -112,7 +143,8 @@ def train_eagle(
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
     if prompts:
-        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens)
+        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens,
+                     passages=passages)
     path = train(cfg)
     summary = path / "training_summary.json"
     if summary.exists():

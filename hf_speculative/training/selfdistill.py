@@ -42,7 +42,7 @@ def generate_responses(
     max_prompt_tokens: int = 1024,
     progress: bool = True,
 ) -> Path:
-    """Append ``{"id", "category", "prompt", "text", "prompt_tokens", "response_tokens"}`` rows to
+    """Append ``{"id", "category", "prompt", "text", "response", "prompt_tokens", "response_tokens"}`` rows to
     ``out_path`` for every prompt whose id is not there yet.
 
     ``text`` is the full chat-formatted prompt followed by the answer; ``prompt_tokens`` /
@@ -85,7 +85,9 @@ def generate_responses(
                     if token in eos_ids:
                         break
                 text = tokenizer.decode(ids + response)
-                f.write(json.dumps({**row, "text": text, "prompt_tokens": ids, "response_tokens": response}) + "\n")
+                answer = tokenizer.decode(response, skip_special_tokens=True)
+                f.write(json.dumps({**row, "text": text, "response": answer, "prompt_tokens": ids,
+                                    "response_tokens": response}) + "\n")
                 written += 1
             f.flush()
             if progress:
