@@ -119,6 +119,9 @@ def train_eagle(
     init_from: Annotated[Optional[str], typer.Option(
         "--init-from", help="Continue training this drafter (a folder, or a shipped drafter's name, e.g. "
                             "smollm2-135m-instruct) instead of starting a new one; its draft vocabulary is kept.")] = None,
+    refresh_vocab: Annotated[bool, typer.Option(
+        "--refresh-vocab", help="With --init-from: choose the draft vocabulary again from this run's data "
+                                "(--draft-vocab-size tokens; rows of tokens the drafter had are kept).")] = False,
 ) -> None:
     """Train an EAGLE drafter (or, with --exit-layer K, an early-exit adapter) for --target (resumes from
     OUT/checkpoint when present)."""
@@ -135,7 +138,8 @@ def train_eagle(
         cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
                           unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
-                          seed=seed, exit_layer=exit_layer, init_from=init_from)
+                          seed=seed, exit_layer=exit_layer, init_from=init_from,
+                          refresh_vocab=refresh_vocab)
         if init_from is not None:
             from .start import check_init_from
 

@@ -37,6 +37,10 @@ class TrainConfig:
             supported format, or the name of a shipped drafter. Its weights, fused layers and draft
             vocabulary are kept (``draft_vocab_size`` and ``init_from_target`` are then unused); it must
             be of the kind trained here (EAGLE-1 or 3, exit adapter for the same layer) and fit the target.
+        refresh_vocab (`bool`, defaults to `False`): with ``init_from`` (EAGLE-3 or exit adapter), choose the
+            draft vocabulary again from this run's data, ``draft_vocab_size`` tokens: rows of tokens the
+            drafter had are kept, new tokens start from the target's lm_head rows (for data that uses
+            words the first training data never did).
         seed (`int`, defaults to 0), max_examples (`int`, *optional*), threads (`int`, *optional*).
         exit_layer (`int`, *optional*): train an exit adapter for ``hfs.EarlyExit(exit_layer=k, adapter=...)``
             instead of an EAGLE drafter (EAGLE-3 shaped, reading the normed output of the target's first
@@ -68,6 +72,7 @@ class TrainConfig:
     threads: int | None = None
     exit_layer: int | None = None
     init_from: str | None = None
+    refresh_vocab: bool = False
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -82,6 +87,10 @@ class TrainConfig:
                                  "exit state at every draft step, so there is nothing to unroll; use --unroll 1 (the default).")
             if self.exit_layer < 1:
                 raise ValueError(f"TrainConfig(exit_layer={self.exit_layer}): must be >= 1.")
+        if self.refresh_vocab and (self.init_from is None or not self.eagle3):
+            raise ValueError("TrainConfig(refresh_vocab=True) re-chooses the draft vocabulary of a drafter being continued: "
+                             "it needs init_from (--init-from) and an EAGLE-3 drafter or exit adapter (EAGLE-1 uses the "
+                             "target's whole vocabulary).")
         if self.unroll is None:
             self.unroll = 1 if self.exit_layer is not None else 4 if self.eagle3 else 1
         checks = {"unroll": self.unroll >= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,

@@ -22,7 +22,12 @@ def initial_network(cfg: TrainConfig, target: Any, train_examples: list) -> tupl
     vocabulary the most frequent tokens of ``train_examples``), started from the target's last
     layer where ``cfg.init_from_target`` allows."""
     if cfg.init_from is not None:
-        return _continued(cfg, target), True
+        net = _continued(cfg, target)
+        if cfg.refresh_vocab:
+            eos = compat.eos_token_ids(target.generation_config)
+            refresh_vocabulary(net, draft_vocabulary(train_examples, cfg.draft_vocab_size, net.config.vocab_size, eos),
+                               target.get_output_embeddings().weight)
+        return net, True
     adapter = {}
     if cfg.exit_layer is not None:
         depth = int(compat.text_config(target.config).num_hidden_layers)
@@ -118,6 +123,26 @@ def init_from_target(net: EagleDraftModel, target: Any, draft_ids: torch.Tensor 
             net.lm_head.weight.copy_(head if draft_ids is None else head[draft_ids])
             net.norm.weight.copy_(decoder.norm.weight)
     return True
+
+
+def refresh_vocabulary(net: EagleDraftModel, draft_ids: torch.Tensor, target_head: torch.Tensor) -> None:
+    """Give a trained reduced-vocabulary drafter the vocabulary ``draft_ids`` (sorted target ids `[V']`,
+    any size): lm_head rows of tokens it had are kept, the others start from ``target_head`` `[V, H]`."""
+    if not net.config.reduced_vocab:
+        raise ValueError("refresh_vocabulary: this drafter has no reduced vocabulary (EAGLE-1 shares the target's lm_head).")
+    old = net.target_ids()  # [V_old] target ids
+    rows = target_head.detach().to(net.lm_head.weight)[draft_ids].clone()  # [V', H]
+    where = {int(t): i for i, t in enumerate(old.tolist())}
+    kept = [(j, where[int(t)]) for j, t in enumerate(draft_ids.tolist()) if int(t) in where]
+    if kept:
+        new_pos, old_pos = torch.tensor(kept).T
+        rows[new_pos] = net.lm_head.weight.detach()[old_pos]
+    net.config.draft_vocab_size = len(draft_ids)
+    net.lm_head = torch.nn.Linear(rows.shape[1], len(draft_ids), bias=False).to(rows)
+    with torch.no_grad():
+        net.lm_head.weight.copy_(rows)
+    net.d2t = torch.zeros(len(draft_ids), dtype=torch.long, device=net.t2d.device)
+    _set_vocabulary(net, draft_ids)
 
 
 def _set_vocabulary(net: EagleDraftModel, draft_ids: torch.Tensor) -> None:

@@ -156,6 +156,56 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
 
 
+def test_train_eagle_refresh_vocab(tmp_path, chat_checkpoint, prompts):
+    """``--init-from D --refresh-vocab``: the draft vocabulary is chosen again from the run's data at
+    ``--draft-vocab-size`` (bigger here); rows of tokens the drafter had keep their trained weights,
+    new tokens start from the target's lm_head rows; the result trains, saves, reloads and is exact."""
+    from hf_speculative.drafters.eagle import checkpoints
+    from hf_speculative.training.config import TrainConfig
+    from hf_speculative import compat
+    from hf_speculative.training.data import draft_vocabulary, read_examples
+    from hf_speculative.training.start import initial_network
+
+    first = tmp_path / "first"
+    common = ["--target", chat_checkpoint, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1]
+    run("train-eagle", *common, "--prompts", prompts, "--distill-tokens", 16, "--out", first, "--draft-vocab-size", 16,
+        "--epochs", 1)
+    model, tokenizer = hfs.load_model(str(chat_checkpoint))
+    trained = checkpoints.load_drafter(first, dtype=torch.float32)
+    examples = read_examples(first / "self_distill.jsonl", tokenizer)
+    cfg = TrainConfig(target=str(chat_checkpoint), data=[str(first / "self_distill.jsonl")], out=str(tmp_path / "x"),
+                      draft_vocab_size=40, init_from=str(first), refresh_vocab=True)
+    net, _ = initial_network(cfg, model, examples)
+    wanted = draft_vocabulary(examples, 40, trained.config.vocab_size, compat.eos_token_ids(model.generation_config))
+    assert net.config.draft_vocab_size == 40 and torch.equal(net.target_ids(), wanted)
+    assert net.t2d.sum() == 40 and net.t2d[wanted].all()
+    old = {int(t): i for i, t in enumerate(trained.target_ids().tolist())}
+    head = model.get_output_embeddings().weight
+    assert 0 < sum(int(t) in old for t in wanted) < 40
+    for j, t in enumerate(wanted.tolist()):
+        expect = trained.lm_head.weight[old[t]] if t in old else head[t]
+        assert torch.equal(net.lm_head.weight[j], expect), t
+    for name in ("fc.weight", "norm.weight"):
+        assert torch.equal(net.state_dict()[name], trained.state_dict()[name])
+
+    second = tmp_path / "second"
+    run("train-eagle", *common, "--data", first / "self_distill.jsonl", "--out", second, "--init-from", first,
+        "--refresh-vocab", "--draft-vocab-size", 40, "--epochs", 1)
+    continued = checkpoints.load_drafter(second, dtype=torch.float32)
+    assert torch.equal(continued.target_ids(), wanted)
+    hfs.enable(model)
+    strategy = hfs.Eagle.from_pretrained(second, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    ids = tokenizer("the cat sat on", return_tensors="pt")
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+
+    with pytest.raises(ValueError, match="needs init_from"):
+        TrainConfig(target="t", data=["d"], out="o", refresh_vocab=True)
+    with pytest.raises(ValueError, match="EAGLE-1 uses the target's whole vocabulary"):
+        TrainConfig(target="t", data=["d"], out="o", init_from="x", eagle3=False, refresh_vocab=True)
+
+
 def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
     """A missing --init-from, or a network of another kind (which it names), is refused before any
     self-distillation."""
