@@ -40,10 +40,10 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
                                      "(prompts A to B-1), with 0 <= A < B.")
         if kind == "builtin":
             return build_prompts(last)[first:]
-        texts = []
+        texts, tokenizer = [], _tokenizer(target) if passages else None
         for path in passages:
             try:
-                texts += read_passages(path, tokenizer=_tokenizer(target))
+                texts += read_passages(path, tokenizer=tokenizer)
             except (OSError, ValueError) as error:
                 raise typer.BadParameter(f"--passages {path}: {error}") from None
         return build_context_prompts(last, texts)[first:]
