@@ -19,11 +19,11 @@ first list), plus paragraphs of Python's documentation:
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any, Iterator
 
+from .data import numbered_rows
 from .prompts import _python_doc_paragraphs
 
 SUMMARIZE = [
@@ -90,27 +90,23 @@ def read_passages(path: str | Path, tokenizer: Any = None, min_chars: int = 200)
     Rows whose ``category`` is not prose (maths, code, translations) and degenerate texts (fewer than
     40% distinct words: a small model's answers sometimes loop) are left out."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if "response" in row:
-                text, question = row["response"], row.get("prompt")
-            elif "response_tokens" in row:
-                if tokenizer is None:
-                    raise ValueError(f"{path}:{line_no}: self-distillation rows without 'response' need the target's "
-                                     "tokenizer to be decoded.")
-                text, question = tokenizer.decode(row["response_tokens"], skip_special_tokens=True), row.get("prompt")
-            elif "text" in row:
-                text, question = row["text"], None
-            else:
-                raise ValueError(f"{path}:{line_no}: expected 'text', 'response' or 'response_tokens'; got {sorted(row)}.")
-            text, words = text.strip(), text.split()
-            if row.get("category") in NOT_PROSE or len(set(words)) < 0.4 * len(words):
-                continue
-            if len(text) >= min_chars:
-                out.append({"text": text, "question": question if question and len(question) < 300 else None})
+    for line_no, row in numbered_rows(path):
+        if row.get("category") in NOT_PROSE:
+            continue
+        if "response" in row:
+            text, question = row["response"], row.get("prompt")
+        elif "response_tokens" in row:
+            if tokenizer is None:
+                raise ValueError(f"{path}:{line_no}: self-distillation rows without 'response' need the target's "
+                                 "tokenizer to be decoded.")
+            text, question = tokenizer.decode(row["response_tokens"], skip_special_tokens=True), row.get("prompt")
+        elif "text" in row:
+            text, question = row["text"], None
+        else:
+            raise ValueError(f"{path}:{line_no}: expected 'text', 'response' or 'response_tokens'; got {sorted(row)}.")
+        text, words = text.strip(), text.split()
+        if len(text) >= min_chars and len(set(words)) >= 0.4 * len(words):
+            out.append({"text": text, "question": question if question and len(question) < 300 else None})
     return out
 
 

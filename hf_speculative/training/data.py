@@ -19,7 +19,7 @@ import collections
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -44,28 +44,32 @@ class Example:
         return next((q + 1 for q, m in enumerate(self.loss_mask) if m), len(self.ids))
 
 
+def numbered_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, row)`` for every non-blank line of a JSONL file (numbers from 1, for messages)."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                yield line_no, json.loads(line)
+
+
 def read_examples(path: str | Path, tokenizer: Any = None, max_length: int = 1024) -> list[Example]:
     """Examples from a JSONL file of self-distillation rows or of ``{"text": ...}`` documents."""
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if "response_tokens" in row:
-                prompt, response = list(row["prompt_tokens"]), list(row["response_tokens"])
-                ids = (prompt + response)[:max_length]
-                mask = ([0] * (len(prompt) - 1) + [1] * len(response) + [0])[:max_length]
-            elif "text" in row:
-                if tokenizer is None:
-                    raise ValueError(f"{path}:{line_no}: a text corpus needs the target's tokenizer to be tokenized.")
-                ids = tokenizer(row["text"], add_special_tokens=True)["input_ids"][:max_length]
-                mask = [1] * (len(ids) - 1) + [0]
-            else:
-                raise ValueError(f"{path}:{line_no}: expected a 'text' field or self-distillation fields "
-                                 f"('prompt_tokens', 'response_tokens'); got {sorted(row)}.")
-            if len(ids) >= 4 and sum(mask) >= 2:
-                examples.append(Example(ids, mask))
+    for line_no, row in numbered_rows(path):
+        if "response_tokens" in row:
+            prompt, response = list(row["prompt_tokens"]), list(row["response_tokens"])
+            ids = (prompt + response)[:max_length]
+            mask = ([0] * (len(prompt) - 1) + [1] * len(response) + [0])[:max_length]
+        elif "text" in row:
+            if tokenizer is None:
+                raise ValueError(f"{path}:{line_no}: a text corpus needs the target's tokenizer to be tokenized.")
+            ids = tokenizer(row["text"], add_special_tokens=True)["input_ids"][:max_length]
+            mask = [1] * (len(ids) - 1) + [0]
+        else:
+            raise ValueError(f"{path}:{line_no}: expected a 'text' field or self-distillation fields "
+                             f"('prompt_tokens', 'response_tokens'); got {sorted(row)}.")
+        if len(ids) >= 4 and sum(mask) >= 2:
+            examples.append(Example(ids, mask))
     if not examples:
         raise ValueError(f"{path} holds no usable example (each needs at least 4 tokens).")
     return examples

@@ -15,6 +15,8 @@ from typing import Any, Iterable
 
 import torch
 
+from .data import numbered_rows
+
 
 def chat_text(tokenizer: Any, prompt: str) -> str:
     """The prompt as the model sees it: its chat template when it has one."""
@@ -26,8 +28,7 @@ def chat_text(tokenizer: Any, prompt: str) -> str:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [row for _, row in numbered_rows(path)]
 
 
 @torch.no_grad()

@@ -130,13 +130,13 @@ def refresh_vocabulary(net: EagleDraftModel, draft_ids: torch.Tensor, target_hea
     any size): lm_head rows of tokens it had are kept, the others start from ``target_head`` `[V, H]`."""
     if not net.config.reduced_vocab:
         raise ValueError("refresh_vocabulary: this drafter has no reduced vocabulary (EAGLE-1 shares the target's lm_head).")
-    old = net.target_ids()  # [V_old] target ids
+    draft_ids = draft_ids.to(net.lm_head.weight.device)
     rows = target_head.detach().to(net.lm_head.weight)[draft_ids].clone()  # [V', H]
-    where = {int(t): i for i, t in enumerate(old.tolist())}
-    kept = [(j, where[int(t)]) for j, t in enumerate(draft_ids.tolist()) if int(t) in where]
-    if kept:
-        new_pos, old_pos = torch.tensor(kept).T
-        rows[new_pos] = net.lm_head.weight.detach()[old_pos]
+    was = torch.full((net.config.vocab_size,), -1, dtype=torch.long, device=draft_ids.device)  # [V] old draft id
+    was[net.target_ids()] = torch.arange(net.config.draft_vocab_size, device=was.device)
+    old_pos = was[draft_ids]  # [V'] the old row of every new token, -1 for new ones
+    kept = old_pos >= 0
+    rows[kept] = net.lm_head.weight.detach()[old_pos[kept]]
     net.config.draft_vocab_size = len(draft_ids)
     net.lm_head = torch.nn.Linear(rows.shape[1], len(draft_ids), bias=False).to(rows)
     with torch.no_grad():

@@ -114,6 +114,29 @@ def test_train_exit_adapter_bad_options(tmp_path, chat_checkpoint, prompts):
         assert result.exit_code != 0 and message in (result.output + str(result.exception)), result.output
 
 
+def _first_drafter(tmp_path, chat_checkpoint, prompts, vocab_size):
+    """A first drafter trained from the tiny chat model (``OUT`` is ``tmp_path/first``): the folder, the
+    CLI options the continued runs share, the target, its tokenizer and the drafter in float32."""
+    from hf_speculative.drafters.eagle import checkpoints
+
+    first = tmp_path / "first"
+    common = ["--target", chat_checkpoint, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1]
+    run("train-eagle", *common, "--prompts", prompts, "--distill-tokens", 16, "--out", first, "--draft-vocab-size",
+        vocab_size, "--epochs", 1)
+    model, tokenizer = hfs.load_model(str(chat_checkpoint))
+    return first, common, model, tokenizer, checkpoints.load_drafter(first, dtype=torch.float32)
+
+
+def _assert_exact(model, tokenizer, drafter_dir):
+    """Greedy generation with the drafter in ``drafter_dir`` gives plain greedy's tokens."""
+    hfs.enable(model)
+    strategy = hfs.Eagle.from_pretrained(drafter_dir, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    ids = tokenizer("the cat sat on", return_tensors="pt")
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+
+
 def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, prompts):
     """``--init-from`` starts from an existing drafter's weights and keeps its draft vocabulary (a new
     run would choose its own, here of another size); the continued drafter is still exact."""
@@ -122,12 +145,7 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     from hf_speculative.training.data import read_examples
     from hf_speculative.training.start import initial_network
 
-    first = tmp_path / "first"
-    common = ["--target", chat_checkpoint, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1]
-    run("train-eagle", *common, "--prompts", prompts, "--distill-tokens", 16, "--out", first, "--draft-vocab-size", 24,
-        "--epochs", 1)
-    model, tokenizer = hfs.load_model(str(chat_checkpoint))
-    trained = checkpoints.load_drafter(first, dtype=torch.float32)
+    first, common, model, tokenizer, trained = _first_drafter(tmp_path, chat_checkpoint, prompts, 24)
 
     cfg = TrainConfig(target=str(chat_checkpoint), data=[str(first / "self_distill.jsonl")], out=str(tmp_path / "x"),
                       draft_vocab_size=20, init_from=str(first))
@@ -148,12 +166,7 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
     assert torch.equal(continued.d2t, trained.d2t)
     assert not torch.equal(continued.fc.weight, trained.fc.weight)  # it did train
 
-    hfs.enable(model)
-    strategy = hfs.Eagle.from_pretrained(second, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
-    ids = tokenizer("the cat sat on", return_tensors="pt")
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
-    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
-    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+    _assert_exact(model, tokenizer, second)
 
 
 def test_train_eagle_refresh_vocab(tmp_path, chat_checkpoint, prompts):
@@ -166,12 +179,7 @@ def test_train_eagle_refresh_vocab(tmp_path, chat_checkpoint, prompts):
     from hf_speculative.training.data import draft_vocabulary, read_examples
     from hf_speculative.training.start import initial_network
 
-    first = tmp_path / "first"
-    common = ["--target", chat_checkpoint, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1]
-    run("train-eagle", *common, "--prompts", prompts, "--distill-tokens", 16, "--out", first, "--draft-vocab-size", 16,
-        "--epochs", 1)
-    model, tokenizer = hfs.load_model(str(chat_checkpoint))
-    trained = checkpoints.load_drafter(first, dtype=torch.float32)
+    first, common, model, tokenizer, trained = _first_drafter(tmp_path, chat_checkpoint, prompts, 16)
     examples = read_examples(first / "self_distill.jsonl", tokenizer)
     cfg = TrainConfig(target=str(chat_checkpoint), data=[str(first / "self_distill.jsonl")], out=str(tmp_path / "x"),
                       draft_vocab_size=40, init_from=str(first), refresh_vocab=True)
@@ -193,12 +201,7 @@ def test_train_eagle_refresh_vocab(tmp_path, chat_checkpoint, prompts):
         "--refresh-vocab", "--draft-vocab-size", 40, "--epochs", 1)
     continued = checkpoints.load_drafter(second, dtype=torch.float32)
     assert torch.equal(continued.target_ids(), wanted)
-    hfs.enable(model)
-    strategy = hfs.Eagle.from_pretrained(second, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
-    ids = tokenizer("the cat sat on", return_tensors="pt")
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
-    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
-    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+    _assert_exact(model, tokenizer, second)
 
     with pytest.raises(ValueError, match="needs init_from"):
         TrainConfig(target="t", data=["d"], out="o", refresh_vocab=True)
