@@ -16,7 +16,7 @@ import time
 
 import torch
 
-LAYOUTS = ("none", "output", "all", "all+packed")
+LAYOUTS = ("none", "output", "all", "all+packed", "all+kernel")
 
 
 def build_models(name: str, layouts: tuple[str, ...]) -> dict:
@@ -26,8 +26,8 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     for layout in layouts:
         model, _ = hfs.load_model(name)
         if layout != "none":
-            layers, _, packed = layout.partition("+")
-            hfs.optimize_for_cpu(model, layers=layers, pack=packed == "packed")
+            layers, _, rows = layout.partition("+")
+            hfs.optimize_for_cpu(model, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
         models[layout] = model.eval()
     return models
 

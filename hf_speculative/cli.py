@@ -85,7 +85,9 @@ LayoutOpt = Annotated[
         "--cpu-layout",
         help="Re-lay out the target's fp32 CPU linear weights column-major (hfs.optimize_for_cpu) before running "
         "greedy and every method: none, output (the lm_head only) or all; output+packed / all+packed also run "
-        "products of several rows on oneDNN-packed copies (pack=True). Multi-token verification gets cheaper.",
+        "products of several rows on oneDNN-packed copies (pack=True); output+kernel / all+kernel run products of "
+        "2-16 rows on hf_speculative's AVX2 kernel (kernel=True, compiled on first use). Multi-token verification "
+        "gets cheaper.",
     ),
 ]
 
@@ -95,11 +97,11 @@ def _apply_cpu_layout(model, layout: str) -> None:
 
     if layout == "none":
         return
-    layers, plus, packed = layout.partition("+")
-    if layers not in LAYERS or (plus and packed != "packed"):
-        _fail(f"--cpu-layout {layout}: use none, output, all, output+packed or all+packed")
+    layers, plus, rows = layout.partition("+")
+    if layers not in LAYERS or (plus and rows not in ("packed", "kernel")):
+        _fail(f"--cpu-layout {layout}: use none, output, all, output+packed, all+packed, output+kernel or all+kernel")
     try:
-        optimize_for_cpu(model, layers=layers, pack=bool(plus))
+        optimize_for_cpu(model, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
     except RuntimeError as err:
         _fail(str(err))
 

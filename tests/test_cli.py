@@ -127,12 +127,13 @@ def test_compare_json(cli, chat_checkpoint):
 
 
 def test_compare_and_bench_with_cpu_layout(cli, chat_checkpoint, dataset, tmp_path):
-    result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "8",
-                 "--cpu-layout", "all+packed", "--json")
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.stdout)
-    assert payload["environment"]["cpu_layout"] == "all+packed"
-    assert all(r["identical_to_greedy"] for r in payload["results"])
+    for layout in ("all+packed", "all+kernel"):
+        result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "8",
+                     "--cpu-layout", layout, "--json")
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.stdout)
+        assert payload["environment"]["cpu_layout"] == layout
+        assert all(r["identical_to_greedy"] for r in payload["results"])
     out = tmp_path / "bench.jsonl"
     result = cli("bench", "--model", chat_checkpoint, "--methods", "prompt-lookup", "--dataset", dataset,
                  "--categories", "rag", "--per-category", "1", "--max-new-tokens", "6", "--out", out,
@@ -143,7 +144,8 @@ def test_compare_and_bench_with_cpu_layout(cli, chat_checkpoint, dataset, tmp_pa
     for bad in ("mlp", "all+fast"):
         result = cli("compare", "--model", chat_checkpoint, "--cpu-layout", bad)
         assert result.exit_code == 2
-        assert f"--cpu-layout {bad}: use none, output, all, output+packed or all+packed" in result.output
+        assert (f"--cpu-layout {bad}: use none, output, all, output+packed, all+packed, output+kernel or all+kernel"
+                in result.output)
 
 
 def test_compare_table(cli, chat_checkpoint):

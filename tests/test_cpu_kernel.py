@@ -1,0 +1,173 @@
+"""``optimize_for_cpu(model, kernel=True)``: the skinny CPU kernel equals ``F.linear``, a row's
+product does not depend on the rows computed with it, the model keeps its parameters, and every
+drafter stays token-identical to plain greedy on it. Compiled once per machine (about a minute)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_speculative as hfs
+from hf_speculative import cpu_kernel
+from hf_speculative.cpu_kernel import MAX_ROWS, KernelLinear
+from hf_speculative.cpu_layout import PackedLinear, cpu_layout
+from tests.conftest import build_model, make_drafter, prompt_inputs, stock_generate
+
+needs_kernel = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
+GREEDY = dict(do_sample=False, max_new_tokens=40)
+
+
+def _linears(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _column_major(out_features: int, in_features: int) -> torch.Tensor:
+    return torch.randn(out_features, in_features).t().contiguous().t()  # [out, in] on [in, out] storage
+
+
+class _Counting:
+    """Stands in for the built extension and counts its calls (rows per call)."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def skinny_linear(self, x, weight, bias):
+        self.calls.append(x.shape[0])
+        return self.kernel.skinny_linear(x, weight, bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(8, 16), (7, 13), (192, 576), (1030, 40), (3, 9)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_equals_linear(shape, with_bias):
+    weight = _column_major(*shape)
+    bias = torch.randn(shape[0]) if with_bias else None
+    for rows in (1, 2, 3, 5, 8, 9, 16, 19):
+        x = torch.randn(rows, shape[1])
+        # sums of `in` products in another order: fp32 rounding grows with the length
+        torch.testing.assert_close(cpu_kernel.skinny_linear(x, weight, bias), F.linear(x, weight, bias),
+                                   rtol=1e-5, atol=1e-6 * shape[1])
+
+
+@needs_kernel
+def test_a_rows_product_does_not_depend_on_the_other_rows():
+    weight = _column_major(1100, 72)  # a partial panel, an input length with a tail after blocks of 8
+    x = torch.randn(17, 72)
+    alone = torch.cat([cpu_kernel.skinny_linear(x[i : i + 1], weight) for i in range(17)])
+    for rows in range(2, 18):
+        assert torch.equal(cpu_kernel.skinny_linear(x[:rows], weight), alone[:rows]), rows
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(cpu_kernel.skinny_linear(x, weight), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch):
+    model = build_model(arch)
+    ids = prompt_inputs()["input_ids"].repeat(1, 2)  # [1, 28]: more rows than the kernel takes
+    with torch.no_grad():
+        before, few = model(ids).logits, model(ids[:, :3]).logits
+    params = dict(model.named_parameters())
+    keys = list(model.state_dict())
+
+    changed = hfs.optimize_for_cpu(model, kernel=True)
+
+    assert changed == len(_linears(model))
+    assert cpu_layout(model) == "all+kernel"
+    assert all(type(m) is KernelLinear for m in _linears(model))
+    assert dict(model.named_parameters()) == params and list(model.state_dict()) == keys
+    calls = []
+    monkeypatch.setattr(cpu_kernel, "_KERNEL", _Counting(cpu_kernel.load_kernel(), calls))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids[:, :3]).logits, few, rtol=1e-5, atol=1e-5)
+        assert calls and set(calls) == {3}  # verification-sized products: the kernel
+        calls.clear()
+        assert ids.shape[1] > MAX_ROWS
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+        assert not calls  # a prefill: BLAS
+
+    assert hfs.optimize_for_cpu(model, enable=False) == changed
+    assert cpu_layout(model) == "none"
+    assert all(type(m) is torch.nn.Linear for m in _linears(model))
+
+
+@needs_kernel
+def test_switching_between_packed_and_kernel():
+    model = build_model("llama")
+    hfs.optimize_for_cpu(model, pack=True)
+    assert hfs.optimize_for_cpu(model, kernel=True) == len(_linears(model))
+    assert cpu_layout(model) == "all+kernel" and not any(hasattr(m, "_hfs_packed") for m in _linears(model))
+    hfs.optimize_for_cpu(model, pack=True)
+    assert cpu_layout(model) == "all+packed" and all(type(m) is PackedLinear for m in _linears(model))
+    assert hfs.optimize_for_cpu(model, layers="output", kernel=True) == 1
+    assert cpu_layout(model) == "mixed"
+    with pytest.raises(ValueError, match="choose one"):
+        hfs.optimize_for_cpu(model, pack=True, kernel=True)
+
+
+@needs_kernel
+def test_someone_elses_linear_subclass_is_left_alone():
+    class Custom(torch.nn.Linear):
+        pass
+
+    model = torch.nn.Sequential(Custom(8, 8), torch.nn.Linear(8, 4))
+    assert hfs.optimize_for_cpu(model, kernel=True) == 2  # both re-laid out
+    assert type(model[0]) is Custom and type(model[1]) is KernelLinear
+
+
+@needs_kernel
+def test_kernel_layers_still_train_copy_and_save(tmp_path):
+    model = build_model("qwen2")
+    hfs.optimize_for_cpu(model, kernel=True)
+    ids = prompt_inputs()["input_ids"][:, :6]
+    model(ids, labels=ids).loss.backward()  # gradients: F.linear
+    assert all(m.weight.grad is not None and m.weight.grad.abs().sum() > 0 for m in _linears(model))
+    with torch.no_grad():
+        expected = model(ids).logits
+    twin = copy.deepcopy(model)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    model.save_pretrained(tmp_path / "hf")
+    again = type(model).from_pretrained(tmp_path / "hf")
+    assert cpu_layout(twin) == cpu_layout(loaded) == "all+kernel"
+    with torch.no_grad():
+        for other in (twin, loaded, again):
+            torch.testing.assert_close(other(ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_errors_name_the_fix(monkeypatch):
+    model = build_model("llama")
+    monkeypatch.setattr(cpu_kernel, "cpu_supports_kernel", lambda: False)
+    with pytest.raises(RuntimeError, match="AVX2 and FMA.*pack=True"):
+        hfs.optimize_for_cpu(model, kernel=True)
+    monkeypatch.setattr(cpu_kernel, "cpu_supports_kernel", lambda: True)
+    monkeypatch.setattr(cpu_kernel, "_KERNEL", None)
+
+    def no_compiler():
+        raise OSError("g++: command not found")
+
+    monkeypatch.setattr(cpu_kernel, "_build", no_compiler)
+    with pytest.raises(RuntimeError, match=r"could not compile.*g\+\+: command not found.*pack=True"):
+        hfs.optimize_for_cpu(model, kernel=True)
+    assert cpu_layout(model) == "none"  # nothing changed
+
+
+@needs_kernel
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "draft-model", "eagle3", "early-exit", "oracle",
+                                          "adversary"])
+def test_drafters_identical_to_greedy_on_the_kernel(arch, drafter_name, monkeypatch):
+    model = hfs.enable(build_model(arch))
+    hfs.optimize_for_cpu(model, kernel=True)
+    ref = stock_generate(model, **prompt_inputs(), **GREEDY)
+    calls = []
+    monkeypatch.setattr(cpu_kernel, "_KERNEL", _Counting(cpu_kernel.load_kernel(), calls))
+    torch.manual_seed(0)
+    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=make_drafter(drafter_name, model, ref))
+    assert out.tolist() == ref.tolist()
+    assert any(rows > 1 for rows in calls)  # drafts were verified on the kernel
