@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .cpu_kernel import KernelLinear, load_kernel
 from .drafters import policy
 
 
@@ -95,10 +96,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             "use optimize_for_cpu(model) without pack on this build."
         )
     if kernel and enable:
-        from .cpu_kernel import load_kernel
-
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
-    wanted = (PackedLinear if pack else _kernel_class() if kernel else torch.nn.Linear) if enable else torch.nn.Linear
+    wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
     changed, seen = 0, set()
     with torch.no_grad():
         for module in _modules(model, layers):
@@ -131,7 +130,7 @@ def cpu_layout(model: torch.nn.Module) -> str:
     weights = {id(m.weight): m.weight for m in modules}
     converted = {key for key, w in weights.items() if _converted(w)}
     packed = {id(m.weight) for m in modules if type(m) is PackedLinear}
-    kernel = {id(m.weight) for m in modules if type(m) is _kernel_class()}
+    kernel = {id(m.weight) for m in modules if type(m) is KernelLinear}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not converted:
         layout = "none"
@@ -210,16 +209,10 @@ def _can_pack() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def _kernel_class() -> type:
-    from .cpu_kernel import KernelLinear
-
-    return KernelLinear
-
-
 def _set_class(module: torch.nn.Module, wanted: type) -> bool:
     """Swap ``module`` in place between ``nn.Linear`` and the classes ``optimize_for_cpu`` makes
     (``PackedLinear``, ``KernelLinear``); True when it changed."""
-    ours = (torch.nn.Linear, PackedLinear, _kernel_class())
+    ours = (torch.nn.Linear, PackedLinear, KernelLinear)
     if type(module) is wanted or type(module) not in ours:  # a subclass of someone else's is left alone
         return False
     if type(module) is PackedLinear:
