@@ -11,6 +11,7 @@ from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from .cpu_layout import optimize_for_cpu
 from .drafters.draft_model import DraftModel
 from .drafters.eagle.drafter import Eagle
+from .drafters.hybrid import Hybrid
 from .drafters.prompt_lookup import PromptLookup
 from .drafters.self_speculative import EarlyExit, LayerSkip
 from .integration import disable, enable, is_enabled, last_stats, speculative_generate
@@ -25,6 +26,7 @@ __all__ = [
     "DraftStrategy",
     "EarlyExit",
     "Eagle",
+    "Hybrid",
     "LayerSkip",
     "PromptLookup",
     "SpeculativeCandidateGenerator",

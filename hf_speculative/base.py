@@ -138,6 +138,11 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         """Called after every target forward (adapt the draft length, roll back caches).
         ``self.last_verify_s`` holds that forward's time, ``self.last_scores`` its processed logits."""
 
+    def follow_verified(self, input_ids: torch.LongTensor, num_accepted: int, num_proposed: int) -> None:
+        """Called instead of :meth:`on_verified` when the forward verified *another* drafter's draft
+        (``hfs.Hybrid``): keep the per-call state that must see every target forward in step (e.g.
+        captured hidden states), without learning from a draft this drafter did not make."""
+
     @property
     def after_prefill(self) -> bool:
         """True once the target's forwards are decoding steps (the first one also prefilled the prompt)."""

@@ -122,6 +122,19 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     return changed
 
 
+def follow_layout(module: torch.nn.Module, reference: torch.nn.Module) -> int:
+    """Lay out a drafter network's fp32 CPU linear weights as its target's are: all column-major,
+    with the same path for products of several rows, when any of the target's are column-major;
+    left alone otherwise. A drafting step is a one-row product of every weight, as the target's
+    decoding steps are (SmolLM2's EAGLE drafter: 4.4 ms row-major, 3.4 ms column-major). Returns
+    how many layers changed."""
+    layout = cpu_layout(reference)
+    if layout in ("none", "mixed"):
+        return 0
+    rows = layout.partition("+")[2]
+    return optimize_for_cpu(module, pack=rows == "packed", kernel=rows == "kernel")
+
+
 def cpu_layout(model: torch.nn.Module) -> str:
     """Which of ``model``'s fp32 CPU linear weights are column-major: ``"all"``, ``"output"`` (the
     lm_head only), ``"none"`` (or no such weights), or ``"mixed"``; ``"+packed"`` (``"+kernel"``)

@@ -278,6 +278,16 @@ def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": strategy}
 
 
+def _build_eagle_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("eagle+lookup")
+    eagle = _build_eagle(model, tokenizer, options)["candidate_generator"]  # --eagle, --num-tokens
+    max_ngram = spec.option(options, "max_ngram")
+    lookup = hfs.PromptLookup() if max_ngram is None else hfs.PromptLookup(max_ngram=int(max_ngram))
+    return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
+
+
 def _self_speculative_options(spec: MethodSpec, options: dict) -> dict:
     keep = {key: spec.option(options, key) for key in ("num_tokens",)}
     return {key: int(value) for key, value in keep.items() if value is not None}
@@ -377,6 +387,14 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_eagle,
             {"eagle": None, "num_tokens": None},
+        ),
+        MethodSpec(
+            "eagle+lookup",
+            "EAGLE + lookup (hfs)",
+            "hf_speculative's hybrid: prompt lookup when an n-gram match pays, else the EAGLE drafter (hfs.Hybrid).",
+            "hfs",
+            _build_eagle_lookup,
+            {"eagle": None, "num_tokens": None, "max_ngram": None},
         ),
         MethodSpec(
             "early-exit",

@@ -42,7 +42,7 @@ SLIDING_WINDOW = 8
 # Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
-            "early-exit-adapter", "layer-skip", "layer-skip-auto", "oracle", "adversary")
+            "early-exit-adapter", "layer-skip", "layer-skip-auto", "hybrid", "oracle", "adversary")
 _UNSET = object()
 
 
@@ -265,6 +265,10 @@ def make_drafter(name: str, target, reference):
         return hfs.LayerSkip(skip=[0], num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if name == "layer-skip-auto":
         return hfs.LayerSkip("auto", calibration_tokens=4, num_tokens=5, confidence_threshold=0.0, adaptive=False)
+    if name == "hybrid":
+        # trigram matches only: the lookup drafts once the text repeats itself, EAGLE before that
+        return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, num_tokens=4, adaptive=False),
+                          make_drafter("eagle3", target, reference))
     if name == "oracle":
         return OracleCandidateGenerator(reference, num_tokens=6)
     if name == "adversary":

@@ -229,3 +229,29 @@ def test_drafters_identical_to_greedy_when_packed(arch, drafter_name):
         torch.manual_seed(0)
         model.generate(**prompt_inputs(), **GREEDY, candidate_generator=make_drafter(drafter_name, model, ref))
     assert calls  # verification ran on the packed weights
+
+
+@pytest.mark.parametrize("layout", ["none", "output", "all", "all+packed", "all+kernel"])
+def test_a_loaded_eagle_drafter_follows_the_targets_layout(tmp_path, layout):
+    """``Eagle.from_pretrained(..., target=model)`` lays the drafter out as the target is (its
+    drafting steps are one-row products too), and it still drafts exactly."""
+    from hf_speculative import cpu_kernel
+    from hf_speculative.drafters.eagle import checkpoints
+    from tests.conftest import random_eagle
+
+    if layout.endswith("kernel") and not cpu_kernel.cpu_supports_kernel():
+        pytest.skip("the kernel needs AVX2 and FMA")
+    target = hfs.enable(build_model("llama"))
+    checkpoints.save_pretrained(random_eagle(target), tmp_path / "eagle")
+    ref = stock_generate(target, **prompt_inputs(), **GREEDY)
+    if layout != "none":
+        layers, _, rows = layout.partition("+")
+        hfs.optimize_for_cpu(target, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
+    eagle = hfs.Eagle.from_pretrained(tmp_path / "eagle", target=target, num_tokens=4, confidence_threshold=0.0,
+                                      adaptive=False)
+    expected = {"none": "none", "output": "all"}.get(layout, layout)  # the drafter has no "output" of its own
+    assert cpu_layout(eagle.drafter) == expected
+    assert hfs.Eagle.from_pretrained(tmp_path / "eagle").drafter.fc.weight.is_contiguous()  # no target: as stored
+    out = target.generate(**prompt_inputs(), **GREEDY, candidate_generator=eagle)
+    assert out.tolist() == ref.tolist()
+    assert hfs.last_stats(target).drafted_tokens > 0

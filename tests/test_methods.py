@@ -15,7 +15,7 @@ NEEDS_EARLY_EXIT = pytest.mark.skipif(
     not hasattr(transformers.GenerationConfig(), "assistant_early_exit"),
     reason="transformers' assistant_early_exit arrived in 4.47",
 )
-BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "early-exit", "early-exit-adapter", "layer-skip",
+BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "eagle+lookup", "early-exit", "early-exit-adapter", "layer-skip",
            "hf-prompt-lookup", "hf-assisted", "hf-early-exit"]
 # A prompt that repeats itself, so that prompt lookup finds n-grams to draft from.
 PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
@@ -58,6 +58,7 @@ def test_builtin_methods_are_registered_in_order():
         "prompt-lookup": "hfs",
         "draft-model": "hfs",
         "eagle": "hfs",
+        "eagle+lookup": "hfs",
         "early-exit": "hfs",
         "early-exit-adapter": "hfs",
         "layer-skip": "hfs",
@@ -180,3 +181,22 @@ def test_early_exit_adapter_method(target, tmp_path):
     run = run_method("early-exit-adapter", target, None, PROMPT, options=options, max_new_tokens=24)
     assert run.output_ids == greedy.output_ids
     assert run.extra["early-exit"]["adapter"] == str(tmp_path / "adapter")
+
+
+def test_eagle_lookup_method(target, tmp_path):
+    from hf_speculative.drafters.eagle import checkpoints
+    from tests.conftest import random_eagle
+
+    with pytest.raises(ValueError, match="--eagle PATH"):
+        run_method("eagle+lookup", target, None, PROMPT, max_new_tokens=8)
+    checkpoints.save_pretrained(random_eagle(target), tmp_path / "eagle")
+    greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
+    options = {"eagle": str(tmp_path / "eagle"), "num_tokens": 3, "max_ngram": 2}
+    run = run_method("eagle+lookup", target, None, PROMPT, options=options, max_new_tokens=24)
+    again = run_method("eagle+lookup", target, None, PROMPT, options=options, max_new_tokens=24)
+    assert run.output_ids == again.output_ids == greedy.output_ids
+    assert set(run.extra["hybrid"]) == {"prompt-lookup", "eagle"}
+    assert len(options["_eagle_strategies"]) == 1  # the drafter is loaded once for all calls
+    strategy = get_method("eagle+lookup").build(target, None, options)["candidate_generator"]
+    lookup, eagle = strategy.strategies
+    assert (lookup.max_ngram, eagle.num_tokens) == (2, 3)

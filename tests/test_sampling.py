@@ -252,6 +252,26 @@ def test_prompt_lookup_sampling_follows_the_target(target, lookup_prompt, adapti
     assert_same_distribution(samples, exact, plain)
 
 
+def test_hybrid_sampling_follows_the_target(target, lookup_prompt, close_drafter):
+    """Lookup drafts (no logits: checked against a token the target samples) and draft-model drafts
+    (rejection sampling on their logits) in the same calls: trigram matches only, so the draft
+    model drafts whenever the sampled text breaks the pattern."""
+    exact, plain = references(target, lookup_prompt)
+    strategy = hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, adaptive=False),
+                          hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False))
+    torch.manual_seed(1234)
+    counts, members = Counter(), Counter()
+    for _ in range(N_SPECULATIVE):
+        out = target.generate(**inputs(lookup_prompt), do_sample=True, temperature=1.0, max_new_tokens=NEW,
+                              candidate_generator=strategy)
+        counts[cell(out[0, len(lookup_prompt):].tolist(), None)] += 1
+        for name, figures in hfs.last_stats(target).extra["hybrid"].items():
+            members.update({f"{name} drafted": figures["drafted"], f"{name} accepted": figures["accepted"]})
+    for name in ("prompt-lookup", "draft-model"):  # both kinds of draft, both accepted and rejected
+        assert 0 < members[f"{name} accepted"] < members[f"{name} drafted"], members
+    assert_same_distribution(counts, exact, plain)
+
+
 class _LyingGenerator(DraftModelCandidateGenerator):
     """Samples its draft from the drafter's distribution q, but reports other logits."""
 

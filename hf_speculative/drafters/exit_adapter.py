@@ -155,6 +155,10 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
+        self.follow_verified(input_ids, num_accepted, num_proposed)
+        super().on_verified(input_ids, num_accepted, num_proposed)
+
+    def follow_verified(self, input_ids, num_accepted, num_proposed):
         valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', H]
         if valid is not None:
             first = self.known == 0
@@ -166,7 +170,6 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
             # Some forward was not seen (or seen twice): exit states no longer line up with tokens.
             # Drafting stops for this call; the output stays exact, only the speedup is lost.
             self._lost = True
-        super().on_verified(input_ids, num_accepted, num_proposed)
 
     def close(self):
         self.tap.remove()

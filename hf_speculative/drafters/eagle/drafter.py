@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...cpu_layout import follow_layout
 from ...features import FeatureTap
 from ..policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
                       record_draft_step, sample_chain, verify_costs_for)
@@ -94,6 +95,7 @@ class Eagle(DraftStrategy):
         net.requires_grad_(False)
         if param is not None:
             net.to(param.device)
+            follow_layout(net, target)  # after hfs.optimize_for_cpu(target): the drafter's steps gain alike
         strategy = cls(drafter=net, **options)
         if target is not None:
             strategy.validate_target(target)
@@ -178,6 +180,11 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
+        self.follow_verified(input_ids, num_accepted, num_proposed)
+        # (the prefill's forward is not a verification: it says nothing of verify costs)
+        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
+
+    def follow_verified(self, input_ids, num_accepted, num_proposed):
         valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', F]
         if valid is not None:
             self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
@@ -186,8 +193,6 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             # Some forward was not seen (or seen twice): features no longer line up with tokens.
             # Drafting stops for this call; the output stays exact, only the speedup is lost.
             self._lost = True
-        # (the prefill's forward is not a verification: it says nothing of verify costs)
-        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
 
     def close(self):
         self.tap.remove()
