@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from typing import Any, Iterator
 
 import gradio as gr
@@ -123,9 +124,16 @@ def _api_signature(fn: Any, slots: list[OptionSlot]) -> inspect.Signature:
     """``fn``'s signature with ``*option_values`` spelled out as ``<method>__<option>`` parameters, so that
     API clients (gradio_client) see one named parameter per method option."""
     fixed = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_POSITIONAL]
-    names = [f"{slot.method}__{slot.key}".replace("-", "_") for slot in slots]
+    names = [_identifier(f"{slot.method}__{slot.key}") for slot in slots]
     extra = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=s.default) for n, s in zip(names, slots)]
     return inspect.Signature(fixed + extra)
+
+
+def _identifier(name: str) -> str:
+    """A method option's name as a Python parameter name: ``eagle+lookup__eagle`` ->
+    ``eagle_plus_lookup__eagle`` (registered method names may hold any character)."""
+    out = re.sub(r"\W", "_", name.replace("+", "_plus_"))
+    return out if out.isidentifier() else f"_{out}"
 
 
 def _versions() -> str:

@@ -173,3 +173,22 @@ def test_an_unexpected_failure_before_the_run_is_a_message_too(tiny_chat_dir):
     status, results = outputs[-1][0], outputs[-1][-1]
     assert status == "**⚠️ Unexpected error: this tokenizer cannot encode**"
     assert results == {"error": "Unexpected error: this tokenizer cannot encode"}
+
+
+def test_api_parameter_names_are_identifiers_for_any_method_name():
+    import inspect
+
+    from hf_speculative.app.request import option_slots
+    from hf_speculative.app.ui import _api_signature, _identifier
+
+    assert _identifier("eagle+lookup__eagle") == "eagle_plus_lookup__eagle"
+    assert _identifier("prompt-lookup__num_tokens") == "prompt_lookup__num_tokens"
+    assert _identifier("9x.y__k").isidentifier()
+
+    def compare(prompt, *option_values):
+        return None
+
+    names = list(_api_signature(compare, option_slots()).parameters)
+    assert "eagle_plus_lookup__eagle" in names and len(names) == len(set(names))
+    assert all(name.isidentifier() for name in names)
+    inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])
