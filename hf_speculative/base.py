@@ -52,6 +52,8 @@ class CallContext:
     # the loop's model kwargs when the generator was built; their ``past_key_values`` is the
     # target's cache for the whole call (self-speculative drafters write into it and crop it back)
     model_kwargs: dict | None = None
+    # said once per call, however many generators serve it (the members of an ``hfs.Hybrid``)
+    warned_no_speculation: bool = False
 
     @property
     def do_sample(self) -> bool:
@@ -112,7 +114,8 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         self._speculation_disabled = (
             ctx.do_sample and bool(self._custom_criteria) and not compat.HAS_IS_DONE_CANDIDATE_RULE
         )
-        if self._speculation_disabled:
+        if self._speculation_disabled and not ctx.warned_no_speculation:
+            ctx.warned_no_speculation = True
             logger.warning(
                 "hf_speculative: sampling with stop strings or custom stopping criteria cannot be verified "
                 "losslessly by transformers %s's assisted loop; no tokens will be drafted in this call. "

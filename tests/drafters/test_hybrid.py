@@ -192,3 +192,25 @@ def test_members_are_checked_against_the_target():
     out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5,
                           candidate_generator=hfs.Hybrid(hfs.PromptLookup(), hfs.DraftModel(build_model("llama", 5))))
     assert out.tolist() == ref.tolist()
+
+
+def test_the_no_speculation_warning_is_said_once_per_call(monkeypatch, caplog):
+    """Sampling with a custom stopping criterion on a transformers whose loop cannot verify it
+    losslessly: nothing is drafted, and the warning is logged once, not once per member."""
+    import logging
+
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from hf_speculative import compat
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    monkeypatch.setattr(compat, "HAS_IS_DONE_CANDIDATE_RULE", False)
+    target = hfs.enable(build_model("llama"))
+    with caplog.at_level(logging.WARNING, logger="hf_speculative.base"):
+        target.generate(**prompt_inputs(), do_sample=True, max_new_tokens=6, stopping_criteria=StoppingCriteriaList([Never()]),
+                        candidate_generator=hfs.Hybrid(hfs.PromptLookup(adaptive=False), hfs.PromptLookup(min_ngram=2)))
+    assert hfs.last_stats(target).drafted_tokens == 0
+    assert sum("no tokens will be drafted" in r.getMessage() for r in caplog.records) == 1
