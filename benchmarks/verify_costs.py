@@ -21,13 +21,12 @@ LAYOUTS = ("none", "output", "all", "all+packed", "all+kernel")
 
 def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     import hf_speculative as hfs
+    from hf_speculative.cpu_layout import apply_layout
 
     models = {}
     for layout in layouts:
         model, _ = hfs.load_model(name)
-        if layout != "none":
-            layers, _, rows = layout.partition("+")
-            hfs.optimize_for_cpu(model, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
+        apply_layout(model, layout)
         models[layout] = model.eval()
     return models
 

@@ -93,15 +93,12 @@ LayoutOpt = Annotated[
 
 
 def _apply_cpu_layout(model, layout: str) -> None:
-    from .cpu_layout import LAYERS, optimize_for_cpu
+    from .cpu_layout import LAYOUT_NAMES, apply_layout
 
-    if layout == "none":
-        return
-    layers, plus, rows = layout.partition("+")
-    if layers not in LAYERS or (plus and rows not in ("packed", "kernel")):
+    if layout not in LAYOUT_NAMES:
         _fail(f"--cpu-layout {layout}: use none, output, all, output+packed, all+packed, output+kernel or all+kernel")
     try:
-        optimize_for_cpu(model, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
+        apply_layout(model, layout)
     except RuntimeError as err:
         _fail(str(err))
 

@@ -122,6 +122,20 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     return changed
 
 
+LAYOUT_NAMES = ("none", "output", "all", "output+packed", "all+packed", "output+kernel", "all+kernel")
+
+
+def apply_layout(model: torch.nn.Module, layout: str) -> int:
+    """``optimize_for_cpu`` by the name :func:`cpu_layout` reports (``"all+kernel"``: ``layers="all",
+    kernel=True``); ``"none"`` leaves ``model`` as it is. Returns how many linear layers changed."""
+    if layout not in LAYOUT_NAMES:
+        raise ValueError(f"Unknown CPU layout {layout!r}: use one of {', '.join(LAYOUT_NAMES)}.")
+    if layout == "none":
+        return 0
+    layers, _, rows = layout.partition("+")
+    return optimize_for_cpu(model, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
+
+
 def follow_layout(module: torch.nn.Module, reference: torch.nn.Module) -> int:
     """Lay out a drafter network's fp32 CPU linear weights as its target's are: all column-major,
     with the same path for products of several rows, when any of the target's are column-major;
@@ -131,8 +145,8 @@ def follow_layout(module: torch.nn.Module, reference: torch.nn.Module) -> int:
     layout = cpu_layout(reference)
     if layout in ("none", "mixed"):
         return 0
-    rows = layout.partition("+")[2]
-    return optimize_for_cpu(module, pack=rows == "packed", kernel=rows == "kernel")
+    _, plus, rows = layout.partition("+")
+    return apply_layout(module, f"all{plus}{rows}")
 
 
 def cpu_layout(model: torch.nn.Module) -> str:

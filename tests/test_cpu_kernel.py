@@ -15,13 +15,10 @@ from hf_speculative import cpu_kernel
 from hf_speculative.cpu_kernel import MAX_ROWS, KernelLinear
 from hf_speculative.cpu_layout import PackedLinear, cpu_layout
 from tests.conftest import build_model, make_drafter, prompt_inputs, stock_generate
+from tests.test_cpu_layout import _linears, convert_keeping_parameters, restore_row_major
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
 GREEDY = dict(do_sample=False, max_new_tokens=40)
-
-
-def _linears(model):
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def _column_major(out_features: int, in_features: int) -> torch.Tensor:
@@ -73,15 +70,9 @@ def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch)
     ids = prompt_inputs()["input_ids"].repeat(1, 2)  # [1, 28]: more rows than the kernel takes
     with torch.no_grad():
         before, few = model(ids).logits, model(ids[:, :3]).logits
-    params = dict(model.named_parameters())
-    keys = list(model.state_dict())
 
-    changed = hfs.optimize_for_cpu(model, kernel=True)
+    changed = convert_keeping_parameters(model, KernelLinear, "all+kernel", kernel=True)
 
-    assert changed == len(_linears(model))
-    assert cpu_layout(model) == "all+kernel"
-    assert all(type(m) is KernelLinear for m in _linears(model))
-    assert dict(model.named_parameters()) == params and list(model.state_dict()) == keys
     calls = []
     monkeypatch.setattr(cpu_kernel, "_KERNEL", _Counting(cpu_kernel.load_kernel(), calls))
     with torch.no_grad():
@@ -92,9 +83,7 @@ def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch)
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
         assert not calls  # a prefill: BLAS
 
-    assert hfs.optimize_for_cpu(model, enable=False) == changed
-    assert cpu_layout(model) == "none"
-    assert all(type(m) is torch.nn.Linear for m in _linears(model))
+    restore_row_major(model, changed)
 
 
 @needs_kernel

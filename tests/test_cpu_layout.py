@@ -11,7 +11,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import cpu_layout as cpu_layout_module
-from hf_speculative.cpu_layout import PackedLinear, cpu_layout
+from hf_speculative.cpu_layout import PackedLinear, apply_layout, cpu_layout
 from hf_speculative.drafters import policy
 from tests.conftest import PROMPT, build_model, make_drafter, prompt_inputs, stock_generate
 
@@ -20,6 +20,26 @@ GREEDY = dict(do_sample=False, max_new_tokens=40)
 
 def _linears(model):
     return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def convert_keeping_parameters(model, layer_class: type, layout: str, **options) -> int:
+    """``optimize_for_cpu(model, **options)``, checked: every linear layer changed to
+    ``layer_class``, ``cpu_layout`` reports ``layout``, parameters and state-dict keys are kept."""
+    params = dict(model.named_parameters())
+    keys = list(model.state_dict())
+    changed = hfs.optimize_for_cpu(model, **options)
+    assert changed == len(_linears(model))
+    assert cpu_layout(model) == layout
+    assert all(type(m) is layer_class for m in _linears(model))
+    assert dict(model.named_parameters()) == params and list(model.state_dict()) == keys
+    return changed
+
+
+def restore_row_major(model, changed: int) -> None:
+    """``optimize_for_cpu(model, enable=False)`` undoes the ``changed`` layers: plain ``nn.Linear`` again."""
+    assert hfs.optimize_for_cpu(model, enable=False) == changed
+    assert cpu_layout(model) == "none"
+    assert all(type(m) is torch.nn.Linear for m in _linears(model))
 
 
 def test_values_parameters_and_output_are_kept(arch):
@@ -113,6 +133,10 @@ def test_output_layer_only_and_bad_option():
     assert cpu_layout(model) == "mixed"
     with pytest.raises(ValueError, match="use one of"):
         hfs.optimize_for_cpu(model, layers="mlp")
+    for name in ("all+fast", "mlp", "output+"):
+        with pytest.raises(ValueError, match=r"Unknown CPU layout .*: use one of none, output, all, output\+packed"):
+            apply_layout(model, name)
+    assert apply_layout(model, "none") == 0 and cpu_layout(model) == "mixed"  # "none": left as it is
 
 
 # --- pack=True: oneDNN-packed products of several rows (PackedLinear) -------------------------
@@ -123,15 +147,9 @@ def test_packed_keeps_parameters_state_dict_and_outputs(arch):
     ids = prompt_inputs()["input_ids"]
     with torch.no_grad():
         before, one_row = model(ids).logits, model(ids[:, :1]).logits
-    params = dict(model.named_parameters())
-    keys = list(model.state_dict())
 
-    changed = hfs.optimize_for_cpu(model, pack=True)
+    changed = convert_keeping_parameters(model, PackedLinear, "all+packed", pack=True)
 
-    assert changed == len(_linears(model))
-    assert cpu_layout(model) == "all+packed"
-    assert all(type(m) is PackedLinear for m in _linears(model))
-    assert dict(model.named_parameters()) == params and list(model.state_dict()) == keys
     assert all(m._hfs_packed.tensor is not None for m in _linears(model))  # packed now, not in a verification
     calls = []
     with torch.no_grad(), _counting_packed_products(calls):
@@ -140,9 +158,8 @@ def test_packed_keeps_parameters_state_dict_and_outputs(arch):
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
     assert len(calls) == len(_linears(model))  # several rows: the packed copies
 
-    assert hfs.optimize_for_cpu(model, enable=False) == changed
-    assert cpu_layout(model) == "none"
-    assert all(type(m) is torch.nn.Linear and not hasattr(m, "_hfs_packed") for m in _linears(model))
+    restore_row_major(model, changed)
+    assert not any(hasattr(m, "_hfs_packed") for m in _linears(model))
 
 
 @contextlib.contextmanager
@@ -244,9 +261,7 @@ def test_a_loaded_eagle_drafter_follows_the_targets_layout(tmp_path, layout):
     target = hfs.enable(build_model("llama"))
     checkpoints.save_pretrained(random_eagle(target), tmp_path / "eagle")
     ref = stock_generate(target, **prompt_inputs(), **GREEDY)
-    if layout != "none":
-        layers, _, rows = layout.partition("+")
-        hfs.optimize_for_cpu(target, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
+    apply_layout(target, layout)
     eagle = hfs.Eagle.from_pretrained(tmp_path / "eagle", target=target, num_tokens=4, confidence_threshold=0.0,
                                       adaptive=False)
     expected = {"none": "none", "output": "all"}.get(layout, layout)  # the drafter has no "output" of its own

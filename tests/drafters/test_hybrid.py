@@ -11,7 +11,7 @@ import hf_speculative as hfs
 from hf_speculative.base import SpeculativeCandidateGenerator
 from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
 from tests.conftest import PROMPT, build_model, prompt_inputs, stock_generate
-from tests.drafters.eagle.test_drafter import train_on_own_text
+from tests.drafters.eagle.test_drafter import _hook_count, train_on_own_text
 
 L = len(PROMPT)
 GREEDY = dict(do_sample=False, max_new_tokens=40, eos_token_id=None)
@@ -154,10 +154,9 @@ def test_later_members_are_asked_only_when_earlier_ones_draft_nothing(trained):
 
 def test_members_are_closed_after_the_call_and_after_an_error(trained):
     target, net, _ = trained
-    hooks = lambda: sum(len(m._forward_hooks) for m in target.modules())  # noqa: E731
-    before = hooks()
+    before = _hook_count(target)
     target.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.Hybrid(hfs.PromptLookup(), _eagle(net)))
-    assert hooks() == before
+    assert _hook_count(target) == before
 
     class Broken(hfs.PromptLookup):
         def open(self, ctx):
@@ -165,7 +164,7 @@ def test_members_are_closed_after_the_call_and_after_an_error(trained):
 
     with pytest.raises(RuntimeError, match="cannot open"):
         target.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.Hybrid(_eagle(net), Broken()))
-    assert hooks() == before  # the EAGLE member opened first had its hooks removed
+    assert _hook_count(target) == before  # the EAGLE member opened first had its hooks removed
 
 
 def test_errors_name_the_fix():
