@@ -212,11 +212,13 @@ class ChainLengthPolicy:
     target forwards: the extra cost of verifying one more token, plus one drafter step for every
     token after the first. When even the first token does not pay for several steps, drafting
     pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own backoff) while the measured
-    profit of recent drafts is negative: accepted tokens minus what the draft cost in target
-    forwards (its drafter steps, the first one included, plus the extra verification). This is
-    what stops a drafter whose every step is expensive (self-speculation) from losing time to
-    confident but wrong drafts. Decisions depend on past drafts only, never on the token being
-    sampled, so the rejection sampler stays exact.
+    profit of recent attempts is negative: accepted tokens minus what the attempt cost in target
+    forwards (its drafter steps, the first one included, plus the extra verification). An attempt
+    that drafted nothing still paid its first drafter step, and counts as that loss. This is what
+    stops a drafter whose every step is expensive (self-speculation) from losing time to confident
+    but wrong drafts, and one that is asked often but rarely drafts (EAGLE beside prompt lookup on
+    translation) from paying a drafter step at every target forward. Decisions depend on past
+    attempts only, never on the token being sampled, so the rejection sampler stays exact.
 
     Args:
         verify_costs (`VerifyCostModel`): the target's measured verify costs.
@@ -282,9 +284,11 @@ class ChainLengthPolicy:
         if num_drafted:
             self._unprofitable, self._backoff = 0, 1
             return
+        self._learn(-max(self._steps, 1) * self.draft_price())  # the step that chose to draft nothing
         self._unprofitable += 1
         if self._unprofitable >= 2:
-            self._pause, self._backoff, self._unprofitable = self._backoff, min(self._backoff * 2, 32), 0
+            self._pause = max(self._pause, self._backoff)
+            self._backoff, self._unprofitable = min(self._backoff * 2, 32), 0
 
     def verified(self, num_accepted: int, num_proposed: int, seconds: float | None = None) -> None:
         """Learn from a verifying forward: ``num_accepted`` of ``num_proposed`` drafted tokens kept, in
@@ -295,7 +299,17 @@ class ChainLengthPolicy:
         if num_proposed == 0:
             return
         cost = self._steps * self.draft_price() + self.verify_costs.ratio(num_proposed) - 1.0
-        gain = num_accepted - cost
+        self._learn(num_accepted - cost)
+        if self.predicted > 0:
+            ratio = num_accepted / self.predicted
+            self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)
+        if num_accepted == num_proposed:
+            self.max_draft = min(self.max_draft + 2, self.num_tokens)
+        else:
+            self.max_draft = max(self.max_draft - 1, 1)
+
+    def _learn(self, gain: float) -> None:
+        """Fold one attempt's gain (accepted tokens minus its cost, in target forwards) into ``profit``."""
         self.profit += 0.25 * (gain - self.profit)
         if gain > 0:
             self._loss_backoff = 1
@@ -304,13 +318,6 @@ class ChainLengthPolicy:
             self._pause = max(self._pause, self._loss_backoff)
             self._loss_backoff = min(self._loss_backoff * 2, 32)
             self.profit = 0.0
-        if self.predicted > 0:
-            ratio = num_accepted / self.predicted
-            self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)
-        if num_accepted == num_proposed:
-            self.max_draft = min(self.max_draft + 2, self.num_tokens)
-        else:
-            self.max_draft = max(self.max_draft - 1, 1)
 
 
 def chain_candidates(policy: ChainLengthPolicy, tokens: list[int], chosen: list[torch.Tensor], do_sample: bool,

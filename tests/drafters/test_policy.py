@@ -1,10 +1,10 @@
-"""The draft-length policy objects: ``AcceptanceEstimate`` and ``VerifyCostModel``."""
+"""The draft-length policy objects: ``AcceptanceEstimate``, ``VerifyCostModel`` and ``ChainLengthPolicy``."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_speculative.drafters.policy import AcceptanceEstimate, VerifyCostModel
+from hf_speculative.drafters.policy import AcceptanceEstimate, ChainLengthPolicy, VerifyCostModel
 
 
 def measured(costs: list[float]) -> VerifyCostModel:
@@ -145,3 +145,43 @@ def test_one_slow_first_timing_does_not_stop_drafting():
     for _ in range(20):
         model.observe(2, 1.3)
     assert model.ratio(2) == pytest.approx(1.3, rel=1e-3)
+
+
+# -- ChainLengthPolicy -------------------------------------------------------------------------
+def chain_policy(draft_price: float = 0.05) -> ChainLengthPolicy:
+    costs = VerifyCostModel(8)
+    costs.fix([1.0, 1.2, 1.35, 1.5, 1.65, 1.8, 1.95, 2.1, 2.25])  # fixed: decisions must not follow the clock
+    return ChainLengthPolicy(costs, 8, lambda: draft_price, confidence_threshold=0.0)
+
+
+def share_of_forwards_drafted_at(policy: ChainLengthPolicy, attempt, forwards: int = 400) -> float:
+    """Drive ``policy`` as a drafter does over ``forwards`` target forwards; ``attempt(i)`` gives
+    the i-th attempt's (drafted, accepted) tokens. Returns the share of forwards at which the
+    drafter ran (and paid at least one drafter step)."""
+    attempts = 0
+    for _ in range(forwards):
+        if not policy.begin():
+            continue
+        drafted, accepted = attempt(attempts)
+        attempts += 1
+        policy.end(drafted)
+        if drafted:
+            policy.verified(accepted, drafted)
+    return attempts / forwards
+
+
+def test_attempts_that_draft_nothing_count_as_losses():
+    """A drafter asked at every forward that mostly declines and, once in eight attempts, drafts a
+    token that is rejected loses a drafter step each time: it must be asked rarely. (Before empty
+    attempts counted in the profit, each rare draft reset the pauses: it ran at 26% of forwards.)"""
+    share = share_of_forwards_drafted_at(chain_policy(), lambda i: (1, 0) if i % 8 == 0 else (0, 0))
+    assert share < 0.1, share
+
+
+@pytest.mark.parametrize("every, at_least", [(1, 0.99), (4, 0.75), (8, 0.5)])
+def test_drafts_that_pay_keep_the_drafter_running(every, at_least):
+    """Fully accepted 3-token drafts pay for the empty attempts between them, however rare: the
+    drafter keeps being asked (not paused for good)."""
+    share = share_of_forwards_drafted_at(chain_policy(), lambda i: (3, 3) if i % every == 0 else (0, 0))
+    assert share >= at_least, share
+
