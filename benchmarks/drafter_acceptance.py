@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     network = eagle.drafter
     proposable = network.t2d.bool() if network.config.reduced_vocab else None  # [V] target ids it can draft
     total: collections.Counter = collections.Counter()
-    print(f"| category | τ | " + " | ".join(f"P(≥{i})" for i in range(1, args.draft + 1)) + " | in vocab | target p | p < 0.5 |")
-    print("|---|---|" + "---|" * (args.draft + 3))
+    columns = ["category", "τ", *(f"P(≥{i})" for i in range(1, args.draft + 1)), "in vocab", "target p", "p < 0.5"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     coverage_total: collections.Counter = collections.Counter()
     agreement: collections.Counter = collections.Counter()  # (bucket, "tokens" | "kept") -> count
     for category in args.categories.split(","):
@@ -99,7 +100,7 @@ def _first_guess_by_confidence(model, network, sequence: torch.Tensor, prompt_le
     finally:
         tap.remove()
     anchors = torch.arange(prompt_length - 2, sequence.shape[1] - 2)  # [A]: anchor p guesses the token at p + 2
-    hidden = unroll(network, model.get_input_embeddings(), sequence, features.to(sequence.device), 1, anchors=anchors)[0]
+    hidden = unroll(network, model.get_input_embeddings(), sequence, features, 1, anchors=anchors)[0]
     guess = network.to_target_ids(network.draft_logits(hidden[0], model.get_output_embeddings()).argmax(-1))  # [A]
     kept = guess == sequence[0, anchors + 2]
     counts: collections.Counter = collections.Counter()

@@ -184,4 +184,3 @@ def test_drafts_that_pay_keep_the_drafter_running(every, at_least):
     drafter keeps being asked (not paused for good)."""
     share = share_of_forwards_drafted_at(chain_policy(), lambda i: (3, 3) if i % every == 0 else (0, 0))
     assert share >= at_least, share
-
