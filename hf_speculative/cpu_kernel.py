@@ -1,4 +1,4 @@
-"""A CPU kernel for the few-row products of verification: ``optimize_for_cpu(model, kernel=True)``.
+"""A CPU kernel for the few-row products of decoding and verification: ``optimize_for_cpu(model, kernel=True)``.
 
 Verifying a draft of ``k`` tokens runs every linear layer of the target on ``k + 1`` rows. A
 one-token forward of a small model on one CPU core is bound by reading the weights from memory,
@@ -6,13 +6,15 @@ so ``k + 1`` rows could cost little more than one, if the product read each weig
 rows. BLAS libraries do not: MKL's fp32 products of 2-4 rows cost 1.5-2.7 one-row products on the
 AVX2 EPYC we measure on, oneDNN's on a packed copy (``pack=True``) 1.3-1.7.
 
-``csrc/skinny_linear.cpp`` streams each weight (stored column-major, the layout
-``optimize_for_cpu`` gives it) once per group of up to 8 rows, keeping the rows' outputs in L1, with
-AVX2/FMA. Measured on SmolLM2-135M-Instruct's shapes (210 weights + lm_head, cold caches, one
-thread), relative to MKL's one-row product: 1 row 1.05, 2 rows 1.13, 3 rows 1.27, 4 rows 1.29, 6
-rows 1.63 (oneDNN packed: 0.99, 1.30, 1.40, 1.65, 1.95). One-row products (plain decoding) stay
-on MKL, which is a little faster there. Every output is one FMA chain in input order, whatever the
-number of rows or threads, so a row's product does not depend on the rows computed with it.
+``csrc/skinny_linear.cpp`` reads a blocked copy of each weight (``block_weight``: 16 output
+columns at a time, each block one sequential stream) once per group of up to 8 rows, keeping the
+sums in AVX2 registers. It runs at the memory's bandwidth for 1 to 8 rows: SmolLM2-135M-Instruct's
+210 weights and lm_head (537 MB, cold caches, one thread, AMD EPYC with 15.7 GB/s) take 36.0 ms
+for 1 row, 39.2 for 2, 41.6 for 4 and 43.2 for 8, against MKL's 40.2 / 64.6 / 104.6 / 96.8 on the
+column-major weights (``python benchmarks/verify_costs.py`` times whole forwards). One-row products
+(plain decoding, drafting) run on it too. Every output is one FMA chain in input order plus the
+bias, whatever the number of rows or threads, so a row's product is bitwise the same computed alone
+or with the rows of a draft. The copy costs one more copy of the weights in memory (as ``pack=True``).
 
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
@@ -31,8 +33,9 @@ import torch
 import torch.nn.functional as F
 
 SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.cpp"
-EXTENSION = "hfs_skinny_linear_v1"
+EXTENSION = "hfs_skinny_linear_v2"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
+BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
 _LOCK = threading.Lock()
 
 
@@ -83,28 +86,77 @@ def load_kernel():
             ) from err
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for x `[M, in]` (fp32, CPU) and a column-major ``weight`` `[out, in]`."""
-    return (_KERNEL or load_kernel()).skinny_linear(x, weight, bias)
+def block_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The copy of an ``nn.Linear`` weight `[out, in]` that the kernel reads: `[ceil(out / 16), in, 16]`,
+    ``wb[j, i, c] = weight[16 j + c, i]``, zero past ``out``."""
+    out_features, in_features = weight.shape
+    blocks = -(-out_features // BLOCK)
+    padded = weight.detach().new_zeros(blocks * BLOCK, in_features)
+    padded[:out_features] = weight.detach()
+    return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()  # [blocks, in, 16]
+
+
+def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x `[M, in]` (fp32, CPU) and ``blocked = block_weight(weight)``."""
+    return (_KERNEL or load_kernel()).skinny_linear(x, blocked, bias, out_features)
+
+
+class WeightCopy:
+    """A copy of a weight in another layout, tied to the weight it was made from (storage and
+    version): made again on use after the weight changed in place (``load_state_dict``, an
+    optimizer step); never saved or copied (a copy of the module makes its own on first use)."""
+
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+        self.source: tuple[int, int] = (0, -1)
+
+    def make(self, weight: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        source = (weight.data_ptr(), weight._version)
+        if self.tensor is None or self.source != source:
+            with torch.no_grad():
+                self.tensor = self.make(weight)
+            self.source = source
+        return self.tensor
+
+    def __deepcopy__(self, memo: dict) -> "WeightCopy":
+        return type(self)()
+
+    def __getstate__(self) -> dict:
+        return {"tensor": None, "source": (0, -1)}
+
+
+class BlockedWeight(WeightCopy):
+    def make(self, weight: torch.Tensor) -> torch.Tensor:
+        return block_weight(weight)
 
 
 class KernelLinear(torch.nn.Linear):
-    """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 2 to
-    16 rows (verification) on its column-major fp32 CPU weight run on the skinny kernel; anything
-    else (one row, more rows, gradients, other dtypes or layouts) stays on ``F.linear``. Made by
-    ``optimize_for_cpu(model, kernel=True)``, which swaps the class of the model's own modules."""
+    """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 1 to 16
+    rows (decoding, drafting, verification) on its fp32 CPU weight run on the skinny kernel, from
+    a blocked copy of the weight; anything else (more rows, gradients, other dtypes or devices)
+    stays on ``F.linear``. Made by ``optimize_for_cpu(model, kernel=True)``, which swaps the class
+    of the model's own modules."""
+
+    _hfs_blocked: BlockedWeight
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.numel() // max(self.in_features, 1)
         weight = self.weight
         if (
             rows > MAX_ROWS
-            or rows < 2  # plain decoding: MKL's one-row product on this layout is ~8% faster
+            or rows < 1
             or input.dtype != torch.float32
+            or weight.dtype != torch.float32
             or input.device.type != "cpu"
-            or weight.stride() != (1, self.out_features)
+            or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
         ):
             return F.linear(input, weight, self.bias)
-        out = skinny_linear(input.reshape(rows, self.in_features), weight, self.bias)  # [rows, out]
-        return out.view(*input.shape[:-1], self.out_features)
+        copy = self.__dict__.get("_hfs_blocked")
+        if copy is None:  # a module made KernelLinear some other way (unpickled from an older version)
+            copy = self._hfs_blocked = BlockedWeight()
+        out = skinny_linear(input.reshape(rows, self.in_features), copy.get(weight), self.bias, self.out_features)
+        return out.view(*input.shape[:-1], self.out_features)  # [..., out]

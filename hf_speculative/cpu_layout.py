@@ -13,12 +13,13 @@ identity (tied weights stay tied), only their strides change.
 On other CPUs MKL's products with 2-3 rows cost 2-3 one-row products whatever the layout (an AMD
 EPYC, AVX2); there ``pack=True`` adds a oneDNN-packed copy of each weight for products of several
 rows (`PackedLinear`), which costs 1.1-1.5 one-row products, while one-row products stay on the
-column-major weight. ``kernel=True`` instead runs products of 2-16 rows on a kernel of our own
-that reads each weight once for all rows (1.13 one-row products for 2 rows, 1.29 for 4).
+column-major weight. ``kernel=True`` instead runs products of 1-16 rows on a kernel of our own
+that reads a blocked copy of each weight once for all rows, at the memory's bandwidth (SmolLM2's
+weights: 0.90 one-row MKL products for 1 row, 0.98 for 2, 1.03 for 4, 1.07 for 8).
 
     hfs.optimize_for_cpu(model)              # once, after loading
     hfs.optimize_for_cpu(model, pack=True)   # and oneDNN-packed products of 2+ rows
-    hfs.optimize_for_cpu(model, kernel=True) # or hf_speculative's AVX2 kernel for 2-16 rows (cpu_kernel.py)
+    hfs.optimize_for_cpu(model, kernel=True) # or hf_speculative's AVX2 kernel for 1-16 rows (cpu_kernel.py)
     hfs.optimize_for_cpu(model, False)       # back to the usual layout
 
 Plain greedy ``generate`` runs on the same weights, so speedups measured against it stay fair.
@@ -29,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .cpu_kernel import KernelLinear, load_kernel
+from .cpu_kernel import BlockedWeight, KernelLinear, WeightCopy, load_kernel
 from .drafters import policy
 
 
@@ -78,12 +79,12 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             those weights in memory. The parameters, state dict, hooks and one-row products (plain
             decoding) are unchanged.
         kernel (`bool`, defaults to `False`): instead of packing, run those layers' inference
-            products of 2-16 rows on hf_speculative's own AVX2 kernel
-            (`hf_speculative.cpu_kernel.KernelLinear`), which reads each column-major weight once
-            for all rows: verifying 1-5 draft tokens costs 1.2-1.6 one-token forwards instead of
-            1.5-1.8 (SmolLM2-135M, AVX2 EPYC), with no extra copy of the weights. One-row products
-            stay on ``F.linear``. Compiled on first use (a C++ compiler and ninja, about a minute
-            once).
+            products of 1-16 rows (decoding, drafting, verification) on hf_speculative's own AVX2
+            kernel (`hf_speculative.cpu_kernel.KernelLinear`), which reads a blocked copy of each
+            weight, made here (and again after in-place changes to the weight), once for all
+            rows: a forward on 2 / 4 / 8 tokens costs about 1.05 / 1.1 / 1.3 one-token forwards
+            (SmolLM2-135M, AVX2 EPYC). One more copy of those weights in memory. Compiled on first
+            use (a C++ compiler and ninja, about a minute once).
 
     Returns:
         `int`: how many linear layers changed (0 when there was nothing to do, e.g. on a GPU).
@@ -116,6 +117,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             touched |= _set_class(module, wanted)
             if type(module) is PackedLinear:
                 module._hfs_packed.get(module.weight)  # now, not inside the first verification
+            elif type(module) is KernelLinear:
+                module._hfs_blocked.get(module.weight)
             changed += touched
     if changed:
         policy.forget_costs(model)  # verify costs measured in the old layout no longer hold
@@ -178,28 +181,12 @@ def cpu_layout(model: torch.nn.Module) -> str:
 # oneDNN-packed copies for products of several rows
 
 
-class _Packed:
-    """A weight's oneDNN-packed copy, tied to the weight it was made from (storage and version):
-    made again on use after the weight changed in place; never saved or copied (a copy of the
-    module packs on first use)."""
+class _Packed(WeightCopy):
+    """A weight's oneDNN-packed copy (see `WeightCopy`: made again after in-place changes, never saved)."""
 
-    def __init__(self) -> None:
-        self.tensor: torch.Tensor | None = None
-        self.source: tuple[int, int] = (0, -1)
-
-    def get(self, weight: torch.Tensor) -> torch.Tensor:
-        source = (weight.data_ptr(), weight._version)
-        if self.tensor is None or self.source != source:
-            # the batch size is only a hint for oneDNN's blocking; verification has 2-10 rows
-            self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
-            self.source = source
-        return self.tensor
-
-    def __deepcopy__(self, memo: dict) -> "_Packed":
-        return _Packed()
-
-    def __getstate__(self) -> dict:
-        return {"tensor": None, "source": (0, -1)}
+    def make(self, weight: torch.Tensor) -> torch.Tensor:
+        # the batch size is only a hint for oneDNN's blocking; verification has 2-10 rows
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
 
 
 PACK_ROWS_HINT = 8
@@ -242,9 +229,11 @@ def _set_class(module: torch.nn.Module, wanted: type) -> bool:
     ours = (torch.nn.Linear, PackedLinear, KernelLinear)
     if type(module) is wanted or type(module) not in ours:  # a subclass of someone else's is left alone
         return False
-    if type(module) is PackedLinear:
-        del module._hfs_packed
+    module.__dict__.pop("_hfs_packed", None)
+    module.__dict__.pop("_hfs_blocked", None)
     module.__class__ = wanted
     if wanted is PackedLinear:
         module._hfs_packed = _Packed()
+    elif wanted is KernelLinear:
+        module._hfs_blocked = BlockedWeight()
     return True

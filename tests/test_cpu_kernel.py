@@ -1,6 +1,7 @@
 """``optimize_for_cpu(model, kernel=True)``: the skinny CPU kernel equals ``F.linear``, a row's
-product does not depend on the rows computed with it, the model keeps its parameters, and every
-drafter stays token-identical to plain greedy on it. Compiled once per machine (about a minute)."""
+product does not depend on the rows computed with it, its blocked copy of a weight follows the
+weight, the model keeps its parameters, and every drafter stays token-identical to plain greedy on
+it. Compiled once per machine (about a minute)."""
 
 from __future__ import annotations
 
@@ -31,37 +32,77 @@ class _Counting:
     def __init__(self, kernel, calls: list):
         self.kernel, self.calls = kernel, calls
 
-    def skinny_linear(self, x, weight, bias):
+    def skinny_linear(self, x, blocked, bias, out_features):
         self.calls.append(x.shape[0])
-        return self.kernel.skinny_linear(x, weight, bias)
+        return self.kernel.skinny_linear(x, blocked, bias, out_features)
+
+
+def test_blocked_copy_layout():
+    weight = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)  # out 20: one full block and 4 columns
+    blocked = cpu_kernel.block_weight(weight)
+    assert blocked.shape == (2, 3, 16) and blocked.is_contiguous()
+    assert torch.equal(blocked[0], weight[:16].t()) and torch.equal(blocked[1, :, :4], weight[16:].t())
+    assert not blocked[1, :, 4:].any()  # padding
+    assert torch.equal(cpu_kernel.block_weight(_column_major(20, 3).copy_(weight)), blocked)  # any layout
 
 
 @needs_kernel
-@pytest.mark.parametrize("shape", [(8, 16), (7, 13), (192, 576), (1030, 40), (3, 9)])
+@pytest.mark.parametrize("shape", [(8, 16), (7, 13), (192, 576), (1030, 40), (3, 9), (16, 1)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernel_equals_linear(shape, with_bias):
     weight = _column_major(*shape)
     bias = torch.randn(shape[0]) if with_bias else None
+    blocked = cpu_kernel.block_weight(weight)
     for rows in (1, 2, 3, 5, 8, 9, 16, 19):
         x = torch.randn(rows, shape[1])
         # sums of `in` products in another order: fp32 rounding grows with the length
-        torch.testing.assert_close(cpu_kernel.skinny_linear(x, weight, bias), F.linear(x, weight, bias),
+        torch.testing.assert_close(cpu_kernel.skinny_linear(x, blocked, bias, shape[0]), F.linear(x, weight, bias),
                                    rtol=1e-5, atol=1e-6 * shape[1])
 
 
 @needs_kernel
 def test_a_rows_product_does_not_depend_on_the_other_rows():
-    weight = _column_major(1100, 72)  # a partial panel, an input length with a tail after blocks of 8
+    weight, bias = torch.randn(1100, 72), torch.randn(1100)  # 68 full blocks and one of 12 columns
+    blocked = cpu_kernel.block_weight(weight)
     x = torch.randn(17, 72)
-    alone = torch.cat([cpu_kernel.skinny_linear(x[i : i + 1], weight) for i in range(17)])
+    alone = torch.cat([cpu_kernel.skinny_linear(x[i : i + 1], blocked, bias, 1100) for i in range(17)])
     for rows in range(2, 18):
-        assert torch.equal(cpu_kernel.skinny_linear(x[:rows], weight), alone[:rows]), rows
+        assert torch.equal(cpu_kernel.skinny_linear(x[:rows], blocked, bias, 1100), alone[:rows]), rows
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert torch.equal(cpu_kernel.skinny_linear(x, weight), alone)
+        assert torch.equal(cpu_kernel.skinny_linear(x, blocked, bias, 1100), alone)
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_kernel_errors_on_a_wrong_copy():
+    weight = torch.randn(40, 8)
+    with pytest.raises(RuntimeError, match="does not have `out` columns"):
+        cpu_kernel.skinny_linear(torch.randn(2, 8), cpu_kernel.block_weight(weight), None, 56)
+    with pytest.raises(RuntimeError, match="blocked weight"):
+        cpu_kernel.skinny_linear(torch.randn(2, 8), weight, None, 40)
+
+
+@needs_kernel
+def test_blocked_copy_follows_in_place_weight_changes():
+    layer = torch.nn.Linear(16, 24)
+    hfs.optimize_for_cpu(layer, kernel=True)
+    made = layer._hfs_blocked.tensor
+    assert made is not None  # made by optimize_for_cpu, not inside the first forward
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        assert layer._hfs_blocked.tensor is made
+        layer.weight.mul_(-2.0)  # e.g. an optimizer step
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        layer.load_state_dict({"weight": torch.randn(24, 16), "bias": torch.randn(24)})
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        layer.weight.data = torch.randn(24, 16)  # a new tensor, same version counter
+        torch.testing.assert_close(layer(x[:1]), F.linear(x[:1], layer.weight, layer.bias))
+    hfs.optimize_for_cpu(layer, False)
+    assert type(layer) is torch.nn.Linear and "_hfs_blocked" not in layer.__dict__
 
 
 @needs_kernel
@@ -78,6 +119,9 @@ def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch)
     with torch.no_grad():
         torch.testing.assert_close(model(ids[:, :3]).logits, few, rtol=1e-5, atol=1e-5)
         assert calls and set(calls) == {3}  # verification-sized products: the kernel
+        calls.clear()
+        model(ids[:, :1])
+        assert len(calls) == len(_linears(model)) and set(calls) == {1}  # decoding too
         calls.clear()
         assert ids.shape[1] > MAX_ROWS
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
@@ -120,6 +164,7 @@ def test_kernel_layers_still_train_copy_and_save(tmp_path):
     with torch.no_grad():
         expected = model(ids).logits
     twin = copy.deepcopy(model)
+    assert twin.lm_head._hfs_blocked.tensor is None  # a copy makes its own blocked copies on first use
     torch.save(model, tmp_path / "model.pt")
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     model.save_pretrained(tmp_path / "hf")
