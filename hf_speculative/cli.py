@@ -86,8 +86,8 @@ LayoutOpt = Annotated[
         help="Re-lay out the target's fp32 CPU linear weights column-major (hfs.optimize_for_cpu) before running "
         "greedy and every method: none, output (the lm_head only) or all; output+packed / all+packed also run "
         "products of several rows on oneDNN-packed copies (pack=True); output+kernel / all+kernel run products of "
-        "2-16 rows on hf_speculative's AVX2 kernel (kernel=True, compiled on first use). Multi-token verification "
-        "gets cheaper.",
+        "1-16 rows on hf_speculative's AVX2 kernel (kernel=True, compiled on first use; greedy runs on it too). "
+        "Multi-token verification gets cheaper.",
     ),
 ]
 

@@ -7,14 +7,15 @@ rows. BLAS libraries do not: MKL's fp32 products of 2-4 rows cost 1.5-2.7 one-ro
 AVX2 EPYC we measure on, oneDNN's on a packed copy (``pack=True``) 1.3-1.7.
 
 ``csrc/skinny_linear.cpp`` reads a blocked copy of each weight (``block_weight``: 16 output
-columns at a time, each block one sequential stream) once per group of up to 8 rows, keeping the
-sums in AVX2 registers. It runs at the memory's bandwidth for 1 to 8 rows: SmolLM2-135M-Instruct's
-210 weights and lm_head (537 MB, cold caches, one thread, AMD EPYC with 15.7 GB/s) take 36.0 ms
-for 1 row, 39.2 for 2, 41.6 for 4 and 43.2 for 8, against MKL's 40.2 / 64.6 / 104.6 / 96.8 on the
-column-major weights (``python benchmarks/verify_costs.py`` times whole forwards). One-row products
-(plain decoding, drafting) run on it too. Every output is one FMA chain in input order plus the
-bias, whatever the number of rows or threads, so a row's product is bitwise the same computed alone
-or with the rows of a draft. The copy costs one more copy of the weights in memory (as ``pack=True``).
+columns at a time, each block one sequential stream; 2-4 blocks at once for 1-3 rows, since one core
+reads memory faster from several streams) once per group of up to 8 rows, keeping the sums in AVX2
+registers. SmolLM2-135M-Instruct's 210 weights and lm_head (537 MB, cold caches, one thread, AMD
+EPYC) take 22.5 / 23.5 / 28.6 / 37.0 / 43.2 ms for 1 / 2 / 3 / 4 / 8 rows, against 36.0 ms for
+MKL's one-row product on the column-major weights; whole forwards: ``benchmarks/verify_costs.py``.
+One-row products (plain decoding, drafting) run on it too. Every output is one FMA chain in input
+order plus the bias, whatever the number of rows or threads, so a row's product is bitwise the
+same computed alone or with the rows of a draft. The copy costs one more copy of the weights in
+memory (as ``pack=True``).
 
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default

@@ -6,57 +6,84 @@
 // registers for up to 8 rows while its in x 16 values are read as one sequential stream, so the
 // product runs at the machine's memory bandwidth whatever the row count (the column-major panels
 // of the first version kept the sums in L1 and read 16-row strides of the weight: 1.3x slower for
-// 4 rows). Every output is one FMA chain in input order plus the bias, whatever the number of rows,
-// threads or blocks: a row's result is bitwise the same computed alone (plain decoding) or with
-// the rows of a draft (verification).
+// 4 rows). Every output is one FMA chain in input order plus the bias, whatever the number of
+// rows, threads, blocks or streams: a row's result is bitwise the same computed alone (plain
+// decoding) or with the rows of a draft (verification).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace {
 
 constexpr int64_t BLOCK = 16;     // output columns per block: two AVX2 registers
 constexpr int64_t MAX_ROWS = 8;   // rows per pass over the weight (2 x 8 accumulators: a few spill)
-constexpr int64_t AHEAD = 32;     // input rows of the stream to prefetch ahead (2 KiB)
+constexpr int64_t AHEAD = 32;     // one stream (4+ rows): prefetch 2 KiB ahead of it
 
-template <int M>
-void block(const float* x, const float* wb, float* out16, int64_t in, int64_t ld) {
-  __m256 lo[M], hi[M];
-  for (int m = 0; m < M; ++m) lo[m] = hi[m] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < in; ++i) {
-    _mm_prefetch(reinterpret_cast<const char*>(wb + (i + AHEAD) * BLOCK), _MM_HINT_T0);
-    const __m256 w0 = _mm256_loadu_ps(wb + i * BLOCK), w1 = _mm256_loadu_ps(wb + i * BLOCK + 8);
-    for (int m = 0; m < M; ++m) {
-      const __m256 xm = _mm256_broadcast_ss(x + m * in + i);
-      lo[m] = _mm256_fmadd_ps(xm, w0, lo[m]);
-      hi[m] = _mm256_fmadd_ps(xm, w1, hi[m]);
+// Block j's sums [rows][16] (+ bias) into y [rows, out], cut at `out`.
+void store(const float* sums, int rows, const float* b, float* y, int64_t out, int64_t j) {
+  const int64_t o = j * BLOCK, width = std::min(BLOCK, out - o);
+  for (int m = 0; m < rows; ++m)
+    for (int64_t c = 0; c < width; ++c) y[m * out + o + c] = b ? sums[m * BLOCK + c] + b[o + c] : sums[m * BLOCK + c];
+}
+
+// S blocks at once, S sequential streams from distant parts of the copy: one core reads memory
+// faster from several streams than from one (SmolLM2's weights, one row: 25 ms with 4 streams,
+// 36 with one, MKL 39). Streams are chosen so that the 2 * S * M sums fit in registers; a single
+// stream (4+ rows) is prefetched, several are left to the hardware's prefetchers, which do better.
+template <int M, int S>
+void blocks(const float* x, const float* wb, const float* b, float* y, int64_t in, int64_t out, int64_t begin,
+            int64_t end) {
+  const int64_t step = (end - begin + S - 1) / S;
+  for (int64_t t = 0; t < step; ++t) {
+    const float* r[S];
+    int64_t j[S];
+    __m256 lo[S][M], hi[S][M];
+    for (int s = 0; s < S; ++s) {
+      j[s] = begin + t + s * step;
+      r[s] = wb + std::min(j[s], end - 1) * in * BLOCK;  // past the range: read a valid block, drop it
+      for (int m = 0; m < M; ++m) lo[s][m] = hi[s][m] = _mm256_setzero_ps();
     }
-  }
-  for (int m = 0; m < M; ++m) {
-    _mm256_storeu_ps(out16 + m * ld, lo[m]);
-    _mm256_storeu_ps(out16 + m * ld + 8, hi[m]);
+    for (int64_t i = 0; i < in; ++i) {
+      // one stream (4+ rows, whose FMAs take long enough per input row): prefetch 2 KiB ahead
+      if (S == 1) _mm_prefetch(reinterpret_cast<const char*>(r[0] + (i + AHEAD) * BLOCK), _MM_HINT_T0);
+      __m256 w0[S], w1[S];
+#pragma GCC unroll 8
+      for (int s = 0; s < S; ++s) {
+        w0[s] = _mm256_loadu_ps(r[s] + i * BLOCK);
+        w1[s] = _mm256_loadu_ps(r[s] + i * BLOCK + 8);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const __m256 xm = _mm256_broadcast_ss(x + m * in + i);
+#pragma GCC unroll 8
+        for (int s = 0; s < S; ++s) {
+          lo[s][m] = _mm256_fmadd_ps(xm, w0[s], lo[s][m]);
+          hi[s][m] = _mm256_fmadd_ps(xm, w1[s], hi[s][m]);
+        }
+      }
+    }
+    // the sums leave their registers in loops the compiler unrolls: indexing them in store()'s
+    // loop would keep them in memory throughout (1.8x slower for 8 rows)
+    alignas(32) float sums[S][M][BLOCK];
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        _mm256_store_ps(sums[s][m], lo[s][m]);
+        _mm256_store_ps(sums[s][m] + 8, hi[s][m]);
+      }
+    for (int s = 0; s < S; ++s)
+      if (j[s] < end) store(sums[s][0], M, b, y, out, j[s]);
   }
 }
 
 template <int M>
 void rows(const float* x, const float* wb, const float* b, float* y, int64_t in, int64_t out) {
-  const int64_t blocks = (out + BLOCK - 1) / BLOCK;
-  at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t o = j * BLOCK, width = std::min(BLOCK, out - o);
-      float tail[M * BLOCK];
-      const bool full = width == BLOCK;
-      block<M>(x, wb + j * in * BLOCK, full ? y + o : tail, in, full ? out : BLOCK);
-      for (int m = 0; m < M; ++m) {
-        float* ym = y + m * out + o;
-        if (!full) std::memcpy(ym, tail + m * BLOCK, width * sizeof(float));
-        if (b)
-          for (int64_t c = 0; c < width; ++c) ym[c] += b[o + c];
-      }
-    }
+  constexpr int S = M == 1 ? 4 : M == 2 ? 3 : M == 3 ? 2 : 1;
+  at::parallel_for(0, (out + BLOCK - 1) / BLOCK, 64, [&](int64_t begin, int64_t end) {
+    blocks<M, S>(x, wb, b, y, in, out, begin, end);
   });
 }
 
