@@ -6,6 +6,11 @@ A speculative step verifies k - 1 drafted tokens in one forward on k tokens, so 
 decides which draft lengths can pay. The layouts are loaded side by side and timed interleaved (one
 forward of each size and layout in turn, on its own KV cache cropped back after every forward), so that a busy
 machine slows them alike; medians after dropping the first 20% of the runs.
+
+    python benchmarks/verify_costs.py --linears --layouts all,all+kernel --tokens 1,2,4,8
+
+times the model's linear products alone instead (every ``nn.Linear`` in order, on random rows):
+what the weights cost, without attention and the per-op overhead.
 """
 
 from __future__ import annotations
@@ -58,6 +63,25 @@ def forward_seconds(models: dict, caches: dict, tokens: list[int], repeats: int)
     return {k: {layout: statistics.median(times[k, layout][warm:]) for layout in models} for k in tokens}
 
 
+def linear_seconds(models: dict, tokens: list[int], repeats: int) -> dict[int, dict[str, float]]:
+    """Median seconds of all of a model's linear products on ``k`` rows per layout, interleaved as in
+    :func:`forward_seconds` (each layout's own modules: MKL, packed copies or the kernel)."""
+    linears = {layout: [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+               for layout, model in models.items()}
+    sizes = {m.in_features for mods in linears.values() for m in mods}
+    rows = {k: {n: torch.randn(1, k, n, generator=torch.Generator().manual_seed(k)) for n in sizes} for k in tokens}
+    times: dict[tuple[int, str], list[float]] = {(k, layout): [] for k in tokens for layout in models}
+    for _ in range(repeats):
+        for k in tokens:
+            for layout, mods in linears.items():
+                start = time.perf_counter()
+                for module in mods:
+                    module(rows[k][module.in_features])
+                times[k, layout].append(time.perf_counter() - start)
+    warm = repeats // 5
+    return {k: {layout: statistics.median(times[k, layout][warm:]) for layout in models} for k in tokens}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -66,16 +90,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--linears", action="store_true", help="time the linear products alone, not forwards")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     layouts = tuple(args.layouts.split(","))
     tokens = [int(k) for k in args.tokens.split(",")]
     with torch.no_grad():
         models = build_models(args.model, layouts)
-        caches = prefill(models, args.context)
-        seconds = forward_seconds(models, caches, tokens, args.repeats)
+        if args.linears:
+            seconds = linear_seconds(models, tokens, args.repeats)
+        else:
+            seconds = forward_seconds(models, prefill(models, args.context), tokens, args.repeats)
     base = seconds[1]["none"] if "none" in layouts and 1 in seconds else None
-    print(f"{args.model}, context {args.context}, {args.threads} thread(s), torch {torch.__version__}")
+    what = "linear products alone" if args.linears else f"context {args.context}"
+    print(f"{args.model}, {what}, {args.threads} thread(s), torch {torch.__version__}")
     print("| layout | " + " | ".join(f"k={k}" for k in tokens) + " |")
     print("|---|" + "---|" * len(tokens))
     for layout in layouts:
@@ -87,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             cells.append(f"{ms:.1f} ms ({ratio:.2f}×)")
         print(f"| {layout} | " + " | ".join(cells) + " |")
     if base:
-        print(f"one-token forward: none {base * 1e3:.1f} ms; ratios are to each layout's own one-token forward")
+        print(f"one row: none {base * 1e3:.1f} ms; ratios are to each layout's own one-row time")
 
 
 if __name__ == "__main__":
