@@ -47,39 +47,49 @@ def prefill(models: dict, context: int, seed: int = 0) -> dict:
     return caches
 
 
-def forward_seconds(models: dict, caches: dict, tokens: list[int], repeats: int) -> dict[int, dict[str, float]]:
-    """Median seconds of a forward on ``k`` tokens per layout; every repeat runs every (k, layout)
-    once in turn, so that a machine whose speed drifts slows all of them alike."""
-    ids = {k: torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k)) for k in tokens}
-    times: dict[tuple[int, str], list[float]] = {(k, layout): [] for k in tokens for layout in models}
+def interleaved_seconds(run, layouts, tokens: list[int], repeats: int, after=None) -> dict[int, dict[str, float]]:
+    """Median seconds of ``run(k, layout)`` per ``k`` and layout (``after(k, layout)``, untimed,
+    follows each run); every repeat runs every (k, layout) once in turn, so that a machine whose
+    speed drifts slows all of them alike. The first 20% of the repeats are warm-up."""
+    times: dict[tuple[int, str], list[float]] = {(k, layout): [] for k in tokens for layout in layouts}
     for _ in range(repeats):
         for k in tokens:
-            for layout, model in models.items():
+            for layout in layouts:
                 start = time.perf_counter()
-                model(ids[k], past_key_values=caches[layout], use_cache=True)
+                run(k, layout)
                 times[k, layout].append(time.perf_counter() - start)
-                caches[layout].crop(-k)  # back to the context: every forward sees the same cache length
+                if after is not None:
+                    after(k, layout)
     warm = repeats // 5
-    return {k: {layout: statistics.median(times[k, layout][warm:]) for layout in models} for k in tokens}
+    return {k: {layout: statistics.median(times[k, layout][warm:]) for layout in layouts} for k in tokens}
+
+
+def forward_seconds(models: dict, caches: dict, tokens: list[int], repeats: int) -> dict[int, dict[str, float]]:
+    """Median seconds of a forward on ``k`` tokens per layout, each on its own KV cache."""
+    ids = {k: torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k)) for k in tokens}
+
+    def forward(k: int, layout: str) -> None:
+        models[layout](ids[k], past_key_values=caches[layout], use_cache=True)
+
+    def crop(k: int, layout: str) -> None:
+        caches[layout].crop(-k)  # back to the context: every forward sees the same cache length
+
+    return interleaved_seconds(forward, models, tokens, repeats, after=crop)
 
 
 def linear_seconds(models: dict, tokens: list[int], repeats: int) -> dict[int, dict[str, float]]:
-    """Median seconds of all of a model's linear products on ``k`` rows per layout, interleaved as in
-    :func:`forward_seconds` (each layout's own modules: MKL, packed copies or the kernel)."""
+    """Median seconds of all of a model's linear products on ``k`` rows per layout (each layout's own
+    modules: MKL, packed copies or the kernel)."""
     linears = {layout: [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
                for layout, model in models.items()}
     sizes = {m.in_features for mods in linears.values() for m in mods}
     rows = {k: {n: torch.randn(1, k, n, generator=torch.Generator().manual_seed(k)) for n in sizes} for k in tokens}
-    times: dict[tuple[int, str], list[float]] = {(k, layout): [] for k in tokens for layout in models}
-    for _ in range(repeats):
-        for k in tokens:
-            for layout, mods in linears.items():
-                start = time.perf_counter()
-                for module in mods:
-                    module(rows[k][module.in_features])
-                times[k, layout].append(time.perf_counter() - start)
-    warm = repeats // 5
-    return {k: {layout: statistics.median(times[k, layout][warm:]) for layout in models} for k in tokens}
+
+    def products(k: int, layout: str) -> None:
+        for module in linears[layout]:
+            module(rows[k][module.in_features])
+
+    return interleaved_seconds(products, models, tokens, repeats)
 
 
 def main(argv: list[str] | None = None) -> None:

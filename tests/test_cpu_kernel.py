@@ -99,7 +99,7 @@ def test_blocked_copy_follows_in_place_weight_changes():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
         layer.load_state_dict({"weight": torch.randn(24, 16), "bias": torch.randn(24)})
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-        layer.weight.data = torch.randn(24, 16)  # a new tensor, same version counter
+        layer.weight.data = torch.randn(24, 16)  # a new tensor: another storage
         torch.testing.assert_close(layer(x[:1]), F.linear(x[:1], layer.weight, layer.bias))
     hfs.optimize_for_cpu(layer, False)
     assert type(layer) is torch.nn.Linear and "_hfs_blocked" not in layer.__dict__
