@@ -17,7 +17,9 @@ PromptsOpt = Annotated[
     typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt', builtin:N for the "
                  "first N of the team's built-in training prompts (never Spec-Bench's), or builtin:A-B for those "
                  "numbered A to B-1 (e.g. the ones an earlier drafter did not see); context:N or context:A-B for the "
-                 "long-context list (summaries and RAG over --passages, short factual questions)."),
+                 "long-context list (summaries and RAG over --passages, short factual questions); wordnet:N or "
+                 "wordnet:A-B for topic-diverse prompts drawn from the machine's WordNet and fortune files (Debian's "
+                 "wordnet-base, fortunes, fortunes-de)."),
 ]
 PassagesOpt = Annotated[
     list[Path],
@@ -30,9 +32,10 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
     from .context_prompts import build_context_prompts, read_passages
     from .prompts import build_prompts
     from .selfdistill import read_jsonl
+    from .wordnet_prompts import build_wordnet_prompts
 
     kind = spec.split(":", 1)[0]
-    if kind in ("builtin", "context"):
+    if kind in ("builtin", "context", "wordnet"):
         match = re.fullmatch(kind + r":(?:(\d+)-)?(\d+)", spec)
         first, last = (int(match.group(1) or 0), int(match.group(2))) if match else (0, 0)
         if first >= last:
@@ -40,6 +43,13 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
                                      "(prompts A to B-1), with 0 <= A < B.")
         if kind == "builtin":
             return build_prompts(last)[first:]
+        if kind == "wordnet":
+            if passages:
+                raise typer.BadParameter("--passages only feeds --prompts context:N; wordnet:N builds its own texts.")
+            try:
+                return build_wordnet_prompts(last)[first:]
+            except FileNotFoundError as error:
+                raise typer.BadParameter(f"--prompts {spec}: cannot build the WordNet prompts: {error}") from None
         texts, tokenizer = [], _tokenizer(target) if passages else None
         for path in passages:
             try:
