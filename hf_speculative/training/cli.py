@@ -48,7 +48,7 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
                 raise typer.BadParameter("--passages only feeds --prompts context:N; wordnet:N builds its own texts.")
             try:
                 return build_wordnet_prompts(last)[first:]
-            except FileNotFoundError as error:
+            except (FileNotFoundError, ValueError) as error:
                 raise typer.BadParameter(f"--prompts {spec}: cannot build the WordNet prompts: {error}") from None
         texts, tokenizer = [], _tokenizer(target) if passages else None
         for path in passages:

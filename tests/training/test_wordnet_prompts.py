@@ -125,6 +125,9 @@ def test_cli_spec_reads_the_machine_folders(sources, monkeypatch, tmp_path):
             _prompt_rows(bad)
     with pytest.raises(typer.BadParameter, match="--passages only feeds --prompts context:N"):
         _prompt_rows("wordnet:3", [tmp_path / "answers.jsonl"])
+    monkeypatch.setattr(wp, "WORDNET_DIR", _wordnet(tmp_path / "tiny", SENSES[9:10]))
+    with pytest.raises(typer.BadParameter, match="wordnet:500: cannot build the WordNet prompts: only [0-9]+ distinct"):
+        _prompt_rows("wordnet:500")
     monkeypatch.setattr(wp, "WORDNET_DIR", tmp_path / "nowhere")
     missing = "wordnet:3: cannot build the WordNet prompts: WordNet not found .*apt-get install wordnet-base"
     with pytest.raises(typer.BadParameter, match=missing):
