@@ -3,9 +3,10 @@
 The team's built-in lists (`prompts.py`, `context_prompts.py`) fill a few dozen templates from lists
 of ~100 topics, so a drafter trained on their answers reaches 65% first-guess agreement on held-out
 answers of the same kind but ~30% on Spec-Bench: it never saw most of what people ask about. This
-list draws its subjects from WordNet instead (Debian's ``wordnet-base``: ~80k noun senses with
-glosses, among them ~7k named people, places and events), and its German sentences, quotes and
-stories from the ``fortune`` files (Debian's ``fortunes``, ``fortunes-de``):
+list draws its subjects from WordNet instead (Debian's ``wordnet-base``: of its 82k noun senses,
+the ~7.7k named people, places and events and the ~20k senses of nouns found in WordNet's tagged
+corpus), and its German sentences, quotes and stories from the ``fortune`` files (Debian's
+``fortunes``, ``fortunes-de``):
 
 - open questions (writing, roleplay, explanations, comparisons, coding, extraction) about a sense
   chosen by its WordNet category (a recipe for a food, a travel post for a place, a biography for a
