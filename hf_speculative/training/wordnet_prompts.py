@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .prompts import TRANSLATE
+
 WORDNET_DIR = Path("/usr/share/wordnet")
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 
@@ -74,8 +76,6 @@ QA = {
     EVENT: ["What was the {x}?", "When did the {x} happen?"],
 }
 WORD_QA = ["What does the word '{x}' mean?", "Use the word '{x}' in three different sentences.", "What is a {x}?"]
-TRANSLATE = ["Translate German to English: {g}", "Translate the following German text into English:\n\n{g}",
-             "Please translate into English: {g}"]
 SUMMARIZE = ["Summarize: {d}", "Summarize the following text in two sentences.\n\n{d}",
              "{d}\n\nWhat is the main point of the text above?", "Give a one-paragraph summary of this text:\n\n{d}"]
 RAG = ["Answer the question using the context.\n\nContext: {c}\n\nQuestion: {q}",
