@@ -129,6 +129,9 @@ def train_eagle(
     init_from: Annotated[Optional[str], typer.Option(
         "--init-from", help="Continue training this drafter (a folder, or a shipped drafter's name, e.g. "
                             "smollm2-135m-instruct) instead of starting a new one; its draft vocabulary is kept.")] = None,
+    feature_batch_tokens: Annotated[int, typer.Option(
+        "--feature-batch-tokens", min=1, help="Padded tokens per target forward when caching features (examples "
+                                              "of similar length share one; 1: one example at a time).")] = 4096,
     refresh_vocab: Annotated[bool, typer.Option(
         "--refresh-vocab", help="With --init-from: choose the draft vocabulary again from this run's data "
                                 "(--draft-vocab-size tokens; rows of tokens the drafter had are kept).")] = False,
@@ -149,7 +152,7 @@ def train_eagle(
                           unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
-                          refresh_vocab=refresh_vocab)
+                          refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens)
         if init_from is not None:
             from .start import check_init_from
 

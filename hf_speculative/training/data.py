@@ -131,14 +131,21 @@ class FeatureCache:
     @staticmethod
     @torch.no_grad()
     def build(directory: str | Path, target: Any, examples: list[Example], layers: list[int], *,
-              source: str = "", chunk: int = 16, progress: bool = True) -> "FeatureCache":
+              source: str = "", chunk: int = 64, batch_tokens: int = 4096, progress: bool = True) -> "FeatureCache":
         """Run ``target`` over ``examples`` (resuming a partial cache of the same source) and return the cache.
 
         Args:
             layers (`list[int]`): EAGLE-3's fused layers; empty for EAGLE-1 (features = final hidden).
+            chunk (`int`, defaults to 64): examples written between two saves of the progress (what an
+                interruption can lose).
+            batch_tokens (`int`, defaults to 4096): padded tokens per target forward. Within a chunk,
+                examples of similar length share a forward (right-padded); 1 runs one example per
+                forward. Batching changes the features only by float rounding.
         """
         from tqdm.auto import tqdm
 
+        if chunk < 1 or batch_tokens < 1:
+            raise ValueError(f"FeatureCache.build(chunk={chunk}, batch_tokens={batch_tokens}): both must be >= 1.")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         hidden = int(compat.text_config(target.config).hidden_size)
@@ -156,30 +163,65 @@ class FeatureCache:
         features = np.memmap(directory / "features.f16", dtype=np.float16, mode=mode, shape=(offsets[-1], feature_size))
         final = np.memmap(directory / "final.f16", dtype=np.float16, mode=mode, shape=(offsets[-1], hidden))
         top = np.memmap(directory / "top.i32", dtype=np.int32, mode=mode, shape=(offsets[-1],))
-        device = next(target.parameters()).device
         tap = FeatureTap(target, list(layers))
         final_tap = FeatureTap(target, []) if layers else tap
         bar = tqdm(total=len(examples), initial=meta["done"], desc="target features", disable=not progress)
         try:
-            for i in range(meta["done"], len(examples)):
-                ids = torch.tensor([examples[i].ids], device=device)
-                logits = target(input_ids=ids, use_cache=False).logits[0]  # [T, V]
-                feats = tap.take()[0]  # [T, F]
-                norm = final_tap.take()[0] if layers else feats  # [T, H]
-                a, b = offsets[i], offsets[i + 1]
-                features[a:b] = feats.float().cpu().numpy().astype(np.float16)
-                final[a:b] = norm.float().cpu().numpy().astype(np.float16)
-                top[a:b] = logits.argmax(-1).cpu().numpy().astype(np.int32)
-                bar.update(1)
-                if (i + 1) % chunk == 0 or i + 1 == len(examples):
-                    features.flush()
-                    final.flush()
-                    top.flush()
-                    meta["done"] = i + 1
-                    index.write_text(json.dumps(meta))
+            for start in range(meta["done"], len(examples), chunk):
+                stop = min(start + chunk, len(examples))
+                for batch in length_batches(lengths, range(start, stop), batch_tokens):
+                    feats, norm, best = _forward_features(target, [examples[i].ids for i in batch], tap,
+                                                          final_tap if layers else None)
+                    for row, i in enumerate(batch):
+                        a, b = offsets[i], offsets[i + 1]
+                        features[a:b] = feats[row, : b - a].float().cpu().numpy().astype(np.float16)
+                        final[a:b] = norm[row, : b - a].float().cpu().numpy().astype(np.float16)
+                        top[a:b] = best[row, : b - a].cpu().numpy().astype(np.int32)
+                    bar.update(len(batch))
+                features.flush()
+                final.flush()
+                top.flush()
+                meta["done"] = stop
+                index.write_text(json.dumps(meta))
         finally:
             tap.remove()
             final_tap.remove()
             bar.close()
         del features, final, top
         return FeatureCache(directory)
+
+
+def length_batches(lengths: list[int], indices: Iterable[int], batch_tokens: int) -> list[list[int]]:
+    """``indices`` grouped, longest first, so that each group padded to its longest member holds at most
+    ``batch_tokens`` tokens (an example longer than that goes alone)."""
+    order = sorted(indices, key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _forward_features(target: Any, sequences: list[list[int]], tap: FeatureTap, final_tap: FeatureTap | None,
+                      head_rows: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One target forward over right-padded ``sequences``: the tapped features `[B, T, F]`, the final normed
+    hidden states `[B, T, H]` and the target's argmax `[B, T]` (positions past a sequence's end are padding).
+
+    The decoder runs without the lm_head, which is applied ``head_rows`` positions at a time for the argmax:
+    a batch's full logits (`[B, T, V]`, float32) would not fit in memory for large vocabularies."""
+    device = next(target.parameters()).device
+    longest = max(len(s) for s in sequences)
+    ids = torch.zeros(len(sequences), longest, dtype=torch.long, device=device)  # [B, T]
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, device=device)
+    # No attention mask: the padding is on the right, and a causal model's real positions never attend to
+    # later ones, so the plain causal path (the fast one) gives them exactly their own context.
+    compat.decoder_of(target)(input_ids=ids, use_cache=False)
+    feats = tap.take()  # [B, T, F]
+    norm = final_tap.take() if final_tap is not None else feats  # [B, T, H]
+    head = target.get_output_embeddings()
+    flat = norm.reshape(-1, norm.shape[-1])  # [B*T, H]
+    best = torch.cat([head(flat[a: a + head_rows]).argmax(-1) for a in range(0, flat.shape[0], head_rows)])
+    return feats, norm, best.view(len(sequences), longest)

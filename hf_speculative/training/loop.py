@@ -80,6 +80,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     with accelerator.main_process_first():
         cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
                                    source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
+                                   batch_tokens=cfg.feature_batch_tokens,
                                    progress=progress and accelerator.is_main_process)
 
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -1,0 +1,106 @@
+"""``FeatureCache``: the target's features cached for drafter training, one example per forward or
+batched by length, resumed after an interruption; ``length_batches``'s grouping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hf_speculative.training import data
+from hf_speculative.training.data import Example, FeatureCache, length_batches
+from tests.conftest import build_model
+
+
+def examples_of(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:
+        ids = torch.randint(4, 60, (n,), generator=g).tolist()
+        out.append(Example(ids, [0] * (n // 2) + [1] * (n - n // 2 - 1) + [0]))
+    return out
+
+
+LENGTHS = [9, 31, 12, 12, 40, 5, 17, 23, 8, 33, 14, 6]
+
+
+def test_length_batches_cover_every_index_once_within_the_budget():
+    batches = length_batches(LENGTHS, range(len(LENGTHS)), batch_tokens=64)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(LENGTHS)))
+    assert [LENGTHS[i] for i in flat] == sorted(LENGTHS, reverse=True)  # longest first, so padding is small
+    for b in batches:
+        assert len(b) * max(LENGTHS[i] for i in b) <= 64
+    assert length_batches(LENGTHS, range(3, 7), batch_tokens=1) == [[4], [6], [3], [5]]  # one per forward
+    assert length_batches(LENGTHS, [], batch_tokens=64) == []
+    assert length_batches([100, 3], [0, 1], batch_tokens=10) == [[0], [1]]  # too long for the budget: alone
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("layers", [[1, 0], []])
+def test_batched_cache_matches_one_forward_per_example(tmp_path, arch, layers):
+    """Right-padded batches give every example the features, final states and argmax of its own forward."""
+    target = build_model(arch, layers=3)
+    examples = examples_of(LENGTHS)
+    cache = FeatureCache.build(tmp_path / "b", target, examples, layers, chunk=5, batch_tokens=80, progress=False)
+    assert len(cache) == len(examples)
+    hook_free = all(not m._forward_hooks for m in target.modules())
+    assert hook_free
+    for i, ex in enumerate(examples):
+        with torch.no_grad():
+            out = target(input_ids=torch.tensor([ex.ids]), output_hidden_states=True, use_cache=False)
+        feats, final, top = cache.get(i)
+        assert feats.shape == (len(ex.ids), 32 * max(len(layers), 1)) and final.shape == (len(ex.ids), 32)
+        assert torch.equal(top, out.logits[0].argmax(-1))
+        expected = torch.cat([out.hidden_states[k + 1][0] for k in layers], -1) if layers else final
+        torch.testing.assert_close(feats, expected, atol=2e-3, rtol=2e-3)
+        # the final normed state is the one the lm_head reads: it reproduces the target's logits
+        head = target.get_output_embeddings()
+        logits = head(final)
+        cap = getattr(target.config, "final_logit_softcapping", None)
+        if cap:  # Gemma soft-caps its logits (a monotone map: the argmax is the same)
+            logits = torch.tanh(logits / cap) * cap
+        torch.testing.assert_close(logits, out.logits[0], atol=2e-3, rtol=2e-3)
+
+    single = FeatureCache.build(tmp_path / "s", target, examples, layers, batch_tokens=1, progress=False)
+    np.testing.assert_array_equal(np.asarray(single.top), np.asarray(cache.top))
+    np.testing.assert_allclose(np.asarray(single.features, np.float32), np.asarray(cache.features, np.float32), atol=2e-3)
+
+
+def test_interrupted_cache_resumes_from_the_last_saved_chunk(tmp_path, monkeypatch):
+    target = build_model("llama", layers=3)
+    examples = examples_of(LENGTHS)
+    whole = FeatureCache.build(tmp_path / "whole", target, examples, [0, 1, 2], chunk=4, batch_tokens=64, progress=False)
+
+    real, calls = data._forward_features, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # inside the second chunk
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data, "_forward_features", failing)
+    with pytest.raises(KeyboardInterrupt):
+        FeatureCache.build(tmp_path / "part", target, examples, [0, 1, 2], chunk=4, batch_tokens=64, progress=False)
+    assert FeatureCache(tmp_path / "part").done == 4  # the first chunk was saved, the second was not
+    assert all(not m._forward_hooks for m in target.modules())  # hooks removed on the way out
+
+    monkeypatch.setattr(data, "_forward_features", real)
+    seen = []
+    monkeypatch.setattr(data, "_forward_features", lambda t, seqs, *a, **k: seen.extend(map(len, seqs)) or real(t, seqs, *a, **k))
+    resumed = FeatureCache.build(tmp_path / "part", target, examples, [0, 1, 2], chunk=4, batch_tokens=64, progress=False)
+    assert sorted(seen) == sorted(LENGTHS[4:])  # only the examples not saved yet
+    np.testing.assert_array_equal(np.asarray(resumed.features), np.asarray(whole.features))
+    np.testing.assert_array_equal(np.asarray(resumed.top), np.asarray(whole.top))
+
+    # another source starts over instead of mixing two datasets
+    seen.clear()
+    FeatureCache.build(tmp_path / "part", target, examples, [0, 1, 2], source="other", chunk=4, batch_tokens=64,
+                       progress=False)
+    assert sorted(seen) == sorted(LENGTHS)
+
+
+def test_bad_sizes_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="batch_tokens=0"):
+        FeatureCache.build(tmp_path, build_model("llama"), examples_of([6]), [], batch_tokens=0, progress=False)
