@@ -41,11 +41,11 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
         if first >= last:
             raise typer.BadParameter(f"--prompts {spec}: use {kind}:N (the first N {kind} prompts) or {kind}:A-B "
                                      "(prompts A to B-1), with 0 <= A < B.")
+        if passages and kind != "context":
+            raise typer.BadParameter(f"--passages only feeds --prompts context:N; {kind}:N builds its own texts.")
         if kind == "builtin":
             return build_prompts(last)[first:]
         if kind == "wordnet":
-            if passages:
-                raise typer.BadParameter("--passages only feeds --prompts context:N; wordnet:N builds its own texts.")
             try:
                 return build_wordnet_prompts(last)[first:]
             except (FileNotFoundError, ValueError) as error:

@@ -244,3 +244,6 @@ def test_builtin_prompt_ranges():
     for bad in ("builtin:7-7", "builtin:x", "builtin:-3", "builtin:9-2"):
         with pytest.raises(typer.BadParameter, match="use builtin:N"):
             _prompt_rows(bad)
+    # the built-in list reads no passages: giving some is a mistake worth saying, not ignoring
+    with pytest.raises(typer.BadParameter, match="--passages only feeds --prompts context:N; builtin:N builds its own"):
+        _prompt_rows("builtin:3", ["passages.jsonl"])
