@@ -132,6 +132,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": seen_tokens, "batches": done_batches}))
         return record
 
+    if cfg.init_from is not None and step == 0 and not (state_dir / "progress.json").exists():
+        evaluate_and_save(final=True)  # the continued drafter's start, on this run's held-out data: the curve's step 0
     net.train()
     epochs = math.ceil(cfg.epochs)
     bar = tqdm(total=total_steps, initial=step, desc="train-eagle", disable=not (progress and accelerator.is_main_process))

@@ -162,6 +162,9 @@ def test_train_eagle_init_from_continues_a_drafter(tmp_path, chat_checkpoint, pr
         "--epochs", 1)
     meta = json.loads((second / "training.json").read_text())
     assert meta["warm_start"] and meta["train_config"]["init_from"] == str(first)
+    # the log starts with the continued drafter as it came in, validated on this run's held-out data
+    log = [json.loads(line) for line in (second / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [0, 22] and log[0]["tokens"] == 0 and log[1]["tokens"] > 0
     continued = checkpoints.load_drafter(second, dtype=torch.float32)
     assert torch.equal(continued.d2t, trained.d2t)
     assert not torch.equal(continued.fc.weight, trained.fc.weight)  # it did train
