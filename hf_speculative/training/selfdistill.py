@@ -3,7 +3,8 @@
 An EAGLE drafter predicts the target's next features and tokens, so the best training text is what
 the target itself writes. Answers are generated in batches (left padding, prompts sorted by length
 so that batches pad little) and appended to a JSONL file as they finish, so an interrupted run
-resumes where it stopped.
+resumes where it stopped. Prompts are sorted within windows of the list, not across all of it, so
+that a run stopped early holds a fair sample of the list instead of its shortest prompts only.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def generate_responses(
     max_new_tokens: int = 256,
     batch_size: int = 16,
     max_prompt_tokens: int = 1024,
+    sort_window: int = 1024,
     progress: bool = True,
 ) -> Path:
     """Append ``{"id", "category", "prompt", "text", "response", "prompt_tokens", "response_tokens"}`` rows to
@@ -49,7 +51,13 @@ def generate_responses(
     ``text`` is the full chat-formatted prompt followed by the answer; ``prompt_tokens`` /
     ``response_tokens`` are the token ids of the two parts (the answer includes its EOS when the
     model stopped), so training never re-tokenizes and the split is exact.
+
+    Args:
+        sort_window (`int`, defaults to 1024): prompts are taken ``sort_window`` at a time in the list's
+            order, and sorted by length inside each window for batching.
     """
+    if batch_size < 1 or sort_window < 1:
+        raise ValueError(f"generate_responses(batch_size={batch_size}, sort_window={sort_window}): both must be >= 1.")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = {row["id"] for row in read_jsonl(out_path)} if out_path.exists() else set()
@@ -60,7 +68,8 @@ def generate_responses(
         ids = tokenizer(chat_text(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_tokens:
             todo.append((row, ids))
-    todo.sort(key=lambda item: len(item[1]))
+    todo = [item for w in range(0, len(todo), sort_window)
+            for item in sorted(todo[w: w + sort_window], key=lambda item: len(item[1]))]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
