@@ -129,9 +129,10 @@ def train_eagle(
     init_from: Annotated[Optional[str], typer.Option(
         "--init-from", help="Continue training this drafter (a folder, or a shipped drafter's name, e.g. "
                             "smollm2-135m-instruct) instead of starting a new one; its draft vocabulary is kept.")] = None,
-    feature_batch_tokens: Annotated[int, typer.Option(
+    feature_batch_tokens: Annotated[Optional[int], typer.Option(
         "--feature-batch-tokens", min=1, help="Padded tokens per target forward when caching features (examples "
-                                              "of similar length share one; 1: one example at a time).")] = 4096,
+                                              "of similar length share one; 1: one example at a time). Default: "
+                                              "4096 on a GPU, 1 on a CPU.")] = None,
     refresh_vocab: Annotated[bool, typer.Option(
         "--refresh-vocab", help="With --init-from: choose the draft vocabulary again from this run's data "
                                 "(--draft-vocab-size tokens; rows of tokens the drafter had are kept).")] = False,

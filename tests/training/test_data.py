@@ -104,3 +104,15 @@ def test_interrupted_cache_resumes_from_the_last_saved_chunk(tmp_path, monkeypat
 def test_bad_sizes_are_refused(tmp_path):
     with pytest.raises(ValueError, match="batch_tokens=0"):
         FeatureCache.build(tmp_path, build_model("llama"), examples_of([6]), [], batch_tokens=0, progress=False)
+
+
+def test_training_batches_features_on_accelerators_only():
+    """On a CPU one example per forward measured as fast as batching; a GPU gets batches by default."""
+    from hf_speculative.training.config import TrainConfig
+    from hf_speculative.training.loop import feature_batch_tokens
+
+    assert feature_batch_tokens(torch.device("cpu")) == 1
+    assert feature_batch_tokens(torch.device("cuda")) == 4096
+    assert TrainConfig(target="t", data=["d"], out="o").feature_batch_tokens is None
+    with pytest.raises(ValueError, match="feature_batch_tokens=0"):
+        TrainConfig(target="t", data=["d"], out="o", feature_batch_tokens=0)

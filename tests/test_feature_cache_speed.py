@@ -1,0 +1,26 @@
+"""benchmarks/feature_cache_speed.py runs end to end on a tiny saved model: every setting caches the
+same examples, and the figures it reports are the ones it measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "feature_cache_speed.py"
+
+
+def test_feature_cache_speed_script(tmp_path, chat_checkpoint, capsys):
+    spec = importlib.util.spec_from_file_location("feature_cache_speed", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = tmp_path / "answers.jsonl"
+    rows = [{"id": f"q{i}", "prompt_tokens": [1, 4] + [6 + (i + j) % 20 for j in range(3 + i % 7)] + [5],
+             "response_tokens": [6 + (i * j) % 20 for j in range(4 + i % 5)] + [2]} for i in range(10)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = module.main(["--model", str(chat_checkpoint), "--data", str(data), "--examples", "8",
+                           "--batch-tokens", "1,64", "--threads", "1"])
+    assert [r["batch_tokens"] for r in results] == [1, 64]
+    assert all(r["seconds"] > 0 and abs(r["examples_per_s"] * r["seconds"] - 8) < 1e-6 for r in results)
+    out = capsys.readouterr().out
+    assert "8 examples" in out and "layers [1, 0, 0]" in out and "batch_tokens 64:" in out
