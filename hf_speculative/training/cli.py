@@ -87,6 +87,10 @@ def self_distill(
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
     max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", min=1, help="Skip longer prompts.")] = 1024,
     passages: PassagesOpt = [],  # noqa: B006
+    sort_window: Annotated[int, typer.Option(
+        "--sort-window", min=0, help="Prompts are batched by length within windows of this many, in the list's "
+                                     "order, so that a run stopped early holds a fair sample; 0 sorts the whole "
+                                     "list (how answers were written before 2026-11-23's stage 6).")] = 1024,
 ) -> None:
     """Write the target's own greedy answers to a prompt list: the drafter's best training text."""
     import torch
@@ -99,7 +103,7 @@ def self_distill(
         torch.set_num_threads(threads)
     model, tokenizer = load_model(target)
     generate_responses(model.eval(), tokenizer, rows, out, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size, max_prompt_tokens=max_prompt_tokens)
+                       batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sort_window=sort_window)
 
 
 def train_eagle(

@@ -54,10 +54,11 @@ def generate_responses(
 
     Args:
         sort_window (`int`, defaults to 1024): prompts are taken ``sort_window`` at a time in the list's
-            order, and sorted by length inside each window for batching.
+            order, and sorted by length inside each window for batching; 0 sorts the whole list.
     """
-    if batch_size < 1 or sort_window < 1:
-        raise ValueError(f"generate_responses(batch_size={batch_size}, sort_window={sort_window}): both must be >= 1.")
+    if batch_size < 1 or sort_window < 0:
+        raise ValueError(f"generate_responses(batch_size={batch_size}, sort_window={sort_window}): the batch size must "
+                         "be >= 1 and the window >= 0 (0: the whole list).")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = {row["id"] for row in read_jsonl(out_path)} if out_path.exists() else set()
@@ -68,8 +69,9 @@ def generate_responses(
         ids = tokenizer(chat_text(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_tokens:
             todo.append((row, ids))
-    todo = [item for w in range(0, len(todo), sort_window)
-            for item in sorted(todo[w: w + sort_window], key=lambda item: len(item[1]))]
+    window = sort_window or max(len(todo), 1)
+    todo = [item for w in range(0, len(todo), window)
+            for item in sorted(todo[w: w + window], key=lambda item: len(item[1]))]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()

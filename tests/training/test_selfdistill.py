@@ -48,6 +48,13 @@ def test_stopped_early_the_file_holds_a_window_of_the_list_and_resumes(tmp_path,
     assert sorted(r["id"] for r in rows) == [f"q{i}" for i in range(8)] and len(rows) == 8  # none twice
 
 
+def test_window_zero_sorts_the_whole_list(tmp_path, chat_model, chat_tokenizer):
+    out = generate_responses(chat_model, chat_tokenizer, PROMPTS, tmp_path / "w.jsonl", max_new_tokens=2,
+                             batch_size=3, sort_window=0, progress=False)
+    assert [r["id"] for r in rows_of(out)] == ["q1", "q5", "q3", "q7", "q6", "q2", "q4", "q0"]
+
+
 def test_bad_sizes_are_refused(tmp_path, chat_model, chat_tokenizer):
-    with pytest.raises(ValueError, match="sort_window=0"):
-        generate_responses(chat_model, chat_tokenizer, PROMPTS, tmp_path / "c.jsonl", sort_window=0, progress=False)
+    for bad in ({"sort_window": -1}, {"batch_size": 0}):
+        with pytest.raises(ValueError, match="the batch size must be >= 1 and the window >= 0"):
+            generate_responses(chat_model, chat_tokenizer, PROMPTS, tmp_path / "c.jsonl", progress=False, **bad)
