@@ -80,7 +80,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     with accelerator.main_process_first():
         cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
                                    source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
-                                   batch_tokens=cfg.feature_batch_tokens or feature_batch_tokens(accelerator.device),
+                                   batch_tokens=cfg.feature_batch_tokens,
                                    progress=progress and accelerator.is_main_process)
 
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -172,13 +172,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                    "final_validation": record}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
-
-
-def feature_batch_tokens(device: torch.device) -> int:
-    """The feature cache's default batch: on a CPU one ~170-token example per forward is already
-    compute-bound and batching measured no faster (0.89-1.06x on the 2-core VM, docs/recipes/train-eagle.md);
-    an accelerator is left mostly idle by one example, so examples of similar length share a forward."""
-    return 1 if device.type == "cpu" else 4096
 
 
 class _Progress:

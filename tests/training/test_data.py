@@ -44,8 +44,7 @@ def test_batched_cache_matches_one_forward_per_example(tmp_path, arch, layers):
     examples = examples_of(LENGTHS)
     cache = FeatureCache.build(tmp_path / "b", target, examples, layers, chunk=5, batch_tokens=80, progress=False)
     assert len(cache) == len(examples)
-    hook_free = all(not m._forward_hooks for m in target.modules())
-    assert hook_free
+    assert all(not m._forward_hooks for m in target.modules())
     for i, ex in enumerate(examples):
         with torch.no_grad():
             out = target(input_ids=torch.tensor([ex.ids]), output_hidden_states=True, use_cache=False)
@@ -86,7 +85,6 @@ def test_interrupted_cache_resumes_from_the_last_saved_chunk(tmp_path, monkeypat
     assert FeatureCache(tmp_path / "part").done == 4  # the first chunk was saved, the second was not
     assert all(not m._forward_hooks for m in target.modules())  # hooks removed on the way out
 
-    monkeypatch.setattr(data, "_forward_features", real)
     seen = []
     monkeypatch.setattr(data, "_forward_features", lambda t, seqs, *a, **k: seen.extend(map(len, seqs)) or real(t, seqs, *a, **k))
     resumed = FeatureCache.build(tmp_path / "part", target, examples, [0, 1, 2], chunk=4, batch_tokens=64, progress=False)
@@ -106,13 +104,17 @@ def test_bad_sizes_are_refused(tmp_path):
         FeatureCache.build(tmp_path, build_model("llama"), examples_of([6]), [], batch_tokens=0, progress=False)
 
 
-def test_training_batches_features_on_accelerators_only():
+def test_training_batches_features_on_accelerators_only(tmp_path, monkeypatch):
     """On a CPU one example per forward measured as fast as batching; a GPU gets batches by default."""
+    real, sizes = data._forward_features, []
+    monkeypatch.setattr(data, "_forward_features", lambda t, seqs, *a, **k: sizes.append(len(seqs)) or real(t, seqs, *a, **k))
+    FeatureCache.build(tmp_path, build_model("llama"), examples_of(LENGTHS), [0, 1], progress=False)
+    assert sizes == [1] * len(LENGTHS)  # the target is on the CPU here
     from hf_speculative.training.config import TrainConfig
-    from hf_speculative.training.loop import feature_batch_tokens
+    from hf_speculative.training.data import default_batch_tokens
 
-    assert feature_batch_tokens(torch.device("cpu")) == 1
-    assert feature_batch_tokens(torch.device("cuda")) == 4096
+    assert default_batch_tokens(torch.device("cpu")) == 1
+    assert default_batch_tokens(torch.device("cuda")) == 4096
     assert TrainConfig(target="t", data=["d"], out="o").feature_batch_tokens is None
     with pytest.raises(ValueError, match="feature_batch_tokens=0"):
         TrainConfig(target="t", data=["d"], out="o", feature_batch_tokens=0)
