@@ -392,6 +392,7 @@ def _register_training_commands() -> None:
     app.command("train-eagle")(training_cli.train_eagle)
     app.command("export-eagle")(training_cli.export_eagle)
     app.command("self-distill")(training_cli.self_distill)
+    app.command("sample-prompts")(training_cli.sample_prompts)
 
 
 _register_training_commands()

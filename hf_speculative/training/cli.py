@@ -106,6 +106,69 @@ def self_distill(
                        batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sort_window=sort_window)
 
 
+def _exclusions(paths: list[Path]) -> list[str]:
+    """Texts never to train on: every turn of a Spec-Bench question file, or each row's 'prompt' / 'text'."""
+    texts = []
+    for path in paths:
+        try:
+            for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+                if line.strip():
+                    row = json.loads(line)
+                    found = list(row.get("turns") or []) + [row[k] for k in ("prompt", "text") if k in row]
+                    if not found:
+                        raise ValueError(f"line {i + 1} has none of 'turns', 'prompt', 'text'")
+                    texts += found
+        except (OSError, ValueError) as error:
+            raise typer.BadParameter(f"--exclude {path}: not a file of texts to exclude: {error}") from None
+    return texts
+
+
+def sample_prompts(
+    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target (a chat model).")],
+    count: Annotated[int, typer.Option("--count", min=1, help="Prompts wanted in --out (rows there count).")],
+    out: Annotated[Path, typer.Option("--out", help="JSONL file of prompts (appended; resumes).")] = Path(
+        "self_prompts.jsonl"),
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 64,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Longer messages are dropped.")] = 96,
+    temperature: Annotated[float, typer.Option("--temperature", help="> 0")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="in (0, 1]")] = 0.95,
+    min_words: Annotated[int, typer.Option("--min-words", min=0)] = 4,
+    exclude: Annotated[list[Path], typer.Option(
+        "--exclude", help="JSONL of texts never to train on (Spec-Bench question.jsonl, or rows with 'prompt' / "
+                          "'text'); a prompt sharing a run of 8 words with one is dropped; repeatable. Default: "
+                          "../shared/data/spec_bench/question.jsonl when it exists.")] = [],  # noqa: B006
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
+) -> None:
+    """Let the target write user prompts itself (Magpie): its chat template up to a user turn, sampled.
+    Feed the file to self-distill --prompts FILE."""
+    import torch
+
+    from ..bench.runner import default_dataset_path
+    from ..models import load_model
+    from .magpie import sample_prompts as sample
+
+    if not temperature > 0 or not 0 < top_p <= 1:
+        raise typer.BadParameter(f"--temperature {temperature} --top-p {top_p}: the temperature must be > 0 and "
+                                 "top-p in (0, 1]")
+    paths = list(exclude) or [p for p in [default_dataset_path()] if p is not None]
+    if not paths:
+        typer.echo("note: no Spec-Bench question.jsonl beside the checkout and no --exclude: prompts are not checked "
+                   "against the benchmark", err=True)
+    texts = _exclusions(paths)
+    if threads:
+        torch.set_num_threads(threads)
+    model, tokenizer = load_model(target)
+    try:
+        sample(model.eval(), tokenizer, out, count, seed=seed, batch_size=batch_size, max_new_tokens=max_new_tokens,
+               temperature=temperature, top_p=top_p, min_words=min_words, exclude=texts)
+    except (ValueError, RuntimeError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{count} prompts in {out}; answer them with: hf-speculative self-distill --target {target} "
+               f"--prompts {out}")
+
+
 def train_eagle(
     target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder: drafter, checkpoint, feature cache, logs.")],
