@@ -3,7 +3,8 @@
 A chat model fine-tuned on conversations has learned what users ask. Given its chat template up to
 the start of a user turn and nothing more, it samples a user's message: a request written the way
 people write, on whatever topics its fine-tuning data covered. Those prompts need no corpus and no
-internet, and they match the requests the model meets at inference better than templates do.
+internet. (A drafter trained on their answers improves on such requests; on Spec-Bench's human-written
+questions it did not: see stage 7 of the training recipe.)
 
 Every batch samples ``batch_size`` messages from the same pre-query text, with the random generator
 seeded from ``(seed, batch index)``, so a run is reproducible, and an interrupted one resumes by
