@@ -93,7 +93,7 @@ def sample_prompts(
     """
     if count < 1 or batch_size < 1 or min_words < 0 or shingle < 1:
         raise ValueError(f"sample_prompts(count={count}, batch_size={batch_size}, min_words={min_words}, "
-                         f"shingle={shingle}): count, batch size and shingle must be >= 1")
+                         f"shingle={shingle}): count, batch size and shingle must be >= 1, min_words >= 0")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     rows = [row for _, row in numbered_rows(out_path)] if out_path.exists() else []
@@ -138,8 +138,7 @@ def sample_prompts(
                 if len(words) < min_words or key in seen or banned & shingles([text], shingle):
                     continue
                 seen.add(key)
-                row = {"id": row_id, "category": "self-written", "prompt": text,
-                       "batch": batch}
+                row = {"id": row_id, "category": "self-written", "prompt": text, "batch": batch}
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 if len(rows) == count:

@@ -74,8 +74,10 @@ def test_excluded_texts_never_come_back(tmp_path, chat_model, chat_tokenizer):
 
 
 def test_bad_sizes_are_refused(tmp_path, chat_model, chat_tokenizer):
-    with pytest.raises(ValueError, match="count, batch size and shingle must be >= 1"):
-        sample_prompts(chat_model, chat_tokenizer, tmp_path / "a.jsonl", 0, progress=False)
+    for count, bad in ((0, {}), (3, {"batch_size": 0}), (3, {"min_words": -1}), (3, {"shingle": 0})):
+        with pytest.raises(ValueError, match="count, batch size and shingle must be >= 1, min_words >= 0"):
+            sample_prompts(chat_model, chat_tokenizer, tmp_path / "a.jsonl", count, progress=False, **bad)
+    assert not (tmp_path / "a.jsonl").exists()
 
 
 def test_cli_writes_prompts_that_self_distill_answers(tmp_path, chat_checkpoint):
