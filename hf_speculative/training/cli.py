@@ -114,7 +114,9 @@ def _exclusions(paths: list[Path]) -> list[str]:
             for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
                 if line.strip():
                     row = json.loads(line)
-                    found = list(row.get("turns") or []) + [row[k] for k in ("prompt", "text") if k in row]
+                    turns = row.get("turns") or []
+                    found = ([turns] if isinstance(turns, str) else list(turns)) + [
+                        row[k] for k in ("prompt", "text") if k in row]
                     if not found:
                         raise ValueError(f"line {i + 1} has none of 'turns', 'prompt', 'text'")
                     texts += found

@@ -90,10 +90,12 @@ def test_cli_writes_prompts_that_self_distill_answers(tmp_path, chat_checkpoint)
     rows = rows_of(tmp_path / "p.jsonl")
     assert len(rows) == 6 and "hf-speculative self-distill" in first.output
     # a Spec-Bench-style file of questions excludes them
-    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": [rows[0]["prompt"]]}) + "\n")
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": [rows[0]["prompt"]]}) + "\n"
+                         + json.dumps({"turns": rows[1]["prompt"]}) + "\n")  # a lone string counts whole
     second = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "q.jsonl"), "--exclude", str(questions)], env=env)
     assert second.exit_code == 0, second.output
-    assert rows[0]["prompt"] not in {r["prompt"] for r in rows_of(tmp_path / "q.jsonl")}
+    again = {r["prompt"] for r in rows_of(tmp_path / "q.jsonl")}
+    assert len(again) == 6 and rows[0]["prompt"] not in again and rows[1]["prompt"] not in again
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "no known field"}\n')
     third = CliRunner().invoke(app, [*args, "--exclude", str(bad)], env=env)
