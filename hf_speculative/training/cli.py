@@ -108,18 +108,18 @@ def self_distill(
 
 def _exclusions(paths: list[Path]) -> list[str]:
     """Texts never to train on: every turn of a Spec-Bench question file, or each row's 'prompt' / 'text'."""
+    from .data import numbered_rows
+
     texts = []
     for path in paths:
         try:
-            for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
-                if line.strip():
-                    row = json.loads(line)
-                    turns = row.get("turns") or []
-                    found = ([turns] if isinstance(turns, str) else list(turns)) + [
-                        row[k] for k in ("prompt", "text") if k in row]
-                    if not found:
-                        raise ValueError(f"line {i + 1} has none of 'turns', 'prompt', 'text'")
-                    texts += found
+            for line_no, row in numbered_rows(path):
+                turns = row.get("turns") or []
+                found = ([turns] if isinstance(turns, str) else list(turns)) + [
+                    row[k] for k in ("prompt", "text") if k in row]
+                if not found:
+                    raise ValueError(f"line {line_no} has none of 'turns', 'prompt', 'text'")
+                texts += found
         except (OSError, ValueError) as error:
             raise typer.BadParameter(f"--exclude {path}: not a file of texts to exclude: {error}") from None
     return texts

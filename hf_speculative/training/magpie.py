@@ -24,7 +24,8 @@ from typing import Any, Iterable
 
 import torch
 
-from .data import numbered_rows
+from .. import compat
+from .selfdistill import read_jsonl
 
 _MARK = "\u0000QUERY\u0000"
 
@@ -96,7 +97,7 @@ def sample_prompts(
                          f"shingle={shingle}): count, batch size and shingle must be >= 1, min_words >= 0")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [row for _, row in numbered_rows(out_path)] if out_path.exists() else []
+    rows = read_jsonl(out_path) if out_path.exists() else []
     written = {row["id"] for row in rows}
     strangers = [i for i in written if not str(i).startswith(f"self-s{seed}-")]
     if strangers:
@@ -108,8 +109,7 @@ def sample_prompts(
     prefix = tokenizer(pre_query_text(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
     device = next(model.parameters()).device
     input_ids = prefix.to(device).repeat(batch_size, 1)  # [B, P]: the same pre-query text in every row
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    eos_ids = set(compat.eos_token_ids(model.generation_config))
     if not eos_ids:
         raise ValueError("the model's generation_config has no eos_token_id: cannot tell where a message ends")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
@@ -129,10 +129,10 @@ def sample_prompts(
                 row_id = f"self-s{seed}-b{batch:05d}-{i:03d}"
                 if row_id in written:
                     continue  # the last batch of an interrupted run, sampled again
-                ends = [j for j, token in enumerate(seq) if token in eos_ids]
-                if not ends:
+                end = next((j for j, token in enumerate(seq) if token in eos_ids), None)
+                if end is None:
                     continue  # cut off by the length limit
-                text = tokenizer.decode(seq[: ends[0]], skip_special_tokens=True).strip()
+                text = tokenizer.decode(seq[:end], skip_special_tokens=True).strip()
                 words = _words(text)
                 key = " ".join(words)
                 if len(words) < min_words or key in seen or banned & shingles([text], shingle):

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .. import compat
 from .data import numbered_rows
 
 
@@ -73,8 +74,7 @@ def generate_responses(
     todo = [item for w in range(0, len(todo), window)
             for item in sorted(todo[w: w + window], key=lambda item: len(item[1]))]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    eos_ids = set(compat.eos_token_ids(model.generation_config))
     device = next(model.parameters()).device
     start, written = time.perf_counter(), 0
     with open(out_path, "a", encoding="utf-8") as f:
