@@ -185,7 +185,7 @@ def train_eagle(
     unroll: Annotated[Optional[int], typer.Option("--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
     epochs: Annotated[float, typer.Option("--epochs")] = 2.0,
     lr: Annotated[float, typer.Option("--lr")] = 5e-4,
-    grad_accum: Annotated[int, typer.Option("--grad-accum")] = 4,
+    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Sequences per optimizer step and process.")] = 4,
     max_length: Annotated[int, typer.Option("--max-length")] = 1024,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Optimizer steps between validations/checkpoints.")] = 200,
     val_prompts: Annotated[int, typer.Option("--val-prompts")] = 8,
@@ -209,7 +209,7 @@ def train_eagle(
     """Train an EAGLE drafter (or, with --exit-layer K, an early-exit adapter) for --target (resumes from
     OUT/checkpoint when present)."""
     from .config import TrainConfig
-    from .loop import train
+    from .loop import process_state, train
 
     data = list(data)
     distilled = out / "self_distill.jsonl"
@@ -229,10 +229,14 @@ def train_eagle(
             check_init_from(cfg)
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
+    state = process_state()
     if prompts:
-        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens,
-                     passages=passages)
+        with state.main_process_first():  # one process answers; the others then find the file complete
+            self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens,
+                         passages=passages)
     path = train(cfg)
+    if not state.is_main_process:
+        return
     summary = path / "training_summary.json"
     if summary.exists():
         typer.echo(summary.read_text())

@@ -5,10 +5,16 @@ The same code runs on a CPU (``hf-speculative train-eagle ...``), one GPU, or ma
 the data loader, reduces gradients and saves/restores the full training state for ``--resume``.
 The target's features are computed once into a memory-mapped cache (the main process builds it,
 the others wait), then every epoch reads them from disk.
+
+With several processes, every one computes the loss of its own sequences inside the forward of the
+module ``accelerate`` wrapped (:class:`TrainingStep`): DDP averages gradients only for work done
+inside that forward, so calling the drafter's pieces directly would train each process on its own
+shard alone. One optimizer step then covers ``grad_accum x processes`` sequences.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import time
@@ -27,6 +33,28 @@ from .start import initial_network
 
 LOG = "train_log.jsonl"
 STATE = "checkpoint"
+# how long the other processes wait while the main one answers prompts or caches features (torchrun
+# stops them all at once if a process fails, so a long limit never leaves a hung run)
+WAIT = datetime.timedelta(hours=24)
+
+
+def process_state():
+    """accelerate's view of this process (rank, count; one process without a launcher), set up
+    with the long wait above. Launched processes that did not join one run are refused: each would
+    train alone and write the same files."""
+    import os
+
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"), timeout=WAIT)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if state.num_processes != launched:
+        raise RuntimeError(
+            f"{launched} processes were launched but accelerate runs {state.num_processes} (no GPU for each?). "
+            "On CPUs, set ACCELERATE_USE_CPU=1 in the environment of the launcher (e.g. "
+            "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node N -m hf_speculative train-eagle ...).")
+    return state
 
 
 class _CachedExamples(torch.utils.data.Dataset):
@@ -42,6 +70,29 @@ class _CachedExamples(torch.utils.data.Dataset):
         ex = self.examples[j]
         return {"ids": torch.tensor(ex.ids), "loss_mask": torch.tensor(ex.loss_mask), "features": features, "final": final,
                 "top": top}
+
+
+class TrainingStep(torch.nn.Module):
+    """The training loss of a drafter as a module's forward: what ``accelerate`` prepares (wraps in
+    DDP with several processes). The target's embedding and lm_head are passed at call time, so
+    they are neither parameters here nor broadcast between processes.
+
+    Args:
+        net (`EagleDraftModel`): the drafter being trained (``self.net``).
+    """
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, batch: dict[str, torch.Tensor], *, embed: torch.nn.Module, head_weight: torch.Tensor,
+                inputs, unroll: int, noise: float = 0.0):
+        loss, metrics = eagle_loss(self.net, embed, head_weight, batch["ids"], batch["loss_mask"],
+                                   inputs(batch["features"]), batch["final"], unroll, noise=noise,
+                                   target_top=batch["top"])
+        if not loss.requires_grad:  # nothing learnt in this sequence: a zero that still reaches every
+            loss = loss + sum(p.sum() for p in self.net.parameters()) * 0.0  # parameter, as DDP expects
+        return loss, metrics
 
 
 def _collate(batch: list[dict]) -> dict[str, torch.Tensor]:
@@ -63,6 +114,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    process_state()
     accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
     set_seed(cfg.seed)
     started = time.perf_counter()
@@ -86,55 +138,62 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     loader = torch.utils.data.DataLoader(_CachedExamples(examples, cache, train_idx), batch_size=1, shuffle=True,
                                          collate_fn=_collate, generator=torch.Generator().manual_seed(cfg.seed))
-    total_steps = max(1, math.ceil(len(loader) * cfg.epochs / cfg.grad_accum))
+    processes = accelerator.num_processes
+    per_process = math.ceil(len(train_idx) / processes)  # accelerate shards evenly, repeating a few if needed
+    total_steps = max(1, math.ceil(per_process * cfg.epochs / cfg.grad_accum))
 
-    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
+    def lr_at(scheduler_step: int) -> float:  # linear warm-up, cosine decay to 10%
+        step = scheduler_step // processes  # accelerate steps the scheduler once per process per optimizer step
         if step < cfg.warmup:
             return (step + 1) / cfg.warmup
         progress_ = min((step - cfg.warmup) / max(total_steps - cfg.warmup, 1), 1.0)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    net, optimizer, loader, scheduler = accelerator.prepare(net, optimizer, loader, scheduler)
+    model, optimizer, loader, scheduler = accelerator.prepare(TrainingStep(net), optimizer, loader, scheduler)
+    if len(loader) != per_process:
+        raise RuntimeError(f"accelerate gave each process {len(loader)} sequences per epoch, expected {per_process}")
     accelerator.register_for_checkpointing(_Progress())
     embed = target.get_input_embeddings()
     head_weight = target.get_output_embeddings().weight
     inputs = drafter_inputs(eagle_cfg, target)
     cfg.save(out / "train_config.json")
 
-    step, seen_tokens, done_batches = 0, 0, 0
+    # seen_tokens counts this process's tokens since the start or resume; earlier_tokens, every process's before
+    step, earlier_tokens, seen_tokens, done_batches = 0, 0, 0, 0
     state_dir = out / STATE
     if (state_dir / "progress.json").exists():
         accelerator.load_state(str(state_dir))
         saved = json.loads((state_dir / "progress.json").read_text())
-        step, seen_tokens, done_batches = saved["step"], saved["tokens"], saved["batches"]
+        step, earlier_tokens, done_batches = saved["step"], saved["tokens"], saved["batches"]
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
-        record: dict[str, Any] = {"step": step, "tokens": seen_tokens, "seconds": round(time.perf_counter() - started, 1)}
+        tokens = earlier_tokens + int(accelerator.reduce(torch.tensor(seen_tokens, device=accelerator.device), "sum"))
+        record: dict[str, Any] = {"step": step, "tokens": tokens, "seconds": round(time.perf_counter() - started, 1)}
         if accelerator.is_main_process:
-            model = accelerator.unwrap_model(net)
-            model.eval()
-            record.update(_teacher_forced(model, embed, head_weight, examples, cache, val_idx[:64], cfg.unroll, inputs))
-            record["val_tau"] = validation_tau(model, target, [examples[i] for i in val_idx[: cfg.val_prompts]],
+            drafter = accelerator.unwrap_model(model).net
+            drafter.eval()
+            record.update(_teacher_forced(drafter, embed, head_weight, examples, cache, val_idx[:64], cfg.unroll, inputs))
+            record["val_tau"] = validation_tau(drafter, target, [examples[i] for i in val_idx[: cfg.val_prompts]],
                                                cfg.val_new_tokens, cfg.val_draft)
-            model.train()
+            drafter.train()
             meta = {"train_config": cfg.to_dict(), "last_validation": record, "warm_start": warm,
-                    "train_examples": len(train_idx), "val_examples": len(val_idx)}
-            checkpoints.save_pretrained(model, out, metadata=meta)
+                    "train_examples": len(train_idx), "val_examples": len(val_idx), "processes": processes}
+            checkpoints.save_pretrained(drafter, out, metadata=meta)
             with open(out / LOG, "a") as f:
                 f.write(json.dumps(record) + "\n")
             accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
         if not final:
             accelerator.save_state(str(state_dir))
             if accelerator.is_main_process:
-                (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": seen_tokens, "batches": done_batches}))
+                (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches}))
         return record
 
     if cfg.init_from is not None and step == 0 and not (state_dir / "progress.json").exists():
         evaluate_and_save(final=True)  # the continued drafter's start, on this run's held-out data: the curve's step 0
-    net.train()
+    model.train()
     epochs = math.ceil(cfg.epochs)
     bar = tqdm(total=total_steps, initial=step, desc="train-eagle", disable=not (progress and accelerator.is_main_process))
     running = None
@@ -146,13 +205,12 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         for batch in epoch_loader:
             if step >= total_steps:
                 break
-            with accelerator.accumulate(net):
-                loss, metrics = eagle_loss(accelerator.unwrap_model(net), embed, head_weight, batch["ids"], batch["loss_mask"],
-                                           inputs(batch["features"]), batch["final"], cfg.unroll, noise=cfg.noise,
-                                           target_top=batch["top"])
+            with accelerator.accumulate(model):
+                loss, metrics = model(batch, embed=embed, head_weight=head_weight, inputs=inputs, unroll=cfg.unroll,
+                                      noise=cfg.noise)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.max_grad_norm:
-                    accelerator.clip_grad_norm_(net.parameters(), cfg.max_grad_norm)
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
@@ -168,7 +226,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     bar.close()
     record = evaluate_and_save(final=True)
     if accelerator.is_main_process:
-        summary = {"seconds": round(time.perf_counter() - started, 1), "optimizer_steps": step, "tokens_seen": seen_tokens,
+        summary = {"seconds": round(time.perf_counter() - started, 1), "optimizer_steps": step, "tokens_seen": record["tokens"],
                    "final_validation": record}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out

@@ -1,0 +1,112 @@
+"""``train-eagle`` in several processes (``torchrun``, as ``accelerate launch --multi_gpu`` starts them),
+here two CPU processes on gloo: gradients are averaged across processes, so two processes with
+``--grad-accum 1`` train exactly the drafter that one process trains with ``--grad-accum 2``, step
+for step (the same sequences, in the same pairs), through a resume too; one process answers the
+prompts; processes that did not join one run are refused instead of each training alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import CHAT_WORDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(*args, processes: int = 1, cpu_flag: bool = True) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("ACCELERATE_USE_CPU", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", COLUMNS="200", NO_COLOR="1")
+    if cpu_flag:
+        env["ACCELERATE_USE_CPU"] = "1"
+    runner = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+              if processes > 1 else [sys.executable])
+    return subprocess.run([*runner, "-m", "hf_speculative", *map(str, args)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny chat target saved in a folder, and 24 of its answers (22 trained on, 2 held out)."""
+    from hf_speculative.training.selfdistill import generate_responses
+    from tests.conftest import make_chat_tokenizer
+
+    root = tmp_path_factory.mktemp("distributed")
+    torch.manual_seed(0)
+    config = __import__("transformers").LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = __import__("transformers").LlamaForCausalLM(config).eval()
+    tokenizer = make_chat_tokenizer()
+    model.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 3 + j) % len(CHAT_WORDS)] for j in range(6))}
+            for i in range(24)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    generate_responses(model, tokenizer, rows, root / "answers.jsonl", max_new_tokens=16, batch_size=8, progress=False)
+    return root
+
+
+def train_args(setup, out, *extra):
+    return ["train-eagle", "--target", setup / "target", "--data", setup / "answers.jsonl", "--out", out,
+            "--draft-vocab-size", 24, "--eval-every", 4, "--val-prompts", 2, "--threads", 1, "--lr", 1e-2, *extra]
+
+
+def outcome(folder: Path) -> tuple[dict, dict, list[dict]]:
+    weights = load_file(folder / "model.safetensors")
+    summary = json.loads((folder / "training_summary.json").read_text())
+    log = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+    for record in [summary["final_validation"], *log]:
+        record.pop("seconds")
+    summary.pop("seconds")
+    return weights, summary, log
+
+
+@pytest.mark.parametrize("version", ["--eagle3", "--eagle1"])
+def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_path, setup, version):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for epochs in (1.5, 2.5):  # the second run resumes the first one's checkpoint (step 16, mid-epoch)
+        ok(launch(*train_args(setup, one, version, "--grad-accum", 2, "--epochs", epochs)))
+        out = ok(launch(*train_args(setup, two, version, "--grad-accum", 1, "--epochs", epochs), processes=2))
+        assert out.count("drafter saved in") == 1  # the main process speaks for the run
+        if epochs == 2.5:
+            assert "resumed from" in out
+        (w1, s1, log1), (w2, s2, log2) = outcome(one), outcome(two)
+        # 22 sequences, 2 per optimizer step: 11 steps per epoch
+        assert s1["optimizer_steps"] == s2["optimizer_steps"] == (17 if epochs == 1.5 else 28)
+        assert s1 == s2 and log1 == log2  # the same steps, tokens (of every process) and validations
+        assert w1.keys() == w2.keys()
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-6, msg=name)
+    assert len({json.dumps(r["val_acc"]) for r in log1}) > 1  # it learnt something: equal is not trivially equal
+
+
+def test_one_process_answers_the_prompts(tmp_path, setup):
+    out = tmp_path / "drafter"
+    result = ok(launch("train-eagle", "--target", setup / "target", "--prompts", setup / "prompts.jsonl",
+                       "--distill-tokens", 16, "--out", out, "--draft-vocab-size", 24, "--grad-accum", 1,
+                       "--eval-every", 100, "--val-prompts", 2, "--threads", 1, "--epochs", 1, processes=2))
+    rows = [json.loads(line) for line in (out / "self_distill.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(24))  # each once: no second writer
+    assert result.count("drafter saved in") == 1
+    assert json.loads((out / "training_summary.json").read_text())["optimizer_steps"] == 11
+
+
+def test_processes_that_run_apart_are_refused(tmp_path, setup):
+    result = launch(*train_args(setup, tmp_path / "o", "--epochs", 1), processes=2, cpu_flag=False)
+    assert result.returncode != 0
+    assert "2 processes were launched but accelerate runs 1" in result.stderr
+    assert "ACCELERATE_USE_CPU=1" in result.stderr
+    assert not (tmp_path / "o" / "model.safetensors").exists()
