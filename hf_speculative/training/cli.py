@@ -187,6 +187,8 @@ def train_eagle(
     lr: Annotated[float, typer.Option("--lr")] = 5e-4,
     grad_accum: Annotated[int, typer.Option("--grad-accum", help="Sequences per optimizer step and process.")] = 4,
     max_length: Annotated[int, typer.Option("--max-length")] = 1024,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward, padded to the longest "
+                                                                 "(1 keeps a CPU busy; use more on a GPU).")] = 1,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Optimizer steps between validations/checkpoints.")] = 200,
     val_prompts: Annotated[int, typer.Option("--val-prompts")] = 8,
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
@@ -219,7 +221,7 @@ def train_eagle(
         raise typer.BadParameter("give --data FILE (repeatable) and/or --prompts builtin:N to self-distill first")
     try:  # checked before the (slow) self-distillation
         cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
-                          unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
+                          unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length, batch_size=batch_size,
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
                           refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens)

@@ -25,6 +25,10 @@ class TrainConfig:
         lr (`float`, defaults to 5e-4), warmup (`int`, defaults to 50), weight_decay (`float`, defaults to 0),
             grad_accum (`int`, defaults to 4), max_grad_norm (`float`, defaults to 0.5).
         max_length (`int`, defaults to 1024): longest sequence, in tokens.
+        batch_size (`int`, defaults to 1): sequences per forward, right-padded to the longest; batches are
+            drawn from length-sorted windows (less padding). Its loss is the mean of its sequences', so
+            ``batch_size x grad_accum`` sequences make one optimizer step either way. 1 keeps a CPU busy;
+            an accelerator needs more.
         val_every (`int`, defaults to 20): one example in ``val_every`` is held out for validation.
         eval_every (`int`, defaults to 200): optimizer steps between validations (and checkpoints).
         val_prompts (`int`, defaults to 8), val_new_tokens (`int`, defaults to 64), val_draft (`int`,
@@ -63,6 +67,7 @@ class TrainConfig:
     grad_accum: int = 4
     max_grad_norm: float = 0.5
     max_length: int = 1024
+    batch_size: int = 1
     val_every: int = 20
     eval_every: int = 200
     val_prompts: int = 8
@@ -98,6 +103,7 @@ class TrainConfig:
         if self.unroll is None:
             self.unroll = 1 if self.exit_layer is not None else 4 if self.eagle3 else 1
         checks = {"unroll": self.unroll >= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,
+                  "batch_size": self.batch_size >= 1,
                   "max_length": self.max_length >= 8, "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1,
                   "draft_vocab_size": self.draft_vocab_size >= 16, "val_draft": self.val_draft >= 1, "noise": self.noise >= 0,
                   "feature_batch_tokens": self.feature_batch_tokens is None or self.feature_batch_tokens >= 1}

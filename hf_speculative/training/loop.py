@@ -26,6 +26,7 @@ import torch
 from .. import compat
 from ..drafters.eagle.config import EagleConfig
 from .config import TrainConfig
+from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, read_examples
 from .evaluate import validation_tau
 from .losses import eagle_loss
@@ -57,21 +58,6 @@ def process_state():
     return state
 
 
-class _CachedExamples(torch.utils.data.Dataset):
-    def __init__(self, examples, cache: FeatureCache, indices: list[int]):
-        self.examples, self.cache, self.indices = examples, cache, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        j = self.indices[i]
-        features, final, top = self.cache.get(j)
-        ex = self.examples[j]
-        return {"ids": torch.tensor(ex.ids), "loss_mask": torch.tensor(ex.loss_mask), "features": features, "final": final,
-                "top": top}
-
-
 class TrainingStep(torch.nn.Module):
     """The training loss of a drafter as a module's forward: what ``accelerate`` prepares (wraps in
     DDP with several processes). The target's embedding and lm_head are passed at call time, so
@@ -93,12 +79,6 @@ class TrainingStep(torch.nn.Module):
         if not loss.requires_grad:  # nothing learnt in this sequence: a zero that still reaches every
             loss = loss + sum(p.sum() for p in self.net.parameters()) * 0.0  # parameter, as DDP expects
         return loss, metrics
-
-
-def _collate(batch: list[dict]) -> dict[str, torch.Tensor]:
-    if len(batch) != 1:
-        raise ValueError("sequences of different lengths are trained one at a time (batch size 1)")
-    return {k: v[None] for k, v in batch[0].items()}
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
@@ -136,10 +116,12 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                                    progress=progress and accelerator.is_main_process)
 
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    loader = torch.utils.data.DataLoader(_CachedExamples(examples, cache, train_idx), batch_size=1, shuffle=True,
-                                         collate_fn=_collate, generator=torch.Generator().manual_seed(cfg.seed))
+    order = EpochOrder([len(examples[i].ids) for i in train_idx], cfg.batch_size, cfg.seed)
+    loader = torch.utils.data.DataLoader(CachedExamples(examples, cache, train_idx), batch_size=cfg.batch_size,
+                                         sampler=order, collate_fn=pad_batch)
     processes = accelerator.num_processes
-    per_process = math.ceil(len(train_idx) / processes)  # accelerate shards evenly, repeating a few if needed
+    # accelerate shards the batches evenly, repeating a few if needed
+    per_process = math.ceil(math.ceil(len(train_idx) / cfg.batch_size) / processes)
     total_steps = max(1, math.ceil(per_process * cfg.epochs / cfg.grad_accum))
 
     def lr_at(scheduler_step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -201,6 +183,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         skip = done_batches - epoch * len(loader)
         if skip >= len(loader):
             continue
+        order.use_epoch(epoch)
         epoch_loader = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
         for batch in epoch_loader:
             if step >= total_steps:
@@ -215,7 +198,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 scheduler.step()
                 optimizer.zero_grad()
             done_batches += 1
-            seen_tokens += int(batch["ids"].numel())
+            seen_tokens += int(batch["tokens"])
             running = metrics.accuracy[0] if running is None else 0.98 * running + 0.02 * metrics.accuracy[0]
             if accelerator.sync_gradients:
                 step += 1

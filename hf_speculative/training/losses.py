@@ -93,30 +93,37 @@ def unroll(net: EagleDraftModel, embed: torch.nn.Module, ids: torch.Tensor, feat
 
 
 def learnt_anchors(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
-    """Anchors `[A]` whose draft steps ``0..steps-1`` include at least one learnt token (batch of one)."""
+    """Anchors `[A]` whose draft steps ``0..steps-1`` include at least one learnt token, in any row of
+    ``loss_mask`` `[B, T]` (rows right-padded with zeros)."""
     t = loss_mask.shape[-1]
-    learnt = loss_mask[0, :].bool().clone()
-    learnt[t - 1 :] = False  # the last position predicts nothing inside the sequence
-    hit = torch.zeros(t, dtype=torch.bool, device=loss_mask.device)
+    learnt = loss_mask.bool().clone()  # [B, T]
+    learnt[:, t - 1 :] = False  # the last position predicts nothing inside the sequence
+    hit = torch.zeros_like(learnt)
     for j in range(steps):  # step j at anchor p is scored at q = p + j + 1
-        hit[: max(t - j - 1, 0)] |= learnt[j + 1 :]
-    return hit.nonzero().reshape(-1)
+        hit[:, : max(t - j - 1, 0)] |= learnt[:, j + 1 :]
+    return hit.any(0).nonzero().reshape(-1)
 
 
 def eagle_loss(net: EagleDraftModel, embed: torch.nn.Module, head_weight: torch.Tensor, ids: torch.Tensor,
                loss_mask: torch.Tensor, features: torch.Tensor, final: torch.Tensor, steps: int,
                step_weight: float = 0.8, noise: float = 0.0,
                target_top: torch.Tensor | None = None) -> tuple[torch.Tensor, StepMetrics]:
-    """The training loss of one sequence (batch of one) and its per-step top-1 agreement with the target.
+    """The training loss of a batch of right-padded sequences and the per-step top-1 agreement with the target.
+
+    Each sequence's loss is its mean over its learnt positions (per draft step, weighted ``0.8^j``), and the
+    batch's loss is the mean over its sequences: a batch of ``B`` gives the gradient of ``B`` sequences
+    accumulated one at a time. Padding needs no attention mask: it is on the right, and an anchor only
+    sees positions up to itself.
 
     Args:
+        ids (`torch.LongTensor` of shape `[B, T]`), features (`torch.Tensor` of shape `[B, T, F]`).
         head_weight (`torch.Tensor` of shape `[V, H]`): the target's lm_head weight (frozen).
-        loss_mask (`torch.Tensor` of shape `[1, T]`): 1 where the next token is learnt.
-        final (`torch.Tensor` of shape `[1, T, H]`): the target's final normed hidden states.
-        target_top (`torch.LongTensor` of shape `[1, T]`, *optional*): the target's argmax at every
+        loss_mask (`torch.Tensor` of shape `[B, T]`): 1 where the next token is learnt (0 on padding).
+        final (`torch.Tensor` of shape `[B, T, H]`): the target's final normed hidden states.
+        target_top (`torch.LongTensor` of shape `[B, T]`, *optional*): the target's argmax at every
             position (cached; recomputed from ``final`` through the whole lm_head when absent).
     """
-    t = ids.shape[1]
+    b, t = ids.shape
     anchors = learnt_anchors(loss_mask, steps)
     draft_ids = net.target_ids()
     head = head_weight if draft_ids is None else head_weight[draft_ids]  # [V_d, H]
@@ -127,23 +134,24 @@ def eagle_loss(net: EagleDraftModel, embed: torch.nn.Module, head_weight: torch.
     outputs = unroll(net, embed, ids, features, steps, noise, anchors)
     for j, hidden in enumerate(outputs):
         q = anchors + j + 1  # step j at anchor p predicts x_{p+j+2} from the target's position p+j+1
-        keep = q < t - 1
-        keep[keep.clone()] = loss_mask[0, q[keep]] > 0
+        keep = (q < t - 1)[None, :] & (loss_mask[:, q.clamp(max=t - 1)] > 0)  # [B, A]
         n = int(keep.sum())
         counts.append(n)
         if n == 0:
             accuracy.append(0.0)
             continue
-        rows, q = hidden[0, keep], q[keep]  # [N, H], [N]
+        row, col = keep.nonzero(as_tuple=True)  # [N] each: sequence and anchor of every scored position
+        rows, q = hidden[row, col], q[col]  # [N, H], [N]
         with torch.no_grad():
-            target_p = torch.softmax((final[0, q] @ head.T).float(), dim=-1)  # [N, V_d]
-            top = (target_top[0, q] if target_top is not None
-                   else (final[0, q] @ head_weight.T).argmax(-1))  # the target's choice over its whole vocabulary
+            target_p = torch.softmax((final[row, q] @ head.T).float(), dim=-1)  # [N, V_d]
+            top = (target_top[row, q] if target_top is not None
+                   else (final[row, q] @ head_weight.T).argmax(-1))  # the target's choice over its whole vocabulary
         logits = net.draft_logits(rows, lambda h: h @ head_weight.T).float()  # [N, V_d]
-        loss = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+        loss = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)  # [N]
         if net.config.version == 1:
-            loss = F.smooth_l1_loss(rows, final[0, q]) + 0.1 * loss
-        total = total + (step_weight ** j) * loss
+            loss = F.smooth_l1_loss(rows, final[row, q], reduction="none").mean(-1) + 0.1 * loss
+        per_sequence = loss.new_zeros(b).index_add(0, row, loss) / torch.bincount(row, minlength=b).clamp(min=1)
+        total = total + (step_weight ** j) * per_sequence.sum() / b
         with torch.no_grad():
             chosen = logits.argmax(-1) if draft_ids is None else draft_ids[logits.argmax(-1)]
             accuracy.append(float((chosen == top).float().mean()))
