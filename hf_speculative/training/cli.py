@@ -92,18 +92,28 @@ def self_distill(
                                      "order, so that a run stopped early holds a fair sample; 0 sorts the whole "
                                      "list (how answers were written before 2026-11-23's stage 6).")] = 1024,
 ) -> None:
-    """Write the target's own greedy answers to a prompt list: the drafter's best training text."""
+    """Write the target's own greedy answers to a prompt list: the drafter's best training text. Started in
+    several processes (torchrun, accelerate launch), they share the batches and the main one merges them."""
     import torch
 
     from ..models import load_model
-    from .selfdistill import generate_responses
+    from .loop import process_state
+    from .selfdistill import generate_responses, merge_parts
 
     rows = _prompt_rows(prompts, passages, target)  # a bad --prompts fails before the model loads
+    state = process_state()
     if threads:
         torch.set_num_threads(threads)
-    model, tokenizer = load_model(target)
-    generate_responses(model.eval(), tokenizer, rows, out, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sort_window=sort_window)
+    model, tokenizer = load_model(target, device=None if state.device.type == "cpu" else state.device)
+    shard = (state.process_index, state.num_processes)
+    generate_responses(model.eval(), tokenizer, rows, out, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                       max_prompt_tokens=max_prompt_tokens, sort_window=sort_window, shard=shard,
+                       progress=state.is_main_process)
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        if state.is_main_process:
+            merge_parts(out, state.num_processes)
+        state.wait_for_everyone()
 
 
 def _exclusions(paths: list[Path]) -> list[str]:
@@ -233,9 +243,8 @@ def train_eagle(
         raise typer.BadParameter(str(error)) from None
     state = process_state()
     if prompts:
-        with state.main_process_first():  # one process answers; the others then find the file complete
-            self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens,
-                         passages=passages)
+        self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens,
+                     passages=passages)  # the processes share the batches
     path = train(cfg)
     if not state.is_main_process:
         return

@@ -45,6 +45,7 @@ def generate_responses(
     max_prompt_tokens: int = 1024,
     sort_window: int = 1024,
     progress: bool = True,
+    shard: tuple[int, int] = (0, 1),
 ) -> Path:
     """Append ``{"id", "category", "prompt", "text", "response", "prompt_tokens", "response_tokens"}`` rows to
     ``out_path`` for every prompt whose id is not there yet.
@@ -56,10 +57,15 @@ def generate_responses(
     Args:
         sort_window (`int`, defaults to 1024): prompts are taken ``sort_window`` at a time in the list's
             order, and sorted by length inside each window for batching; 0 sorts the whole list.
+        shard (`tuple[int, int]`, defaults to `(0, 1)`): ``(index, count)``: with ``count > 1`` this process
+            answers every ``count``-th batch from the ``index``-th, of the batches one process would make of
+            the prompts not in ``out_path``, into its own part file (:func:`part_path`), for
+            :func:`merge_parts` to append to ``out_path`` once every process is done.
     """
-    if batch_size < 1 or sort_window < 0:
-        raise ValueError(f"generate_responses(batch_size={batch_size}, sort_window={sort_window}): the batch size must "
-                         "be >= 1 and the window >= 0 (0: the whole list).")
+    index, count = shard
+    if batch_size < 1 or sort_window < 0 or not 0 <= index < count:
+        raise ValueError(f"generate_responses(batch_size={batch_size}, sort_window={sort_window}, shard={shard}): the "
+                         "batch size must be >= 1, the window >= 0 (0: the whole list) and 0 <= index < count.")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = {row["id"] for row in read_jsonl(out_path)} if out_path.exists() else set()
@@ -73,6 +79,12 @@ def generate_responses(
     window = sort_window or max(len(todo), 1)
     todo = [item for w in range(0, len(todo), window)
             for item in sorted(todo[w: w + window], key=lambda item: len(item[1]))]
+    if count > 1:  # the batches of one process, dealt out; positions say where each row goes back
+        target = part_path(out_path, index, count)
+        mine = {row["id"] for row in read_jsonl(target)} if target.exists() else set()
+        todo = [(dict(row, _position=p), ids) for b in range(index * batch_size, len(todo), count * batch_size)
+                for p, (row, ids) in enumerate(todo[b : b + batch_size], start=b) if row["id"] not in mine]
+        done, out_path = done | mine, target
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = set(compat.eos_token_ids(model.generation_config))
     device = next(model.parameters()).device
@@ -104,5 +116,33 @@ def generate_responses(
             f.flush()
             if progress:
                 rate = written / (time.perf_counter() - start)
-                print(f"self-distill: {len(done) + written}/{len(done) + len(todo)} answers ({rate:.2f}/s)", flush=True)
+                who = "" if count == 1 else f" (process {index + 1} of {count})"
+                print(f"self-distill{who}: {len(done) + written}/{len(done) + len(todo)} answers ({rate:.2f}/s)", flush=True)
     return out_path
+
+
+def part_path(out_path: str | Path, index: int, count: int) -> Path:
+    """Where process ``index`` of ``count`` writes its answers before they are merged into ``out_path``."""
+    out_path = Path(out_path)
+    return out_path.with_name(f"{out_path.name}.part{index}-of-{count}")
+
+
+def merge_parts(out_path: str | Path, count: int) -> int:
+    """Append the rows of the ``count`` part files to ``out_path`` in the order one process would have
+    written them (skipping ids already there, so an interrupted merge can run again), then delete
+    the parts. Returns the rows appended."""
+    out_path = Path(out_path)
+    parts = [part_path(out_path, i, count) for i in range(count)]
+    rows = sorted((row for part in parts if part.exists() for row in read_jsonl(part)), key=lambda r: r["_position"])
+    done = {row["id"] for row in read_jsonl(out_path)} if out_path.exists() else set()
+    added = 0
+    with open(out_path, "a", encoding="utf-8") as f:
+        for row in rows:
+            if row["id"] not in done:
+                row.pop("_position")
+                f.write(json.dumps(row) + "\n")
+                done.add(row["id"])
+                added += 1
+    for part in parts:
+        part.unlink(missing_ok=True)
+    return added

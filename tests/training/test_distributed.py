@@ -1,8 +1,8 @@
 """``train-eagle`` in several processes (``torchrun``, as ``accelerate launch --multi_gpu`` starts them),
 here two CPU processes on gloo: gradients are averaged across processes, so two processes with
 ``--grad-accum 1`` train exactly the drafter that one process trains with ``--grad-accum 2``, step
-for step (the same sequences, in the same pairs), through a resume too; one process answers the
-prompts; processes that did not join one run are refused instead of each training alone."""
+for step (the same sequences, in the same pairs), through a resume too; the processes share the
+answering of prompts and write the file one process writes; processes that did not join one run are refused instead of each training alone."""
 
 from __future__ import annotations
 
@@ -96,13 +96,22 @@ def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_pat
     assert len({json.dumps(r["val_acc"]) for r in log1}) > 1  # it learnt something: equal is not trivially equal
 
 
-def test_one_process_answers_the_prompts(tmp_path, setup):
+def test_the_processes_share_the_answers(tmp_path, setup):
+    """``self-distill`` in two processes writes the file one process writes, byte for byte; so does
+    ``train-eagle --prompts``, whose answers each appear once."""
+    common = ["self-distill", "--target", setup / "target", "--prompts", setup / "prompts.jsonl", "--max-new-tokens", 16,
+              "--batch-size", 3, "--threads", 1]
+    ok(launch(*common, "--out", tmp_path / "one.jsonl"))
+    ok(launch(*common, "--out", tmp_path / "two.jsonl", processes=2))
+    assert (tmp_path / "two.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
+    assert not list(tmp_path.glob("*.part*"))
+
     out = tmp_path / "drafter"
     result = ok(launch("train-eagle", "--target", setup / "target", "--prompts", setup / "prompts.jsonl",
                        "--distill-tokens", 16, "--out", out, "--draft-vocab-size", 24, "--grad-accum", 1,
                        "--eval-every", 100, "--val-prompts", 2, "--threads", 1, "--epochs", 1, processes=2))
     rows = [json.loads(line) for line in (out / "self_distill.jsonl").read_text().splitlines()]
-    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(24))  # each once: no second writer
+    assert sorted(r["id"] for r in rows) == sorted(f"q{i}" for i in range(24))  # each once
     assert result.count("drafter saved in") == 1
     assert json.loads((out / "training_summary.json").read_text())["optimizer_steps"] == 11
 
