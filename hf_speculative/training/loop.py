@@ -9,7 +9,7 @@ the others wait), then every epoch reads them from disk.
 With several processes, every one computes the loss of its own sequences inside the forward of the
 module ``accelerate`` wrapped (:class:`TrainingStep`): DDP averages gradients only for work done
 inside that forward, so calling the drafter's pieces directly would train each process on its own
-shard alone. One optimizer step then covers ``grad_accum x processes`` sequences.
+shard alone. One optimizer step then covers ``batch_size x grad_accum x processes`` sequences.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class TrainingStep(torch.nn.Module):
         loss, metrics = eagle_loss(self.net, embed, head_weight, batch["ids"], batch["loss_mask"],
                                    inputs(batch["features"]), batch["final"], unroll, noise=noise,
                                    target_top=batch["top"])
-        if not loss.requires_grad:  # nothing learnt in this sequence: a zero that still reaches every
+        if not loss.requires_grad:  # nothing learnt in this batch: a zero that still reaches every
             loss = loss + sum(p.sum() for p in self.net.parameters()) * 0.0  # parameter, as DDP expects
         return loss, metrics
 
@@ -134,7 +134,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     model, optimizer, loader, scheduler = accelerator.prepare(TrainingStep(net), optimizer, loader, scheduler)
     if len(loader) != per_process:
-        raise RuntimeError(f"accelerate gave each process {len(loader)} sequences per epoch, expected {per_process}")
+        raise RuntimeError(f"accelerate gave each process {len(loader)} batches per epoch, expected {per_process}")
     accelerator.register_for_checkpointing(_Progress())
     embed = target.get_input_embeddings()
     head_weight = target.get_output_embeddings().weight
