@@ -131,7 +131,8 @@ class FeatureCache:
     @staticmethod
     @torch.no_grad()
     def build(directory: str | Path, target: Any, examples: list[Example], layers: list[int], *,
-              source: str = "", chunk: int = 64, batch_tokens: int | None = None, progress: bool = True) -> "FeatureCache":
+              source: str = "", chunk: int = 64, batch_tokens: int | None = None, progress: bool = True,
+              state: Any = None) -> "FeatureCache":
         """Run ``target`` over ``examples`` (resuming a partial cache of the same source) and return the cache.
 
         Args:
@@ -142,6 +143,12 @@ class FeatureCache:
                 examples of similar length share a forward (right-padded); 1 runs one example per
                 forward. Batching changes the features only by float rounding. Defaults to
                 :func:`default_batch_tokens` for the target's device.
+            state (*optional*): accelerate's ``PartialState`` or ``Accelerator`` when several processes build
+                the cache together. The main process creates the files; chunk ``k`` of the missing examples
+                goes to process ``k % N`` (chunks shrink so that each process gets as many), which writes its
+                rows of the shared files and records what it finished in ``finished.<rank>.json``; the
+                main process then counts them into the index. Each example's rows are those one process
+                computes.
         """
         from tqdm.auto import tqdm
 
@@ -149,6 +156,7 @@ class FeatureCache:
             batch_tokens = default_batch_tokens(next(target.parameters()).device)
         if chunk < 1 or batch_tokens < 1:
             raise ValueError(f"FeatureCache.build(chunk={chunk}, batch_tokens={batch_tokens}): both must be >= 1.")
+        count, rank = (1, 0) if state is None else (state.num_processes, state.process_index)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         hidden = int(compat.text_config(target.config).hidden_size)
@@ -156,23 +164,30 @@ class FeatureCache:
         lengths = [len(ex.ids) for ex in examples]
         offsets = [0] + list(np.cumsum(lengths).tolist())
         meta = {"num_tokens": offsets[-1], "feature_size": feature_size, "hidden_size": hidden, "layers": list(layers),
-                "offsets": offsets, "done": 0, "source": source, "num_examples": len(examples)}
-        index = directory / INDEX
-        if index.exists():
-            old = json.loads(index.read_text())
-            if {k: old.get(k) for k in ("offsets", "layers", "source")} == {k: meta[k] for k in ("offsets", "layers", "source")}:
-                meta["done"] = old["done"]
-        mode = "r+" if meta["done"] and (directory / "features.f16").exists() else "w+"
-        features = np.memmap(directory / "features.f16", dtype=np.float16, mode=mode, shape=(offsets[-1], feature_size))
-        final = np.memmap(directory / "final.f16", dtype=np.float16, mode=mode, shape=(offsets[-1], hidden))
-        top = np.memmap(directory / "top.i32", dtype=np.int32, mode=mode, shape=(offsets[-1],))
+                "offsets": offsets, "done": 0, "finished": [], "source": source, "num_examples": len(examples)}
+        if rank == 0:
+            meta = _open_index(directory, meta)
+        if count > 1:
+            state.wait_for_everyone()
+            meta = json.loads((directory / INDEX).read_text())
+        finished = set(_expand(meta["finished"]))
+        missing = [i for i in range(meta["done"], len(examples)) if i not in finished]
+        size = chunk
+        if count > 1:  # as many chunks for each process, each at most `chunk` examples
+            pieces = -(-len(missing) // chunk)
+            size = max(1, -(-len(missing) // max(-(-pieces // count) * count, 1)))
+        mine = [missing[a : a + size] for a in range(0, len(missing), size)][rank::count]
+        shapes = {"features.f16": (np.float16, feature_size), "final.f16": (np.float16, hidden), "top.i32": (np.int32, None)}
+        features, final, top = (np.memmap(directory / name, dtype=dtype, mode="r+",
+                                          shape=(offsets[-1],) + ((width,) if width else ()))
+                                for name, (dtype, width) in shapes.items())
         tap = FeatureTap(target, list(layers))
         final_tap = FeatureTap(target, []) if layers else tap
-        bar = tqdm(total=len(examples), initial=meta["done"], desc="target features", disable=not progress)
+        bar = tqdm(total=sum(map(len, mine)), desc="target features", disable=not progress)
+        written: list[int] = []
         try:
-            for start in range(meta["done"], len(examples), chunk):
-                stop = min(start + chunk, len(examples))
-                for batch in length_batches(lengths, range(start, stop), batch_tokens):
+            for part in mine:
+                for batch in length_batches(lengths, part, batch_tokens):
                     feats, norm, best = _forward_features(target, [examples[i].ids for i in batch], tap,
                                                           final_tap if layers else None)
                     for row, i in enumerate(batch):
@@ -184,14 +199,77 @@ class FeatureCache:
                 features.flush()
                 final.flush()
                 top.flush()
-                meta["done"] = stop
-                index.write_text(json.dumps(meta))
+                if count == 1:
+                    meta = _count_finished(directory, meta, part)
+                else:  # only the main process writes the index; the others leave a note of their own
+                    written += part
+                    note = directory / f"finished.{rank}.json"
+                    note.with_suffix(".tmp").write_text(json.dumps(_runs(written)))
+                    note.with_suffix(".tmp").replace(note)
         finally:
             tap.remove()
             final_tap.remove()
             bar.close()
         del features, final, top
+        if count > 1:
+            state.wait_for_everyone()
+            if rank == 0:
+                _count_finished(directory, meta)
+            state.wait_for_everyone()
         return FeatureCache(directory)
+
+
+def _runs(indices: Iterable[int]) -> list[list[int]]:
+    """Sorted indices as ``[start, stop)`` runs (what progress files store)."""
+    runs: list[list[int]] = []
+    for i in sorted(indices):
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
+
+
+def _expand(runs: list[list[int]]) -> Iterator[int]:
+    for a, b in runs:
+        yield from range(a, b)
+
+
+def _count_finished(directory: Path, meta: dict, extra: Iterable[int] = ()) -> dict:
+    """``meta`` with every finished example counted (its ``finished`` runs, the processes'
+    ``finished.<rank>.json`` notes and ``extra``): ``done`` grows over the finished prefix, the rest stay
+    runs. Writes the index, then removes the notes it read."""
+    notes = sorted(directory.glob("finished.*.json"))
+    finished = set(_expand(meta["finished"])) | set(extra)
+    for note in notes:
+        finished |= set(_expand(json.loads(note.read_text())))
+    done = meta["done"]
+    while done in finished:
+        done += 1
+    meta = dict(meta, done=done, finished=_runs(i for i in finished if i > done))
+    (directory / INDEX).write_text(json.dumps(meta))
+    for note in notes:
+        note.unlink()
+    return meta
+
+
+def _open_index(directory: Path, meta: dict) -> dict:
+    """The main process's start: keep what a cache of the same examples, layers and source finished
+    (counting interrupted processes' notes), else create empty files; writes the index."""
+    index = directory / INDEX
+    files = [directory / name for name in ("features.f16", "final.f16", "top.i32")]
+    if index.exists() and all(f.exists() for f in files):
+        old = json.loads(index.read_text())
+        if {k: old.get(k) for k in ("offsets", "layers", "source")} == {k: meta[k] for k in ("offsets", "layers", "source")}:
+            return _count_finished(directory, dict(meta, done=old["done"], finished=old.get("finished", [])))
+    for note in directory.glob("finished.*.json"):  # notes of another cache
+        note.unlink()
+    shapes = {"features.f16": (np.float16, meta["feature_size"]), "final.f16": (np.float16, meta["hidden_size"]),
+              "top.i32": (np.int32, None)}
+    for name, (dtype, width) in shapes.items():
+        np.memmap(directory / name, dtype=dtype, mode="w+", shape=(meta["num_tokens"],) + ((width,) if width else ())).flush()
+    index.write_text(json.dumps(meta))
+    return meta
 
 
 def default_batch_tokens(device: torch.device) -> int:

@@ -3,8 +3,8 @@
 The same code runs on a CPU (``hf-speculative train-eagle ...``), one GPU, or many GPUs and nodes
 (``accelerate launch -m hf_speculative train-eagle ...``): ``accelerate`` places the model, shards
 the data loader, reduces gradients and saves/restores the full training state for ``--resume``.
-The target's features are computed once into a memory-mapped cache (the main process builds it,
-the others wait), then every epoch reads them from disk.
+The target's features are computed once into a memory-mapped cache (the processes share the chunks),
+then every epoch reads them from disk.
 
 With several processes, every one computes the loss of its own sequences inside the forward of the
 module ``accelerate`` wrapped (:class:`TrainingStep`): DDP averages gradients only for work done
@@ -34,8 +34,8 @@ from .start import initial_network
 
 LOG = "train_log.jsonl"
 STATE = "checkpoint"
-# how long the other processes wait while the main one answers prompts or caches features (torchrun
-# stops them all at once if a process fails, so a long limit never leaves a hung run)
+# how long processes wait for each other (the main one merging answers, validating, saving; the slowest
+# finishing its share); torchrun stops them all at once if a process fails, so a long limit never hangs a run
 WAIT = datetime.timedelta(hours=24)
 
 
@@ -109,11 +109,10 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     net, warm = initial_network(cfg, target, [examples[i] for i in train_idx])
     eagle_cfg = net.config
 
-    with accelerator.main_process_first():
-        cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
-                                   source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
-                                   batch_tokens=cfg.feature_batch_tokens,
-                                   progress=progress and accelerator.is_main_process)
+    cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
+                               source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
+                               batch_tokens=cfg.feature_batch_tokens, progress=progress and accelerator.is_main_process,
+                               state=accelerator if accelerator.num_processes > 1 else None)  # processes share the work
 
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     order = EpochOrder([len(examples[i].ids) for i in train_idx], cfg.batch_size, cfg.seed)

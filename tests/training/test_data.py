@@ -118,3 +118,85 @@ def test_training_batches_features_on_accelerators_only(tmp_path, monkeypatch):
     assert TrainConfig(target="t", data=["d"], out="o").feature_batch_tokens is None
     with pytest.raises(ValueError, match="feature_batch_tokens=0"):
         TrainConfig(target="t", data=["d"], out="o", feature_batch_tokens=0)
+
+
+class _Threads:
+    """Two "processes" as threads: what FeatureCache.build reads of accelerate's state."""
+
+    def __init__(self, rank: int, barrier):
+        self.process_index, self.num_processes, self._barrier = rank, barrier.parties, barrier
+
+    def wait_for_everyone(self):
+        self._barrier.wait(timeout=120)
+
+
+def build_together(directory, targets, examples, **kw):
+    """``FeatureCache.build`` run by ``len(targets)`` threads sharing the files, as processes would."""
+    import copy
+    import threading
+
+    barrier, errors = threading.Barrier(len(targets)), []
+
+    def run(rank):
+        try:
+            FeatureCache.build(directory, targets[rank], examples, [0, 1, 2], state=_Threads(rank, barrier),
+                               progress=False, **kw)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(targets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    return FeatureCache(directory)
+
+
+def test_processes_share_the_cache_and_write_what_one_writes(tmp_path, monkeypatch):
+    """Each process computes every N-th chunk into the shared files; the cache equals one process's,
+    and a cache whose processes stopped resumes from the chunks they noted as finished."""
+    import copy
+    import json
+
+    target = build_model("llama", layers=3)
+    examples = examples_of(LENGTHS)
+    whole = FeatureCache.build(tmp_path / "whole", target, examples, [0, 1, 2], chunk=4, batch_tokens=1, progress=False)
+    seen = {}
+    real = data._forward_features
+
+    def counting(t, seqs, *a, **k):
+        seen.setdefault(id(t), []).extend(map(len, seqs))
+        return real(t, seqs, *a, **k)
+
+    monkeypatch.setattr(data, "_forward_features", counting)
+    targets = [target, copy.deepcopy(target)]  # one model each, as processes have: hooks are per model
+    shared = build_together(tmp_path / "shared", targets, examples, chunk=4, batch_tokens=1)
+    assert shared.done == len(examples) and not list((tmp_path / "shared").glob("finished.*"))
+    for name in ("features", "final", "top"):
+        np.testing.assert_array_equal(np.asarray(getattr(shared, name)), np.asarray(getattr(whole, name)))
+    # 12 examples in chunks of at most 4, as many for each process: 4 chunks of 3, dealt out in turn
+    assert sorted(seen[id(targets[0])]) == sorted(LENGTHS[0:3] + LENGTHS[6:9])
+    assert sorted(seen[id(targets[1])]) == sorted(LENGTHS[3:6] + LENGTHS[9:12])
+
+    # stopped: the second process had noted examples 4-7 as finished, the first process nothing
+    folder = tmp_path / "stopped"
+    built = build_together(folder, targets, examples, chunk=4, batch_tokens=1)
+    index = json.loads((folder / "index.json").read_text())
+    (folder / "index.json").write_text(json.dumps(dict(index, done=0, finished=[])))
+    (folder / "finished.1.json").write_text(json.dumps([[4, 8]]))
+    seen.clear()
+    again = build_together(folder, targets, examples, chunk=4, batch_tokens=1)
+    assert sorted(n for lengths in seen.values() for n in lengths) == sorted(LENGTHS[:4] + LENGTHS[8:])
+    np.testing.assert_array_equal(np.asarray(again.features), np.asarray(whole.features))
+    assert json.loads((folder / "index.json").read_text())["done"] == len(examples) and built.done == len(examples)
+
+    # one process alone resumes what several left, and counts the notes they wrote
+    (folder / "index.json").write_text(json.dumps(dict(index, done=0, finished=[[8, 12]])))
+    (folder / "finished.0.json").write_text(json.dumps([[0, 4]]))
+    seen.clear()
+    alone = FeatureCache.build(folder, target, examples, [0, 1, 2], chunk=4, batch_tokens=1, progress=False)
+    assert sorted(n for lengths in seen.values() for n in lengths) == sorted(LENGTHS[4:8])
+    np.testing.assert_array_equal(np.asarray(alone.final), np.asarray(whole.final))
+    assert alone.done == len(examples) and not list(folder.glob("finished.*"))
