@@ -70,6 +70,7 @@ class TrainingStep(torch.nn.Module):
     def __init__(self, net: torch.nn.Module):
         super().__init__()
         self.net = net
+        self.register_load_state_dict_pre_hook(_unprefixed_checkpoint)
 
     def forward(self, batch: dict[str, torch.Tensor], *, embed: torch.nn.Module, head_weight: torch.Tensor,
                 inputs, unroll: int, noise: float = 0.0):
@@ -79,6 +80,13 @@ class TrainingStep(torch.nn.Module):
         if not loss.requires_grad:  # nothing learnt in this batch: a zero that still reaches every
             loss = loss + sum(p.sum() for p in self.net.parameters()) * 0.0  # parameter, as DDP expects
         return loss, metrics
+
+
+def _unprefixed_checkpoint(module, state_dict, prefix, *args) -> None:
+    """Checkpoints written before the loss ran inside :class:`TrainingStep` hold the drafter's weights
+    without its ``net.`` prefix; renamed here, they resume."""
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + "net.")]:
+        state_dict[prefix + "net." + key[len(prefix):]] = state_dict.pop(key)
 
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> Path:

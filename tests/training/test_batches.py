@@ -123,3 +123,35 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, chat_check
     assert f"resumed from {out / 'checkpoint'} at optimizer step {steps - steps % 4}" in again.output
     for name, value in load_file(out / "model.safetensors").items():
         torch.testing.assert_close(value, weights[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_checkpoint_of_the_older_layout_resumes(tmp_path, chat_checkpoint):
+    """Before the loss ran inside the module accelerate wraps, checkpoints held the drafter's weights
+    without the wrapper's ``net.`` prefix; such a checkpoint resumes to the same weights."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_speculative import load_model
+    from hf_speculative.training.selfdistill import generate_responses
+
+    model, tokenizer = load_model(str(chat_checkpoint))
+    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 5 + j) % len(CHAT_WORDS)] for j in range(5))}
+            for i in range(21)]
+    generate_responses(model, tokenizer, rows, tmp_path / "a.jsonl", max_new_tokens=12, batch_size=8, progress=False)
+    ends = {}
+    for layout in ("current", "older"):
+        out = tmp_path / layout
+        args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(tmp_path / "a.jsonl"), "--out", str(out),
+                "--draft-vocab-size", "24", "--grad-accum", "1", "--eval-every", "4", "--val-prompts", "1",
+                "--threads", "1", "--lr", "1e-2"]
+        assert CliRunner().invoke(app, [*args, "--epochs", "1"], env=ENV).exit_code == 0
+        saved = out / "checkpoint" / "model.safetensors"
+        weights = load_file(saved)
+        assert weights and all(k.startswith("net.") for k in weights)
+        if layout == "older":
+            save_file({k.removeprefix("net."): v for k, v in weights.items()}, saved)
+        resumed = CliRunner().invoke(app, [*args, "--epochs", "2"], env=ENV)
+        assert resumed.exit_code == 0, resumed.output
+        assert "resumed from" in resumed.output
+        ends[layout] = load_file(out / "model.safetensors")
+    for name, value in ends["current"].items():
+        torch.testing.assert_close(ends["older"][name], value, rtol=0, atol=0, msg=name)
