@@ -195,7 +195,7 @@ def train_eagle(
     unroll: Annotated[Optional[int], typer.Option("--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
     epochs: Annotated[float, typer.Option("--epochs")] = 2.0,
     lr: Annotated[float, typer.Option("--lr")] = 5e-4,
-    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Sequences per optimizer step and process.")] = 4,
+    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Batches (forwards) per optimizer step and process.")] = 4,
     max_length: Annotated[int, typer.Option("--max-length")] = 1024,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward, padded to the longest "
                                                                  "(1 keeps a CPU busy; use more on a GPU).")] = 1,

@@ -114,10 +114,7 @@ class FeatureCache:
         self.meta = meta
         self.offsets: list[int] = meta["offsets"]
         self.done: int = meta["done"]
-        n, f, h = meta["num_tokens"], meta["feature_size"], meta["hidden_size"]
-        self.features = np.memmap(self.directory / "features.f16", dtype=np.float16, mode="r", shape=(n, f))
-        self.final = np.memmap(self.directory / "final.f16", dtype=np.float16, mode="r", shape=(n, h))
-        self.top = np.memmap(self.directory / "top.i32", dtype=np.int32, mode="r", shape=(n,))
+        self.features, self.final, self.top = _arrays(self.directory, meta, "r")
 
     def __len__(self) -> int:
         return self.done
@@ -177,10 +174,7 @@ class FeatureCache:
             pieces = -(-len(missing) // chunk)
             size = max(1, -(-len(missing) // max(-(-pieces // count) * count, 1)))
         mine = [missing[a : a + size] for a in range(0, len(missing), size)][rank::count]
-        shapes = {"features.f16": (np.float16, feature_size), "final.f16": (np.float16, hidden), "top.i32": (np.int32, None)}
-        features, final, top = (np.memmap(directory / name, dtype=dtype, mode="r+",
-                                          shape=(offsets[-1],) + ((width,) if width else ()))
-                                for name, (dtype, width) in shapes.items())
+        features, final, top = _arrays(directory, meta, "r+")
         tap = FeatureTap(target, list(layers))
         final_tap = FeatureTap(target, []) if layers else tap
         bar = tqdm(total=sum(map(len, mine)), desc="target features", disable=not progress)
@@ -257,19 +251,27 @@ def _open_index(directory: Path, meta: dict) -> dict:
     """The main process's start: keep what a cache of the same examples, layers and source finished
     (counting interrupted processes' notes), else create empty files; writes the index."""
     index = directory / INDEX
-    files = [directory / name for name in ("features.f16", "final.f16", "top.i32")]
-    if index.exists() and all(f.exists() for f in files):
+    if index.exists() and all((directory / name).exists() for name in _FILES):
         old = json.loads(index.read_text())
         if {k: old.get(k) for k in ("offsets", "layers", "source")} == {k: meta[k] for k in ("offsets", "layers", "source")}:
             return _count_finished(directory, dict(meta, done=old["done"], finished=old.get("finished", [])))
     for note in directory.glob("finished.*.json"):  # notes of another cache
         note.unlink()
-    shapes = {"features.f16": (np.float16, meta["feature_size"]), "final.f16": (np.float16, meta["hidden_size"]),
-              "top.i32": (np.int32, None)}
-    for name, (dtype, width) in shapes.items():
-        np.memmap(directory / name, dtype=dtype, mode="w+", shape=(meta["num_tokens"],) + ((width,) if width else ())).flush()
+    for array in _arrays(directory, meta, "w+"):
+        array.flush()
     index.write_text(json.dumps(meta))
     return meta
+
+
+_FILES = {"features.f16": (np.float16, "feature_size"), "final.f16": (np.float16, "hidden_size"), "top.i32": (np.int32, None)}
+
+
+def _arrays(directory: Path, meta: dict, mode: str) -> list[np.memmap]:
+    """The cache's three files memory-mapped in ``mode`` ("r", "r+", or "w+" to create them): features
+    `[N, F]`, final states `[N, H]`, argmax `[N]`, for the shapes ``meta`` gives."""
+    return [np.memmap(directory / name, dtype=dtype, mode=mode,
+                      shape=(meta["num_tokens"],) + ((meta[width],) if width else ()))
+            for name, (dtype, width) in _FILES.items()]
 
 
 def default_batch_tokens(device: torch.device) -> int:
