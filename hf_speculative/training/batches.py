@@ -17,9 +17,10 @@ WINDOW = 64  # batches per length-sorted window: little padding, yet a shuffled 
 
 
 class CachedExamples(torch.utils.data.Dataset):
-    """``examples[indices[i]]`` with its cached target features, final states and argmax."""
+    """``examples[indices[i]]`` with its cached target features, final states and argmax; without a
+    cache (``--features online``), its tokens only, the features being computed for the whole batch."""
 
-    def __init__(self, examples, cache: FeatureCache, indices: list[int]):
+    def __init__(self, examples, cache: FeatureCache | None, indices: list[int]):
         self.examples, self.cache, self.indices = examples, cache, indices
 
     def __len__(self) -> int:
@@ -27,10 +28,11 @@ class CachedExamples(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         j = self.indices[i]
-        features, final, top = self.cache.get(j)
         ex = self.examples[j]
-        return {"ids": torch.tensor(ex.ids), "loss_mask": torch.tensor(ex.loss_mask), "features": features, "final": final,
-                "top": top}
+        item = {"ids": torch.tensor(ex.ids), "loss_mask": torch.tensor(ex.loss_mask)}
+        if self.cache is not None:
+            item["features"], item["final"], item["top"] = self.cache.get(j)
+        return item
 
 
 class EpochOrder(torch.utils.data.Sampler):
@@ -81,7 +83,7 @@ class EpochOrder(torch.utils.data.Sampler):
 
 def pad_batch(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Right-pad ``items`` to the longest: ids, loss mask, features, final states and argmax `[B, T, ...]`
-    (zeros past each sequence's end, never learnt), and ``tokens``, the real tokens in the batch."""
+    (zeros past each sequence's end, never learnt); ``lengths`` `[B]` and ``tokens``, the real tokens in the batch."""
     longest = max(len(item["ids"]) for item in items)
     batch = {}
     for key in items[0]:
@@ -90,5 +92,6 @@ def pad_batch(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         for row, item in enumerate(items):
             padded[row, : len(item[key])] = item[key]
         batch[key] = padded
-    batch["tokens"] = torch.tensor(sum(len(item["ids"]) for item in items))
+    batch["lengths"] = torch.tensor([len(item["ids"]) for item in items])
+    batch["tokens"] = batch["lengths"].sum()
     return batch

@@ -214,6 +214,9 @@ def train_eagle(
         "--feature-batch-tokens", min=1, help="Padded tokens per target forward when caching features (examples "
                                               "of similar length share one; 1: one example at a time). Default: "
                                               "4096 on a GPU, 1 on a CPU.")] = None,
+    features: Annotated[str, typer.Option(
+        "--features", help="cache: the target's features computed once into OUT/cache, read every epoch; online: "
+                           "computed for every batch (nothing on disk, the target runs again each epoch).")] = "cache",
     refresh_vocab: Annotated[bool, typer.Option(
         "--refresh-vocab", help="With --init-from: choose the draft vocabulary again from this run's data "
                                 "(--draft-vocab-size tokens; rows of tokens the drafter had are kept).")] = False,
@@ -234,7 +237,8 @@ def train_eagle(
                           unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length, batch_size=batch_size,
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
-                          refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens)
+                          refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens,
+                          features=features)
         if init_from is not None:
             from .start import check_init_from
 

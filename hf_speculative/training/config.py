@@ -49,6 +49,10 @@ class TrainConfig:
         feature_batch_tokens (`int`, *optional*): padded tokens per target forward when the target's
             features are cached (examples of similar length share a forward; 1 for one example at a time).
             Default: 4096 on an accelerator, 1 on a CPU, where batching measured no faster.
+        features (`str`, defaults to ``"cache"``): ``"cache"`` runs the target once over every example into
+            a memory-mapped cache in ``out/cache`` that every epoch reads; ``"online"`` runs it for every
+            batch instead (nothing on disk, the target's forward repeated each epoch), for data whose
+            features would not fit on disk. Both train on the same numbers.
         exit_layer (`int`, *optional*): train an exit adapter for ``hfs.EarlyExit(exit_layer=k, adapter=...)``
             instead of an EAGLE drafter (EAGLE-3 shaped, reading the normed output of the target's first
             ``k`` layers for each token; ``unroll`` is 1: every input it sees when drafting is a real exit state).
@@ -82,6 +86,7 @@ class TrainConfig:
     init_from: str | None = None
     refresh_vocab: bool = False
     feature_batch_tokens: int | None = None
+    features: str = "cache"
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -100,6 +105,13 @@ class TrainConfig:
             raise ValueError("TrainConfig(refresh_vocab=True) re-chooses the draft vocabulary of a drafter being continued: "
                              "it needs init_from (--init-from) and an EAGLE-3 drafter or exit adapter (EAGLE-1 uses the "
                              "target's whole vocabulary).")
+        if self.features not in ("cache", "online"):
+            raise ValueError(f"TrainConfig(features={self.features!r}): use 'cache' (the target's features computed once "
+                             "into OUT/cache) or 'online' (computed for every batch, nothing on disk).")
+        if self.features == "online" and self.feature_batch_tokens is not None:
+            raise ValueError("TrainConfig(features='online', feature_batch_tokens=...): the batch size of the feature "
+                             "cache does not apply online, where each training batch is one target forward; drop "
+                             "--feature-batch-tokens or use --features cache.")
         if self.unroll is None:
             self.unroll = 1 if self.exit_layer is not None else 4 if self.eagle3 else 1
         checks = {"unroll": self.unroll >= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,

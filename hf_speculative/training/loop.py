@@ -4,7 +4,8 @@ The same code runs on a CPU (``hf-speculative train-eagle ...``), one GPU, or ma
 (``accelerate launch -m hf_speculative train-eagle ...``): ``accelerate`` places the model, shards
 the data loader, reduces gradients and saves/restores the full training state for ``--resume``.
 The target's features are computed once into a memory-mapped cache (the processes share the chunks),
-then every epoch reads them from disk.
+then every epoch reads them from disk; or, with ``--features online``, by the target for every batch
+(nothing on disk; each process for its own batches).
 
 With several processes, every one computes the loss of its own sequences inside the forward of the
 module ``accelerate`` wrapped (:class:`TrainingStep`): DDP averages gradients only for work done
@@ -30,6 +31,7 @@ from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, read_examples
 from .evaluate import validation_tau
 from .losses import eagle_loss
+from .online import OnlineFeatures
 from .start import initial_network
 
 LOG = "train_log.jsonl"
@@ -117,15 +119,19 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     net, warm = initial_network(cfg, target, [examples[i] for i in train_idx])
     eagle_cfg = net.config
 
-    cache = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
-                               source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
-                               batch_tokens=cfg.feature_batch_tokens, progress=progress and accelerator.is_main_process,
-                               state=accelerator if accelerator.num_processes > 1 else None)  # processes share the work
+    online = None
+    if cfg.features == "online":  # computed batch by batch, each process its own
+        source = online = OnlineFeatures(target, examples, eagle_cfg.target_layers)
+    else:
+        source = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
+                                    source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
+                                    batch_tokens=cfg.feature_batch_tokens, progress=progress and accelerator.is_main_process,
+                                    state=accelerator if accelerator.num_processes > 1 else None)  # processes share the work
 
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     order = EpochOrder([len(examples[i].ids) for i in train_idx], cfg.batch_size, cfg.seed)
-    loader = torch.utils.data.DataLoader(CachedExamples(examples, cache, train_idx), batch_size=cfg.batch_size,
-                                         sampler=order, collate_fn=pad_batch)
+    loader = torch.utils.data.DataLoader(CachedExamples(examples, source if online is None else None, train_idx),
+                                         batch_size=cfg.batch_size, sampler=order, collate_fn=pad_batch)
     processes = accelerator.num_processes
     # accelerate shards the batches evenly, repeating a few if needed
     per_process = math.ceil(math.ceil(len(train_idx) / cfg.batch_size) / processes)
@@ -164,7 +170,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         if accelerator.is_main_process:
             drafter = accelerator.unwrap_model(model).net
             drafter.eval()
-            record.update(_teacher_forced(drafter, embed, head_weight, examples, cache, val_idx[:64], cfg.unroll, inputs))
+            record.update(_teacher_forced(drafter, embed, head_weight, examples, source, val_idx[:64], cfg.unroll, inputs))
             record["val_tau"] = validation_tau(drafter, target, [examples[i] for i in val_idx[: cfg.val_prompts]],
                                                cfg.val_new_tokens, cfg.val_draft)
             drafter.train()
@@ -195,6 +201,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         for batch in epoch_loader:
             if step >= total_steps:
                 break
+            if online is not None:
+                batch = online.fill(batch)
             with accelerator.accumulate(model):
                 loss, metrics = model(batch, embed=embed, head_weight=head_weight, inputs=inputs, unroll=cfg.unroll,
                                       noise=cfg.noise)
@@ -250,15 +258,18 @@ def drafter_inputs(config: EagleConfig, target: Any):
 
 
 @torch.no_grad()
-def _teacher_forced(net, embed, head_weight, examples, cache, indices, unroll, inputs=lambda f: f) -> dict:
-    """Per-step top-1 agreement with the target on held-out examples, and the tau it implies for
-    a chain as long as ``unroll`` (1 + sum of running products of the per-step rates)."""
+def _teacher_forced(net, embed, head_weight, examples, source, indices, unroll, inputs=lambda f: f) -> dict:
+    """Per-step top-1 agreement with the target on held-out examples (features from ``source``, a
+    ``FeatureCache`` or ``OnlineFeatures``), and the tau it implies for a chain as long as ``unroll``
+    (1 + sum of running products of the per-step rates)."""
     correct, counts = [0.0] * unroll, [0] * unroll
+    device = head_weight.device
     for i in indices:
-        features, final, top = cache.get(i)
+        features, final, top = (x.to(device) for x in source.get(i))
         ex = examples[i]
-        _, m = eagle_loss(net, embed, head_weight, torch.tensor([ex.ids]), torch.tensor([ex.loss_mask]),
-                          inputs(features[None]), final[None], unroll, target_top=top[None])
+        _, m = eagle_loss(net, embed, head_weight, torch.tensor([ex.ids], device=device),
+                          torch.tensor([ex.loss_mask], device=device), inputs(features[None]), final[None], unroll,
+                          target_top=top[None])
         for j, (a, n) in enumerate(zip(m.accuracy, m.counts)):
             correct[j] += a * n
             counts[j] += n

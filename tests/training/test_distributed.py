@@ -1,7 +1,7 @@
 """``train-eagle`` in several processes (``torchrun``, as ``accelerate launch --multi_gpu`` starts them),
 here two CPU processes on gloo: gradients are averaged across processes, so two processes with
 ``--grad-accum 1`` train exactly the drafter that one process trains with ``--grad-accum 2``, step
-for step (the same sequences, in the same pairs), through a resume too; the processes share the
+for step (the same sequences, in the same pairs), through a resume too, with cached or online features; the processes share the
 answering of prompts and write the file one process writes; processes that did not join one run are refused instead of each training alone."""
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def outcome(folder: Path) -> tuple[dict, dict, list[dict]]:
 # 22 sequences, 2 per optimizer step; or the first 19 examples (18 trained on, as accelerate pads a short last
 # batch with repeats on several processes but not on one), 6 batches of 3, 2 per optimizer step
 @pytest.mark.parametrize("options,per_epoch", [(["--eagle3"], 11), (["--eagle1"], 11),
-                                               (["--eagle3", "--batch-size", 3, "--max-examples", 19], 3)])
+                                               (["--eagle3", "--batch-size", 3, "--max-examples", 19], 3),
+                                               (["--eagle3", "--features", "online"], 11)])
 def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_path, setup, options, per_epoch):
     one, two = tmp_path / "one", tmp_path / "two"
     for epochs in (1.5, 2.5):  # the second run resumes the first one's last checkpoint, mid-epoch

@@ -1,0 +1,98 @@
+"""``train-eagle --features online``: the target's features computed for every batch instead of cached.
+They are the numbers the cache holds, so an online run trains the drafter a cached run trains (bit for
+bit with one sequence per forward), writes nothing to ``OUT/cache``, and its options are checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from hf_speculative.cli import app
+from hf_speculative.training.batches import CachedExamples, pad_batch
+from hf_speculative.training.config import TrainConfig
+from hf_speculative.training.data import FeatureCache
+from hf_speculative.training.online import OnlineFeatures
+from tests.conftest import CHAT_WORDS, build_model
+from tests.training.test_data import LENGTHS, examples_of
+
+ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("layers", [[2, 0], []])
+def test_online_features_are_the_cached_ones(tmp_path, arch, layers):
+    target = build_model(arch, layers=3)
+    examples = examples_of(LENGTHS)
+    cache = FeatureCache.build(tmp_path / "c", target, examples, layers, batch_tokens=1, progress=False)
+    online = OnlineFeatures(target, examples, layers)
+    for i in range(len(examples)):
+        for cached, computed in zip(cache.get(i), online.get(i)):
+            assert cached.dtype == computed.dtype and torch.equal(cached, computed)
+    assert all(not m._forward_hooks for m in target.modules())  # no hook outlives a forward
+
+    # a padded batch: each row its own sequence's numbers (up to the rounding of a batched forward), zero after it
+    batch = pad_batch([CachedExamples(examples, None, [i])[0] for i in (4, 5, 1)])  # lengths 40, 5, 31
+    assert set(batch) == {"ids", "loss_mask", "lengths", "tokens"}
+    filled = online.fill(batch)
+    for row, i in enumerate((4, 5, 1)):
+        n = len(examples[i].ids)
+        feats, final, top = cache.get(i)
+        torch.testing.assert_close(filled["features"][row, :n], feats, atol=3e-3, rtol=3e-3)
+        torch.testing.assert_close(filled["final"][row, :n], final, atol=3e-3, rtol=3e-3)
+        assert torch.equal(filled["top"][row, :n], top)
+        for key in ("features", "final", "top"):
+            assert not filled[key][row, n:].any()
+
+
+@pytest.fixture
+def answers(tmp_path, chat_checkpoint):
+    from hf_speculative import load_model
+    from hf_speculative.training.selfdistill import generate_responses
+
+    model, tokenizer = load_model(str(chat_checkpoint))
+    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 5 + j) % len(CHAT_WORDS)] for j in range(5))}
+            for i in range(21)]
+    generate_responses(model, tokenizer, rows, tmp_path / "a.jsonl", max_new_tokens=12, batch_size=8, progress=False)
+    return tmp_path / "a.jsonl"
+
+
+def train(chat_checkpoint, data, out, *extra):
+    args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(data), "--out", str(out),
+            "--draft-vocab-size", "24", "--grad-accum", "1", "--eval-every", "4", "--val-prompts", "1", "--threads", "1",
+            "--lr", "1e-2", "--epochs", "2", *map(str, extra)]
+    result = CliRunner().invoke(app, args, env=ENV)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    for record in log:
+        record.pop("seconds")
+    return load_file(out / "model.safetensors"), log
+
+
+@pytest.mark.parametrize("extra,exact", [([], True), (["--eagle1"], True), (["--exit-layer", "1"], True),
+                                         (["--batch-size", "3"], False)])
+def test_an_online_run_trains_the_cached_runs_drafter(tmp_path, chat_checkpoint, answers, extra, exact):
+    cached_w, cached_log = train(chat_checkpoint, answers, tmp_path / "cached", *extra)
+    online_w, online_log = train(chat_checkpoint, answers, tmp_path / "online", *extra, "--features", "online")
+    assert (tmp_path / "cached" / "cache").is_dir() and not (tmp_path / "online" / "cache").exists()
+    assert online_w.keys() == cached_w.keys()
+    tolerance = 0 if exact else 2e-3  # a batch's target forward rounds a little differently from one per sequence
+    for name, value in cached_w.items():
+        torch.testing.assert_close(online_w[name], value, rtol=0, atol=tolerance, msg=name)
+    if exact:
+        assert online_log == cached_log  # the same validations: held-out agreement and tau
+    assert len({json.dumps(r["val_acc"]) for r in cached_log}) > 1  # it learnt: equal is not trivially equal
+
+
+def test_online_options_are_checked(tmp_path, chat_checkpoint, answers):
+    with pytest.raises(ValueError, match="use 'cache'.*or 'online'"):
+        TrainConfig(target="t", data=["d"], out="o", features="disk")
+    with pytest.raises(ValueError, match="drop --feature-batch-tokens or use --features cache"):
+        TrainConfig(target="t", data=["d"], out="o", features="online", feature_batch_tokens=64)
+    result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--data", str(answers), "--out",
+                                      str(tmp_path / "o"), "--features", "memory"], env=ENV)
+    assert result.exit_code != 0 and "'online'" in result.output
+    assert not (tmp_path / "o").exists()
