@@ -217,6 +217,10 @@ def train_eagle(
     features: Annotated[str, typer.Option(
         "--features", help="cache: the target's features computed once into OUT/cache, read every epoch; online: "
                            "computed for every batch (nothing on disk, the target runs again each epoch).")] = "cache",
+    target_dtype: Annotated[Optional[str], typer.Option(
+        "--target-dtype", help="The target's dtype while training: float32, bfloat16, float16 or auto (the "
+                               "checkpoint's). Default: float32 on a CPU, the checkpoint's on a GPU. The drafter "
+                               "trains in float32.")] = None,
     refresh_vocab: Annotated[bool, typer.Option(
         "--refresh-vocab", help="With --init-from: choose the draft vocabulary again from this run's data "
                                 "(--draft-vocab-size tokens; rows of tokens the drafter had are kept).")] = False,
@@ -238,7 +242,7 @@ def train_eagle(
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
                           refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens,
-                          features=features)
+                          features=features, target_dtype=target_dtype)
         if init_from is not None:
             from .start import check_init_from
 

@@ -53,6 +53,9 @@ class TrainConfig:
             a memory-mapped cache in ``out/cache`` that every epoch reads; ``"online"`` runs it for every
             batch instead (nothing on disk, the target's forward repeated each epoch), for data whose
             features would not fit on disk. Both train on the same numbers.
+        target_dtype (`str`, *optional*): the target's dtype while training (``"float32"``, ``"bfloat16"``,
+            ``"float16"`` or ``"auto"``, its checkpoint's). Default: float32 on a CPU, the checkpoint's on an
+            accelerator, as :func:`~hf_speculative.load_model` loads it. The drafter trains in float32 either way.
         exit_layer (`int`, *optional*): train an exit adapter for ``hfs.EarlyExit(exit_layer=k, adapter=...)``
             instead of an EAGLE drafter (EAGLE-3 shaped, reading the normed output of the target's first
             ``k`` layers for each token; ``unroll`` is 1: every input it sees when drafting is a real exit state).
@@ -87,6 +90,7 @@ class TrainConfig:
     refresh_vocab: bool = False
     feature_batch_tokens: int | None = None
     features: str = "cache"
+    target_dtype: str | None = None
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -112,6 +116,9 @@ class TrainConfig:
             raise ValueError("TrainConfig(features='online', feature_batch_tokens=...): the batch size of the feature "
                              "cache does not apply online, where each training batch is one target forward; drop "
                              "--feature-batch-tokens or use --features cache.")
+        if self.target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"TrainConfig(target_dtype={self.target_dtype!r}): use float32, bfloat16, float16 or auto "
+                             "(the checkpoint's own).")
         if self.unroll is None:
             self.unroll = 1 if self.exit_layer is not None else 4 if self.eagle3 else 1
         checks = {"unroll": self.unroll >= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -16,6 +17,9 @@ def validation_tau(net: Any, target: Any, examples: list, new_tokens: int = 64, 
     import hf_speculative as hfs
     from hf_speculative.drafters.eagle.drafter import Eagle
 
+    dtype = next(target.parameters()).dtype
+    if next(net.parameters()).dtype != dtype:  # a float32 drafter in training, a bfloat16 target: draft as it will ship
+        net = copy.deepcopy(net).to(dtype)
     enabled_here = not hfs.is_enabled(target)
     if enabled_here:
         hfs.enable(target)

@@ -20,7 +20,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -74,7 +74,7 @@ class TrainingStep(torch.nn.Module):
         self.net = net
         self.register_load_state_dict_pre_hook(_unprefixed_checkpoint)
 
-    def forward(self, batch: dict[str, torch.Tensor], *, embed: torch.nn.Module, head_weight: torch.Tensor,
+    def forward(self, batch: dict[str, torch.Tensor], *, embed: Callable, head_weight: torch.Tensor,
                 inputs, unroll: int, noise: float = 0.0):
         loss, metrics = eagle_loss(self.net, embed, head_weight, batch["ids"], batch["loss_mask"],
                                    inputs(batch["features"]), batch["final"], unroll, noise=noise,
@@ -109,7 +109,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     set_seed(cfg.seed)
     started = time.perf_counter()
 
-    target, tokenizer = load_model(cfg.target)
+    dtype = cfg.target_dtype or ("float32" if accelerator.device.type == "cpu" else "auto")  # load_model's default
+    target, tokenizer = load_model(cfg.target, dtype=dtype)
     target.requires_grad_(False).eval().to(accelerator.device)
     examples = [ex for path in cfg.data for ex in read_examples(path, tokenizer, cfg.max_length)]
     if cfg.max_examples:
@@ -149,8 +150,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     if len(loader) != per_process:
         raise RuntimeError(f"accelerate gave each process {len(loader)} batches per epoch, expected {per_process}")
     accelerator.register_for_checkpointing(_Progress())
-    embed = target.get_input_embeddings()
-    head_weight = target.get_output_embeddings().weight
+    embed, head_weight = float32_pieces(target)
     inputs = drafter_inputs(eagle_cfg, target)
     cfg.save(out / "train_config.json")
 
@@ -239,6 +239,16 @@ class _Progress:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def float32_pieces(target: Any) -> tuple[Any, torch.Tensor]:
+    """The target's embedding (a callable, ids `[B, T]` -> `[B, T, H]`) and lm_head weight `[V, H]` in float32,
+    what the float32 drafter's loss reads: a bfloat16 target's are cast (the weight copied once)."""
+    embedding = target.get_input_embeddings()
+    head = target.get_output_embeddings().weight
+    if head.dtype == torch.float32:
+        return embedding, head
+    return (lambda ids: embedding(ids).float()), head.float()
 
 
 def drafter_inputs(config: EagleConfig, target: Any):

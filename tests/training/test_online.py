@@ -73,7 +73,7 @@ def train(chat_checkpoint, data, out, *extra):
 
 
 @pytest.mark.parametrize("extra,exact", [([], True), (["--eagle1"], True), (["--exit-layer", "1"], True),
-                                         (["--batch-size", "3"], False)])
+                                         (["--target-dtype", "bfloat16"], True), (["--batch-size", "3"], False)])
 def test_an_online_run_trains_the_cached_runs_drafter(tmp_path, chat_checkpoint, answers, extra, exact):
     cached_w, cached_log = train(chat_checkpoint, answers, tmp_path / "cached", *extra)
     online_w, online_log = train(chat_checkpoint, answers, tmp_path / "online", *extra, "--features", "online")
@@ -92,7 +92,32 @@ def test_online_options_are_checked(tmp_path, chat_checkpoint, answers):
         TrainConfig(target="t", data=["d"], out="o", features="disk")
     with pytest.raises(ValueError, match="drop --feature-batch-tokens or use --features cache"):
         TrainConfig(target="t", data=["d"], out="o", features="online", feature_batch_tokens=64)
+    with pytest.raises(ValueError, match="use float32, bfloat16, float16 or auto"):
+        TrainConfig(target="t", data=["d"], out="o", target_dtype="bf16")
     result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--data", str(answers), "--out",
                                       str(tmp_path / "o"), "--features", "memory"], env=ENV)
     assert result.exit_code != 0 and "'online'" in result.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("version", ["--eagle3", "--eagle1"])
+def test_a_bfloat16_target_trains_a_float32_drafter_that_drafts_for_it(tmp_path, chat_checkpoint, answers, version):
+    """``--target-dtype bfloat16`` (how an accelerator loads most checkpoints): the loss reads the target's
+    embedding and lm_head in float32, validation drafts with a bfloat16 copy, and the saved float32 drafter,
+    loaded for the bfloat16 target, gives the target's own greedy tokens."""
+    import hf_speculative as hfs
+
+    weights, log = train(chat_checkpoint, answers, tmp_path / "bf16", version, "--target-dtype", "bfloat16")
+    assert all(w.dtype == torch.float32 for w in weights.values() if w.is_floating_point())
+    assert json.loads((tmp_path / "bf16" / "train_config.json").read_text())["target_dtype"] == "bfloat16"
+    assert len({json.dumps(r["val_acc"]) for r in log}) > 1 and all(r["val_tau"] >= 1.0 for r in log)
+    model, tokenizer = hfs.load_model(str(chat_checkpoint), dtype="bfloat16")
+    hfs.enable(model)
+    eagle = hfs.Eagle.from_pretrained(tmp_path / "bf16", target=model, num_tokens=4, confidence_threshold=0.0,
+                                      adaptive=False)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=eagle).tolist() == ref.tolist()
+    assert hfs.last_stats(model).drafted_tokens > 0
