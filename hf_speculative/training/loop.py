@@ -175,7 +175,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                                                cfg.val_new_tokens, cfg.val_draft)
             drafter.train()
             meta = {"train_config": cfg.to_dict(), "last_validation": record, "warm_start": warm,
-                    "train_examples": len(train_idx), "val_examples": len(val_idx), "processes": processes}
+                    "train_examples": len(train_idx), "val_examples": len(val_idx), "processes": processes,
+                    "mixed_precision": accelerator.mixed_precision}
             checkpoints.save_pretrained(drafter, out, metadata=meta)
             with open(out / LOG, "a") as f:
                 f.write(json.dumps(record) + "\n")

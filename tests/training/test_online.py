@@ -121,3 +121,23 @@ def test_a_bfloat16_target_trains_a_float32_drafter_that_drafts_for_it(tmp_path,
     ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
     assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=eagle).tolist() == ref.tolist()
     assert hfs.last_stats(model).drafted_tokens > 0
+
+
+def test_mixed_precision_from_accelerate(tmp_path, chat_checkpoint, answers):
+    """``accelerate launch --mixed_precision bf16`` (here its environment variable): the drafter's forward
+    runs under bfloat16 autocast, its weights and the saved drafter stay float32."""
+    args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(answers), "--out", str(tmp_path / "o"),
+            "--draft-vocab-size", "24", "--grad-accum", "1", "--eval-every", "4", "--val-prompts", "1", "--threads", "1",
+            "--lr", "1e-2", "--epochs", "1", "--features", "online", "--target-dtype", "bfloat16"]
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # one per process: an earlier test's set "no"
+    try:
+        result = CliRunner().invoke(app, args, env={**ENV, "ACCELERATE_MIXED_PRECISION": "bf16"})
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    weights = load_file(tmp_path / "o" / "model.safetensors")
+    assert all(w.dtype == torch.float32 for w in weights.values() if w.is_floating_point())
+    assert json.loads((tmp_path / "o" / "training_summary.json").read_text())["optimizer_steps"] == 19
+    assert json.loads((tmp_path / "o" / "training.json").read_text())["mixed_precision"] == "bf16"
