@@ -15,7 +15,7 @@ from hf_speculative.cli import app
 from hf_speculative.features import FeatureTap
 from hf_speculative.training.batches import EpochOrder, pad_batch
 from hf_speculative.training.losses import eagle_loss
-from tests.conftest import CHAT_WORDS, build_model, random_eagle
+from tests.conftest import build_model, random_eagle
 
 
 def example(target, net, length: int, prompt: int, seed: int) -> dict[str, torch.Tensor]:
@@ -99,18 +99,11 @@ ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, chat_checkpoint, batch):
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, chat_checkpoint, chat_answers, batch):
     """Running the finished command again resumes from its last checkpoint, before the end, and
     trains the last steps again: with the same order of sequences, it ends on the same weights."""
-    from hf_speculative.training.selfdistill import generate_responses
-    from hf_speculative import load_model
-
-    model, tokenizer = load_model(str(chat_checkpoint))
-    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 5 + j) % len(CHAT_WORDS)] for j in range(5))}
-            for i in range(21)]
-    generate_responses(model, tokenizer, rows, tmp_path / "a.jsonl", max_new_tokens=12, batch_size=8, progress=False)
     out = tmp_path / "drafter"
-    args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(tmp_path / "a.jsonl"), "--out", str(out),
+    args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(chat_answers), "--out", str(out),
             "--draft-vocab-size", "24", "--grad-accum", "1", "--batch-size", str(batch), "--eval-every", "4",
             "--val-prompts", "1", "--threads", "1", "--lr", "1e-2", "--epochs", "2"]
     first = CliRunner().invoke(app, args, env=ENV)
@@ -125,22 +118,15 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, chat_check
         torch.testing.assert_close(value, weights[name], rtol=0, atol=0, msg=name)
 
 
-def test_a_checkpoint_of_the_older_layout_resumes(tmp_path, chat_checkpoint):
+def test_a_checkpoint_of_the_older_layout_resumes(tmp_path, chat_checkpoint, chat_answers):
     """Before the loss ran inside the module accelerate wraps, checkpoints held the drafter's weights
     without the wrapper's ``net.`` prefix; such a checkpoint resumes to the same weights."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    from hf_speculative import load_model
-    from hf_speculative.training.selfdistill import generate_responses
-
-    model, tokenizer = load_model(str(chat_checkpoint))
-    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 5 + j) % len(CHAT_WORDS)] for j in range(5))}
-            for i in range(21)]
-    generate_responses(model, tokenizer, rows, tmp_path / "a.jsonl", max_new_tokens=12, batch_size=8, progress=False)
     ends = {}
     for layout in ("current", "older"):
         out = tmp_path / layout
-        args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(tmp_path / "a.jsonl"), "--out", str(out),
+        args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(chat_answers), "--out", str(out),
                 "--draft-vocab-size", "24", "--grad-accum", "1", "--eval-every", "4", "--val-prompts", "1",
                 "--threads", "1", "--lr", "1e-2"]
         assert CliRunner().invoke(app, [*args, "--epochs", "1"], env=ENV).exit_code == 0

@@ -16,7 +16,8 @@ from hf_speculative.training.batches import CachedExamples, pad_batch
 from hf_speculative.training.config import TrainConfig
 from hf_speculative.training.data import FeatureCache
 from hf_speculative.training.online import OnlineFeatures
-from tests.conftest import CHAT_WORDS, build_model
+from tests.conftest import build_model
+from tests.training.conftest import assert_drafts_exactly
 from tests.training.test_data import LENGTHS, examples_of
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
@@ -48,23 +49,11 @@ def test_online_features_are_the_cached_ones(tmp_path, arch, layers):
             assert not filled[key][row, n:].any()
 
 
-@pytest.fixture
-def answers(tmp_path, chat_checkpoint):
-    from hf_speculative import load_model
-    from hf_speculative.training.selfdistill import generate_responses
-
-    model, tokenizer = load_model(str(chat_checkpoint))
-    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 5 + j) % len(CHAT_WORDS)] for j in range(5))}
-            for i in range(21)]
-    generate_responses(model, tokenizer, rows, tmp_path / "a.jsonl", max_new_tokens=12, batch_size=8, progress=False)
-    return tmp_path / "a.jsonl"
-
-
-def train(chat_checkpoint, data, out, *extra):
+def train(chat_checkpoint, data, out, *extra, epochs=2, env=None):
     args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(data), "--out", str(out),
             "--draft-vocab-size", "24", "--grad-accum", "1", "--eval-every", "4", "--val-prompts", "1", "--threads", "1",
-            "--lr", "1e-2", "--epochs", "2", *map(str, extra)]
-    result = CliRunner().invoke(app, args, env=ENV)
+            "--lr", "1e-2", "--epochs", str(epochs), *map(str, extra)]
+    result = CliRunner().invoke(app, args, env={**ENV, **(env or {})})
     assert result.exit_code == 0, result.output + repr(result.exception)
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     for record in log:
@@ -74,9 +63,9 @@ def train(chat_checkpoint, data, out, *extra):
 
 @pytest.mark.parametrize("extra,exact", [([], True), (["--eagle1"], True), (["--exit-layer", "1"], True),
                                          (["--target-dtype", "bfloat16"], True), (["--batch-size", "3"], False)])
-def test_an_online_run_trains_the_cached_runs_drafter(tmp_path, chat_checkpoint, answers, extra, exact):
-    cached_w, cached_log = train(chat_checkpoint, answers, tmp_path / "cached", *extra)
-    online_w, online_log = train(chat_checkpoint, answers, tmp_path / "online", *extra, "--features", "online")
+def test_an_online_run_trains_the_cached_runs_drafter(tmp_path, chat_checkpoint, chat_answers, extra, exact):
+    cached_w, cached_log = train(chat_checkpoint, chat_answers, tmp_path / "cached", *extra)
+    online_w, online_log = train(chat_checkpoint, chat_answers, tmp_path / "online", *extra, "--features", "online")
     assert (tmp_path / "cached" / "cache").is_dir() and not (tmp_path / "online" / "cache").exists()
     assert online_w.keys() == cached_w.keys()
     tolerance = 0 if exact else 2e-3  # a batch's target forward rounds a little differently from one per sequence
@@ -87,27 +76,27 @@ def test_an_online_run_trains_the_cached_runs_drafter(tmp_path, chat_checkpoint,
     assert len({json.dumps(r["val_acc"]) for r in cached_log}) > 1  # it learnt: equal is not trivially equal
 
 
-def test_online_options_are_checked(tmp_path, chat_checkpoint, answers):
+def test_online_options_are_checked(tmp_path, chat_checkpoint, chat_answers):
     with pytest.raises(ValueError, match="use 'cache'.*or 'online'"):
         TrainConfig(target="t", data=["d"], out="o", features="disk")
     with pytest.raises(ValueError, match="drop --feature-batch-tokens or use --features cache"):
         TrainConfig(target="t", data=["d"], out="o", features="online", feature_batch_tokens=64)
     with pytest.raises(ValueError, match="use float32, bfloat16, float16 or auto"):
         TrainConfig(target="t", data=["d"], out="o", target_dtype="bf16")
-    result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--data", str(answers), "--out",
-                                      str(tmp_path / "o"), "--features", "memory"], env=ENV)
+    result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--data", str(chat_answers),
+                                      "--out", str(tmp_path / "o"), "--features", "memory"], env=ENV)
     assert result.exit_code != 0 and "'online'" in result.output
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("version", ["--eagle3", "--eagle1"])
-def test_a_bfloat16_target_trains_a_float32_drafter_that_drafts_for_it(tmp_path, chat_checkpoint, answers, version):
+def test_a_bfloat16_target_trains_a_float32_drafter_that_drafts_for_it(tmp_path, chat_checkpoint, chat_answers, version):
     """``--target-dtype bfloat16`` (how an accelerator loads most checkpoints): the loss reads the target's
     embedding and lm_head in float32, validation drafts with a bfloat16 copy, and the saved float32 drafter,
     loaded for the bfloat16 target, gives the target's own greedy tokens."""
     import hf_speculative as hfs
 
-    weights, log = train(chat_checkpoint, answers, tmp_path / "bf16", version, "--target-dtype", "bfloat16")
+    weights, log = train(chat_checkpoint, chat_answers, tmp_path / "bf16", version, "--target-dtype", "bfloat16")
     assert all(w.dtype == torch.float32 for w in weights.values() if w.is_floating_point())
     assert json.loads((tmp_path / "bf16" / "train_config.json").read_text())["target_dtype"] == "bfloat16"
     assert len({json.dumps(r["val_acc"]) for r in log}) > 1 and all(r["val_tau"] >= 1.0 for r in log)
@@ -115,29 +104,20 @@ def test_a_bfloat16_target_trains_a_float32_drafter_that_drafts_for_it(tmp_path,
     hfs.enable(model)
     eagle = hfs.Eagle.from_pretrained(tmp_path / "bf16", target=model, num_tokens=4, confidence_threshold=0.0,
                                       adaptive=False)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
-    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
-    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=eagle).tolist() == ref.tolist()
-    assert hfs.last_stats(model).drafted_tokens > 0
+    assert_drafts_exactly(model, tokenizer, eagle)
 
 
-def test_mixed_precision_from_accelerate(tmp_path, chat_checkpoint, answers):
+def test_mixed_precision_from_accelerate(tmp_path, chat_checkpoint, chat_answers):
     """``accelerate launch --mixed_precision bf16`` (here its environment variable): the drafter's forward
     runs under bfloat16 autocast, its weights and the saved drafter stay float32."""
-    args = ["train-eagle", "--target", str(chat_checkpoint), "--data", str(answers), "--out", str(tmp_path / "o"),
-            "--draft-vocab-size", "24", "--grad-accum", "1", "--eval-every", "4", "--val-prompts", "1", "--threads", "1",
-            "--lr", "1e-2", "--epochs", "1", "--features", "online", "--target-dtype", "bfloat16"]
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)  # one per process: an earlier test's set "no"
     try:
-        result = CliRunner().invoke(app, args, env={**ENV, "ACCELERATE_MIXED_PRECISION": "bf16"})
+        weights, _ = train(chat_checkpoint, chat_answers, tmp_path / "o", "--features", "online", "--target-dtype",
+                           "bfloat16", epochs=1, env={"ACCELERATE_MIXED_PRECISION": "bf16"})
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    weights = load_file(tmp_path / "o" / "model.safetensors")
     assert all(w.dtype == torch.float32 for w in weights.values() if w.is_floating_point())
     assert json.loads((tmp_path / "o" / "training_summary.json").read_text())["optimizer_steps"] == 19
     assert json.loads((tmp_path / "o" / "training.json").read_text())["mixed_precision"] == "bf16"

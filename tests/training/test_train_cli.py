@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 import hf_speculative as hfs
 from hf_speculative.cli import app
 from tests.conftest import CHAT_WORDS
+from tests.training.conftest import assert_drafts_exactly
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
@@ -57,12 +58,7 @@ def test_train_eagle_end_to_end(tmp_path, chat_checkpoint, prompts, version):
     model, tokenizer = hfs.load_model(str(chat_checkpoint))
     hfs.enable(model)
     strategy = hfs.Eagle.from_pretrained(out, target=model, num_tokens=4, confidence_threshold=0.0, adaptive=False)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
-    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
-    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
-    assert hfs.last_stats(model).drafted_tokens > 0
+    assert_drafts_exactly(model, tokenizer, strategy)
 
     for fmt in ("vllm", "safeailab"):
         if fmt == "vllm" and version == "--eagle1":
@@ -95,13 +91,7 @@ def test_train_exit_adapter_end_to_end(tmp_path, chat_checkpoint, prompts):
 
     model, tokenizer = hfs.load_model(str(chat_checkpoint))
     hfs.enable(model)
-    strategy = hfs.EarlyExit(adapter=out, num_tokens=4, confidence_threshold=0.0, adaptive=False)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
-    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
-    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
-    assert hfs.last_stats(model).drafted_tokens > 0
+    assert_drafts_exactly(model, tokenizer, hfs.EarlyExit(adapter=out, num_tokens=4, confidence_threshold=0.0, adaptive=False))
 
     refused = CliRunner().invoke(app, ["export-eagle", str(out), "--out", str(tmp_path / "x"), "--format", "vllm"], env=ENV)
     assert refused.exit_code == 2 and "no vLLM or SafeAILab form" in refused.output

@@ -1,0 +1,30 @@
+"""Fixtures and checks shared by the training tests."""
+
+from __future__ import annotations
+
+import pytest
+
+import hf_speculative as hfs
+from tests.conftest import CHAT_WORDS
+
+
+@pytest.fixture
+def chat_answers(tmp_path, chat_checkpoint):
+    """The tiny chat model's greedy answers (12 tokens) to 21 five-word prompts, as ``self-distill`` writes them."""
+    from hf_speculative.training.selfdistill import generate_responses
+
+    model, tokenizer = hfs.load_model(str(chat_checkpoint))
+    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 5 + j) % len(CHAT_WORDS)] for j in range(5))}
+            for i in range(21)]
+    generate_responses(model, tokenizer, rows, tmp_path / "a.jsonl", max_new_tokens=12, batch_size=8, progress=False)
+    return tmp_path / "a.jsonl"
+
+
+def assert_drafts_exactly(model, tokenizer, strategy) -> None:
+    """On a chat prompt, greedy generation drafting with ``strategy`` gives plain greedy's 20 tokens, and it drafted."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "the cat sat"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}  # transformers 4.x adds token_type_ids
+    ref = type(model).generate(model, **ids, max_new_tokens=20, do_sample=False)
+    assert model.generate(**ids, max_new_tokens=20, do_sample=False, candidate_generator=strategy).tolist() == ref.tolist()
+    assert hfs.last_stats(model).drafted_tokens > 0
