@@ -400,7 +400,23 @@ _register_training_commands()
 
 def main() -> None:
     """Console-script entry point (``hf-speculative``)."""
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise  # failed: torchrun stops the other processes; waiting for them here could hang
+    _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Processes started together (torchrun, accelerate launch) wait for each other, then take their
+    process group down before the interpreter exits. Left to interpreter shutdown, a process that
+    finished first could abort in the group's teardown ("terminate called without an active
+    exception": CI, 2026-11-24, a non-main process of train-eagle while the main one validated)."""
+    distributed = sys.modules.get("torch.distributed")  # never imported here just to ask
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.barrier()
+        distributed.destroy_process_group()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,10 @@
 """``train-eagle`` in several processes (``torchrun``, as ``accelerate launch --multi_gpu`` starts them),
 here two CPU processes on gloo: gradients are averaged across processes, so two processes with
 ``--grad-accum 1`` train exactly the drafter that one process trains with ``--grad-accum 2``, step
-for step (the same sequences, in the same pairs), through a resume too, with cached or online features; the processes share the
-answering of prompts and write the file one process writes; processes that did not join one run are refused instead of each training alone."""
+for step (the same sequences, in the same pairs), through a resume too, with cached or online
+features; the processes share the answering of prompts and write the file one process writes;
+processes that did not join one run are refused instead of each training alone; a command that
+ends well takes the process group down itself."""
 
 from __future__ import annotations
 
@@ -123,3 +125,22 @@ def test_processes_that_run_apart_are_refused(tmp_path, setup):
     assert "2 processes were launched but accelerate runs 1" in result.stderr
     assert "ACCELERATE_USE_CPU=1" in result.stderr
     assert not (tmp_path / "o" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("command, leaves", [(["models", "list"], True), (["models", "fetch", "no-such-model"], False)])
+def test_a_command_that_ends_well_takes_its_process_group_down(command, leaves):
+    """A command that succeeds waits for the other processes and destroys the process group itself, not
+    at interpreter shutdown, where a process that finished first once aborted ("terminate called without
+    an active exception"); one that fails leaves it (waiting there could hang) and torchrun stops the rest."""
+    code = ("import sys, torch.distributed as dist\n"
+            "from hf_speculative.cli import main\n"
+            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+            f"sys.argv = ['hf-speculative', *{command!r}]\n"
+            "try:\n    main()\n    print('exit', 0)\n"
+            "except SystemExit as done:\n    print('exit', done.code or 0)\n"
+            "print('group', 'kept' if dist.is_initialized() else 'destroyed')\n")
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    lines = result.stdout.splitlines()
+    assert lines[-1] == ("group destroyed" if leaves else "group kept"), result.stdout + result.stderr
+    assert (lines[-2] == "exit 0") == leaves, result.stdout + result.stderr
