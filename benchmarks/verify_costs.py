@@ -39,11 +39,13 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
 def prefill(models: dict, context: int, seed: int = 0) -> dict:
     from transformers import DynamicCache
 
+    from hf_speculative import compat
+
     ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(seed))
     caches = {}
     for layout, model in models.items():
         caches[layout] = DynamicCache()
-        model(ids, past_key_values=caches[layout], use_cache=True)
+        model(ids, **{compat.CACHE_KWARG: caches[layout]}, use_cache=True)
     return caches
 
 
@@ -66,10 +68,12 @@ def interleaved_seconds(run, layouts, tokens: list[int], repeats: int, after=Non
 
 def forward_seconds(models: dict, caches: dict, tokens: list[int], repeats: int) -> dict[int, dict[str, float]]:
     """Median seconds of a forward on ``k`` tokens per layout, each on its own KV cache."""
+    from hf_speculative import compat
+
     ids = {k: torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k)) for k in tokens}
 
     def forward(k: int, layout: str) -> None:
-        models[layout](ids[k], past_key_values=caches[layout], use_cache=True)
+        models[layout](ids[k], **{compat.CACHE_KWARG: caches[layout]}, use_cache=True)
 
     def crop(k: int, layout: str) -> None:
         caches[layout].crop(-k)  # back to the context: every forward sees the same cache length

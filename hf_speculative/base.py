@@ -49,8 +49,8 @@ class CallContext:
     logits_processor: Any
     stopping_criteria: StoppingCriteriaList | None
     stats: SpeculativeStats
-    # the loop's model kwargs when the generator was built; their ``past_key_values`` is the
-    # target's cache for the whole call (self-speculative drafters write into it and crop it back)
+    # the loop's model kwargs when the generator was built; their cache (``compat.target_cache``) is
+    # the target's for the whole call (self-speculative drafters write into it and crop it back)
     model_kwargs: dict | None = None
     # said once per call, however many generators serve it (the members of an ``hfs.Hybrid``)
     warned_no_speculation: bool = False

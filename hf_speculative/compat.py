@@ -23,6 +23,13 @@ SUPPORTS_CUSTOM_GENERATE_CALLABLE = TRANSFORMERS_VERSION >= Version("4.57.0")
 # satisfies a stopping criterion (`is_done_candidate`); it only crops at EOS and max_length.
 HAS_IS_DONE_CANDIDATE_RULE = TRANSFORMERS_VERSION < Version("5.18.0")
 
+# 5.24 renamed the KV cache argument `past_key_values` to `cache` everywhere: model and layer forwards,
+# `generate()`, the loop's `model_kwargs`, the mask builders (the old name is deprecated, with a warning;
+# outputs keep `.past_key_values` as an alias). Read from the signature, which follows the rename.
+CACHE_KWARG = ("cache" if "cache" in inspect.signature(
+    getattr(transformers.GenerationMixin, "prepare_inputs_for_generation", lambda past_key_values: None)).parameters
+    else "past_key_values")
+
 # Cache implementations that assisted decoding cannot roll back.
 UNSUPPORTED_CACHE_IMPLEMENTATIONS = ("static", "hybrid", "sliding_window", "offloaded_static", "offloaded_hybrid",
                                      "hybrid_chunked", "mamba", "quantized", "offloaded")
@@ -202,4 +209,10 @@ def target_cache(model_kwargs: Any) -> Any:
     """The cache object the assisted loop will use for the target (``None`` if not built yet)."""
     if not isinstance(model_kwargs, dict):
         return None
-    return model_kwargs.get("past_key_values")
+    return model_kwargs.get(CACHE_KWARG)
+
+
+def user_cache(kwargs: dict) -> Any:
+    """The cache a caller passed to ``generate()``, under either name (``cache=`` from 5.24 on, where
+    ``past_key_values=`` still works with a deprecation warning)."""
+    return kwargs.get("cache", kwargs.get("past_key_values"))

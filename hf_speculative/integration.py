@@ -125,8 +125,8 @@ def speculative_generate(
     _check_generation_config(model, generation_config)
     _check_batch(input_ids)
     strategy = _check_strategy(model, candidate_generator)
-    if "past_key_values" in model_kwargs:
-        model_kwargs["past_key_values"] = compat.rollbackable_cache(model_kwargs["past_key_values"])
+    if compat.CACHE_KWARG in model_kwargs:
+        model_kwargs[compat.CACHE_KWARG] = compat.rollbackable_cache(model_kwargs[compat.CACHE_KWARG])
     with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
         call.stopping_criteria = stopping_criteria
         return compat.assisted_decoding(
@@ -332,10 +332,10 @@ def _check_cache(model: torch.nn.Module, named: dict) -> None:
             f"cache_implementation={chosen!r} cannot be rolled back after a rejected draft; speculative decoding "
             "needs the default dynamic cache: drop cache_implementation (or pass cache_implementation=None)."
         )
-    cache = named.get("past_key_values")
+    cache = compat.user_cache(named)
     if cache is not None and not hasattr(cache, "crop"):
         raise ValueError(
-            f"past_key_values of type {type(cache).__name__} cannot be rolled back; pass a DynamicCache or none."
+            f"a cache of type {type(cache).__name__} cannot be rolled back; pass a DynamicCache or none."
         )
 
 

@@ -320,6 +320,25 @@ def test_error_static_cache(llama):
         llama.generate(**prompt_inputs(), generation_config=config, candidate_generator=hfs.PromptLookup())
 
 
+@pytest.mark.parametrize("name", sorted({"past_key_values", compat.CACHE_KWARG}))
+@pytest.mark.parametrize("drafter_name", ["early-exit", "prompt-lookup-fixed"])
+def test_a_cache_the_caller_passes(llama, name, drafter_name):
+    """A ``DynamicCache`` passed to ``generate()`` (``cache=`` from transformers 5.24, ``past_key_values=``
+    before, and still accepted there) is the one the call fills: the drafts go on, self-speculation
+    drafts on its layers, and the ids are plain greedy's. A cache that cannot be cropped is refused."""
+    from transformers import DynamicCache
+
+    ref = stock_generate(llama, **prompt_inputs(), **GREEDY)
+    cache = DynamicCache()
+    drafter = make_drafter(drafter_name, llama, ref)
+    out = speculate(llama, drafter, **GREEDY, **{name: cache})
+    assert out.tolist() == ref.tolist()
+    assert_drafter_worked(drafter_name, drafter, hfs.last_stats(llama))
+    assert compat.cache_length(cache) == out.shape[1] - 1  # every token but the last one, verified
+    with pytest.raises(ValueError, match=r"a cache of type object cannot be rolled back; pass a DynamicCache"):
+        llama.generate(**prompt_inputs(), max_new_tokens=4, candidate_generator=hfs.PromptLookup(), **{name: object()})
+
+
 @pytest.mark.parametrize("bad", ["prompt-lookup", 3, hfs.SpeculativeStats()], ids=["str", "int", "stats"])
 def test_error_not_a_strategy(llama, bad):
     with pytest.raises(TypeError, match=r"must be a hf_speculative strategy \(hfs.PromptLookup\(\)"):

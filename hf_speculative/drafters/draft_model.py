@@ -111,7 +111,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
         start = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
-        out = self.drafter(input_ids=ids, past_key_values=self.cache, use_cache=True, **self._keep_last)
+        out = self.drafter(input_ids=ids, **{compat.CACHE_KWARG: self.cache}, use_cache=True, **self._keep_last)
         self.cache = out.past_key_values
         self.fed.extend(tokens)
         if len(tokens) == 1:
