@@ -16,6 +16,7 @@ second prefill: the first target forward prefills the prompt and the draft start
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -30,6 +31,8 @@ from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_cal
 from .layer_view import LayerSubset, check_structure, num_layers
 from .policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
                      record_draft_step, sample_chain, verify_costs_for)
+
+logger = logging.getLogger(__name__)
 
 # target -> {layer tuple: view}; views hold no per-call state, so calls and threads share them
 # (and the measured cost of a drafting step, keyed by the view, carries over between calls)
@@ -247,6 +250,12 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.config = config
         self.cache = compat.target_cache(ctx.model_kwargs)
+        if self.cache is None:  # the loop builds its cache before its drafter: this version keeps it elsewhere
+            logger.warning(
+                "hf_speculative: the target's KV cache is not where transformers %s's assisted loop was expected "
+                "to keep it, so %s drafts nothing in this call (the output is still exact). Upgrade hf_speculative, "
+                "or use a transformers version it is tested with (docs/versions.md).",
+                compat.TRANSFORMERS_VERSION, type(config).__name__)
         self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
         self.subset: LayerSubset | None = None
         self._idle = False  # the calibration found no set worth drafting with

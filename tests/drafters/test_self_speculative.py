@@ -228,3 +228,22 @@ def test_calibration_files_that_do_not_fit(tmp_path):
     other.write_text(json.dumps({"format": "something-else", "skip": [1], "num_layers": 4}))
     with pytest.raises(ValueError, match="not a readable LayerSkip calibration"):
         SkipCalibration.load(other)
+
+
+def test_a_cache_kept_elsewhere_is_said_and_drafts_nothing(monkeypatch, caplog):
+    """Where the installed transformers keeps the loop's cache somewhere unknown (as 5.24 did, renaming
+    it), the call is still plain greedy's and a warning says why nothing was drafted, instead of a
+    silent loss of the speedup."""
+    import logging
+
+    model = hfs.enable(build_model("llama"))
+    ref = stock_generate(model, **prompt_inputs(), **GREEDY)
+    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(exit_layer=1, **EXACT))
+    assert out.tolist() == ref.tolist() and hfs.last_stats(model).drafted_tokens > 0  # where it is known
+    monkeypatch.setattr(compat, "target_cache", lambda model_kwargs: None)
+    with caplog.at_level(logging.WARNING, logger="hf_speculative.drafters.self_speculative"):
+        out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(exit_layer=1, **EXACT))
+    assert out.tolist() == ref.tolist()
+    assert hfs.last_stats(model).drafted_tokens == 0
+    said = [r.getMessage() for r in caplog.records if "KV cache is not where" in r.getMessage()]
+    assert len(said) == 1 and "EarlyExit drafts nothing" in said[0], said
