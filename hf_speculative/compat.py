@@ -212,6 +212,12 @@ def target_cache(model_kwargs: Any) -> Any:
     return model_kwargs.get(CACHE_KWARG)
 
 
+def output_cache(outputs: Any) -> Any:
+    """The cache a forward returned: ``outputs.cache`` from 5.24 (where ``.past_key_values`` is only a
+    backward-compatible alias), ``outputs.past_key_values`` before."""
+    return getattr(outputs, CACHE_KWARG)
+
+
 def user_cache(kwargs: dict) -> Any:
     """The cache a caller passed to ``generate()``, under either name (``cache=`` from 5.24 on, where
     ``past_key_values=`` still works with a deprecation warning)."""

@@ -112,7 +112,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         start = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
         out = self.drafter(input_ids=ids, **{compat.CACHE_KWARG: self.cache}, use_cache=True, **self._keep_last)
-        self.cache = out.past_key_values
+        self.cache = compat.output_cache(out)
         self.fed.extend(tokens)
         if len(tokens) == 1:
             record_draft_step(self.drafter, time.perf_counter() - start)

@@ -76,7 +76,7 @@ def test_no_second_prefill_and_the_verified_cache_is_plain_decodings(arch):
     assert len(sizes) == stats.target_forwards + stats.drafted_tokens
     # every draft entry was cropped: the cache has plain decoding's lengths and (up to the
     # rounding of batched verification) its values, in every layer
-    mine, theirs = out.past_key_values, plain.past_key_values
+    mine, theirs = compat.output_cache(out), compat.output_cache(plain)
     for i in range(4):
         assert compat.cache_layer_length(mine, i) == compat.cache_layer_length(theirs, i)
         a, b = layer_keys(mine, i), layer_keys(theirs, i)
@@ -106,7 +106,7 @@ def test_the_view_reproduces_the_model_past_the_sliding_window(arch):
         # the cache an assisted loop runs on: 5.x sliding layers that record their past, 4.x full layers
         start = None if compat.IS_TRANSFORMERS_5 else compat.new_dynamic_cache()
         prefill = model(input_ids=ids[:, :20], **{compat.CACHE_KWARG: start}, use_cache=True)
-        cache = prefill.past_key_values
+        cache = compat.output_cache(prefill)
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()
         full = model(input_ids=ids, use_cache=False).logits[0]
