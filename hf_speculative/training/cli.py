@@ -14,7 +14,8 @@ import typer
 
 PromptsOpt = Annotated[
     Optional[str],
-    typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt', builtin:N for the "
+    typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt' (or chat "
+                 "conversations, 'messages' or ShareGPT 'conversations': their first user turn is the prompt), builtin:N for the "
                  "first N of the team's built-in training prompts (never Spec-Bench's), or builtin:A-B for those "
                  "numbered A to B-1 (e.g. the ones an earlier drafter did not see); context:N or context:A-B for the "
                  "long-context list (summaries and RAG over --passages, short factual questions); wordnet:N or "
@@ -30,6 +31,7 @@ PassagesOpt = Annotated[
 
 def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None) -> list[dict]:
     from .context_prompts import build_context_prompts, read_passages
+    from .conversations import conversation, first_user_turn
     from .prompts import build_prompts
     from .selfdistill import read_jsonl
     from .wordnet_prompts import build_wordnet_prompts
@@ -62,7 +64,16 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
     rows = read_jsonl(spec)
     for i, row in enumerate(rows):
         if "prompt" not in row:
-            raise typer.BadParameter(f"{spec}: line {i + 1} has no 'prompt' field")
+            try:
+                turns = conversation(row, where=f"{spec}:{i + 1}")
+            except ValueError as error:
+                raise typer.BadParameter(str(error)) from None
+            first = first_user_turn(turns) if turns else None
+            if first is None:
+                raise typer.BadParameter(f"{spec}: line {i + 1} has no 'prompt' field and no conversation with a "
+                                         "user turn ('messages' or 'conversations')")
+            row = rows[i] = {key: value for key, value in row.items() if key not in ("messages", "conversations")}
+            row["prompt"] = first
         row.setdefault("id", f"line{i:06d}")
     return rows
 
@@ -184,8 +195,10 @@ def sample_prompts(
 def train_eagle(
     target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder: drafter, checkpoint, feature cache, logs.")],
-    data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows or "
-                                                            "{'text': ...} documents); repeatable.")] = [],  # noqa: B006
+    data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows, "
+                                                            "chat conversations ('messages' or ShareGPT 'conversations': "
+                                                            "the assistant turns are learnt) or {'text': ...} documents); "
+                                                            "repeatable.")] = [],  # noqa: B006
     prompts: PromptsOpt = None,
     distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="Answer length for --prompts.")] = 192,
     max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="Skip longer --prompts.")] = 1024,

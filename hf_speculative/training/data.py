@@ -1,7 +1,8 @@
 """Training data for hidden-state drafters: token sequences and the target's features over them.
 
-Sources (``read_examples``): a JSONL corpus with a ``text`` field (the loss covers every token), or
-self-distillation rows written by :func:`~hf_speculative.training.selfdistill.generate_responses`
+Sources (``read_examples``): a JSONL corpus with a ``text`` field (the loss covers every token), chat
+conversations (``messages`` or ShareGPT ``conversations``, laid out by the target's chat template; the loss
+covers the assistant turns, see :mod:`~hf_speculative.training.conversations`), or self-distillation rows written by :func:`~hf_speculative.training.selfdistill.generate_responses`
 (``prompt_tokens`` + ``response_tokens``; the loss covers the answer only, which is where drafting
 happens, while the prompt still gives the context).
 
@@ -26,6 +27,7 @@ import torch
 
 from .. import compat
 from ..features import FeatureTap
+from .conversations import chat_tokens, conversation
 
 INDEX = "index.json"
 
@@ -53,10 +55,16 @@ def numbered_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 
 def read_examples(path: str | Path, tokenizer: Any = None, max_length: int = 1024) -> list[Example]:
-    """Examples from a JSONL file of self-distillation rows or of ``{"text": ...}`` documents."""
+    """Examples from a JSONL file of self-distillation rows, chat conversations or ``{"text": ...}`` documents."""
     examples = []
     for line_no, row in numbered_rows(path):
-        if "response_tokens" in row:
+        turns = conversation(row, where=f"{path}:{line_no}")
+        if turns is not None:
+            if tokenizer is None:
+                raise ValueError(f"{path}:{line_no}: a conversation needs the target's tokenizer to be laid out.")
+            ids, learnt = chat_tokens(tokenizer, turns, where=f"{path}:{line_no}")
+            ids, mask = ids[:max_length], (learnt[1:] + [0])[:max_length]
+        elif "response_tokens" in row:
             prompt, response = list(row["prompt_tokens"]), list(row["response_tokens"])
             ids = (prompt + response)[:max_length]
             mask = ([0] * (len(prompt) - 1) + [1] * len(response) + [0])[:max_length]
@@ -66,8 +74,9 @@ def read_examples(path: str | Path, tokenizer: Any = None, max_length: int = 102
             ids = tokenizer(row["text"], add_special_tokens=True)["input_ids"][:max_length]
             mask = [1] * (len(ids) - 1) + [0]
         else:
-            raise ValueError(f"{path}:{line_no}: expected a 'text' field or self-distillation fields "
-                             f"('prompt_tokens', 'response_tokens'); got {sorted(row)}.")
+            raise ValueError(f"{path}:{line_no}: expected a 'text' field, a conversation ('messages' or "
+                             f"'conversations') or self-distillation fields ('prompt_tokens', 'response_tokens'); "
+                             f"got {sorted(row)}.")
         if len(ids) >= 4 and sum(mask) >= 2:
             examples.append(Example(ids, mask))
     if not examples:
