@@ -56,8 +56,9 @@ def _render(tokenizer: Any, turns: list[dict], prompt: bool) -> str:
 def chat_tokens(tokenizer: Any, turns: list[dict], where: str = "row") -> tuple[list[int], list[int]]:
     """``(ids, learnt)``: the conversation under the target's chat template, and per token ``1`` where it
     belongs to an assistant turn (its content and the template's end of turn, not the whitespace after
-    it), else ``0``. A trailing user
-    turn is dropped (nothing after it is learnt).
+    it), else ``0``. Trailing user turns are dropped (nothing after them is learnt), and so are leading
+    assistant turns (no prompt precedes them, and drafting always follows one); a conversation left with
+    no assistant turn gives ``([], [])``, which `read_examples` skips like any too-short example.
 
     Raises `ValueError` when the tokenizer has no chat template or no offsets (a slow tokenizer), or when
     the template rewrites earlier turns as the conversation grows (assistant turns cannot be located)."""
@@ -68,6 +69,10 @@ def chat_tokens(tokenizer: Any, turns: list[dict], where: str = "row") -> tuple[
         raise ValueError(f"{where}: conversations need a fast tokenizer (character offsets) to find the assistant turns.")
     while turns and turns[-1]["role"] != "assistant":
         turns = turns[:-1]
+    while turns and turns[0]["role"] == "assistant":
+        turns = turns[1:]
+    if not any(turn["role"] == "assistant" for turn in turns):
+        return [], []
     text = _render(tokenizer, turns, prompt=False)
     spans = []
     for i, turn in enumerate(turns):

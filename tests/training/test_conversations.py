@@ -40,8 +40,12 @@ def test_only_the_assistant_turns_are_learnt(chat_tokenizer):
     assert ids == chat_tokenizer(chat_tokenizer.apply_chat_template(MESSAGES, tokenize=False),
                                  add_special_tokens=False)["input_ids"]
     assert learnt_text(chat_tokenizer, ids, learnt) == "the dog sat on a mat the cat ran to the house"
-    # a trailing user turn has no answer to learn: it is dropped, the rest unchanged
+    # a trailing user turn has no answer to learn, and a leading assistant turn no prompt: both are dropped
     assert chat_tokens(chat_tokenizer, MESSAGES + [{"role": "user", "content": "big dog"}]) == (ids, learnt)
+    greeting = {"role": "assistant", "content": "a big dog"}
+    assert chat_tokens(chat_tokenizer, [greeting] + MESSAGES[1:]) == chat_tokens(chat_tokenizer, MESSAGES[1:])
+    # nothing left to learn (real templates refuse to render an empty conversation)
+    assert chat_tokens(chat_tokenizer, [MESSAGES[1]]) == chat_tokens(chat_tokenizer, [greeting]) == ([], [])
 
 
 def test_real_chatml_template_learns_the_end_of_turn(chat_tokenizer):
@@ -68,6 +72,9 @@ def test_read_examples_learns_each_answer_token_after_its_context(tmp_path, chat
     assert short.ids == ids[:12] and short.loss_mask == (learnt[1:] + [0])[:12]
     with pytest.raises(ValueError, match="needs the target's tokenizer"):
         read_examples(path)
+    # a row with a question and no answer is skipped, as too-short rows are, instead of failing the file
+    path.write_text(json.dumps({"messages": MESSAGES[1:2]}) + "\n" + json.dumps({"messages": MESSAGES}) + "\n")
+    assert read_examples(path, chat_tokenizer) == [first]
 
 
 @pytest.mark.parametrize("row, message", [
