@@ -15,9 +15,10 @@ import typer
 PromptsOpt = Annotated[
     Optional[str],
     typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt' (or chat "
-                 "conversations, 'messages' or ShareGPT 'conversations': their first user turn is the prompt), builtin:N for the "
-                 "first N of the team's built-in training prompts (never Spec-Bench's), or builtin:A-B for those "
-                 "numbered A to B-1 (e.g. the ones an earlier drafter did not see); context:N or context:A-B for the "
+                 "conversations, 'messages' or ShareGPT 'conversations': their first user turn is the prompt), "
+                 "builtin:N for the first N of the team's built-in training prompts (never Spec-Bench's), or "
+                 "builtin:A-B for those numbered A to B-1 (e.g. the ones an earlier drafter did not see); context:N or "
+                 "context:A-B for the "
                  "long-context list (summaries and RAG over --passages, short factual questions); wordnet:N or "
                  "wordnet:A-B for topic-diverse prompts drawn from the machine's WordNet and fortune files (Debian's "
                  "wordnet-base, fortunes, fortunes-de)."),
@@ -195,8 +196,8 @@ def sample_prompts(
 def train_eagle(
     target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder: drafter, checkpoint, feature cache, logs.")],
-    data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows, "
-                                                            "chat conversations ('messages' or ShareGPT 'conversations': "
+    data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows, chat "
+                                                            "conversations ('messages' or ShareGPT 'conversations': "
                                                             "the assistant turns are learnt) or {'text': ...} documents); "
                                                             "repeatable.")] = [],  # noqa: B006
     prompts: PromptsOpt = None,

@@ -33,7 +33,8 @@ def conversation(row: dict, where: str = "row") -> list[dict] | None:
     else:
         return None
     if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
-        raise ValueError(f"{where}: a conversation is a list of turns, each an object with {role_key!r} and {text_key!r}.")
+        raise ValueError(f"{where}: a conversation is a list of turns, each an object with {role_key!r} and "
+                         f"{text_key!r}.")
     out = []
     for i, turn in enumerate(turns):
         role, text = turn.get(role_key), turn.get(text_key)
@@ -66,7 +67,8 @@ def chat_tokens(tokenizer: Any, turns: list[dict], where: str = "row") -> tuple[
         raise ValueError(f"{where}: the target's tokenizer has no chat template, so conversations cannot be laid out "
                          "as it would see them; give the text as {'text': ...} rows instead.")
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"{where}: conversations need a fast tokenizer (character offsets) to find the assistant turns.")
+        raise ValueError(f"{where}: conversations need a fast tokenizer (character offsets) to find the assistant "
+                         "turns.")
     while turns and turns[-1]["role"] != "assistant":
         turns = turns[:-1]
     while turns and turns[0]["role"] == "assistant":

@@ -1,8 +1,9 @@
 """Training data for hidden-state drafters: token sequences and the target's features over them.
 
-Sources (``read_examples``): a JSONL corpus with a ``text`` field (the loss covers every token), chat
-conversations (``messages`` or ShareGPT ``conversations``, laid out by the target's chat template; the loss
-covers the assistant turns, see :mod:`~hf_speculative.training.conversations`), or self-distillation rows written by :func:`~hf_speculative.training.selfdistill.generate_responses`
+Sources (``read_examples``): a JSONL corpus with a ``text`` field (the loss covers every token); chat
+conversations (``messages`` or ShareGPT ``conversations``, laid out by the target's chat template; the
+loss covers the assistant turns, see :mod:`~hf_speculative.training.conversations`); or
+self-distillation rows written by :func:`~hf_speculative.training.selfdistill.generate_responses`
 (``prompt_tokens`` + ``response_tokens``; the loss covers the answer only, which is where drafting
 happens, while the prompt still gives the context).
 

@@ -13,6 +13,8 @@ from hf_speculative.training.conversations import chat_tokens, conversation, fir
 from hf_speculative.training.data import read_examples
 from tests.conftest import make_chat_tokenizer
 
+ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
 MESSAGES = [
     {"role": "system", "content": "the big cat"},
     {"role": "user", "content": "a dog sat"},
@@ -114,7 +116,7 @@ def test_self_distill_prompts_from_conversations(tmp_path):
                                        {"prompt": "the cat", "id": "line000002"}]
     path.write_text(json.dumps({"messages": MESSAGES[:1]}) + "\n")
     result = CliRunner().invoke(app, ["self-distill", "--target", "none", "--prompts", str(path),
-                                      "--out", str(tmp_path / "o.jsonl")], env={"COLUMNS": "200", "NO_COLOR": "1"})
+                                      "--out", str(tmp_path / "o.jsonl")], env=ENV)
     assert result.exit_code != 0 and "no conversation with a user turn" in result.output
 
 
@@ -134,7 +136,7 @@ def test_train_eagle_on_conversations(tmp_path, chat_checkpoint):
     result = CliRunner().invoke(app, [str(a) for a in [
         "train-eagle", "--target", chat_checkpoint, "--data", data, "--out", out, "--eagle3", "--draft-vocab-size", 24,
         "--grad-accum", 1, "--epochs", 1, "--eval-every", 5, "--val-prompts", 1, "--threads", 1]],
-        env={"COLUMNS": "200", "NO_COLOR": "1"})
+        env=ENV)
     assert result.exit_code == 0, result.output + repr(result.exception)
     summary = json.loads((out / "training_summary.json").read_text())
     assert summary["optimizer_steps"] == 11  # 12 conversations, one held out
