@@ -51,11 +51,12 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
     anchors = torch.arange(prompt_length - 1, t - 2)  # [A]
     hidden = unroll(network, model.get_input_embeddings(), sequence, features, depth, anchors=anchors)
     draft_ids = network.target_ids()  # [V_d] or None
+    head = model.get_output_embeddings()
     ranks = []
     for j, h in enumerate(hidden):
-        logits = network.draft_logits(h[0], model.get_output_embeddings()).float()  # [A, V_d]
+        logits = network.draft_logits(h[0], head).float()  # [A, V_d]
         if draft_ids is not None:  # the drafter's guesses over the target's vocabulary, -inf elsewhere
-            full = logits.new_full((logits.shape[0], model.config.vocab_size), float("-inf"))
+            full = logits.new_full((logits.shape[0], head.weight.shape[0]), float("-inf"))
             logits = full.index_copy_(1, draft_ids, logits)
         where = (anchors + j + 2).clamp(max=t - 1)  # [A] position of the true token at depth j
         true = logits.gather(1, sequence[0, where][:, None])  # [A, 1]
