@@ -2,7 +2,9 @@
 
     python benchmarks/drafter_acceptance.py --drafter smollm2-135m-instruct --per-category 3 --draft 5
 
-Greedy generation with a fixed draft length (no cost policy, so nothing depends on timings):
+Greedy generation with drafts of up to ``--draft`` tokens and no cost rule, so nothing depends on
+timings (the longest draft drops by one after a rejection and grows by two after a fully kept draft,
+transformers' "heuristic" schedule; ``benchmarks/tree_potential.py`` gives truly fixed chains):
 τ per category, P(accepted >= i), the share of target forwards whose draft kept at least ``i``
 tokens, "in vocab", the share of the target's tokens that the drafter's (possibly reduced)
 vocabulary can propose at all: a ceiling on every guess, and how sure the target itself is of its

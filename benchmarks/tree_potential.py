@@ -12,10 +12,12 @@ tree, as a set of rank paths (``(0,)`` the top guess, ``(0, 1)`` the runner-up a
 the longest prefix of ``(r_0, r_1, ...)`` that it contains.
 
 The trees are the best static ones for a node budget (Medusa's construction): rank paths added in
-order of how often they are the target's path, counted on the calibration half of the prompts
-(even positions in the list) and measured on the other half. τ here is the expected tokens per
-target forward over every anchor of the greedy answers (1 + the kept depth); the chain of the same
-drafter is the tree ``(0,), (0, 0), ...``. Speedups need the verify cost of ``nodes + 1`` tokens
+order of how often they are the target's path, counted over every anchor of the calibration half of
+the prompts (even positions in the list), and measured on the other half. τ is what decoding the
+greedy answers with the tree gives: each verification keeps the longest prefix of the target's path
+in the tree plus the target's own token, and the next draft starts after them (an average over every
+anchor instead reads ~0.1 high: easy stretches are crossed in few verifications). The chain of
+the same drafter is the tree ``(0,), (0, 0), ...``. Speedups need the verify cost of ``nodes + 1`` tokens
 (``benchmarks/verify_costs.py``); on a GPU it is about one forward for tens of tokens.
 """
 
@@ -33,10 +35,13 @@ Path = tuple[int, ...]
 
 
 @torch.no_grad()
-def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth: int) -> list[Path]:
+def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth: int,
+               ended_by_eos: bool = False) -> list[Path]:
     """For every anchor of the answer in ``sequence`` `[1, T]`: the ranks of the target's tokens
     among the drafter's guesses at depths ``0..depth-1`` along the true path, cut at the first
-    token the drafter cannot propose (out of its vocabulary) and at the end of the sequence."""
+    token the drafter cannot propose (out of its vocabulary) and where no draft can reach: the last
+    token of an answer cut by ``max_new_tokens`` is always the target's own (a draft may only
+    reach an end-of-sequence token, ``ended_by_eos``)."""
     from hf_speculative.features import FeatureTap
     from hf_speculative.training.losses import unroll
 
@@ -47,6 +52,7 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
     finally:
         tap.remove()
     t = sequence.shape[1]
+    last = t - 1 if ended_by_eos else t - 2  # the last position a draft can reach
     # anchor p (feature f_p, token x_{p+1}) guesses x_{p+2}: the first draft of a call follows the prefill
     anchors = torch.arange(prompt_length - 1, t - 2)  # [A]
     hidden = unroll(network, model.get_input_embeddings(), sequence, features, depth, anchors=anchors)
@@ -62,7 +68,7 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
         true = logits.gather(1, sequence[0, where][:, None])  # [A, 1]
         rank = (logits > true).sum(-1)  # [A]
         rank[torch.isinf(true[:, 0])] = -1  # not proposable
-        rank[anchors + j + 2 > t - 1] = -1  # past the end
+        rank[anchors + j + 2 > last] = -1  # past the end
         ranks.append(rank)
     paths = []
     for row in torch.stack(ranks, dim=1).tolist():  # [A, depth]
@@ -88,15 +94,29 @@ def best_tree(paths: list[Path], nodes: int) -> set[Path]:
     return tree
 
 
-def tau(paths: list[Path], tree: set[Path]) -> float:
-    """Expected tokens per target forward: 1 + the longest prefix of each anchor's path in ``tree``."""
-    kept = 0
-    for path in paths:
-        depth = 0
-        while depth < len(path) and path[: depth + 1] in tree:
-            depth += 1
-        kept += depth
-    return 1 + kept / max(len(paths), 1)
+def kept(path: Path, tree: set[Path]) -> int:
+    """Drafted tokens a verification keeps: the longest prefix of the target's path in ``tree``."""
+    depth = 0
+    while depth < len(path) and path[: depth + 1] in tree:
+        depth += 1
+    return depth
+
+
+def decode(paths: list[Path], tree: set[Path]) -> list[int]:
+    """Drafted tokens kept by each verification when decoding one answer with ``tree``, as in real
+    decoding: the next draft starts from the anchor after the kept tokens and the target's own one
+    (``paths`` are the answer's anchors in order, the first one right after the prefill)."""
+    kept_per_forward, anchor = [], 0
+    while anchor < len(paths):
+        kept_per_forward.append(kept(paths[anchor], tree))
+        anchor += 1 + kept_per_forward[-1]
+    return kept_per_forward
+
+
+def tau(answers: list[list[Path]], tree: set[Path]) -> float:
+    """Tokens per verifying forward when decoding every answer with ``tree``."""
+    counts = [k for paths in answers for k in decode(paths, tree)]
+    return (len(counts) + sum(counts)) / len(counts) if counts else 1.0
 
 
 def chain(length: int) -> set[Path]:
@@ -121,25 +141,31 @@ def main(argv: list[str] | None = None) -> None:
     network = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
     sizes = [int(n) for n in args.nodes.split(",")]
     calibration: list[Path] = []
-    measured: dict[str, list[Path]] = collections.defaultdict(list)
+    measured: dict[str, list[list[Path]]] = collections.defaultdict(list)  # category -> answers -> anchors
     for category in args.categories.split(","):
         for i, prompt in enumerate(load_prompts(args.dataset, [category], args.per_category)):
             ids = encode_prompt(tokenizer, prompt.text)
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
                                  do_sample=False)
-            paths = rank_paths(model, network, out, ids.shape[1], args.depth)
-            (calibration if i % 2 == 0 else measured[category]).extend(paths)
-        print(f"{category}: {len(measured[category])} anchors measured", flush=True)
-    measured["overall"] = [p for c in list(measured) for p in measured[c]]
+            eos = model.generation_config.eos_token_id
+            ended_by_eos = int(out[0, -1]) in (eos if isinstance(eos, list) else [eos])
+            paths = rank_paths(model, network, out, ids.shape[1], args.depth, ended_by_eos)
+            if i % 2 == 0:
+                calibration.extend(paths)
+            else:
+                measured[category].append(paths)
+        print(f"{category}: {sum(map(len, measured[category]))} anchors measured", flush=True)
+    measured["overall"] = [answer for c in list(measured) for answer in measured[c]]
     trees = {n: best_tree(calibration, n) for n in sizes}
     print(f"\ncalibration: {len(calibration)} anchors; τ by drafted tokens per target forward (nodes)\n")
     print("| category | chain of 1 / 3 / 5 | " + " | ".join(f"tree of {n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
-    for category, paths in measured.items():
-        chains = " / ".join(f"{tau(paths, chain(k)):.2f}" for k in (1, 3, 5))
-        print(f"| {category} | {chains} | " + " | ".join(f"{tau(paths, trees[n]):.2f}" for n in sizes) + " |")
-    top = collections.Counter(min(p[0], 8) if p else -1 for p in measured["overall"])
-    shares = [sum(n for r, n in top.items() if 0 <= r < k) / max(len(measured["overall"]), 1) for k in (1, 2, 4, 8)]
+    for category, answers in measured.items():
+        chains = " / ".join(f"{tau(answers, chain(k)):.2f}" for k in (1, 3, 5))
+        print(f"| {category} | {chains} | " + " | ".join(f"{tau(answers, trees[n]):.2f}" for n in sizes) + " |")
+    anchors = [p for answer in measured["overall"] for p in answer]
+    top = collections.Counter(min(p[0], 8) if p else -1 for p in anchors)
+    shares = [sum(n for r, n in top.items() if 0 <= r < k) / max(len(anchors), 1) for k in (1, 2, 4, 8)]
     print("\nfirst guess: target's token in the drafter's top 1 / 2 / 4 / 8: " + " / ".join(f"{s:.2f}" for s in shares))
     widest = max(sizes)
     print(f"\ntree of {widest}, nodes per depth: "

@@ -48,7 +48,7 @@ def _expected(target, net, sequence, prompt_length, depth):
             hidden = net(embed(sequence[:, 1 : p + 2]), features[:, : p + 1], torch.arange(p + 1)[None], cache)[:, -1:]
             path = []
             for j in range(depth):
-                if p + j + 2 > t - 1:
+                if p + j + 2 > t - 2:  # the last token of an answer cut by max_new_tokens is the target's own
                     break
                 rank = _rank(net, target, hidden[0, -1], int(sequence[0, p + j + 2]))
                 if rank < 0:
@@ -93,11 +93,40 @@ def test_best_tree_takes_the_most_frequent_paths_with_their_parents():
     assert len(script.best_tree(paths, 100)) == 7  # every path the target took, no more
 
 
-def test_tau_keeps_the_longest_prefix_in_the_tree():
+def test_tau_decodes_each_answer_from_the_anchor_after_the_kept_tokens():
     script = _script()
-    paths = [(0, 0, 1), (1, 0), (2,), ()]
-    assert script.tau(paths, script.chain(1)) == 1 + 1 / 4
-    assert script.tau(paths, script.chain(3)) == 1 + 2 / 4  # (0, 0) kept, then rank 1 is not in a chain
+    answer = [(0, 0, 1), (1, 0), (2,), (), (0,)]  # anchors in order, the first right after the prefill
     tree = {(0,), (0, 0), (0, 0, 1), (1,), (1, 0)}
-    assert script.tau(paths, tree) == 1 + (3 + 2 + 0 + 0) / 4
+    assert script.kept(answer[0], tree) == 3 and script.kept(answer[1], tree) == 2 and script.kept((2,), tree) == 0
+    # chain of 1: anchor 0 keeps 1 (2 tokens), anchor 2 keeps 0, anchor 3 keeps 0, anchor 4 keeps 1
+    assert script.tau([answer], script.chain(1)) == 6 / 4
+    # the tree keeps 3 at anchor 0, so the next draft starts at anchor 4: anchors 1-3 are never drafted from
+    assert script.tau([answer], tree) == 6 / 2
+    assert script.tau([answer, [(1, 0)]], tree) == (6 + 3) / 3
     assert script.tau([], tree) == 1
+    assert script.decode(answer, tree) == [3, 1]
+
+
+def test_decoding_with_a_chain_of_one_is_what_real_decoding_keeps():
+    """A one-token chain never changes length, so real speculative decoding with the drafter must keep
+    exactly what the walk over the rank paths says, forward by forward (plus the prefill's forward)."""
+    import collections
+
+    import hf_speculative as hfs
+
+    script = _script()
+    target = build_model("llama", layers=3, init=0.3)
+    prompt = torch.tensor([[5, 17, 9, 33, 2, 41, 8]])
+    sequence = target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24,
+                               do_sample=False)
+    net, _, _ = fit_eagle(target, 3, sequence, iterations=25, unroll=2)
+    net.eval().requires_grad_(False)
+    hfs.enable(target)
+    eagle = hfs.Eagle(net, num_tokens=1, confidence_threshold=0.0, adaptive=False)
+    out = target.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24,
+                          do_sample=False, candidate_generator=eagle)
+    assert torch.equal(out, sequence)
+    walked = script.decode(script.rank_paths(target, net, sequence, prompt.shape[1], depth=1), script.chain(1))
+    real = hfs.last_stats(target).accepted_lengths
+    assert 0 < real[1] < sum(real.values())  # some drafts kept, some not
+    assert collections.Counter(walked) + collections.Counter({0: 1}) == real

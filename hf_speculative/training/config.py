@@ -33,7 +33,9 @@ class TrainConfig:
         eval_every (`int`, defaults to 200): optimizer steps between validations (and checkpoints).
         val_prompts (`int`, defaults to 8), val_new_tokens (`int`, defaults to 64), val_draft (`int`,
             defaults to 6): the validation tau: greedy speculative generation on held-out prompts
-            with a fixed draft length (a property of the drafter, not of the machine's speed).
+            with drafts of up to ``val_draft`` tokens and no cost rule (a property of the drafter, not of
+            the machine's speed; the longest draft drops by one after a rejection, grows by two after a
+            fully kept draft).
         noise (`float`, defaults to 0.0): uniform feature noise (EAGLE-1's trick; 0.2 is typical there).
         init_from_target (`bool`, defaults to `True`): start the decoder layer, norm and lm_head from
             the target's last layer, final norm and lm_head rows (Llama-style norms only).
