@@ -92,15 +92,10 @@ def _first_guess_by_confidence(model, network, sequence: torch.Tensor, prompt_le
                                sure: torch.Tensor) -> collections.Counter:
     """For each greedy token ``y_t`` (``sequence`` `[1, T]`, ``sure`` `[T - prompt_length]` its target
     probability): whether the drafter's step-0 guess from anchor ``t - 2`` is ``y_t``, by bucket of ``sure``."""
-    from hf_speculative.features import FeatureTap
+    from hf_speculative.features import tapped_features
     from hf_speculative.training.losses import unroll
 
-    tap = FeatureTap(model, network.config.target_layers)
-    try:
-        model(input_ids=sequence, use_cache=False)
-        features = tap.take()  # [1, T, F]
-    finally:
-        tap.remove()
+    features = tapped_features(model, network.config.target_layers, sequence)  # [1, T, F]
     anchors = torch.arange(prompt_length - 2, sequence.shape[1] - 2)  # [A]: anchor p guesses the token at p + 2
     hidden = unroll(network, model.get_input_embeddings(), sequence, features, 1, anchors=anchors)[0]
     guess = network.to_target_ids(network.draft_logits(hidden[0], model.get_output_embeddings()).argmax(-1))  # [A]

@@ -42,15 +42,11 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
     token the drafter cannot propose (out of its vocabulary) and where no draft can reach: the last
     token of an answer cut by ``max_new_tokens`` is always the target's own (a draft may only
     reach an end-of-sequence token, ``ended_by_eos``)."""
-    from hf_speculative.features import FeatureTap
+    from hf_speculative.base import to_target_vocab
+    from hf_speculative.features import tapped_features
     from hf_speculative.training.losses import unroll
 
-    tap = FeatureTap(model, network.config.target_layers)
-    try:
-        model(input_ids=sequence, use_cache=False)
-        features = tap.take()  # [1, T, F]
-    finally:
-        tap.remove()
+    features = tapped_features(model, network.config.target_layers, sequence)  # [1, T, F]
     t = sequence.shape[1]
     last = t - 1 if ended_by_eos else t - 2  # the last position a draft can reach
     # anchor p (feature f_p, token x_{p+1}) guesses x_{p+2}: the first draft of a call follows the prefill
@@ -60,10 +56,8 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
     head = model.get_output_embeddings()
     ranks = []
     for j, h in enumerate(hidden):
-        logits = network.draft_logits(h[0], head).float()  # [A, V_d]
-        if draft_ids is not None:  # the drafter's guesses over the target's vocabulary, -inf elsewhere
-            full = logits.new_full((logits.shape[0], head.weight.shape[0]), float("-inf"))
-            logits = full.index_copy_(1, draft_ids, logits)
+        # the drafter's guesses over the target's vocabulary, -inf where it cannot propose
+        logits = to_target_vocab(network.draft_logits(h[0], head), head.weight.shape[0], draft_ids)  # [A, V]
         where = (anchors + j + 2).clamp(max=t - 1)  # [A] position of the true token at depth j
         true = logits.gather(1, sequence[0, where][:, None])  # [A, 1]
         rank = (logits > true).sum(-1)  # [A]
@@ -135,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", default="1,2,4,8,16,32,64,128", help="tree sizes (drafted tokens per forward)")
     args = parser.parse_args(argv)
     import hf_speculative as hfs
+    from hf_speculative import compat
 
     torch.set_num_threads(1)
     model, tokenizer = hfs.load_model(args.model)
@@ -147,8 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             ids = encode_prompt(tokenizer, prompt.text)
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
                                  do_sample=False)
-            eos = model.generation_config.eos_token_id
-            ended_by_eos = int(out[0, -1]) in (eos if isinstance(eos, list) else [eos])
+            ended_by_eos = int(out[0, -1]) in compat.eos_token_ids(model.generation_config)
             paths = rank_paths(model, network, out, ids.shape[1], args.depth, ended_by_eos)
             if i % 2 == 0:
                 calibration.extend(paths)

@@ -225,21 +225,25 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         return compat.stopping_result(self.ctx.stopping_criteria(input_ids, None))
 
     def _to_target_vocab(self, logits: torch.Tensor, target_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Pad (with -inf) or cut a drafter's logits `[k, V_d]` to the target's width `[k, V]`; with
-        ``target_ids`` `[V_d]` (a reduced draft vocabulary: the target id of every draft id), place
-        each draft logit at its target id and -inf everywhere else."""
-        width = self.ctx.vocab_size
-        logits = logits.float()
-        if target_ids is not None:
-            full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
-            full[..., target_ids] = logits
-            return full
-        if logits.shape[-1] == width:
-            return logits
-        if logits.shape[-1] > width:
-            return logits[..., :width]
-        pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
-        return torch.cat([logits, pad], dim=-1)
+        """:func:`to_target_vocab` at this call's vocabulary width."""
+        return to_target_vocab(logits, self.ctx.vocab_size, target_ids)
+
+
+def to_target_vocab(logits: torch.Tensor, width: int, target_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Pad (with -inf) or cut a drafter's logits `[k, V_d]` (float32) to the target's width `[k, V]`; with
+    ``target_ids`` `[V_d]` (a reduced draft vocabulary: the target id of every draft id), place each
+    draft logit at its target id and -inf everywhere else."""
+    logits = logits.float()
+    if target_ids is not None:
+        full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
+        full[..., target_ids] = logits
+        return full
+    if logits.shape[-1] == width:
+        return logits
+    if logits.shape[-1] > width:
+        return logits[..., :width]
+    pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
 
 
 class ExternalCandidateGenerator(SpeculativeCandidateGenerator):

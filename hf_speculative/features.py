@@ -68,3 +68,15 @@ class FeatureTap:
             handle.remove()
         self._handles = []
         self._captured = [[] for _ in self._captured]
+
+
+@torch.no_grad()
+def tapped_features(target: torch.nn.Module, layers: list[int], input_ids: torch.Tensor) -> torch.Tensor:
+    """The states :class:`FeatureTap` records for ``layers`` over one no-cache forward of ``target`` on
+    ``input_ids`` `[B, T]`: `[B, T, F]` (a whole sequence's features at once, as analyses need them)."""
+    tap = FeatureTap(target, layers)
+    try:
+        target(input_ids=input_ids, use_cache=False)
+        return tap.take()
+    finally:
+        tap.remove()

@@ -446,3 +446,15 @@ def cheap_verification():
     yield apply
     for target in fixed:
         policy._COSTS.pop(target, None)
+
+
+def load_benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -5,24 +5,17 @@ everything before ``t - 1``, bucketed by the target's probability of its own tok
 from __future__ import annotations
 
 import collections
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from hf_speculative.drafters.eagle.model import DraftKVCache
 from hf_speculative.features import FeatureTap
-from tests.conftest import build_model, fit_eagle, random_eagle
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "drafter_acceptance.py"
+from tests.conftest import build_model, fit_eagle, load_benchmark, random_eagle
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("drafter_acceptance", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("drafter_acceptance")
 
 
 def _expected(target, net, sequence, prompt_length, sure, buckets) -> collections.Counter:

@@ -3,17 +3,13 @@ same examples, and the figures it reports are the ones it measured."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "feature_cache_speed.py"
+from tests.conftest import load_benchmark
 
 
 def test_feature_cache_speed_script(tmp_path, chat_checkpoint, capsys):
-    spec = importlib.util.spec_from_file_location("feature_cache_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("feature_cache_speed")
     data = tmp_path / "answers.jsonl"
     rows = [{"id": f"q{i}", "prompt_tokens": [1, 4] + [6 + (i + j) % 20 for j in range(3 + i % 7)] + [5],
              "response_tokens": [6 + (i * j) % 20 for j in range(4 + i % 5)] + [2]} for i in range(10)]

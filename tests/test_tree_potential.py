@@ -3,24 +3,16 @@ the target's true path, and the trees and τ must follow from them as a tree ver
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from hf_speculative.drafters.eagle.model import DraftKVCache
 from hf_speculative.features import FeatureTap
-from tests.conftest import build_model, fit_eagle, random_eagle
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tree_potential.py"
+from tests.conftest import build_model, fit_eagle, load_benchmark, random_eagle
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("tree_potential", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("tree_potential")
 
 
 def _rank(net, target, hidden, token: int) -> int:
