@@ -222,3 +222,30 @@ def user_cache(kwargs: dict) -> Any:
     """The cache a caller passed to ``generate()``, under either name (``cache=`` from 5.24 on, where
     ``past_key_values=`` still works with a deprecation warning)."""
     return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+# -- tree verification ----------------------------------------------------------------------------
+def _cache_tensors(cache: Any) -> list[tuple[Any, str, int]]:
+    """(holder, attribute, index) of every key and value tensor of a dynamic cache, on every version."""
+    if hasattr(cache, "layers"):  # >= 4.56: layer objects with .keys / .values
+        return [(layer, name, -1) for layer in cache.layers for name in ("keys", "values")
+                if isinstance(getattr(layer, name, None), torch.Tensor) and getattr(layer, name).numel()]
+    return [(getattr(cache, name), name, i) for name in ("key_cache", "value_cache")
+            for i, t in enumerate(getattr(cache, name, [])) if t.numel()]
+
+
+def keep_tree_path(cache: Any, start: int, path: Any, written: int) -> None:
+    """Keep only an accepted path of the nodes a tree verification wrote into ``cache``.
+
+    The forward wrote ``written`` node positions after ``start`` (node ``i`` at ``start + i``); afterwards
+    the cache holds positions ``[0, start)`` and then the nodes of ``path`` in order, nothing more. The
+    path's keys and values move down along the sequence axis (``[B, H, T, D]``, axis -2) and the rest is
+    cropped, so the prefix is never copied. A path ``0, 1, ..., m-1`` (a chain kept) is a plain crop.
+    """
+    path = [int(i) for i in path]
+    if path != list(range(len(path))):
+        for holder, name, index in _cache_tensors(cache):
+            tensor = getattr(holder, name) if index < 0 else holder[index]
+            source = torch.tensor(path, device=tensor.device) + start
+            tensor[..., start: start + len(path), :] = tensor.index_select(-2, source)
+    crop_cache(cache, written - len(path))

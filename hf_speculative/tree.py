@@ -1,0 +1,169 @@
+"""Draft trees, what verification decides about them, and the mask and positions that verify them.
+
+A drafter proposes a :class:`DraftTree`: ``n`` tokens, each with the index of its parent (``-1``: a child
+of the *root*, the last verified token, whose KV is not in the cache yet). Nodes are in topological
+order (a parent comes before its children), so a chain of ``k`` tokens is the tree with parents
+``[-1, 0, 1, ..., k-2]``.
+
+The target verifies the root and every node in one forward of ``1 + n`` tokens::
+
+      prefix (in the cache)     root   a    b    c    d          tree:   root ─ a ─ b
+                                                                                └─ c ─ d
+    row root :  x x x x x        x                                (a, c children of the root;
+    row a    :  x x x x x        x     x                           b of a; d of c)
+    row b    :  x x x x x        x     x    x
+    row c    :  x x x x x        x               x
+    row d    :  x x x x x        x               x    x
+
+Each node sees the prefix, the root, its ancestors and itself; its position id is the prefix length
+plus one plus its depth, so siblings share a position exactly as they would in a chain. After the
+verdict the cache keeps the prefix, the root and the accepted path only (:func:`kept_positions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+ROOT = -1  # the parent index of the root's children
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftTree:
+    """Draft tokens with their parents; a chain is the tree with one branch.
+
+    Attributes:
+        tokens: ``[n]`` int64, the drafted token of each node.
+        parents: ``[n]`` int64, each node's parent index (``-1`` for children of the root), every parent
+            before its children.
+        probs: ``[n, V]`` float or ``None``: under sampling, the distribution each node's token was drawn
+            from (the rows of siblings drawn from one parent are the same distribution, updated by the
+            drafter as siblings are drawn without replacement). ``None`` for greedy drafts.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        tokens, parents = self.tokens, self.parents
+        if tokens.dim() != 1 or parents.shape != tokens.shape:
+            raise ValueError(f"DraftTree: tokens and parents must be 1-D of one length, got {tuple(tokens.shape)} "
+                             f"and {tuple(parents.shape)}.")
+        if tokens.dtype != torch.long or parents.dtype != torch.long:
+            raise ValueError("DraftTree: tokens and parents must be int64 (torch.long) tensors.")
+        index = torch.arange(tokens.numel(), device=parents.device)
+        if bool(((parents < ROOT) | (parents >= index)).any()):
+            raise ValueError("DraftTree: every parent must come before its child (-1 for the root's children); "
+                             f"got parents {parents.tolist()}.")
+        if self.probs is not None and (self.probs.dim() != 2 or self.probs.shape[0] != tokens.numel()):
+            raise ValueError(f"DraftTree: probs must be [n, vocab] with n = {tokens.numel()}, got "
+                             f"{tuple(self.probs.shape)}.")
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None = None) -> DraftTree:
+        """The tree of one branch: ``tokens[i]`` follows ``tokens[i - 1]``."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
+        return cls(tokens, torch.arange(-1, tokens.numel() - 1, device=tokens.device), probs)
+
+    @classmethod
+    def empty(cls, device: torch.device | str | None = None) -> DraftTree:
+        """No draft: the step is a plain decoding step."""
+        none = torch.empty(0, dtype=torch.long, device=device)
+        return cls(none, none.clone())
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+    def is_chain(self) -> bool:
+        return bool(torch.equal(self.parents, torch.arange(-1, self.size - 1, device=self.parents.device)))
+
+    def depths(self) -> torch.Tensor:
+        """``[n]`` the depth of each node (0 for the root's children)."""
+        depth = [0] * self.size
+        for i, p in enumerate(self.parents.tolist()):
+            depth[i] = 0 if p == ROOT else depth[p] + 1
+        return torch.tensor(depth, dtype=torch.long, device=self.tokens.device)
+
+    def ancestors(self) -> torch.Tensor:
+        """``[n, n]`` bool: ``[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors."""
+        n = self.size
+        seen = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        for i, p in enumerate(self.parents.tolist()):
+            if p != ROOT:
+                seen[i] |= seen[p]
+        return seen
+
+    def children(self, node: int) -> list[int]:
+        """The nodes whose parent is ``node`` (``-1``: the root's children), in drafting order."""
+        return [i for i, p in enumerate(self.parents.tolist()) if p == node]
+
+    def path_tokens(self, path: Sequence[int]) -> list[int]:
+        return [int(self.tokens[i]) for i in path]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What one verification decided.
+
+    Attributes:
+        path: the accepted nodes' indices, root to leaf (empty when the first draft token was rejected).
+        next_token: the target's own token after the accepted path (greedy: its argmax there; sampling: the
+            residual or bonus sample).
+    """
+
+    path: tuple[int, ...]
+    next_token: int
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
+
+
+def position_ids(tree: DraftTree, prefix_length: int) -> torch.Tensor:
+    """``[1, 1 + n]`` position ids of the root and the nodes: the root at ``prefix_length``, a node at
+    ``prefix_length + 1 + depth``."""
+    root = torch.zeros(1, dtype=torch.long, device=tree.tokens.device)
+    return (prefix_length + torch.cat([root, tree.depths() + 1])).unsqueeze(0)
+
+
+def visibility(tree: DraftTree, prefix_length: int, window: int | None = None) -> torch.Tensor:
+    """``[1 + n, prefix_length + 1 + n]`` bool: which keys each of the root and the nodes attends to.
+
+    Every query sees the prefix and the root; a node also sees its ancestors and itself. With a sliding
+    ``window`` (Gemma3's and Mistral's local layers), a query at position ``q`` sees only keys at positions
+    ``k > q - window``, by the same rule transformers' own sliding masks apply.
+    """
+    n, device = tree.size, tree.tokens.device
+    seen = torch.zeros(1 + n, prefix_length + 1 + n, dtype=torch.bool, device=device)
+    seen[:, : prefix_length + 1] = True
+    seen[1:, prefix_length + 1:] = tree.ancestors()
+    if window is not None:
+        query = position_ids(tree, prefix_length)[0]  # [1 + n]
+        key = torch.cat([torch.arange(prefix_length, device=device), query])  # [P + 1 + n]
+        seen &= key.unsqueeze(0) > query.unsqueeze(1) - window
+    return seen
+
+
+def additive_mask(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, Q, K]`` float mask: 0 where ``seen``, the dtype's minimum elsewhere. Eager attention adds
+    it to the scores and SDPA accepts it as is; the minimum, not -inf, keeps no row all -inf."""
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+    mask.masked_fill_(~seen, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def kept_positions(tree: DraftTree, prefix_length: int, path: Sequence[int]) -> torch.Tensor:
+    """``[prefix_length + 1 + len(path)]`` the cache positions to keep after a verdict: the prefix, the
+    root and the accepted path (a node ``i`` sits at ``prefix_length + 1 + i`` after the forward)."""
+    device = tree.tokens.device
+    path = torch.as_tensor(list(path), dtype=torch.long, device=device)
+    return torch.cat([torch.arange(prefix_length + 1, device=device), prefix_length + 1 + path])
+
+
+def as_tree(draft: Any) -> DraftTree:
+    """A ``DraftTree`` as is, or a chain from a 1-D sequence of token ids."""
+    return draft if isinstance(draft, DraftTree) else DraftTree.chain(draft)

@@ -1,0 +1,88 @@
+"""One target forward over a draft tree, through the stock transformers model.
+
+The model gets the root and the tree's nodes as one sequence, a 4-D attention mask built from the
+tree (:func:`hf_speculative.tree.visibility`) and depth-based position ids. transformers passes a 4-D
+mask through unchanged (``masking_utils``: "already prepared, or custom"), so nothing of the model is
+copied or patched. Models whose layers differ in attention (Gemma3's sliding-window and global layers)
+take one mask per layer type, as a dict keyed by ``config.layer_types``' names.
+
+Afterwards :func:`keep_path` leaves the target's cache holding the prefix, the root and the accepted
+path only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from . import compat
+from .tree import DraftTree, additive_mask, position_ids, visibility
+
+# Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
+# Flash attention reads only a 2-D padding mask and would silently let siblings see each other.
+TREE_ATTENTION = ("eager", "sdpa")
+
+
+class TreeAttentionError(ValueError):
+    """The model cannot verify a draft tree in one forward."""
+
+
+def check_tree_attention(model: torch.nn.Module) -> None:
+    """Raise :class:`TreeAttentionError` naming the model's type when it cannot take a tree mask."""
+    config = compat.text_config(model.config)
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    if implementation not in TREE_ATTENTION:
+        raise TreeAttentionError(
+            f"{type(model).__name__} uses attn_implementation={implementation!r}, which cannot take a tree "
+            f"attention mask; load it with attn_implementation='sdpa' or 'eager' to verify draft trees "
+            f"(chains, tree=None, work with any attention).")
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    unknown = kinds - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise TreeAttentionError(
+            f"{type(model).__name__} has layers of type {sorted(unknown)}, which a tree attention mask cannot "
+            f"describe; use chains (tree=None) with this model.")
+
+
+def _window(config: Any, kind: str) -> int | None:
+    """The sliding window a layer of ``kind`` applies, or ``None`` for global attention."""
+    window = getattr(config, "sliding_window", None)
+    if kind == "full_attention" or not window:
+        return None
+    return int(window)
+
+
+def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtype: torch.dtype) -> Any:
+    """The ``attention_mask=`` argument for verifying ``tree`` after ``prefix_length`` cached tokens:
+    one ``[1, 1, 1 + n, prefix_length + 1 + n]`` float mask, or a dict of them by layer type."""
+    config = compat.text_config(model.config)
+    kinds = getattr(config, "layer_types", None)
+    if kinds and len(set(kinds)) > 1:
+        return {kind: additive_mask(visibility(tree, prefix_length, _window(config, kind)), dtype)
+                for kind in sorted(set(kinds))}
+    # One kind of layer: Mistral-style models apply `sliding_window` to every layer when it is set
+    # (and Qwen2 only with `use_sliding_window`, which its layer_types already say).
+    kind = kinds[0] if kinds else ("sliding_attention" if getattr(config, "use_sliding_window", True)
+                                   else "full_attention")
+    return additive_mask(visibility(tree, prefix_length, _window(config, kind)), dtype)
+
+
+def forward_tree(model: torch.nn.Module, cache: Any, root: int, tree: DraftTree) -> torch.Tensor:
+    """Run the target once over ``root`` and every node of ``tree``; returns ``[1 + n, V]`` logits (row 0:
+    the root's, row ``1 + i``: node ``i``'s). ``cache`` holds the prefix and grows by ``1 + n`` positions.
+    """
+    prefix_length = compat.cache_length(cache)
+    device = model.get_input_embeddings().weight.device
+    ids = torch.cat([torch.tensor([root], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, 1 + n]
+    tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
+    dtype = model.get_input_embeddings().weight.dtype
+    out = model(input_ids=ids, position_ids=position_ids(tree, prefix_length),
+                attention_mask=tree_masks(model, tree, prefix_length, dtype),
+                use_cache=True, **{compat.CACHE_KWARG: cache})
+    return out.logits[0]  # [1 + n, V]
+
+
+def keep_path(cache: Any, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
+    """After :func:`forward_tree` at ``prefix_length``: keep the prefix, the root and ``path``'s nodes."""
+    compat.keep_tree_path(cache, prefix_length + 1, path, tree.size)

@@ -1,0 +1,149 @@
+"""Draft trees: their structure, the tree attention mask through stock models, the KV gather after a verdict.
+
+Every node's logits from one tree forward must equal the logits of a plain causal forward over the prefix,
+the root and the node's own branch; after keeping a path, the cache must equal one computed from scratch on
+the prefix, the root and the path's tokens (fp32, 1e-5).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import ARCHS, build_model
+
+from hf_speculative import compat
+from hf_speculative.tree import DraftTree, Verdict, kept_positions, position_ids, visibility
+from hf_speculative.verify import TreeAttentionError, check_tree_attention, forward_tree, keep_path
+
+# A tree of width 3 and depth 4: root -> 0, 1, 2; 0 -> 3, 4; 1 -> 5; 3 -> 6; 5 -> 7; 6 -> 8
+PARENTS = [-1, -1, -1, 0, 0, 1, 3, 5, 6]
+PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 12]  # longer than Gemma3's window of 8
+
+
+def mistral(window: int = 8):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                           max_position_embeddings=256, tie_word_embeddings=False)
+    return MistralForCausalLM(config).eval()
+
+
+MODELS = {arch: (lambda arch=arch: build_model(arch)) for arch in ARCHS} | {"mistral": mistral}
+
+
+def branch(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to ``node``."""
+    path = []
+    while node != -1:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def reference(model, ids: list[int]):
+    """Logits ``[T, V]`` and the full-attention cache of one plain causal forward over ``ids``."""
+    cache = compat.new_dynamic_cache()
+    out = model(input_ids=torch.tensor([ids]), use_cache=True, **{compat.CACHE_KWARG: cache})
+    return out.logits[0], cache
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    return [getattr(holder, name) if index < 0 else holder[index] for holder, name, index in
+            compat._cache_tensors(cache)]
+
+
+def test_chain_is_a_tree_with_one_branch():
+    chain = DraftTree.chain([4, 5, 6])
+    assert chain.parents.tolist() == [-1, 0, 1] and chain.is_chain()
+    assert chain.depths().tolist() == [0, 1, 2]
+    assert position_ids(chain, 10).tolist() == [[10, 11, 12, 13]]
+    tree = DraftTree(torch.arange(9), torch.tensor(PARENTS))
+    assert not tree.is_chain()
+    assert tree.depths().tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 3]
+    assert tree.children(-1) == [0, 1, 2] and tree.children(0) == [3, 4]
+    assert tree.ancestors()[8].nonzero().flatten().tolist() == [0, 3, 6, 8]
+    assert DraftTree.empty().size == 0
+
+
+def test_visibility_is_prefix_root_and_ancestors():
+    tree = DraftTree(torch.arange(9), torch.tensor(PARENTS))
+    seen = visibility(tree, prefix_length=4)
+    assert seen.shape == (10, 14)
+    assert seen[:, :5].all()  # prefix and root for everyone
+    assert seen[1 + 8, 5:].nonzero().flatten().tolist() == [0, 3, 6, 8]  # node 8: its branch
+    assert seen[0, 5:].sum() == 0  # the root sees no node
+    windowed = visibility(tree, prefix_length=4, window=3)  # node 8 at position 4 + 1 + 3 = 8 sees > 5
+    assert windowed[1 + 8].nonzero().flatten().tolist() == [4 + 1 + 3, 4 + 1 + 6, 4 + 1 + 8]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1, 1])), "before its child"),
+    (dict(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1, -2])), "before its child"),
+    (dict(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1])), "one length"),
+    (dict(tokens=torch.tensor([1.0]), parents=torch.tensor([-1])), "int64"),
+    (dict(tokens=torch.tensor([1]), parents=torch.tensor([-1]), probs=torch.ones(2, 5)), "probs must be"),
+])
+def test_bad_trees_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        DraftTree(**bad)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tree_forward_equals_each_branch_alone(name):
+    model = MODELS[name]()
+    torch.manual_seed(1)
+    tokens = torch.randint(4, 96, (len(PARENTS),))
+    tree = DraftTree(tokens, torch.tensor(PARENTS))
+    cache = compat.new_dynamic_cache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.CACHE_KWARG: cache})
+        logits = forward_tree(model, cache, PROMPT[-1], tree)  # [1 + n, V]
+        assert compat.cache_length(cache) == len(PROMPT) + tree.size
+        root_logits, _ = reference(model, PROMPT)
+        torch.testing.assert_close(logits[0], root_logits[-1], atol=1e-5, rtol=1e-5)
+        for node in range(tree.size):
+            ids = PROMPT + tree.path_tokens(branch(PARENTS, node))
+            expected, _ = reference(model, ids)
+            torch.testing.assert_close(logits[1 + node], expected[-1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("path", [[], [0], [0, 3, 6, 8], [1, 5, 7], [2]])
+def test_kept_cache_equals_one_built_from_scratch(name, path):
+    model = MODELS[name]()
+    torch.manual_seed(2)
+    tree = DraftTree(torch.randint(4, 96, (len(PARENTS),)), torch.tensor(PARENTS))
+    cache = compat.new_dynamic_cache()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.CACHE_KWARG: cache})
+        forward_tree(model, cache, PROMPT[-1], tree)
+        keep_path(cache, len(PROMPT) - 1, tree, path)
+        _, expected = reference(model, PROMPT + tree.path_tokens(path))
+        # and the next step runs on the gathered cache exactly like on the fresh one
+        following = forward_tree(model, cache, 7, DraftTree.chain([8, 9]))
+        fresh = forward_tree(model, expected, 7, DraftTree.chain([8, 9]))
+    assert compat.cache_length(cache) == len(PROMPT) + len(path) + 3
+    for got, want in zip(cache_tensors(cache), cache_tensors(expected), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(following, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_kept_positions_are_prefix_root_and_path():
+    tree = DraftTree(torch.arange(9), torch.tensor(PARENTS))
+    assert kept_positions(tree, 3, [1, 5]).tolist() == [0, 1, 2, 3, 4 + 1, 4 + 5]
+    assert Verdict(path=(1, 5), next_token=7).num_accepted == 2
+
+
+def test_attention_that_cannot_take_a_tree_mask_is_named():
+    model = build_model("llama")
+    config = copy.copy(model.config)
+    config._attn_implementation = "flash_attention_2"
+    holder = torch.nn.Module()
+    holder.config = config
+    with pytest.raises(TreeAttentionError, match="attn_implementation='flash_attention_2'.*sdpa"):
+        check_tree_attention(holder)
+    check_tree_attention(model)  # sdpa / eager pass
