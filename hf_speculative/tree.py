@@ -123,27 +123,33 @@ class Verdict:
         return len(self.path)
 
 
-def position_ids(tree: DraftTree, prefix_length: int) -> torch.Tensor:
-    """``[1, 1 + n]`` position ids of the root and the nodes: the root at ``prefix_length``, a node at
-    ``prefix_length + 1 + depth``."""
-    root = torch.zeros(1, dtype=torch.long, device=tree.tokens.device)
-    return (prefix_length + torch.cat([root, tree.depths() + 1])).unsqueeze(0)
+def position_ids(tree: DraftTree, prefix_length: int, fresh: int = 0) -> torch.Tensor:
+    """``[1, fresh + 1 + n]`` position ids: ``fresh`` uncached prefix tokens at their own positions (the
+    prompt, in the first forward), the root at ``prefix_length``, a node at ``prefix_length + 1 + depth``."""
+    device = tree.tokens.device
+    before = torch.arange(prefix_length - fresh, prefix_length + 1, device=device)  # [fresh + 1]
+    return torch.cat([before, prefix_length + 1 + tree.depths()]).unsqueeze(0)
 
 
-def visibility(tree: DraftTree, prefix_length: int, window: int | None = None) -> torch.Tensor:
-    """``[1 + n, prefix_length + 1 + n]`` bool: which keys each of the root and the nodes attends to.
+def visibility(tree: DraftTree, prefix_length: int, window: int | None = None, fresh: int = 0) -> torch.Tensor:
+    """``[fresh + 1 + n, prefix_length + 1 + n]`` bool: which keys each query attends to.
 
-    Every query sees the prefix and the root; a node also sees its ancestors and itself. With a sliding
-    ``window`` (Gemma3's and Mistral's local layers), a query at position ``q`` sees only keys at positions
-    ``k > q - window``, by the same rule transformers' own sliding masks apply.
+    ``prefix_length`` tokens come before the root; the last ``fresh`` of them are not in the cache yet
+    and are queries too (causal among themselves: the prompt, when the first forward also prefills).
+    Every query sees the prefix up to itself; the root sees the prefix and itself; a node also sees its
+    ancestors and itself. With a sliding ``window`` (Gemma3's and Mistral's local layers), a query at
+    position ``q`` sees only keys at positions ``k > q - window``, the rule of transformers' own masks.
     """
     n, device = tree.size, tree.tokens.device
-    seen = torch.zeros(1 + n, prefix_length + 1 + n, dtype=torch.bool, device=device)
-    seen[:, : prefix_length + 1] = True
-    seen[1:, prefix_length + 1:] = tree.ancestors()
+    keys = prefix_length + 1 + n
+    seen = torch.zeros(fresh + 1 + n, keys, dtype=torch.bool, device=device)
+    before = torch.arange(prefix_length - fresh, prefix_length + 1, device=device)  # [fresh + 1] positions
+    seen[: fresh + 1, : prefix_length + 1] = torch.arange(prefix_length + 1, device=device) <= before[:, None]
+    seen[fresh + 1:, : prefix_length + 1] = True
+    seen[fresh + 1:, prefix_length + 1:] = tree.ancestors()
     if window is not None:
-        query = position_ids(tree, prefix_length)[0]  # [1 + n]
-        key = torch.cat([torch.arange(prefix_length, device=device), query])  # [P + 1 + n]
+        query = position_ids(tree, prefix_length, fresh)[0]  # [fresh + 1 + n]
+        key = torch.cat([torch.arange(prefix_length + 1, device=device), query[fresh + 1:]])  # [keys]
         seen &= key.unsqueeze(0) > query.unsqueeze(1) - window
     return seen
 

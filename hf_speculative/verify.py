@@ -53,34 +53,43 @@ def _window(config: Any, kind: str) -> int | None:
     return int(window)
 
 
-def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtype: torch.dtype) -> Any:
-    """The ``attention_mask=`` argument for verifying ``tree`` after ``prefix_length`` cached tokens:
-    one ``[1, 1, 1 + n, prefix_length + 1 + n]`` float mask, or a dict of them by layer type."""
+def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtype: torch.dtype,
+               fresh: int = 0) -> Any:
+    """The ``attention_mask=`` argument for verifying ``tree`` after ``prefix_length`` tokens, the last
+    ``fresh`` of them not cached yet: one ``[1, 1, fresh + 1 + n, prefix_length + 1 + n]`` float mask, or
+    a dict of them by layer type."""
     config = compat.text_config(model.config)
     kinds = getattr(config, "layer_types", None)
+
+    def mask(kind: str) -> torch.Tensor:
+        return additive_mask(visibility(tree, prefix_length, _window(config, kind), fresh), dtype)
+
     if kinds and len(set(kinds)) > 1:
-        return {kind: additive_mask(visibility(tree, prefix_length, _window(config, kind)), dtype)
-                for kind in sorted(set(kinds))}
+        return {kind: mask(kind) for kind in sorted(set(kinds))}
     # One kind of layer: Mistral-style models apply `sliding_window` to every layer when it is set
     # (and Qwen2 only with `use_sliding_window`, which its layer_types already say).
-    kind = kinds[0] if kinds else ("sliding_attention" if getattr(config, "use_sliding_window", True)
-                                   else "full_attention")
-    return additive_mask(visibility(tree, prefix_length, _window(config, kind)), dtype)
+    return mask(kinds[0] if kinds else ("sliding_attention" if getattr(config, "use_sliding_window", True)
+                                        else "full_attention"))
 
 
-def forward_tree(model: torch.nn.Module, cache: Any, root: int, tree: DraftTree) -> torch.Tensor:
-    """Run the target once over ``root`` and every node of ``tree``; returns ``[1 + n, V]`` logits (row 0:
-    the root's, row ``1 + i``: node ``i``'s). ``cache`` holds the prefix and grows by ``1 + n`` positions.
+def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | int, tree: DraftTree) -> torch.Tensor:
+    """Run the target once over the tokens ``uncached`` (``[m]``, ``m >= 1``: the tokens after the cache's
+    end; the last one is the tree's root) and every node of ``tree``.
+
+    Returns ``[1 + n, V]`` logits: row 0 the root's, row ``1 + i`` node ``i``'s (the lm_head runs on those
+    rows only). ``cache`` grows by ``m + n`` positions.
     """
-    prefix_length = compat.cache_length(cache)
     device = model.get_input_embeddings().weight.device
-    ids = torch.cat([torch.tensor([root], device=device), tree.tokens.to(device)]).unsqueeze(0)  # [1, 1 + n]
+    uncached = torch.as_tensor(uncached, dtype=torch.long, device=device).reshape(-1)  # [m]
+    fresh = uncached.numel() - 1
+    prefix_length = compat.cache_length(cache) + fresh  # tokens before the root
     tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
+    ids = torch.cat([uncached, tree.tokens]).unsqueeze(0)  # [1, m + n]
     dtype = model.get_input_embeddings().weight.dtype
-    out = model(input_ids=ids, position_ids=position_ids(tree, prefix_length),
-                attention_mask=tree_masks(model, tree, prefix_length, dtype),
-                use_cache=True, **{compat.CACHE_KWARG: cache})
-    return out.logits[0]  # [1 + n, V]
+    out = model(input_ids=ids, position_ids=position_ids(tree, prefix_length, fresh),
+                attention_mask=tree_masks(model, tree, prefix_length, dtype, fresh),
+                use_cache=True, **{compat.CACHE_KWARG: cache}, **compat.logits_to_keep_kwargs(model, 1 + tree.size))
+    return out.logits[0, -(1 + tree.size):]  # [1 + n, V]
 
 
 def keep_path(cache: Any, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:

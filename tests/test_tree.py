@@ -147,3 +147,25 @@ def test_attention_that_cannot_take_a_tree_mask_is_named():
     with pytest.raises(TreeAttentionError, match="attn_implementation='flash_attention_2'.*sdpa"):
         check_tree_attention(holder)
     check_tree_attention(model)  # sdpa / eager pass
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_first_forward_prefills_the_prompt_with_the_tree(name):
+    """The prompt's tokens (uncached) and the tree in one forward give the same logits and cache as a
+    prefill followed by the tree."""
+    model = MODELS[name]()
+    torch.manual_seed(3)
+    tree = DraftTree(torch.randint(4, 96, (len(PARENTS),)), torch.tensor(PARENTS))
+    with torch.no_grad():
+        split = compat.new_dynamic_cache()
+        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.CACHE_KWARG: split})
+        expected = forward_tree(model, split, PROMPT[-1], tree)
+        joint = compat.new_dynamic_cache()
+        model(input_ids=torch.tensor([PROMPT[:3]]), use_cache=True, **{compat.CACHE_KWARG: joint})
+        got = forward_tree(model, joint, torch.tensor(PROMPT[3:]), tree)
+        empty = compat.new_dynamic_cache()
+        whole = forward_tree(model, empty, torch.tensor(PROMPT), tree)  # nothing cached before
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(whole, expected, atol=1e-5, rtol=1e-5)
+    for a, b in zip(cache_tensors(joint), cache_tensors(split), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
