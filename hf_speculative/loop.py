@@ -65,6 +65,57 @@ def accept_greedy(tree: DraftTree, scores: torch.Tensor) -> Verdict:
     return Verdict(tuple(path), best[node + 1])
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def accept_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
+    """Lossless verification of a tree under sampling: recursive rejection sampling over siblings.
+
+    ``probs`` is ``[1 + n, V]``, the target's distribution at the root (row 0) and after each node.
+    At a node with target distribution ``p`` and children ``x_1..x_k``, child ``j`` drawn from ``q_j``
+    (``tree.probs[child]``; a point mass on ``x_j`` for a deterministic draft such as a top-k branch)::
+
+        for j = 1..k:
+            accept x_j with probability min(1, p(x_j) / q_j(x_j))  -> go down into child j
+            else p <- max(0, p - q_j) / sum(max(0, p - q_j))        # the residual
+        no child accepted (or none exist): the token is drawn from p
+
+    Each round is one rejection-sampling step whose output, accepted draft or residual sample, is
+    distributed exactly as the ``p`` it started from, so by induction over the siblings and down the
+    depths every emitted token follows the target's distribution given the text before it (SpecInfer,
+    Miao et al. 2023; EAGLE's tree sampling). With point masses, rejecting ``x_j`` just removes it from
+    ``p``. Siblings drawn without replacement must carry the distribution they were drawn from given the
+    earlier siblings, which is what ``q_j`` means here.
+    """
+    path, node = [], ROOT
+    while True:
+        p = probs[node + 1].double()
+        for child in tree.children(node):
+            token = int(tree.tokens[child])
+            q = _draft_distribution(tree, child, p.shape[-1])
+            ratio = 0.0 if q[token] <= 0 else min(1.0, float(p[token] / q[token]))
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) < ratio:
+                break
+            residual = (p - q).clamp_min(0)
+            if float(residual.sum()) <= 0:  # p == q: the draft was certain to pass; keep p unchanged
+                residual = p
+            p = residual / residual.sum()
+        else:
+            return Verdict(tuple(path), _draw(p, generator))
+        path.append(child)
+        node = child
+
+
+def _draft_distribution(tree: DraftTree, node: int, vocab: int) -> torch.Tensor:
+    """``[V]`` the distribution node ``node`` was drawn from: its row of ``tree.probs``, or a point mass."""
+    if tree.probs is not None:
+        return tree.probs[node, :vocab].double()
+    q = torch.zeros(vocab, dtype=torch.float64, device=tree.tokens.device)
+    q[int(tree.tokens[node])] = 1.0
+    return q
+
+
 def branch_ids(sequence: torch.LongTensor, tree: DraftTree, node: int) -> torch.LongTensor:
     """``[1, L + depth + 1]`` the sequence followed by the branch down to ``node`` (``-1``: the sequence)."""
     tokens = []
@@ -96,8 +147,10 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
 
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDrafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
-        stats: SpeculativeStats | None = None, max_depth: int | None = None) -> LoopResult:
-    """Greedy speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees.
+        stats: SpeculativeStats | None = None, max_depth: int | None = None, do_sample: bool = False,
+        generator: torch.Generator | None = None) -> LoopResult:
+    """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or
+    with ``do_sample`` an exact sample of the target's (processed) distribution.
 
     ``stopping_criteria`` decides the end (transformers' list: max length, EOS, stop strings, custom ones);
     it is checked after every token, so a stop inside an accepted path ends the text exactly there.
@@ -119,7 +172,10 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         with torch.no_grad():
             logits = forward_tree(target, cache, pending, tree)  # [1 + n, V]
         scores = processed_scores(logits, sequence, tree, logits_processor)
-        verdict = accept_greedy(tree, scores)
+        if do_sample:
+            verdict = accept_sampling(tree, torch.softmax(scores, dim=-1), generator)
+        else:
+            verdict = accept_greedy(tree, scores)
         keep_path(cache, sequence.shape[1] - 1, tree, verdict.path)
         stats.record_verify(verdict.num_accepted, time.perf_counter() - tick)
         new = tree.path_tokens(verdict.path) + [verdict.next_token]
