@@ -249,3 +249,9 @@ def keep_tree_path(cache: Any, start: int, path: Any, written: int) -> None:
             source = torch.tensor(path, device=tensor.device) + start
             tensor[..., start: start + len(path), :] = tensor.index_select(-2, source)
     crop_cache(cache, written - len(path))
+
+
+def dtype_kwargs(dtype: Any) -> dict[str, Any]:
+    """``{"dtype": d}`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 (5.x drops
+    ``torch_dtype``), ``{"torch_dtype": d}`` before."""
+    return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56.0") else "torch_dtype": dtype}

@@ -69,10 +69,11 @@ def greedy(model, prompt, max_new_tokens, eos="model", **kwargs) -> list[int]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("wrong", [False, True])
-def test_identical_to_greedy_with_trees_always_or_never_accepted(arch, wrong):
+@pytest.mark.parametrize("width", [1, 3])  # 1: chains, verified on the model's own causal path
+def test_identical_to_greedy_with_trees_always_or_never_accepted(arch, wrong, width):
     model = build_model(arch)
     expected = greedy(model, PROMPT, 30, eos=None)
-    drafter = OracleTree(expected, wrong=wrong, seed=len(arch))
+    drafter = OracleTree(expected, wrong=wrong, seed=len(arch), width=width)
     result = run(model, torch.tensor([PROMPT]), drafter, stopping_criteria=criteria(len(PROMPT) + 30))
     assert result.sequences[0].tolist() == expected
     accepted = [v.num_accepted for v in drafter.verdicts]

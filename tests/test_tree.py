@@ -169,3 +169,24 @@ def test_first_forward_prefills_the_prompt_with_the_tree(name):
     torch.testing.assert_close(whole, expected, atol=1e-5, rtol=1e-5)
     for a, b in zip(cache_tensors(joint), cache_tensors(split), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_chains_take_the_models_own_causal_path(name):
+    """A chain is verified without a custom mask; its logits equal the tree path's (same chain as a tree of
+    one branch, forced through the mask) and the plain forward's."""
+    model = MODELS[name]()
+    chain = DraftTree.chain(torch.tensor([20, 30, 40, 50]))
+    as_tree = DraftTree(chain.tokens, chain.parents.clone())
+    with torch.no_grad():
+        plain = compat.new_dynamic_cache()
+        got = forward_tree(model, plain, torch.tensor(PROMPT), chain)
+        masked = compat.new_dynamic_cache()
+        from hf_speculative import verify
+        out = model(input_ids=torch.tensor([PROMPT + [20, 30, 40, 50]]),
+                    position_ids=position_ids(as_tree, len(PROMPT) - 1, len(PROMPT) - 1),
+                    attention_mask=verify.tree_masks(model, as_tree, len(PROMPT) - 1, torch.float32, len(PROMPT) - 1),
+                    use_cache=True, **{compat.CACHE_KWARG: masked})
+        expected, _ = reference(model, PROMPT + [20, 30, 40, 50])
+    torch.testing.assert_close(got, expected[-5:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.logits[0, -5:], expected[-5:], atol=1e-5, rtol=1e-5)

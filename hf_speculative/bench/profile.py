@@ -1,0 +1,197 @@
+"""What verification costs on this model and device: ``hf-speculative profile``.
+
+Speculative decoding pays when verifying ``n`` draft tokens in one forward costs little more than one
+token. Whether it does depends on the model, the device, the dtype and the context, so it is measured,
+not assumed: for each context length, one forward over the root plus ``n`` draft tokens, as a chain and as
+a tree (the same tokens with a tree attention mask), timed against the forward of the root alone.
+
+Real architectures can be timed without downloading weights: ``--config llama-3.1-8b --random-weights``
+builds the model from a config the package carries, with random weights (timings do not depend on the
+weights' values). The result is a JSON file the cost model can load instead of measuring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import compat
+from ..tree import DraftTree
+from ..verify import forward_tree
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+FORMAT = "hf-speculative-profile/1"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the real architectures ``--config`` accepts."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+
+
+def random_model(name: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The architecture of a shipped config (``shipped_configs()``) with random weights, in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"--config {name!r}: use one of {', '.join(shipped_configs())}.")
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    config = AutoConfig.for_model(**fields)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, **compat.dtype_kwargs(dtype))
+    return model.eval()
+
+
+def tree_of(n: int, shape: str) -> DraftTree:
+    """``n`` draft tokens as a chain, or as a binary tree (two children per node, breadth first)."""
+    tokens = torch.arange(n, dtype=torch.long) % 97 + 3
+    if shape == "chain":
+        return DraftTree.chain(tokens)
+    return DraftTree(tokens, torch.arange(n, dtype=torch.long) // 2 - 1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_verification(model: torch.nn.Module, cache: Any, tree: DraftTree, repeats: int, warmup: int) -> float:
+    """Median seconds of one forward over a root and ``tree`` on top of ``cache`` (left as it was found)."""
+    device = model.get_input_embeddings().weight.device
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        start = time.perf_counter()
+        forward_tree(model, cache, 5, tree)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        compat.crop_cache(cache, tree.size + 1)
+    return statistics.median(times)
+
+
+@dataclasses.dataclass
+class ProfileSettings:
+    """What to measure. ``sizes``: draft tokens per forward (0 = the plain one-token forward)."""
+
+    contexts: Sequence[int] = (512, 2048)
+    sizes: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64)
+    shapes: Sequence[str] = ("chain", "tree")
+    repeats: int = 10
+    warmup: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.contexts or min(self.contexts) < 1:
+            raise ValueError(f"profile contexts={list(self.contexts)}: give one or more lengths >= 1.")
+        if 0 not in self.sizes or min(self.sizes) < 0 or max(self.sizes) > 256:
+            raise ValueError(f"profile sizes={list(self.sizes)}: need 0 (the one-token forward) and sizes up to 256.")
+        if not set(self.shapes) <= {"chain", "tree"}:
+            raise ValueError(f"profile shapes={list(self.shapes)}: use chain and/or tree.")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"profile repeats={self.repeats}, warmup={self.warmup}: need repeats >= 1, warmup >= 0.")
+
+
+def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, label: str = "",
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time verification on ``model`` for every context, shape and size of ``settings``.
+
+    Returns a JSON-ready dict: ``seconds[context][shape][n]`` (median seconds of one forward verifying
+    ``n`` draft tokens) and ``relative[context][shape][n]`` (that over the one-token forward).
+    """
+    settings = settings or ProfileSettings()
+    device = model.get_input_embeddings().weight.device
+    vocab = int(compat.text_config(model.config).vocab_size)
+    seconds: dict[str, dict[str, dict[str, float]]] = {}
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for context in settings.contexts:
+            cache = compat.new_dynamic_cache()
+            prompt = torch.randint(3, vocab, (1, context - 1), generator=generator).to(device)
+            model(input_ids=prompt, use_cache=True, **{compat.CACHE_KWARG: cache})
+            row = seconds.setdefault(str(context), {})
+            for shape in settings.shapes:
+                for n in settings.sizes:
+                    tree = tree_of(n, shape)
+                    row.setdefault(shape, {})[str(n)] = time_verification(
+                        model, cache, tree, settings.repeats, settings.warmup)
+                    if progress:
+                        progress(f"context {context} {shape} {n}: {row[shape][str(n)] * 1e3:.2f} ms")
+    relative = {c: {s: {n: t / by_shape[s]["0"] for n, t in times.items()} for s, times in by_shape.items()}
+                for c, by_shape in seconds.items()}
+    return {"format": FORMAT, "label": label or type(model).__name__, "device": describe(device),
+            "dtype": str(model.get_input_embeddings().weight.dtype).replace("torch.", ""),
+            "torch": torch.__version__, "transformers": str(compat.TRANSFORMERS_VERSION),
+            "threads": torch.get_num_threads(),
+            "settings": {k: list(v) if isinstance(v, (tuple, list)) else v
+                         for k, v in dataclasses.asdict(settings).items()},
+            "seconds": seconds, "relative": relative}
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def save(result: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A profile written by :func:`save`, checked to be one."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an hf-speculative profile (no format {FORMAT!r}); write one with "
+                         f"`hf-speculative profile --out {path}`.")
+    return data
+
+
+def relative_cost(result: dict[str, Any], n: int, *, context: int | None = None, shape: str = "tree") -> float:
+    """Cost of verifying ``n`` draft tokens in one-token forwards, interpolated between measured sizes, at
+    the measured context nearest to ``context`` (the first one if ``None``)."""
+    contexts = sorted(int(c) for c in result["relative"])
+    at = contexts[0] if context is None else min(contexts, key=lambda c: abs(c - context))
+    by_size = result["relative"][str(at)].get(shape) or result["relative"][str(at)]["chain"]
+    sizes = sorted(int(s) for s in by_size)
+    if n <= sizes[0]:
+        return float(by_size[str(sizes[0])])
+    for lo, hi in zip(sizes, sizes[1:]):
+        if n <= hi:
+            w = (n - lo) / (hi - lo)
+            return float(by_size[str(lo)]) * (1 - w) + float(by_size[str(hi)]) * w
+    last, before = sizes[-1], sizes[-2] if len(sizes) > 1 else sizes[-1]
+    slope = (by_size[str(last)] - by_size[str(before)]) / max(last - before, 1)
+    return float(by_size[str(last)] + slope * (n - last))  # past the largest size: the last slope
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """Relative cost against draft tokens, one line per context and shape (needs matplotlib)."""
+    from ..extras import require
+
+    figure_module = require("matplotlib.figure", "app", "profile's plot")
+    figure = figure_module.Figure(figsize=(6, 4))
+    axes = figure.add_subplot()
+    for context, by_shape in result["relative"].items():
+        for shape, by_size in by_shape.items():
+            sizes = sorted(int(s) for s in by_size)
+            axes.plot(sizes, [by_size[str(s)] for s in sizes], marker="o", label=f"{shape}, context {context}")
+    axes.set_xscale("symlog", base=2)
+    axes.set_xlabel("draft tokens verified in one forward")
+    axes.set_ylabel("cost (one-token forwards)")
+    axes.set_title(f"{result['label']} on {result['device']} ({result['dtype']})", fontsize=9)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    path = Path(path)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    return path

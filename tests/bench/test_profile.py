@@ -1,0 +1,62 @@
+"""``hf_speculative.bench.profile``: verification timings on a model, saved, loaded and interpolated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import build_model
+
+from hf_speculative.bench import profile as P
+
+
+def test_profile_of_a_tiny_model_round_trips(tmp_path):
+    model = build_model("llama")
+    settings = P.ProfileSettings(contexts=(16, 40), sizes=(0, 1, 4), repeats=2, warmup=1)
+    result = P.profile(model, settings, label="tiny")
+    assert set(result["seconds"]) == {"16", "40"}
+    for context in ("16", "40"):
+        for shape in ("chain", "tree"):
+            assert set(result["seconds"][context][shape]) == {"0", "1", "4"}
+            assert all(t > 0 for t in result["seconds"][context][shape].values())
+            assert result["relative"][context][shape]["0"] == 1.0
+    path = P.save(result, tmp_path / "p.json")
+    assert P.load(path) == json.loads(path.read_text()) == result
+    # the cache is left as found: a second profile on the same model measures the same shapes
+    assert P.profile(model, settings)["settings"] == result["settings"]
+
+
+def test_relative_cost_interpolates_and_extrapolates():
+    result = {"relative": {"512": {"tree": {"0": 1.0, "4": 1.2, "8": 2.0}},
+                           "2048": {"tree": {"0": 1.0, "4": 1.5, "8": 3.0}}}}
+    assert P.relative_cost(result, 0) == 1.0
+    assert P.relative_cost(result, 2) == pytest.approx(1.1)
+    assert P.relative_cost(result, 6, context=600) == pytest.approx(1.6)
+    assert P.relative_cost(result, 6, context=1800) == pytest.approx(2.25)
+    assert P.relative_cost(result, 12) == pytest.approx(2.8)  # past the last size: the last slope
+
+
+def test_shipped_configs_build_their_real_architectures():
+    assert P.shipped_configs() == ["llama-3.1-8b", "qwen2.5-1.5b", "qwen2.5-7b", "smollm2-135m"]
+    model = P.random_model("llama-3.1-8b", device="meta")
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    small = P.random_model("smollm2-135m", device="meta")
+    assert sum(p.numel() for p in small.parameters()) == 134_515_008
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(contexts=()), "contexts"), (dict(contexts=(0,)), "contexts"),
+    (dict(sizes=(1, 2)), "need 0"), (dict(sizes=(0, 1000)), "up to 256"),
+    (dict(shapes=("ring",)), "chain and/or tree"), (dict(repeats=0), "repeats"),
+])
+def test_bad_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        P.ProfileSettings(**kwargs)
+
+
+def test_bad_inputs_name_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="use one of llama-3.1-8b"):
+        P.random_model("gpt-5")
+    (tmp_path / "x.json").write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="not an hf-speculative profile"):
+        P.load(tmp_path / "x.json")
