@@ -1,0 +1,203 @@
+"""How a drafter shapes its tree: ``hfs.StaticTree`` (fixed rank paths) and ``hfs.DynamicTree`` (EAGLE-2).
+
+A *rank path* names a node by the ranks of its tokens among the drafter's guesses at each depth:
+``(0,)`` is the drafter's top guess for the next token, ``(1,)`` its runner-up, ``(0, 2)`` the third
+guess after the top one. A static tree is a set of rank paths (Medusa's construction), the same at
+every step; :meth:`StaticTree.calibrate` picks the ``nodes`` paths most often on the target's path in
+measured data. A dynamic tree (EAGLE-2) is grown per step from the drafter's own confidence: expand the
+``top_k`` likeliest nodes of each depth, then keep the ``nodes`` drafted nodes of highest cumulative
+probability (:meth:`DynamicTree.grow`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from .tree import ROOT, DraftTree
+
+MAX_NODES = 256  # the widest tree any shape may ask one forward to verify
+MAX_DEPTH = 64
+RankPath = tuple[int, ...]
+
+
+def _check_int(owner: str, name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{owner}({name}={value!r}): must be an integer from {low} to {high}.")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTree:
+    """A fixed set of rank paths, every path's parent included.
+
+    Args:
+        paths: rank paths such as ``[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]``; order does not matter.
+    """
+
+    paths: tuple[RankPath, ...]
+
+    def __post_init__(self) -> None:
+        paths = tuple(sorted({tuple(int(r) for r in p) for p in self.paths}, key=lambda p: (len(p), p)))
+        if not paths or len(paths) > MAX_NODES:
+            raise ValueError(f"StaticTree: give 1 to {MAX_NODES} rank paths, got {len(paths)}.")
+        for path in paths:
+            if not path or len(path) > MAX_DEPTH or min(path) < 0:
+                raise ValueError(f"StaticTree: rank path {path} must hold 1 to {MAX_DEPTH} ranks >= 0.")
+            if len(path) > 1 and path[:-1] not in paths:
+                raise ValueError(f"StaticTree: rank path {path} lacks its parent {path[:-1]}; add it.")
+        object.__setattr__(self, "paths", paths)
+
+    @classmethod
+    def chain(cls, length: int) -> StaticTree:
+        """The drafter's top guess at every depth: a chain of ``length``."""
+        _check_int("StaticTree.chain", "length", length, 1, MAX_DEPTH)
+        return cls(tuple((0,) * i for i in range(1, length + 1)))
+
+    @classmethod
+    def calibrate(cls, target_paths: Iterable[RankPath], nodes: int) -> StaticTree:
+        """The best static tree of ``nodes`` nodes for measured data (Medusa's construction).
+
+        ``target_paths``: for every measured step, the ranks of the target's own tokens among the drafter's
+        guesses along the true path (``benchmarks/tree_potential.py`` computes them). A tree keeps the
+        longest prefix of such a path it contains, so a node is worth how often its path is a prefix of the
+        target's: nodes are added in that order, each after its parent.
+        """
+        _check_int("StaticTree.calibrate", "nodes", nodes, 1, MAX_NODES)
+        counts = collections.Counter(p[:i] for p in target_paths for i in range(1, len(p) + 1))
+        if not counts:
+            raise ValueError("StaticTree.calibrate: no measured rank paths to calibrate from.")
+        children: dict[RankPath, list[RankPath]] = collections.defaultdict(list)
+        for path in counts:
+            children[path[:-1]].append(path)
+        chosen: list[RankPath] = []
+        frontier = [(-counts[p], p) for p in children[()]]
+        heapq.heapify(frontier)
+        while frontier and len(chosen) < nodes:
+            _, path = heapq.heappop(frontier)
+            chosen.append(path)
+            for child in children[path]:
+                heapq.heappush(frontier, (-counts[child], child))
+        return cls(tuple(chosen))
+
+    @property
+    def size(self) -> int:
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @property
+    def top_k(self) -> int:
+        """The most guesses any node needs from the drafter (the largest rank + 1)."""
+        return 1 + max(max(p) for p in self.paths)
+
+    def parents(self) -> list[int]:
+        """Each path's parent index in :attr:`paths` order (``-1``: a child of the root)."""
+        index = {p: i for i, p in enumerate(self.paths)}
+        return [ROOT if len(p) == 1 else index[p[:-1]] for p in self.paths]
+
+    def kept(self, target_path: RankPath) -> int:
+        """Draft tokens this tree keeps when the target's path has these ranks (for calibration)."""
+        depth, paths = 0, set(self.paths)
+        while depth < len(target_path) and target_path[: depth + 1] in paths:
+            depth += 1
+        return depth
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps({"static_tree": [list(p) for p in self.paths]}) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> StaticTree:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("static_tree"), list):
+            raise ValueError(f"{path}: not a StaticTree file (expected {{\"static_tree\": [[0], [1], [0, 0], ...]}}).")
+        return cls(tuple(tuple(p) for p in data["static_tree"]))
+
+    def fill(self, guesses: Callable[[int, RankPath], Sequence[int]]) -> DraftTree:
+        """The tree's tokens: ``guesses(parent_index, parent_path)`` returns the drafter's ranked guesses
+        after a node (``-1, ()`` for the root); node ``p + (r,)`` gets guess ``r``."""
+        tokens, cache = [], {}
+        for path, parent in zip(self.paths, self.parents()):
+            if parent not in cache:
+                cache[parent] = list(guesses(parent, path[:-1]))
+            ranked = cache[parent]
+            tokens.append(ranked[path[-1]] if path[-1] < len(ranked) else ranked[-1])
+        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(self.parents(), dtype=torch.long))
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's context-aware tree, grown per step from the drafter's confidence.
+
+    Args:
+        nodes (`int`, defaults to 32): draft tokens verified per target forward (the budget, 1-256).
+        depth (`int`, defaults to 6): drafter forwards per step (the deepest level, 1-64).
+        top_k (`int`, defaults to 8): guesses per expanded node, and nodes expanded per depth (1-64).
+    """
+
+    nodes: int = 32
+    depth: int = 6
+    top_k: int = 8
+
+    def __post_init__(self) -> None:
+        _check_int("DynamicTree", "nodes", self.nodes, 1, MAX_NODES)
+        _check_int("DynamicTree", "depth", self.depth, 1, MAX_DEPTH)
+        _check_int("DynamicTree", "top_k", self.top_k, 1, 64)
+
+    def grow(self, root_logprobs: torch.Tensor,
+             expand: Callable[[list[int], torch.Tensor], torch.Tensor], nodes: int | None = None) -> DraftTree:
+        """Grow one step's tree.
+
+        Args:
+            root_logprobs: ``[V]`` the drafter's log-probabilities for the token after the root.
+            expand: ``expand(frontier, tokens)`` runs the drafter one depth further on the frontier's nodes
+                (indices into the nodes drafted so far, in drafting order, with their ``[k]`` tokens) and
+                returns ``[k, V]`` log-probabilities for each one's next token.
+            nodes: this step's budget (defaults to ``self.nodes``; the cost model may lower it).
+
+        Each depth adds the ``top_k`` guesses of each frontier node; the next frontier is the ``top_k``
+        new nodes of highest cumulative log-probability (the product of the guesses' probabilities along
+        the path, the drafter's estimate that the path is kept). The tree keeps the ``nodes`` drafted
+        nodes of highest cumulative score: a child never scores above its parent, so a kept node's
+        ancestors are kept too.
+        """
+        budget = min(self.nodes if nodes is None else nodes, MAX_NODES)
+        if budget <= 0:
+            return DraftTree.empty(root_logprobs.device)
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        top = root_logprobs.float().topk(min(self.top_k, root_logprobs.shape[-1]))
+        frontier = self._add(tokens, parents, scores, [ROOT], [0.0], top.values[None], top.indices[None])
+        for _ in range(1, self.depth):
+            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long))  # [k, V]
+            top = logprobs.float().topk(min(self.top_k, logprobs.shape[-1]), dim=-1)  # [k, top_k]
+            frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier],
+                                 top.values, top.indices)
+        keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:budget]
+        keep.sort()  # drafting order is topological: parents were drafted first
+        where = {old: new for new, old in enumerate(keep)}
+        return DraftTree(torch.tensor([tokens[i] for i in keep], dtype=torch.long),
+                         torch.tensor([ROOT if parents[i] == ROOT else where[parents[i]] for i in keep],
+                                      dtype=torch.long))
+
+    def _add(self, tokens, parents, scores, frontier, base, values, indices) -> list[int]:
+        """Append each frontier node's guesses; return the next frontier (the ``top_k`` best new nodes)."""
+        first = len(tokens)
+        for row, parent in enumerate(frontier):
+            for value, token in zip(values[row].tolist(), indices[row].tolist()):
+                tokens.append(int(token))
+                parents.append(parent)
+                scores.append(base[row] + float(value))
+        new = range(first, len(tokens))
+        return sorted(sorted(new, key=lambda i: (-scores[i], i))[: self.top_k])
