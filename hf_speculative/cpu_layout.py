@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .costs import forget_costs
 from .cpu_kernel import BlockedWeight, KernelLinear, WeightCopy, load_kernel
-from .drafters import policy
 
 
 def _converted(weight: torch.Tensor) -> bool:
@@ -122,7 +122,7 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
                 module._hfs_blocked.get(module.weight)
             changed += touched
     if changed:
-        policy.forget_costs(model)  # verify costs measured in the old layout no longer hold
+        forget_costs(model)  # verify costs measured in the old layout no longer hold
     return changed
 
 

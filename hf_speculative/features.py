@@ -1,4 +1,5 @@
-"""Forward hooks that capture the target's hidden states for the drafters that read them (EAGLE).
+"""Forward hooks that capture the target's hidden states for the drafters that read them (EAGLE,
+exit adapters), and the queue of those states on verified tokens that such a drafter consumes.
 
 Hooks are portable across transformers versions (no modeling code is touched), are registered for
 one ``generate()`` call only and removed when it ends, and record only the forwards of the thread
@@ -68,6 +69,57 @@ class FeatureTap:
             handle.remove()
         self._handles = []
         self._captured = [[] for _ in self._captured]
+
+
+class VerifiedFeatures:
+    """The target's features on verified tokens, in order, queued for a drafter to feed (one per call).
+
+    After every target forward, :meth:`follow` takes what the tap recorded, drops the positions of
+    rejected draft tokens and queues the rest in :attr:`pending` (`[1, P, F]`), which the drafter
+    takes with :meth:`pop` when it catches up. :attr:`known` counts the positions whose features a
+    forward gave; when it no longer matches the verified length (a forward not seen, or seen twice),
+    features and tokens no longer line up: :attr:`lost` is set for the rest of the call, and the
+    drafter stops drafting (the output stays exact, only the speedup is lost).
+
+    Args:
+        target, layers: as for :class:`FeatureTap`.
+        skip_first (`bool`, defaults to `False`): leave position 0 out of the queue (still counted in
+            :attr:`known`): an exit adapter's entry ``t`` reads position ``t + 1``.
+    """
+
+    def __init__(self, target: torch.nn.Module, layers: list[int], skip_first: bool = False):
+        self.tap = FeatureTap(target, layers)
+        self.skip_first = skip_first
+        self.known = 0
+        self.pending: torch.Tensor | None = None  # [1, P, F]
+        self.lost = False
+
+    def follow(self, length: int, num_accepted: int, num_proposed: int) -> None:
+        """Queue the verified features of the forward that just ran (``num_accepted`` of
+        ``num_proposed`` drafted tokens kept); ``length`` is the verified length after it."""
+        valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', F]
+        if valid is not None:
+            first = self.known == 0
+            self.known += valid.shape[1]
+            if first and self.skip_first:
+                valid = valid[:, 1:]
+            self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
+        if self.known != length - 1:  # the newest token has no features until the next forward
+            self.lost = True
+
+    def pop(self) -> torch.Tensor | None:
+        """The queued features `[1, P, F]` (``None`` if none), emptying the queue."""
+        pending, self.pending = self.pending, None
+        return pending
+
+    def discard(self) -> None:
+        """Drop what the tap recorded since the last forward that counts (a draft's own passes
+        through the tapped layers are not verified features)."""
+        self.tap.take()
+
+    def close(self) -> None:
+        self.tap.remove()
+        self.pending = None
 
 
 @torch.no_grad()

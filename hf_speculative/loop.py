@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from . import compat
+from .accept import accept_greedy, accept_sampling
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
 from .verify import check_tree_attention, forward_tree, keep_path
@@ -36,8 +37,9 @@ class TreeDrafter(Protocol):
     def propose_tree(self, sequence: torch.LongTensor, max_depth: int) -> DraftTree:
         """A draft after ``sequence`` (``[1, L]``, verified), no deeper than ``max_depth`` (>= 1)."""
 
-    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        """Learn the verdict; ``sequence`` is the verified text after it (the target's token included)."""
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """Learn the verdict; ``sequence`` is the verified text after it (the target's token included) and
+        ``scores`` the forward's processed target logits, ``[1 + n, V]``."""
 
 
 @dataclasses.dataclass
@@ -45,75 +47,6 @@ class LoopResult:
     sequences: torch.LongTensor  # [1, L + new]
     scores: list[torch.Tensor]   # per new token, the processed scores it was chosen from, [1, V]
     stats: SpeculativeStats
-
-
-def accept_greedy(tree: DraftTree, scores: torch.Tensor) -> Verdict:
-    """Greedy verification of a tree: follow the target's argmax from the root down the tree.
-
-    ``scores`` is ``[1 + n, V]``: row 0 the root's, row ``1 + i`` node ``i``'s. At each step the target's
-    token at the current node is its argmax there; the walk goes on into the child drafting that token, if
-    any. The kept path is exactly what plain greedy decoding would write, so the output is identical.
-    """
-    best = scores.argmax(dim=-1).tolist()  # [1 + n]
-    children: dict[int, dict[int, int]] = {}
-    for node, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
-        children.setdefault(parent, {}).setdefault(token, node)  # first sibling wins a duplicate token
-    path, node = [], ROOT
-    while best[node + 1] in children.get(node, {}):
-        node = children[node][best[node + 1]]
-        path.append(node)
-    return Verdict(tuple(path), best[node + 1])
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def accept_sampling(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> Verdict:
-    """Lossless verification of a tree under sampling: recursive rejection sampling over siblings.
-
-    ``probs`` is ``[1 + n, V]``, the target's distribution at the root (row 0) and after each node.
-    At a node with target distribution ``p`` and children ``x_1..x_k``, child ``j`` drawn from ``q_j``
-    (``tree.probs[child]``; a point mass on ``x_j`` for a deterministic draft such as a top-k branch)::
-
-        for j = 1..k:
-            accept x_j with probability min(1, p(x_j) / q_j(x_j))  -> go down into child j
-            else p <- max(0, p - q_j) / sum(max(0, p - q_j))        # the residual
-        no child accepted (or none exist): the token is drawn from p
-
-    Each round is one rejection-sampling step whose output, accepted draft or residual sample, is
-    distributed exactly as the ``p`` it started from, so by induction over the siblings and down the
-    depths every emitted token follows the target's distribution given the text before it (SpecInfer,
-    Miao et al. 2023; EAGLE's tree sampling). With point masses, rejecting ``x_j`` just removes it from
-    ``p``. Siblings drawn without replacement must carry the distribution they were drawn from given the
-    earlier siblings, which is what ``q_j`` means here.
-    """
-    path, node = [], ROOT
-    while True:
-        p = probs[node + 1].double()
-        for child in tree.children(node):
-            token = int(tree.tokens[child])
-            q = _draft_distribution(tree, child, p.shape[-1])
-            ratio = 0.0 if q[token] <= 0 else min(1.0, float(p[token] / q[token]))
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) < ratio:
-                break
-            residual = (p - q).clamp_min(0)
-            if float(residual.sum()) <= 0:  # p == q: the draft was certain to pass; keep p unchanged
-                residual = p
-            p = residual / residual.sum()
-        else:
-            return Verdict(tuple(path), _draw(p, generator))
-        path.append(child)
-        node = child
-
-
-def _draft_distribution(tree: DraftTree, node: int, vocab: int) -> torch.Tensor:
-    """``[V]`` the distribution node ``node`` was drawn from: its row of ``tree.probs``, or a point mass."""
-    if tree.probs is not None:
-        return tree.probs[node, :vocab].double()
-    q = torch.zeros(vocab, dtype=torch.float64, device=tree.tokens.device)
-    q[int(tree.tokens[node])] = 1.0
-    return q
 
 
 def branch_ids(sequence: torch.LongTensor, tree: DraftTree, node: int) -> torch.LongTensor:
@@ -147,7 +80,8 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
 
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDrafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
-        stats: SpeculativeStats | None = None, max_depth: int | None = None, do_sample: bool = False,
+        stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
+        do_sample: bool = False,
         generator: torch.Generator | None = None) -> LoopResult:
     """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or
     with ``do_sample`` an exact sample of the target's (processed) distribution.
@@ -166,7 +100,8 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         streamer.put(input_ids.cpu())
     while True:
         tick = time.perf_counter()
-        tree = drafter.propose_tree(sequence, max_depth or 64)
+        room = max_depth if max_length is None else min(max_depth, max_length - sequence.shape[1] - 1)
+        tree = drafter.propose_tree(sequence, room) if room > 0 else DraftTree.empty(sequence.device)
         stats.record_draft(tree.size, time.perf_counter() - tick)
         tick = time.perf_counter()
         with torch.no_grad():
@@ -186,7 +121,7 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         if end is not None:
             sequence = sequence[:, :end]
         scores_out += [scores[row: row + 1] for row in rows[: sequence.shape[1] - before]]
-        drafter.observe(sequence, tree, verdict)
+        drafter.observe(sequence, tree, verdict, scores)
         if streamer is not None:
             streamer.put(sequence[:, before:].cpu())
         if end is not None:

@@ -256,26 +256,36 @@ def _shipped_for(model: Any, names: list[str]) -> str | None:
     return next((name for name in names if name in parts), None)
 
 
+def _trained_strategy(method: str, model: Any, options: dict, *, source_option: str, what: str, shipped: list[str],
+                      missing: str, cache_key: str, load: Callable[[Any, dict], Any]) -> dict:
+    """The kwargs of a method whose drafter is trained (``eagle``, ``early-exit-adapter``): the drafter
+    (``what``, for messages) named by option ``source_option``, else the one shipped for ``model``
+    (``shipped``: their names), else a `ValueError` that ends with ``missing``. ``load(source,
+    settings)`` builds the strategy once per model, source and settings (cached in
+    ``options[cache_key]``), not per call."""
+    spec = get_method(method)
+    source = spec.option(options, source_option)
+    if source is None:
+        source = _shipped_for(model, shipped)
+        if source is None:
+            raise ValueError(f"no {what} ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
+                             f"{', '.join(shipped) or 'none'}); {missing}")
+    settings = _length_options(spec, options)
+    cache = options.setdefault(cache_key, {})
+    key = (id(model), str(source), tuple(sorted(settings.items())))
+    if key not in cache:
+        cache[key] = load(source, settings)
+    return {"candidate_generator": cache[key]}
+
+
 def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
     import hf_speculative as hfs
     from hf_speculative.drafters.eagle.drafter import pretrained_names
 
-    spec = get_method("eagle")
-    source = spec.option(options, "eagle")
-    if source is None:
-        source = _shipped_for(model, pretrained_names())
-        if source is None:
-            raise ValueError(f"no EAGLE drafter ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
-                             f"{', '.join(pretrained_names()) or 'none'}); pass --eagle PATH to a trained drafter.")
-    cache = options.setdefault("_eagle_strategies", {})
-    key = (id(model), str(source))
-    if key not in cache:
-        cache[key] = hfs.Eagle.from_pretrained(source, target=model)
-    strategy = cache[key]
-    num_tokens = spec.option(options, "num_tokens")
-    if num_tokens is not None and num_tokens != strategy.num_tokens:
-        strategy = hfs.Eagle(strategy.drafter, num_tokens=int(num_tokens))
-    return {"candidate_generator": strategy}
+    return _trained_strategy("eagle", model, options, source_option="eagle", what="EAGLE drafter",
+                             shipped=pretrained_names(), missing="pass --eagle PATH to a trained drafter.",
+                             cache_key="_eagle_strategies",
+                             load=lambda source, settings: hfs.Eagle.from_pretrained(source, target=model, **settings))
 
 
 def _build_eagle_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
@@ -288,7 +298,8 @@ def _build_eagle_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
 
 
-def _self_speculative_options(spec: MethodSpec, options: dict) -> dict:
+def _length_options(spec: MethodSpec, options: dict) -> dict:
+    """``num_tokens`` as an int, when given (the option the self-speculative and trained drafters share)."""
     keep = {key: spec.option(options, key) for key in ("num_tokens",)}
     return {key: int(value) for key, value in keep.items() if value is not None}
 
@@ -298,27 +309,17 @@ def _build_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
 
     spec = get_method("early-exit")
     exit_layer = int(spec.option(options, "exit_layer"))
-    return {"candidate_generator": hfs.EarlyExit(exit_layer=exit_layer, **_self_speculative_options(spec, options))}
+    return {"candidate_generator": hfs.EarlyExit(exit_layer=exit_layer, **_length_options(spec, options))}
 
 
 def _build_early_exit_adapter(model: Any, tokenizer: Any, options: dict) -> dict:
     import hf_speculative as hfs
     from .drafters.exit_adapter import shipped_adapters
 
-    spec = get_method("early-exit-adapter")
-    source = spec.option(options, "adapter")
-    if source is None:
-        source = _shipped_for(model, shipped_adapters())
-        if source is None:
-            raise ValueError(f"no exit adapter ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
-                             f"{', '.join(shipped_adapters()) or 'none'}); pass --adapter PATH to one trained with "
-                             "`hf-speculative train-eagle --exit-layer K`.")
-    extra = _self_speculative_options(spec, options)
-    cache = options.setdefault("_exit_adapters", {})
-    key = (id(model), str(source), tuple(sorted(extra.items())))
-    if key not in cache:  # loaded once per model and settings, not per call
-        cache[key] = hfs.EarlyExit(adapter=source, **extra)
-    return {"candidate_generator": cache[key]}
+    return _trained_strategy("early-exit-adapter", model, options, source_option="adapter", what="exit adapter",
+                             shipped=shipped_adapters(), missing="pass --adapter PATH to one trained with "
+                             "`hf-speculative train-eagle --exit-layer K`.", cache_key="_exit_adapters",
+                             load=lambda source, settings: hfs.EarlyExit(adapter=source, **settings))
 
 
 def _build_layer_skip(model: Any, tokenizer: Any, options: dict) -> dict:
@@ -331,7 +332,7 @@ def _build_layer_skip(model: Any, tokenizer: Any, options: dict) -> dict:
             skip = [int(i) for i in skip.replace(" ", "").split(",") if i]
         except ValueError:
             raise ValueError(f"--skip {skip!r}: give 'auto' or comma-separated layer indices, e.g. --skip 4,6,9") from None
-    extra = _self_speculative_options(spec, options)
+    extra = _length_options(spec, options)
     if skip == "auto" and spec.option(options, "calibration_file") is not None:
         extra["calibration_file"] = spec.option(options, "calibration_file")
     return {"candidate_generator": hfs.LayerSkip(skip, **extra)}

@@ -237,9 +237,9 @@ def make_drafter(name: str, target, reference):
     if name == "prompt-lookup":
         # The adaptive policy decides from measured costs: fix them (cheap, GPU-like) so that under
         # any machine load it drafts and the identity test checks something.
-        from hf_speculative.drafters import policy
+        from hf_speculative.costs import verify_costs_for
 
-        policy.verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
+        verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
         return hfs.PromptLookup()
     if name == "prompt-lookup-fixed":
         return hfs.PromptLookup(adaptive=False)
@@ -435,17 +435,17 @@ def chat_checkpoint(tmp_path, chat_model, chat_tokenizer):
 def cheap_verification():
     """Fix a target's verify-cost model to a GPU-like profile (each draft token costs 1% of a
     forward) for one test, so that adaptive drafters decide independently of the wall clock."""
-    from hf_speculative.drafters import policy
+    from hf_speculative.costs import forget_costs, verify_costs_for
 
     fixed = []
 
     def apply(target, max_tokens: int = 32):
-        policy.verify_costs_for(target, max_tokens).fix([1.0 + 0.01 * k for k in range(max_tokens + 1)])
+        verify_costs_for(target, max_tokens).fix([1.0 + 0.01 * k for k in range(max_tokens + 1)])
         fixed.append(target)
 
     yield apply
     for target in fixed:
-        policy._COSTS.pop(target, None)
+        forget_costs(target)
 
 
 def load_benchmark(name: str):

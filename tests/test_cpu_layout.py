@@ -12,7 +12,7 @@ import torch
 import hf_speculative as hfs
 from hf_speculative import cpu_layout as cpu_layout_module
 from hf_speculative.cpu_layout import PackedLinear, apply_layout, cpu_layout
-from hf_speculative.drafters import policy
+from hf_speculative.costs import verify_costs_for
 from tests.conftest import PROMPT, build_model, make_drafter, prompt_inputs, stock_generate
 
 GREEDY = dict(do_sample=False, max_new_tokens=40)
@@ -113,11 +113,11 @@ def test_other_dtypes_are_left_alone():
 
 def test_measured_verify_costs_are_forgotten():
     model = build_model("llama")
-    costs = policy.verify_costs_for(model, 8)
+    costs = verify_costs_for(model, 8)
     costs.observe(0, 0.01)
-    assert policy.verify_costs_for(model, 8) is costs
+    assert verify_costs_for(model, 8) is costs
     hfs.optimize_for_cpu(model)
-    fresh = policy.verify_costs_for(model, 8)
+    fresh = verify_costs_for(model, 8)
     assert fresh is not costs and fresh.seconds(0) is None
 
 

@@ -46,7 +46,7 @@ class OracleTree:
             parent = first + (siblings.index(true) if true in siblings else 0)  # go on below the true one
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
-    def observe(self, sequence, tree, verdict):
+    def observe(self, sequence, tree, verdict, scores):
         self.verdicts.append(verdict)
 
 

@@ -106,7 +106,7 @@ class RandomTrees:
         tokens = self.pool[torch.randint(0, self.pool.numel(), (4,), generator=self.generator)]
         return DraftTree(tokens, torch.tensor([-1, -1, 0, 1]))
 
-    def observe(self, sequence, tree, verdict):
+    def observe(self, sequence, tree, verdict, scores):
         pass
 
 

@@ -6,20 +6,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import weakref
 from typing import Any, ClassVar
 
 import torch
 
 from .. import compat
+from ..accept import chain_candidates, sample_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
-                     record_draft_step, sample_chain, verify_costs_for)
-
-
-# target -> drafters whose vocabulary was checked against it (loading two tokenizers to compare
-# them takes seconds; strategies are rebuilt per call by the benchmark and the app)
-_COMPATIBLE: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+from ..costs import draft_price, record_draft_step, verify_costs_for
+from ..state import state_of
+from .policy import ChainLengthPolicy, check_chain_options
 
 
 @dataclasses.dataclass(eq=False)
@@ -63,7 +59,10 @@ class DraftModel(DraftStrategy):
         check_chain_options(self)
 
     def validate_target(self, target: torch.nn.Module) -> None:
-        if self.model in _COMPATIBLE.get(target, ()):
+        # checked once per pair of models: loading two tokenizers to compare them takes seconds, and
+        # strategies are rebuilt per call by the benchmark and the app
+        checked = state_of(target).checked
+        if self.model in checked:
             return
         if self.model is target:
             raise ValueError("DraftModel(model=...) is the target itself; use a smaller model (or hfs.EarlyExit).")
@@ -74,7 +73,7 @@ class DraftModel(DraftStrategy):
                 f"with draft.to({str(target_device)!r})."
             )
         check_same_vocabulary(target, self.model, self.target_tokenizer, self.tokenizer)
-        _COMPATIBLE.setdefault(target, weakref.WeakSet()).add(self.model)
+        checked.add(self.model)
 
     def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
         return DraftModelCandidateGenerator(ctx, self)

@@ -28,10 +28,12 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..features import FeatureTap
+from ..accept import chain_candidates, sample_chain
+from ..costs import draft_price, record_draft_step
+from ..features import VerifiedFeatures
+from ..state import all_states, state_of
 from .eagle.model import DraftKVCache, EagleDraftModel
-from .policy import chain_candidates, draft_price, record_draft_step, sample_chain
-from .self_speculative import SelfSpeculativeCandidateGenerator
+from .layer_drafter import SelfSpeculativeCandidateGenerator
 
 
 SHIPPED_DIR = Path(__file__).parent / "exit_adapters"
@@ -73,13 +75,31 @@ def load_adapter(source: str | os.PathLike | EagleDraftModel, *, sha256: dict[st
     return net
 
 
+def ready_for(net: EagleDraftModel, target: torch.nn.Module) -> EagleDraftModel:
+    """``net`` checked against ``target`` (what it was trained for) and moved to its device and dtype,
+    once per pair; an adapter already serving a model elsewhere is not moved from under it."""
+    checked = state_of(target).checked
+    with state_of(net).lock:  # one adapter, several targets: one check at a time
+        if net not in checked:
+            net.config.check_target(target)
+            param = next(target.parameters())
+            mine = next(net.parameters())
+            if (mine.device, mine.dtype) != (param.device, param.dtype):
+                if any(net in state.checked for state in all_states()):
+                    raise ValueError(f"This exit adapter already serves a model on {mine.device} / {mine.dtype}; load a "
+                                     f"second EarlyExit(adapter=...) for the model on {param.device} / {param.dtype}.")
+                net.to(device=param.device, dtype=param.dtype)
+            checked.add(net)
+    return net
+
+
 class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
     """``EarlyExit`` with an adapter: the first ``k`` layers on the target's cache, then the adapter.
 
     Invariant between forwards (``L`` = verified length): the adapter's cache holds entries
-    ``[0, n_true)`` computed from exit states that a target forward produced; ``pending`` holds the
-    raw exit states of positions ``[n_true + 1, L - 1)`` not fed yet. Position ``L - 1`` (the target's
-    newest token) gets its exit state from the draft's first step.
+    ``[0, n_true)`` computed from exit states that a target forward produced; ``features.pending``
+    holds the raw exit states of positions ``[n_true + 1, L - 1)`` not fed yet. Position ``L - 1``
+    (the target's newest token) gets its exit state from the draft's first step.
     """
 
     def __init__(self, ctx, config):
@@ -88,13 +108,11 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         decoder = compat.decoder_of(ctx.target)
         self.norm = decoder.norm
         self.embed = ctx.target.get_input_embeddings()
-        self.tap = FeatureTap(ctx.target, self.net.config.target_layers)
+        # raw exit states; position 0 is never an adapter input (its token has no predecessor entry)
+        self.features = VerifiedFeatures(ctx.target, self.net.config.target_layers, skip_first=True)
         self.adapter_cache = DraftKVCache()
         self.n_true = 0
-        self.pending: torch.Tensor | None = None  # [1, P, H] raw exit states
-        self.known = 0  # positions whose exit state a target forward gave
         self._target_ids = self.net.target_ids()  # [V_draft] or None
-        self._lost = False
         # prior price of a draft step: the first k layers and the adapter, as a share of the target's parameters
         self._prior = self.subset.cost_with(sum(p.numel() for p in self.net.parameters()))
         self.stats.extra[config.name]["adapter"] = config.adapter_label
@@ -111,21 +129,22 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         `[H]` (its normed exit state from the draft's first step); the adapter's output `[1, 1, H]`."""
         length = input_ids.shape[1]
         self.adapter_cache.crop(self.n_true)  # drop the entries the last draft wrote
-        states = self.norm(self.pending) if self.pending is not None else exit_state.new_zeros((1, 0, exit_state.shape[-1]))
+        pending = self.features.pop()  # [1, P, H]
+        states = self.norm(pending) if pending is not None else exit_state.new_zeros((1, 0, exit_state.shape[-1]))
         states = torch.cat([states, exit_state[None, None]], dim=1)  # [1, P + 1, H], positions n_true+1 .. L-1
         tokens = input_ids[:, self.n_true + 1 : length]  # [1, P + 1]
         positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
         hidden = self.net(self.embed(tokens), states.to(self.net.fc.weight.dtype), positions, self.adapter_cache, fused=True)
-        self.n_true, self.pending = length - 2, None  # the newest entry came from a draft step: re-fed next time
+        self.n_true = length - 2  # the newest entry came from a draft step: re-fed next time
         return hidden[:, -1:]
 
     @torch.no_grad()
     def propose(self, input_ids, max_tokens):
-        if self._lost or self.cache is None or self.stats.target_forwards == 0:
+        if self.features.lost or self.cache is None or self.stats.target_forwards == 0:
             return None, None
         subset, device = self.subset, input_ids.device
         position = input_ids.shape[1] - 1
-        if self.known != position or compat.cache_layer_length(self.cache, subset.layers[0]) != position \
+        if self.features.known != position or compat.cache_layer_length(self.cache, subset.layers[0]) != position \
                 or not self.policy.begin():
             return None, None
         fed = 0
@@ -151,7 +170,7 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
             tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
-            self.tap.take()  # the draft's own passes through layer k - 1 are not verified states
+            self.features.discard()  # the draft's own passes through layer k - 1 are not verified states
         return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
@@ -159,22 +178,11 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         super().on_verified(input_ids, num_accepted, num_proposed)
 
     def follow_verified(self, input_ids, num_accepted, num_proposed):
-        valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', H]
-        if valid is not None:
-            first = self.known == 0
-            self.known += valid.shape[1]
-            if first:
-                valid = valid[:, 1:]  # position 0 is never an adapter input (its token has no predecessor entry)
-            self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
-        if self.known != input_ids.shape[1] - 1 and not self._lost:
-            # Some forward was not seen (or seen twice): exit states no longer line up with tokens.
-            # Drafting stops for this call; the output stays exact, only the speedup is lost.
-            self._lost = True
+        self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
 
     def close(self):
-        self.tap.remove()
+        self.features.close()
         self.adapter_cache = DraftKVCache()
-        self.pending = None
         super().close()
 
 

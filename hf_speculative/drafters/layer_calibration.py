@@ -19,17 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import threading
 import time
-import weakref
 from typing import Any
 
 import torch
 
+from ..state import state_of
 from .layer_view import LayerSubset, num_layers, sequence_logits
 
-_CALIBRATIONS: "weakref.WeakKeyDictionary[torch.nn.Module, SkipCalibration]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
 FORMAT = "hf_speculative.layer_skip/1"
 
 
@@ -96,18 +93,12 @@ class SkipCalibration:
 
 
 def cached_calibration(target: torch.nn.Module) -> SkipCalibration | None:
-    with _LOCK:
-        return _CALIBRATIONS.get(target)
+    """The calibration made or loaded for ``target`` in this process (``None``: none yet)."""
+    return state_of(target).calibration
 
 
 def remember_calibration(target: torch.nn.Module, plan: SkipCalibration) -> None:
-    with _LOCK:
-        _CALIBRATIONS[target] = plan
-
-
-def forget_calibration(target: torch.nn.Module) -> None:
-    with _LOCK:
-        _CALIBRATIONS.pop(target, None)
+    state_of(target).calibration = plan
 
 
 def expected_speedup(agreement: float, draft_cost: float, verify_ratio, max_draft: int) -> float:

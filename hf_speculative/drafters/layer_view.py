@@ -21,16 +21,12 @@ from __future__ import annotations
 import collections
 import copy
 import functools
-import threading
-import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from .. import compat
-
-_PROBED: "weakref.WeakKeyDictionary[torch.nn.Module, str | None]" = weakref.WeakKeyDictionary()
-_PROBE_LOCK = threading.Lock()
+from ..state import state_of
 
 
 class UnsupportedModelError(ValueError):
@@ -185,6 +181,18 @@ class LayerSubset:
             compat.crop_cache_layer(cache, index, num_tokens)
 
 
+def layer_subset(target: torch.nn.Module, layers: Sequence[int]) -> LayerSubset:
+    """The view of ``target`` that runs ``layers``, made once per model and layer set: views hold no
+    per-call state, so calls and threads share them (and the measured cost of a drafting step, kept
+    per view, carries over between calls)."""
+    key = tuple(sorted(set(int(i) for i in layers)))
+    state = state_of(target)
+    with state.lock:
+        if key not in state.views:
+            state.views[key] = LayerSubset(target, key)
+        return state.views[key]
+
+
 def check_structure(target: torch.nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` unless a view of ``target`` runs exactly its chosen layers.
 
@@ -192,12 +200,11 @@ def check_structure(target: torch.nn.Module) -> None:
     and no other (a model whose forward ignores its ``layers`` list would run them all), and a view
     with every layer must give the model's own logits.
     """
-    with _PROBE_LOCK:
-        if target in _PROBED:
-            problem = _PROBED[target]
-        else:
-            problem = _probe(target)
-            _PROBED[target] = problem
+    state = state_of(target)
+    with state.lock:
+        if state.structure_problem is None:
+            state.structure_problem = _probe(target) or ""
+        problem = state.structure_problem
     if problem:
         raise UnsupportedModelError(problem)
 

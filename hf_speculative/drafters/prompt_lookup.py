@@ -10,7 +10,8 @@ from typing import ClassVar
 import torch
 
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .policy import AcceptanceEstimate, verify_costs_for
+from ..costs import verify_costs_for
+from .policy import AcceptanceEstimate, best_length
 
 
 @dataclasses.dataclass
@@ -98,7 +99,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         n, start = match
         k = min(self.config.num_tokens, max_tokens)
         if self.config.adaptive:
-            k = self.costs.best_length(self.acceptance[n].rate, k)
+            k = best_length(self.costs, self.acceptance[n].rate, k)
             if k == 0:
                 self.acceptance[n].forgive()
                 return None, None

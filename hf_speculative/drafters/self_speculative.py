@@ -5,51 +5,24 @@
 - ``hfs.LayerSkip(skip=[...] | "auto")``: every layer but a skipped set (Draft & Verify, Zhang et
   al. 2023; SWIFT, Xia et al. 2024); ``"auto"`` calibrates the set (see ``layer_calibration``).
 
-The path of one draft: the last verified token is fed at position ``L - 1`` through the chosen
-layers (they read the target's cache for the context and append their own entries), then each
-drafted token at the next position, while the chain policy says it pays. Before the target
-verifies, the entries the draft wrote are cropped from exactly the layers that wrote them, so the
-cache the target sees is the one plain decoding would hold. There is no second cache and no
-second prefill: the first target forward prefills the prompt and the draft starts after it.
+These are the strategies (options, checks); the drafting itself is ``layer_drafter``'s, and with a
+trained exit adapter ``exit_adapter``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import threading
-import time
-import weakref
 from typing import Any, ClassVar, Sequence
 
 import torch
 
-from .. import compat
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ..base import CallContext, DraftStrategy
+from ..costs import verify_costs_for
 from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
-from .layer_view import LayerSubset, check_structure, num_layers
-from .policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
-                     record_draft_step, sample_chain, verify_costs_for)
-
-logger = logging.getLogger(__name__)
-
-# target -> {layer tuple: view}; views hold no per-call state, so calls and threads share them
-# (and the measured cost of a drafting step, keyed by the view, carries over between calls)
-_VIEWS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, ...], LayerSubset]]" = weakref.WeakKeyDictionary()
-_VIEWS_LOCK = threading.Lock()
-# target -> exit adapters already checked against it (and moved to its device and dtype)
-_ADAPTERS_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
-
-
-def layer_subset(target: torch.nn.Module, layers: Sequence[int]) -> LayerSubset:
-    """The (shared) view of ``target`` that runs ``layers``."""
-    key = tuple(sorted(set(int(i) for i in layers)))
-    with _VIEWS_LOCK:
-        table = _VIEWS.setdefault(target, {})
-        if key not in table:
-            table[key] = LayerSubset(target, key)
-        return table[key]
+from .layer_drafter import SelfSpeculativeCandidateGenerator
+from .layer_view import check_structure, layer_subset, num_layers
+from .policy import check_chain_options
 
 
 class _SelfSpeculative(DraftStrategy):
@@ -132,22 +105,11 @@ class EarlyExit(_SelfSpeculative):
 
     def adapter_for(self, target: torch.nn.Module):
         """The adapter network, checked against ``target`` and on its device and dtype (``None`` without one)."""
-        net = self._adapter_net
-        if net is None:
+        if self._adapter_net is None:
             return None
-        with _VIEWS_LOCK:
-            checked = _ADAPTERS_CHECKED.setdefault(target, weakref.WeakSet())
-            if net not in checked:
-                net.config.check_target(target)
-                param = next(target.parameters())
-                mine = next(net.parameters())
-                if (mine.device, mine.dtype) != (param.device, param.dtype):
-                    if any(net in others for others in _ADAPTERS_CHECKED.values()):
-                        raise ValueError(f"This exit adapter already serves a model on {mine.device} / {mine.dtype}; "
-                                         f"load a second EarlyExit(adapter=...) for the model on {param.device} / {param.dtype}.")
-                    net.to(device=param.device, dtype=param.dtype)
-                checked.add(net)
-        return net
+        from .exit_adapter import ready_for
+
+        return ready_for(self._adapter_net, target)
 
     def validate_target(self, target: torch.nn.Module) -> None:
         self.adapter_for(target)  # first: its error names what the adapter was trained for
@@ -241,96 +203,3 @@ class LayerSkip(_SelfSpeculative):
         if self.calibration_file is not None:
             plan.save(self.calibration_file)
         return plan
-
-
-class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
-    """Per-call state: the target's cache, the view of the drafting layers and the length policy."""
-
-    def __init__(self, ctx: CallContext, config: _SelfSpeculative):
-        super().__init__(ctx)
-        self.config = config
-        self.cache = compat.target_cache(ctx.model_kwargs)
-        if self.cache is None:  # the loop builds its cache before its drafter: this version keeps it elsewhere
-            logger.warning(
-                "hf_speculative: the target's KV cache is not where transformers %s's assisted loop was expected "
-                "to keep it, so %s drafts nothing in this call (the output is still exact). Upgrade hf_speculative, "
-                "or use a transformers version it is tested with (docs/versions.md).",
-                compat.TRANSFORMERS_VERSION, type(config).__name__)
-        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
-        self.subset: LayerSubset | None = None
-        self._idle = False  # the calibration found no set worth drafting with
-        layers = config.drafted_layers(ctx.target)
-        if layers is not None and not getattr(config, "auto", False):
-            self._use(layers, source="given")
-        elif layers is not None:  # "auto" with a calibration made by an earlier call, or read from a file
-            plan = cached_calibration(ctx.target)
-            self._use(layers, source="file" if plan.source == "file" else "cached", plan=plan)
-        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
-                                        config.confidence_threshold, config.adaptive)
-
-    def _use(self, layers: list[int], source: str, plan: SkipCalibration | None = None) -> None:
-        self.subset = layer_subset(self.ctx.target, layers)
-        total = num_layers(self.ctx.target)
-        info: dict[str, Any] = {"layers": len(layers), "of": total,
-                                "skip": [i for i in range(total) if i not in set(layers)], "source": source}
-        if plan is not None:
-            info.update(agreement=round(plan.agreement, 4), expected_speedup=round(plan.expected_speedup, 3),
-                        calibration_s=round(plan.seconds, 3), calibration_tokens=plan.tokens)
-            # "auto" maximises the expected speedup; when no skipped set beats plain decoding, skipping
-            # nothing is the maximum: do not draft (adaptive=False drafts anyway, as it always does)
-            self._idle = self.config.adaptive and plan.expected_speedup <= 1.0
-            info["drafting"] = not self._idle
-        self.stats.extra[self.config.name] = info
-
-    def _draft_price(self) -> float:
-        # until measured: the share of the model's parameters a draft step runs
-        return draft_price(self.subset, self.verify_costs, self.config.draft_cost, self.subset.cost)
-
-    def _maybe_calibrate(self, input_ids: torch.LongTensor) -> None:
-        config = self.config
-        if input_ids.shape[1] - self._prompt_length < config.calibration_tokens:
-            # wait for enough generated text to measure agreement on (said in the stats, in case the call ends first)
-            self.stats.extra[config.name] = {"source": "waiting", "calibration_tokens": config.calibration_tokens,
-                                             "generated": input_ids.shape[1] - self._prompt_length}
-            return
-        plan = config.calibration_for(self.ctx.target) or config.calibrate(self.ctx.target, input_ids,
-                                                                           from_position=self._prompt_length)
-        self._use(plan.drafted_layers, source=plan.source, plan=plan)
-
-    @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
-        if self.cache is None or self.stats.target_forwards == 0:
-            return None, None  # the first target forward prefills the prompt; drafts start after it
-        if self.subset is None:
-            self._maybe_calibrate(input_ids)
-            if self.subset is None:
-                return None, None
-        if self._idle:
-            return None, None
-        subset, device = self.subset, input_ids.device
-        position = input_ids.shape[1] - 1
-        if compat.cache_layer_length(self.cache, subset.layers[0]) != position or not self.policy.begin():
-            return None, None
-        fed = 0
-
-        def step(token: int) -> torch.Tensor:
-            nonlocal fed
-            start = time.perf_counter()
-            logits = subset.step(token, position + fed, self.cache, device)
-            fed += 1
-            record_draft_step(subset, time.perf_counter() - start)
-            return self._to_target_vocab(logits)
-
-        try:
-            first = step(int(input_ids[0, -1]))
-            tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
-        finally:
-            subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
-        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
-
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        # (the prefill's forward is not a verification: it says nothing of verify costs)
-        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
-
-    def close(self):
-        self.cache = None

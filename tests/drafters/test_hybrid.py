@@ -61,7 +61,7 @@ def eagle_state(monkeypatch):
     close = EagleCandidateGenerator.close
 
     def recording_close(self):
-        seen.append(self._lost)
+        seen.append(self.features.lost)
         close(self)
 
     monkeypatch.setattr(EagleCandidateGenerator, "close", recording_close)

@@ -1,20 +1,12 @@
-"""The draft-length policy objects: ``AcceptanceEstimate``, ``VerifyCostModel`` and ``ChainLengthPolicy``."""
+"""The draft-length policy: ``AcceptanceEstimate``, ``best_length`` and ``ChainLengthPolicy``."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_speculative.drafters.policy import AcceptanceEstimate, ChainLengthPolicy, VerifyCostModel
-
-
-def measured(costs: list[float]) -> VerifyCostModel:
-    """A cost model that has measured ``costs[k]`` seconds for a forward verifying ``k`` tokens
-    (twice: a length counts as measured from its second timing)."""
-    model = VerifyCostModel(len(costs) - 1)
-    for _ in range(2):
-        for k, seconds in enumerate(costs):
-            model.observe(k, seconds)
-    return model
+from hf_speculative.costs import VerifyCostModel
+from hf_speculative.drafters.policy import AcceptanceEstimate, ChainLengthPolicy, best_length
+from tests.test_costs import measured
 
 
 # -- AcceptanceEstimate ------------------------------------------------------------------------
@@ -56,95 +48,33 @@ def test_forgive_slowly_raises_the_rate():
     assert estimate.rate > 0.9  # eventually drafting is retried
 
 
-# -- VerifyCostModel -----------------------------------------------------------------------------
-def test_ratio_uses_measurements():
-    model = measured([1.0, 1.2, 1.5, 3.0])
-    assert model.ratio(0) == 1.0
-    assert model.ratio(1) == pytest.approx(1.2)
-    assert model.ratio(3) == pytest.approx(3.0)
-    faster = measured([2.0, 1.0])  # a noisy measurement below the base is clamped to 1
-    assert faster.ratio(1) == 1.0
-
-
-def test_observations_are_smoothed():
-    model = measured([1.0, 2.0])
-    model.observe(1, 4.0)
-    assert 2.0 < model.ratio(1) < 4.0
-
-
-def test_unmeasured_lengths_extrapolate_upwards():
-    model = VerifyCostModel(6)
-    for _ in range(2):
-        model.observe(0, 1.0)
-        model.observe(2, 1.5)
-    assert model.ratio(2) == pytest.approx(1.5)
-    assert model.ratio(3) > model.ratio(2) and model.ratio(6) > model.ratio(3)
-    assert model.ratio(1) >= 1.0
-
-
+# -- best_length ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("rate", [0.0, 0.05, 0.1])
 def test_best_length_is_zero_for_low_acceptance(rate):
     # verifying a draft costs 30% more than a plain step: a rarely accepted draft cannot pay
     model = measured([1.0] + [1.3 + 0.05 * k for k in range(1, 9)])
-    assert model.best_length(rate, 8) == 0
+    assert best_length(model, rate, 8) == 0
 
 
 @pytest.mark.parametrize("rate", [0.7, 0.9, 0.99])
 def test_best_length_is_positive_for_high_acceptance(rate):
     model = measured([1.0] + [1.3 + 0.05 * k for k in range(1, 9)])
-    assert model.best_length(rate, 8) > 0
+    assert best_length(model, rate, 8) > 0
 
 
 def test_best_length_grows_with_the_rate_and_respects_the_cap():
     model = measured([1.0] + [1.1 + 0.05 * k for k in range(1, 11)])
-    lengths = [model.best_length(rate, 10) for rate in (0.0, 0.3, 0.5, 0.7, 0.9, 0.99)]
+    lengths = [best_length(model, rate, 10) for rate in (0.0, 0.3, 0.5, 0.7, 0.9, 0.99)]
     assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] >= 5
     assert all(0 <= k <= 10 for k in lengths)
-    assert model.best_length(0.99, 3) <= 3
+    assert best_length(model, 0.99, 3) <= 3
     free = measured([1.0] * 11)  # verification costs nothing more: draft the longest when always right
-    assert free.best_length(1.0, 10) == 10
+    assert best_length(free, 1.0, 10) == 10
 
 
 def test_best_length_is_zero_when_verification_is_too_expensive():
     model = measured([1.0] + [1.5 + 1.2 * k for k in range(1, 9)])  # each token costs more than a step
-    assert model.best_length(1.0, 8) == 0
-
-
-def test_base_cost_is_extrapolated_when_never_measured():
-    """A drafter that always drafts never measures k = 0: the base comes from a line through the
-    measured lengths, so that measured costs still decide."""
-    model = VerifyCostModel(8)
-    model.observe(2, 1.4)
-    model.observe(2, 1.4)
-    assert model.seconds(0) is None  # one point is not a line
-    model.observe(4, 1.8)  # 1.0 + 0.2 k
-    model.observe(4, 1.8)
-    assert model.seconds(0) == pytest.approx(1.0)
-    assert model.ratio(4) == pytest.approx(1.8)
-    expensive = VerifyCostModel(8)
-    for k in range(1, 9):  # every verified token costs 1.5 plain steps; k = 0 never measured
-        expensive.observe(k, 1.0 + 1.5 * k)
-        expensive.observe(k, 1.0 + 1.5 * k)
-    assert expensive.seconds(0) == pytest.approx(1.0)
-    assert expensive.best_length(1.0, 8) == 0
-
-
-def test_one_slow_first_timing_does_not_stop_drafting():
-    """The first forward verifying a draft may include one-time work (e.g. packing weights): it is
-    not trusted alone, and the lower of the first two timings is kept, so drafting that pays goes on."""
-    model = VerifyCostModel(4)
-    for _ in range(3):
-        model.observe(0, 1.0)
-    model.observe(2, 20.0)  # one-time work inside the first verification
-    assert model.seconds(2) is None and model.ratio(2) == model._prior[2]  # the prior still decides
-    assert model.best_length(0.8, 4) > 0
-    model.observe(2, 1.3)
-    assert model.ratio(2) == pytest.approx(1.3)
-    model.observe(2, 13.0)  # a later spike at most doubles the estimate, then decays
-    assert model.ratio(2) <= 1.3 + 0.3 * 1.3 + 1e-9
-    for _ in range(20):
-        model.observe(2, 1.3)
-    assert model.ratio(2) == pytest.approx(1.3, rel=1e-3)
+    assert best_length(model, 1.0, 8) == 0
 
 
 # -- ChainLengthPolicy -------------------------------------------------------------------------

@@ -241,7 +241,7 @@ def test_a_cache_kept_elsewhere_is_said_and_drafts_nothing(monkeypatch, caplog):
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(exit_layer=1, **EXACT))
     assert out.tolist() == ref.tolist() and hfs.last_stats(model).drafted_tokens > 0  # where it is known
     monkeypatch.setattr(compat, "target_cache", lambda model_kwargs: None)
-    with caplog.at_level(logging.WARNING, logger="hf_speculative.drafters.self_speculative"):
+    with caplog.at_level(logging.WARNING, logger="hf_speculative.drafters.layer_drafter"):
         out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(exit_layer=1, **EXACT))
     assert out.tolist() == ref.tolist()
     assert hfs.last_stats(model).drafted_tokens == 0

@@ -12,21 +12,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from ...accept import chain_candidates, sample_chain
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...costs import draft_price, record_draft_step, verify_costs_for
 from ...cpu_layout import follow_layout
-from ...features import FeatureTap
-from ..policy import (ChainLengthPolicy, chain_candidates, check_chain_options, draft_price,
-                      record_draft_step, sample_chain, verify_costs_for)
+from ...features import VerifiedFeatures
+from ...state import state_of
+from ..policy import ChainLengthPolicy, check_chain_options
 from .model import DraftKVCache, EagleDraftModel
-
-# target -> drafter networks already checked against it
-_CHECKED: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -102,24 +100,25 @@ class Eagle(DraftStrategy):
         return strategy
 
     def validate_target(self, target: torch.nn.Module) -> None:
-        if self.drafter in _CHECKED.get(target, ()):
+        checked = state_of(target).checked
+        if self.drafter in checked:
             return
         self.drafter.config.check_target(target)
         device = next(target.parameters()).device
         if next(self.drafter.parameters()).device != device:
             raise ValueError(f"The EAGLE drafter is on {next(self.drafter.parameters()).device} and the target on "
                              f"{device}; move it with strategy.drafter.to({str(device)!r}).")
-        _CHECKED.setdefault(target, weakref.WeakSet()).add(self.drafter)
+        checked.add(self.drafter)
 
     def open(self, ctx: CallContext) -> "EagleCandidateGenerator":
         return EagleCandidateGenerator(ctx, self)
 
 
 class EagleCandidateGenerator(SpeculativeCandidateGenerator):
-    """Per-call state: feature hooks on the target, the drafter's KV cache, the length policy.
+    """Per-call state: the target's verified features, the drafter's KV cache, the length policy.
 
     Invariant between forwards: the drafter's cache holds positions ``[0, n_true)`` computed from
-    the target's true features; ``pending`` holds the verified features of positions
+    the target's true features; ``features.pending`` holds the verified features of positions
     ``[n_true, L - 1)`` not fed yet (``L`` = verified length; position ``L - 1``, the target's
     newest token, has no feature until the next target forward).
     """
@@ -128,14 +127,12 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.config = config
         self.net = config.drafter
-        self.tap = FeatureTap(ctx.target, self.net.config.target_layers)
+        self.features = VerifiedFeatures(ctx.target, self.net.config.target_layers)
         self.embed = ctx.target.get_input_embeddings()
         self.head = ctx.target.get_output_embeddings()
         self.cache = DraftKVCache()
         self.n_true = 0
-        self.pending: torch.Tensor | None = None  # [1, P, F]
         self._target_ids = self.net.target_ids()  # [V_draft] or None
-        self._lost = False
         self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
@@ -154,13 +151,13 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         self.cache.crop(self.n_true)  # drop the entries written from predicted features
         tokens = input_ids[:, self.n_true + 1 : length]  # [1, P]
         positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
-        hidden = self.net(self.embed(tokens), self.pending, positions, self.cache, fused=True)  # [1, P, H]
-        self.n_true, self.pending = length - 1, None
+        hidden = self.net(self.embed(tokens), self.features.pop(), positions, self.cache, fused=True)  # [1, P, H]
+        self.n_true = length - 1
         return hidden[:, -1:]
 
     @torch.no_grad()
     def propose(self, input_ids, max_tokens):
-        if self._lost or self.pending is None or not self.policy.begin():
+        if self.features.lost or self.features.pending is None or not self.policy.begin():
             return None, None  # before the prefill there are no features yet
         hidden = self._catch_up(input_ids)
         position = input_ids.shape[1] - 1
@@ -185,16 +182,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
 
     def follow_verified(self, input_ids, num_accepted, num_proposed):
-        valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', F]
-        if valid is not None:
-            self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
-        known = self.n_true + (0 if self.pending is None else self.pending.shape[1])
-        if known != input_ids.shape[1] - 1 and not self._lost:
-            # Some forward was not seen (or seen twice): features no longer line up with tokens.
-            # Drafting stops for this call; the output stays exact, only the speedup is lost.
-            self._lost = True
+        self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
 
     def close(self):
-        self.tap.remove()
+        self.features.close()
         self.cache = DraftKVCache()
-        self.pending = None

@@ -1,0 +1,60 @@
+"""Chain drafters in our loop: a per-call generator that proposes token chains, seen as a tree drafter.
+
+Every drafter written for transformers' assisted loop proposes a chain (``propose(input_ids,
+max_tokens) -> (tokens [k], logits [k, V] or None)``) and learns from ``on_verified(input_ids,
+num_accepted, num_proposed)``; a user's raw transformers ``CandidateGenerator`` is wrapped into one by
+:class:`~hf_speculative.base.ExternalCandidateGenerator`. :class:`ChainDrafter` speaks the loop's
+``propose_tree`` / ``observe`` for them: a chain is the tree ``parents = [-1, 0, ..., k-2]``, and under
+sampling the distribution each token was drawn from is the softmax of the logits the drafter returned.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .base import SpeculativeCandidateGenerator
+from .tree import DraftTree, Verdict
+
+
+class ChainDrafter:
+    """The loop's view of a chain-proposing per-call generator.
+
+    Args:
+        generator (`SpeculativeCandidateGenerator`): opened for this call (``strategy.open(ctx)``).
+    """
+
+    def __init__(self, generator: SpeculativeCandidateGenerator):
+        self.generator = generator
+        self._proposed = 0
+        self._verify_started = 0.0
+
+    def propose_tree(self, sequence: torch.LongTensor, max_depth: int) -> DraftTree:
+        gen = self.generator
+        if gen._prompt_length is None:
+            gen._prompt_length = sequence.shape[1]
+        tokens, logits = (None, None) if max_depth < 1 or gen._speculation_disabled else gen.propose(sequence, max_depth)
+        if tokens is None or tokens.numel() == 0:
+            self._proposed = 0
+            tree = DraftTree.empty(sequence.device)
+        else:
+            tokens = tokens.reshape(-1)[:max_depth].to(device=sequence.device, dtype=torch.long)
+            probs = None
+            if logits is not None:  # [k, V_draft]: the drafter sampled; q is the distribution it drew from
+                probs = torch.softmax(gen._to_target_vocab(logits[: tokens.numel()]).float(), dim=-1)
+            self._proposed = int(tokens.numel())
+            tree = DraftTree.chain(tokens, probs)
+        self._verify_started = time.perf_counter()
+        return tree
+
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """``scores``: the processed target logits of the forward, ``[1 + n, V]``."""
+        gen = self.generator
+        gen.last_verify_s = time.perf_counter() - self._verify_started
+        gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
+        gen._num_proposed = self._proposed
+        gen.on_verified(sequence, verdict.num_accepted, self._proposed)
+
+    def close(self) -> None:
+        self.generator.close()

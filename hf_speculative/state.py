@@ -1,0 +1,77 @@
+"""What hf_speculative remembers about a model between calls, in one place, with one :func:`forget`.
+
+Some things belong to a model (and the hardware it runs on), not to one ``generate()`` call: the
+measured cost of its verifying forwards, the views of its layers that self-speculation drafts with,
+a LayerSkip calibration, whether its structure was probed, which drafter networks were checked
+against it, the statistics of its last call. Each model gets one :class:`ModelState` holding them
+all, held weakly (it goes when the model does); :func:`forget` drops all of it at once, e.g. after
+changing the model in a way that invalidates what was measured, or to let go of the views.
+
+A "model" is whatever a measurement belongs to: a target, but also a drafter network or a layer
+view, whose drafting step has its own measured time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Any
+
+
+@dataclasses.dataclass(eq=False)
+class ModelState:
+    """Everything remembered about one model; each slot is empty until the module that owns it fills it.
+
+    Attributes:
+        verify_costs (`VerifyCostModel`, *optional*): measured costs of its verifying forwards
+            (``costs.verify_costs_for``).
+        draft_step_s (`float`, *optional*): smoothed seconds of one drafting step, for a model that
+            drafts (``costs.record_draft_step``).
+        views (`dict[tuple[int, ...], LayerSubset]`): views that run some of its layers, by layer
+            tuple (``drafters.layer_view.layer_subset``).
+        structure_problem (`str`, *optional*): ``None`` until probed, then ``""`` when layer-by-layer
+            drafting works on it, else why not (``drafters.layer_view.check_structure``).
+        calibration (`SkipCalibration`, *optional*): the skipped set of ``LayerSkip("auto")``
+            (``drafters.layer_calibration``).
+        checked (`weakref.WeakSet`): drafter networks already checked against it: vocabulary for a
+            draft model, features, device and dtype for EAGLE drafters and exit adapters.
+        last_stats (`threading.local`): ``.stats``, the statistics of its last call in each thread.
+        lock (`threading.RLock`): held by updates that read and then write the slots above.
+    """
+
+    verify_costs: Any = None
+    draft_step_s: float | None = None
+    views: dict = dataclasses.field(default_factory=dict)
+    structure_problem: str | None = None
+    calibration: Any = None
+    checked: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
+    last_stats: threading.local = dataclasses.field(default_factory=threading.local)
+    lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
+
+
+_STATES: "weakref.WeakKeyDictionary[Any, ModelState]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def state_of(model: Any) -> ModelState:
+    """The state of ``model`` (any object that takes weak references), made empty on first use."""
+    with _LOCK:
+        state = _STATES.get(model)
+        if state is None:
+            state = _STATES[model] = ModelState()
+        return state
+
+
+def all_states() -> list[ModelState]:
+    """The states of every model still alive (a snapshot, for checks across models)."""
+    with _LOCK:
+        return list(_STATES.values())
+
+
+def forget(model: Any) -> None:
+    """Drop everything hf_speculative remembers about ``model``: measured costs, layer views, the
+    LayerSkip calibration, structure probes, checked drafters, last statistics. Later calls measure
+    and check again from scratch; other models are untouched. Calls running now keep what they hold."""
+    with _LOCK:
+        _STATES.pop(model, None)

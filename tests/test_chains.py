@@ -1,0 +1,84 @@
+"""Chain drafters written for transformers' assisted loop run in ours through ``ChainDrafter``: identical to
+plain greedy, with EOS and the length limit inside accepted chains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ARCHS, PROMPT, OracleCandidateGenerator, build_model, sibling_model, stock_generate
+from transformers import GenerationConfig
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
+
+import hf_speculative as hfs
+from hf_speculative.base import CallContext, ExternalCandidateGenerator
+from hf_speculative.chains import ChainDrafter
+from hf_speculative.loop import run
+from hf_speculative.stats import SpeculativeStats
+
+
+def loop_generate(model, strategy_or_raw, max_new_tokens: int, eos=None):
+    max_length = len(PROMPT) + max_new_tokens
+    config = GenerationConfig(max_length=max_length, do_sample=False, eos_token_id=eos)
+    stopping = StoppingCriteriaList([MaxLengthCriteria(max_length)])
+    if eos is not None:
+        stopping.append(EosTokenCriteria(eos))
+    ctx = CallContext(model, config, None, stopping, SpeculativeStats())
+    if isinstance(strategy_or_raw, hfs.DraftStrategy):
+        generator = strategy_or_raw.open(ctx)
+    else:
+        generator = ExternalCandidateGenerator(ctx, strategy_or_raw)
+    drafter = ChainDrafter(generator)
+    try:
+        result = run(model, torch.tensor([PROMPT]), drafter, stopping_criteria=stopping, stats=ctx.stats,
+                     max_length=max_length)
+    finally:
+        drafter.close()
+    return result
+
+
+def greedy(model, max_new_tokens, eos=None):
+    ids = torch.tensor([PROMPT])
+    return stock_generate(model, input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=max_new_tokens, eos_token_id=eos)[0].tolist()
+
+
+def strategies(model, reference):
+    return {
+        "prompt-lookup": hfs.PromptLookup(),
+        "prompt-lookup-fixed": hfs.PromptLookup(num_tokens=4, adaptive=False),
+        "draft-model": hfs.DraftModel(sibling_model(model), adaptive=False),
+        "draft-model-copy": hfs.DraftModel(_copy(model), adaptive=False),
+        "raw-oracle": OracleCandidateGenerator(reference, num_tokens=5),
+    }
+
+
+def _copy(model):
+    clone = sibling_model(model)
+    clone.load_state_dict(model.state_dict())
+    return clone
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy",
+                                  "raw-oracle"])
+@pytest.mark.parametrize("max_new_tokens", [1, 9, 30])
+def test_chain_drafters_in_our_loop_equal_greedy(arch, name, max_new_tokens):
+    model = build_model(arch)
+    reference = greedy(model, 40)
+    strategy = strategies(model, reference)[name]
+    result = loop_generate(model, strategy, max_new_tokens)
+    assert result.sequences[0].tolist() == reference[: len(PROMPT) + max_new_tokens]
+    if name in ("draft-model-copy", "raw-oracle") and max_new_tokens == 30:
+        assert result.stats.accepted_tokens == result.stats.drafted_tokens >= 15  # a perfect drafter: all kept
+    if name == "raw-oracle" and max_new_tokens == 30:
+        assert result.stats.target_forwards <= 6  # 5 drafted + 1 own token per forward
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "qwen2"])
+def test_eos_inside_an_accepted_chain(arch):
+    model = build_model(arch)
+    free = greedy(model, 40)
+    eos = free[len(PROMPT) + 3]
+    expected = greedy(model, 40, eos=eos)
+    result = loop_generate(model, OracleCandidateGenerator(free, num_tokens=8), 40, eos=eos)
+    assert result.sequences[0].tolist() == expected
