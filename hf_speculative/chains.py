@@ -1,4 +1,4 @@
-"""Chain drafters in our loop: a per-call generator that proposes token chains, seen as a tree drafter.
+"""Drafters in our loop: a per-call generator that proposes token chains (or trees), seen as a tree drafter.
 
 Every drafter written for transformers' assisted loop proposes a chain (``propose(input_ids,
 max_tokens) -> (tokens [k], logits [k, V] or None)``) and learns from ``on_verified(input_ids,
@@ -6,6 +6,8 @@ num_accepted, num_proposed)``; a user's raw transformers ``CandidateGenerator`` 
 :class:`~hf_speculative.base.ExternalCandidateGenerator`. :class:`ChainDrafter` speaks the loop's
 ``propose_tree`` / ``observe`` for them: a chain is the tree ``parents = [-1, 0, ..., k-2]``, and under
 sampling the distribution each token was drawn from is the softmax of the logits the drafter returned.
+A generator that drafts trees itself has ``propose_tree(input_ids, max_depth) -> DraftTree | None``
+(``None``: a chain this step) and ``observe_tree(input_ids, tree, num_accepted)``.
 """
 
 from __future__ import annotations
@@ -28,12 +30,20 @@ class ChainDrafter:
     def __init__(self, generator: SpeculativeCandidateGenerator):
         self.generator = generator
         self._proposed = 0
+        self._tree = False
         self._verify_started = 0.0
 
     def propose_tree(self, sequence: torch.LongTensor, max_depth: int) -> DraftTree:
         gen = self.generator
         if gen._prompt_length is None:
             gen._prompt_length = sequence.shape[1]
+        grow = getattr(gen, "propose_tree", None)  # drafters that draft trees (``tree=`` options)
+        tree = None if grow is None or max_depth < 1 or gen._speculation_disabled else grow(sequence, max_depth)
+        self._tree = tree is not None
+        if tree is not None:
+            self._proposed = tree.size
+            self._verify_started = time.perf_counter()
+            return tree
         tokens, logits = (None, None) if max_depth < 1 or gen._speculation_disabled else gen.propose(sequence, max_depth)
         if tokens is None or tokens.numel() == 0:
             self._proposed = 0
@@ -54,7 +64,10 @@ class ChainDrafter:
         gen.last_verify_s = time.perf_counter() - self._verify_started
         gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
         gen._num_proposed = self._proposed
-        gen.on_verified(sequence, verdict.num_accepted, self._proposed)
+        if self._tree:
+            gen.observe_tree(sequence, tree, verdict.num_accepted)
+        else:
+            gen.on_verified(sequence, verdict.num_accepted, self._proposed)
 
     def close(self) -> None:
         self.generator.close()

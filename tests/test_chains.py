@@ -82,3 +82,29 @@ def test_eos_inside_an_accepted_chain(arch):
     expected = greedy(model, 40, eos=eos)
     result = loop_generate(model, OracleCandidateGenerator(free, num_tokens=8), 40, eos=eos)
     assert result.sequences[0].tolist() == expected
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("max_new_tokens", [3, 30])
+def test_prompt_lookup_trees_equal_greedy(arch, adaptive, max_new_tokens):
+    from hf_speculative.tree_shapes import DynamicTree
+
+    model = build_model(arch)
+    reference = greedy(model, 40)
+    strategy = hfs.PromptLookup(tree=DynamicTree(nodes=12, depth=5, top_k=3), adaptive=adaptive)
+    result = loop_generate(model, strategy, max_new_tokens)
+    assert result.sequences[0].tolist() == reference[: len(PROMPT) + max_new_tokens]
+    if not adaptive and max_new_tokens == 30:
+        assert result.stats.drafted_tokens > 0
+
+
+def test_prompt_lookup_tree_branches_on_disagreeing_matches():
+    from hf_speculative.tree_shapes import DynamicTree
+
+    model = build_model("llama")
+    ctx = CallContext(model, GenerationConfig(max_length=64), None, None, SpeculativeStats())
+    generator = hfs.PromptLookup(tree=DynamicTree(nodes=8, depth=3, top_k=4), adaptive=False).open(ctx)
+    tree = generator.propose_tree(torch.tensor([[11, 12, 17, 17, 13, 11, 12, 18, 16, 10, 11, 12]]), max_depth=8)
+    assert sorted(tree.tokens[tree.parents == -1].tolist()) == [17, 18]  # two matches, two branches
+    assert tree.size == 6 and not tree.is_chain()

@@ -177,3 +177,41 @@ class ChainLengthPolicy:
             self._pause = max(self._pause, self._loss_backoff)
             self._loss_backoff = min(self._loss_backoff * 2, 32)
             self.profit = 0.0
+
+
+class TreeBudget:
+    """How many nodes a tree drafter verifies this step: none, or its budget ``nodes`` or a half, quarter...
+    of it, whichever gives the most tokens per unit of verification cost.
+
+    The value of ``m`` nodes is ``(1 + kept[m]) / cost(m)``: ``kept[m]``, the decayed mean of draft tokens
+    that trees of that size kept (optimistic until measured), and ``cost(m)``, the measured cost of
+    verifying ``m`` tokens on this target and device in one-token forwards. Plain decoding is worth 1.
+    When nothing pays, every estimate creeps back towards its prior so that drafting is retried.
+    """
+
+    PRIOR = 1.0  # kept tokens assumed before a size is measured
+
+    def __init__(self, costs: VerifyCostModel, nodes: int, adaptive: bool = True, decay: float = 0.8):
+        self.costs, self.nodes, self.adaptive, self.decay = costs, nodes, adaptive, decay
+        sizes, m = [], nodes
+        while m >= 1:
+            sizes.append(m)
+            m //= 2
+        self.kept = {m: self.PRIOR for m in sizes}
+
+    def choose(self) -> int:
+        if not self.adaptive:
+            return self.nodes
+        best, value = 0, 1.0
+        for m, kept in self.kept.items():
+            candidate = (1.0 + kept) / self.costs.ratio(m)
+            if candidate > value * 1.02:  # a 2% margin: do not draft for noise
+                best, value = m, candidate
+        if best == 0:
+            for m, kept in self.kept.items():
+                self.kept[m] = kept + (self.PRIOR - kept) * 0.03
+        return best
+
+    def verified(self, size: int, num_accepted: int) -> None:
+        if size in self.kept:
+            self.kept[size] = self.kept[size] * self.decay + num_accepted * (1 - self.decay)

@@ -11,7 +11,10 @@ import torch
 
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
-from .policy import AcceptanceEstimate, best_length
+from ..tree import DraftTree
+from ..tree_shapes import DynamicTree
+from .lookup_tree import MultiNgramIndex, lookup_tree
+from .policy import AcceptanceEstimate, TreeBudget, best_length
 
 
 @dataclasses.dataclass
@@ -30,12 +33,18 @@ class PromptLookup(DraftStrategy):
         min_ngram (`int`, defaults to 1): the shortest n-gram to match.
         adaptive (`bool`, defaults to `True`): choose the draft length per step; ``False`` always
             proposes ``num_tokens`` tokens when there is a match (like transformers does).
+        tree (`DynamicTree`, *optional*): draft a tree instead of a chain: the continuations of several
+            matches (every n-gram size, the ``tree.top_k`` most recent occurrences of each) merged where
+            they agree, up to ``tree.nodes`` nodes and ``tree.depth`` tokens deep; verified in one forward
+            by hf_speculative's own loop. With ``adaptive`` the node count per step (0 included) follows the
+            measured verification cost and what trees kept.
     """
 
     num_tokens: int = 10
     max_ngram: int = 3
     min_ngram: int = 1
     adaptive: bool = True
+    tree: DynamicTree | None = None
     name: ClassVar[str] = "prompt-lookup"
 
     def __post_init__(self):
@@ -45,6 +54,9 @@ class PromptLookup(DraftStrategy):
             raise ValueError(
                 f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}): need 1 <= min_ngram <= max_ngram."
             )
+        if self.tree is not None and not isinstance(self.tree, DynamicTree):
+            raise ValueError(f"PromptLookup(tree={self.tree!r}): use hfs.DynamicTree(nodes=..., depth=..., top_k=...) "
+                             f"(top_k: occurrences per n-gram) or None for chains.")
 
     def open(self, ctx: CallContext) -> "PromptLookupCandidateGenerator":
         return PromptLookupCandidateGenerator(ctx, self)
@@ -87,8 +99,11 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         self.config = config
         self.index = NgramIndex(config.min_ngram, config.max_ngram)
         self.acceptance = {n: AcceptanceEstimate() for n in range(config.min_ngram, config.max_ngram + 1)}
-        self.costs = verify_costs_for(ctx.target, config.num_tokens)
+        self.costs = verify_costs_for(ctx.target, max(config.num_tokens, config.tree.nodes if config.tree else 0))
         self._matched_n: int | None = None
+        if config.tree is not None:
+            self.matches = MultiNgramIndex(config.min_ngram, config.max_ngram, occurrences=config.tree.top_k)
+            self.budget = TreeBudget(self.costs, config.tree.nodes, config.adaptive)
 
     def propose(self, input_ids, max_tokens):
         self.index.extend(input_ids[0, len(self.index.tokens) :].tolist())
@@ -112,3 +127,21 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
             self.costs.observe(num_proposed, self.last_verify_s)
         if self._matched_n is not None and num_proposed:
             self.acceptance[self._matched_n].update(num_accepted, num_proposed)
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+        """The matches' continuations as one tree, or ``None`` to draft a chain (no ``tree=`` option)."""
+        shape = self.config.tree
+        if shape is None:
+            return None
+        self.matches.extend(input_ids[0, len(self.matches.tokens):].tolist())
+        nodes = self._asked = self.budget.choose()
+        if nodes == 0:
+            return DraftTree.empty(input_ids.device)
+        return lookup_tree(self.matches, nodes, min(shape.depth, max_depth))
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, num_accepted: int) -> None:
+        if self.after_prefill and tree.size:
+            self.costs.observe(tree.size, self.last_verify_s)
+        if tree.size:
+            self.budget.verified(self._asked, num_accepted)
