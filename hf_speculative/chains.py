@@ -7,7 +7,7 @@ num_accepted, num_proposed)``; a user's raw transformers ``CandidateGenerator`` 
 ``propose_tree`` / ``observe`` for them: a chain is the tree ``parents = [-1, 0, ..., k-2]``, and under
 sampling the distribution each token was drawn from is the softmax of the logits the drafter returned.
 A generator that drafts trees itself has ``propose_tree(input_ids, max_depth) -> DraftTree | None``
-(``None``: a chain this step) and ``observe_tree(input_ids, tree, num_accepted)``.
+(``None``: a chain this step) and ``observe_tree(input_ids, tree, verdict)``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ChainDrafter:
         gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
         gen._num_proposed = self._proposed
         if self._tree:
-            gen.observe_tree(sequence, tree, verdict.num_accepted)
+            gen.observe_tree(sequence, tree, verdict)
         else:
             gen.on_verified(sequence, verdict.num_accepted, self._proposed)
 

@@ -99,13 +99,28 @@ class VerifiedFeatures:
         ``num_proposed`` drafted tokens kept); ``length`` is the verified length after it."""
         valid = self.tap.take_verified(num_accepted, num_proposed)  # [1, T', F]
         if valid is not None:
-            first = self.known == 0
-            self.known += valid.shape[1]
-            if first and self.skip_first:
-                valid = valid[:, 1:]
-            self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
+            self._queue(valid)
         if self.known != length - 1:  # the newest token has no features until the next forward
             self.lost = True
+
+    def follow_tree(self, length: int, tree_size: int, path: list[int]) -> None:
+        """:meth:`follow` after a forward that verified a draft tree of ``tree_size`` nodes (hf_speculative's
+        loop): the states of the tokens before the nodes, then of the accepted ``path``'s nodes, in order."""
+        states = self.tap.take()  # [1, m + n, F]
+        if states is not None:
+            before = states.shape[1] - tree_size
+            keep = torch.cat([torch.arange(before, device=states.device),
+                              before + torch.as_tensor(list(path), dtype=torch.long, device=states.device)])
+            self._queue(states.index_select(1, keep))
+        if self.known != length - 1:
+            self.lost = True
+
+    def _queue(self, valid: torch.Tensor) -> None:
+        first = self.known == 0
+        self.known += valid.shape[1]
+        if first and self.skip_first:
+            valid = valid[:, 1:]
+        self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
 
     def pop(self) -> torch.Tensor | None:
         """The queued features `[1, P, F]` (``None`` if none), emptying the queue."""

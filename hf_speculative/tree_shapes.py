@@ -154,16 +154,18 @@ class DynamicTree:
         _check_int("DynamicTree", "depth", self.depth, 1, MAX_DEPTH)
         _check_int("DynamicTree", "top_k", self.top_k, 1, 64)
 
-    def grow(self, root_logprobs: torch.Tensor,
-             expand: Callable[[list[int], torch.Tensor], torch.Tensor], nodes: int | None = None) -> DraftTree:
+    def grow(self, root_logprobs: torch.Tensor, expand: Callable[[list[int], torch.Tensor, list[int]], torch.Tensor],
+             nodes: int | None = None, depth: int | None = None) -> DraftTree:
         """Grow one step's tree.
 
         Args:
             root_logprobs: ``[V]`` the drafter's log-probabilities for the token after the root.
-            expand: ``expand(frontier, tokens)`` runs the drafter one depth further on the frontier's nodes
-                (indices into the nodes drafted so far, in drafting order, with their ``[k]`` tokens) and
-                returns ``[k, V]`` log-probabilities for each one's next token.
+            expand: ``expand(frontier, tokens, parents)`` runs the drafter one depth further on the frontier's
+                nodes (indices into the nodes drafted so far, in drafting order, with their ``[k]`` tokens and
+                their parents' indices, ``-1`` for the root) and returns ``[k, V]`` log-probabilities for each
+                one's next token.
             nodes: this step's budget (defaults to ``self.nodes``; the cost model may lower it).
+            depth: this step's deepest level (defaults to ``self.depth``; less near the length limit).
 
         Each depth adds the ``top_k`` guesses of each frontier node; the next frontier is the ``top_k``
         new nodes of highest cumulative log-probability (the product of the guesses' probabilities along
@@ -179,8 +181,9 @@ class DynamicTree:
         scores: list[float] = []
         top = root_logprobs.float().topk(min(self.top_k, root_logprobs.shape[-1]))
         frontier = self._add(tokens, parents, scores, [ROOT], [0.0], top.values[None], top.indices[None])
-        for _ in range(1, self.depth):
-            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long))  # [k, V]
+        for _ in range(1, min(self.depth, depth or self.depth)):
+            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
+                              [parents[i] for i in frontier])  # [k, V]
             top = logprobs.float().topk(min(self.top_k, logprobs.shape[-1]), dim=-1)  # [k, top_k]
             frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier],
                                  top.values, top.indices)

@@ -76,7 +76,7 @@ def test_dynamic_tree_expands_the_likeliest_and_keeps_the_best_nodes():
     table = torch.log_softmax(torch.tensor([[float((a * 7 + b * 3) % 6) for b in range(6)] for a in range(6)]), -1)
     calls = []
 
-    def expand(frontier, tokens):
+    def expand(frontier, tokens, parents):
         calls.append(list(frontier))
         return table[tokens]
 
@@ -101,4 +101,4 @@ def test_dynamic_tree_expands_the_likeliest_and_keeps_the_best_nodes():
 
 
 def test_dynamic_tree_budget_zero_drafts_nothing():
-    assert DynamicTree().grow(torch.zeros(10), lambda f, t: torch.zeros(len(f), 10), nodes=0).size == 0
+    assert DynamicTree().grow(torch.zeros(10), lambda f, t, p: torch.zeros(len(f), 10), nodes=0).size == 0

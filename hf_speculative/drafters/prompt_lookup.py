@@ -11,7 +11,7 @@ import torch
 
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
-from ..tree import DraftTree
+from ..tree import DraftTree, Verdict
 from ..tree_shapes import DynamicTree
 from .lookup_tree import MultiNgramIndex, lookup_tree
 from .policy import AcceptanceEstimate, TreeBudget, best_length
@@ -140,8 +140,8 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
             return DraftTree.empty(input_ids.device)
         return lookup_tree(self.matches, nodes, min(shape.depth, max_depth))
 
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, num_accepted: int) -> None:
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
         if self.after_prefill and tree.size:
             self.costs.observe(tree.size, self.last_verify_s)
         if tree.size:
-            self.budget.verified(self._asked, num_accepted)
+            self.budget.verified(self._asked, verdict.num_accepted)

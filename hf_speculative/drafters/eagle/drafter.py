@@ -23,8 +23,11 @@ from ...costs import draft_price, record_draft_step, verify_costs_for
 from ...cpu_layout import follow_layout
 from ...features import VerifiedFeatures
 from ...state import state_of
-from ..policy import ChainLengthPolicy, check_chain_options
+from ...tree import DraftTree, Verdict
+from ...tree_shapes import DynamicTree, StaticTree
+from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
 from .model import DraftKVCache, EagleDraftModel
+from .tree_drafting import grow_static, tree_expander
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -49,6 +52,11 @@ class Eagle(DraftStrategy):
         adaptive (`bool`, defaults to `True`): draft a token only while the calibrated chance that
             the draft so far is accepted pays for drafting and verifying it (measured costs).
         draft_cost (`float`, *optional*): one drafter step in target forwards; measured by default.
+        tree (`DynamicTree` or `StaticTree`, *optional*): draft a tree, verified in one forward by
+            hf_speculative's own loop: ``hfs.DynamicTree(nodes, depth, top_k)`` grows EAGLE-2's context-aware
+            tree (one drafter forward per depth over the ``top_k`` likeliest nodes, the best ``nodes`` kept);
+            ``hfs.StaticTree(paths)`` drafts a fixed set of rank paths. With ``adaptive`` the node count per
+            step (0 included) follows the measured verification cost and what trees kept. ``None``: chains.
     """
 
     drafter: EagleDraftModel = dataclasses.field(repr=False)
@@ -56,6 +64,7 @@ class Eagle(DraftStrategy):
     confidence_threshold: float = 0.05
     adaptive: bool = True
     draft_cost: float | None = None
+    tree: DynamicTree | StaticTree | None = None
     name: ClassVar[str] = "eagle"
 
     def __post_init__(self):
@@ -66,6 +75,9 @@ class Eagle(DraftStrategy):
             raise ValueError(f"This network is an exit adapter for the first {self.drafter.config.exit_layer} layers, not an "
                              f"EAGLE drafter: use hfs.EarlyExit(exit_layer={self.drafter.config.exit_layer}, adapter=path).")
         check_chain_options(self)
+        if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
+            raise ValueError(f"Eagle(tree={self.tree!r}): use hfs.DynamicTree(nodes=..., depth=..., top_k=...), "
+                             f"hfs.StaticTree(paths) or None for chains.")
 
     @classmethod
     def from_pretrained(cls, path_or_name: str | os.PathLike, target: torch.nn.Module | None = None, *,
@@ -136,6 +148,10 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
+        if config.tree is not None:
+            nodes = config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size
+            self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
+            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
 
     def _draft_price(self) -> float:
         # until measured: one layer against a whole model
@@ -183,6 +199,38 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
 
     def follow_verified(self, input_ids, num_accepted, num_proposed):
         self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    @torch.no_grad()
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+        """One step's draft tree (``None``: no ``tree=`` option, draft chains)."""
+        shape = self.config.tree
+        if shape is None:
+            return None
+        if self.features.lost or self.features.pending is None:
+            return DraftTree.empty(input_ids.device)  # before the prefill there are no features yet
+        nodes = self._asked = self.budget.choose()
+        if nodes == 0:
+            return DraftTree.empty(input_ids.device)
+        start = time.perf_counter()
+        hidden = self._catch_up(input_ids)  # [1, 1, H]: predicts the root's children
+        root = torch.log_softmax(self._logits(hidden).float(), dim=-1)  # [V]
+        expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden[0, -1],
+                               lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
+        if isinstance(shape, DynamicTree):
+            tree = shape.grow(root, expand, nodes=nodes, depth=max_depth)
+        else:
+            tree = grow_static(shape, root, expand, max_depth)
+        steps = max(int(tree.depths().max()) + 1, 1) if tree.size else 1
+        record_draft_step(self.net, (time.perf_counter() - start) / steps)
+        return tree
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        self.features.follow_tree(input_ids.shape[1], tree.size, list(verdict.path))
+        if self.after_prefill and tree.size:
+            self.verify_costs.observe(tree.size, self.last_verify_s)
+        if tree.size:
+            self.budget.verified(self._asked, verdict.num_accepted)
 
     def close(self):
         self.features.close()
