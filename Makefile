@@ -6,26 +6,45 @@ TORCH_SPEC ?= torch==2.13.0
 # Newest 5.x by default; CI also runs `make test VENV=.venv-tf4 TRANSFORMERS_SPEC=transformers==4.57.6`.
 TRANSFORMERS_SPEC ?= transformers>=4.45,<6
 PY := $(VENV)/bin/python
+# What each target installs (setup.cfg's extras): the demo app alone, or everything the test suite
+# exercises. One stamp per set, so a second `make demo` / `make test` installs nothing.
+DEMO_EXTRAS := app,registry
+TEST_EXTRAS := dev,docs,app,app-test,train,registry,cli,kernel
+VENV_STAMP := $(VENV)/.hf_speculative-venv
+DEMO_STAMP := $(VENV)/.hf_speculative-demo
 STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast compare bench clean docs docs-serve
+.PHONY: install install-demo demo test test-fast compare bench clean docs docs-serve
 
-$(STAMP): setup.cfg pyproject.toml Makefile
+# The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
+$(VENV_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[dev,docs,app,app-test]"
+	touch $(VENV_STAMP)
+
+$(DEMO_STAMP): $(VENV_STAMP) setup.cfg pyproject.toml Makefile
+	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[$(DEMO_EXTRAS)]"
+	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(VENV_STAMP) setup.cfg pyproject.toml Makefile
+	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[$(TEST_EXTRAS)]"
 	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $(STAMP)
 
+# What the tests (and CI: .ci/run) need; `make test` runs it first.
 install: $(STAMP)
+
+# What the demo needs: the package, the app's gradio and matplotlib, the registry's GGUF reader.
+install-demo: $(DEMO_STAMP)
 
 # The Gradio app on localhost (prints its URL); DEMO_ARGS e.g. "--port 7861 --threads 2".
 DEMO_ARGS ?= --threads 1
-demo: install
-	$(PY) -m hf_speculative models fetch $(MODEL)
+demo: install-demo
+	$(PY) -c "from hf_speculative.models import fetch; fetch('$(MODEL)')"
 	$(PY) app.py --model $(MODEL) $(DEMO_ARGS)
 
 test: install

@@ -24,14 +24,15 @@ import collections
 
 import torch
 
-from hf_speculative.bench.runner import SPEC_BENCH_CATEGORIES, encode_prompt, load_prompts
+from hf_speculative.bench.spec_bench import DATASET, SPEC_BENCH_CATEGORIES, load_prompts
+from hf_speculative.prompting import encode_prompt
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--drafter", default="smollm2-135m-instruct", help="folder or shipped drafter name")
-    parser.add_argument("--dataset", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--dataset", default=str(DATASET), help="Spec-Bench question.jsonl (default: the shipped one)")
     parser.add_argument("--categories", default=",".join(SPEC_BENCH_CATEGORIES))
     parser.add_argument("--per-category", type=int, default=3)
     parser.add_argument("--draft", type=int, default=5)

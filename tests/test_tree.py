@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from conftest import ARCHS, build_model
+from tests.conftest import ARCHS, build_model
 
 from hf_speculative import compat
 from hf_speculative.tree import DraftTree, Verdict, kept_positions, position_ids, visibility

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PROMPT, build_model
+from tests.conftest import PROMPT, build_model
 from scipy.stats import chisquare
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 

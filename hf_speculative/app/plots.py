@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from matplotlib.figure import Figure
-
+from ..extras import require
 from .streaming import MethodTrace
+
+Figure = require("matplotlib.figure", "app", "The demo app").Figure
 
 
 def comparison_figure(traces: Sequence[MethodTrace]) -> Figure | None:

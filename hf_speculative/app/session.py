@@ -12,6 +12,7 @@ import time
 from typing import Any, Iterator
 
 from ..methods import get_method, pad_token_id
+from ..prompting import encode_prompt
 from .cache import LoadedModel, ModelCache
 from .highlight import SourcedText
 from .request import AppError, CompareRequest
@@ -34,8 +35,6 @@ class Comparison:
     """
 
     def __init__(self, loaded: LoadedModel, request: CompareRequest, cache: ModelCache, max_prompt_tokens: int):
-        from ..bench.runner import encode_prompt
-
         self.loaded, self.request, self.cache = loaded, request, cache
         self.input_ids = encode_prompt(loaded.tokenizer, request.prompt).to(loaded.model.device)
         self._check_length(max_prompt_tokens)

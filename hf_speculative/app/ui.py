@@ -7,8 +7,7 @@ import logging
 import re
 from typing import Any, Iterator
 
-import gradio as gr
-
+from ..extras import require
 from ..methods import get_method
 from ..models import DEFAULT_MODEL, REGISTRY
 from .cache import ModelCache, describe_device
@@ -18,6 +17,8 @@ from .plots import comparison_figure
 from .request import MAX_PANES, AppError, OptionSlot, option_slots, parse_request, selectable_methods
 from .session import Comparison
 from .streaming import MethodTrace, describe_error
+
+gr = require("gradio", "app", "The demo app")
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ time over ``repeats``. Every method's output is compared token by token with gre
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -20,80 +19,20 @@ from typing import Any, Iterable
 import torch
 
 from ..cpu_layout import cpu_layout
-
+from ..extras import require
 from ..methods import MethodRun, MethodSpec, get_method, run_method
+from ..prompting import encode_prompt
+# the dataset's names, re-exported: benchmarks and older scripts import them from here
+from .spec_bench import (  # noqa: F401
+    MT_BENCH,
+    MT_BENCH_CATEGORIES,
+    SPEC_BENCH_CATEGORIES,
+    Prompt,
+    default_dataset_path,
+    load_prompts,
+)
 
-MT_BENCH = "mt-bench"
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-SPEC_BENCH_CATEGORIES = (MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")
 BASELINE = "greedy"
-
-
-@dataclasses.dataclass(frozen=True)
-class Prompt:
-    """One benchmark prompt: the first turn of a Spec-Bench question."""
-
-    question_id: Any
-    category: str
-    text: str
-
-
-def default_dataset_path(cwd: str | os.PathLike | None = None) -> Path | None:
-    """``../shared/data/spec_bench/question.jsonl`` relative to ``cwd`` if it exists, else ``None``."""
-    path = Path(cwd or os.getcwd()).parent / "shared" / "data" / "spec_bench" / "question.jsonl"
-    return path if path.is_file() else None
-
-
-def load_prompts(
-    path: str | os.PathLike,
-    categories: Iterable[str] | None = None,
-    per_category: int | None = None,
-) -> list[Prompt]:
-    """Read a Spec-Bench ``question.jsonl`` (fields ``question_id``, ``category``, ``turns``).
-
-    Args:
-        path: the jsonl file.
-        categories (*optional*): categories to keep, in this order; ``"mt-bench"`` stands for the 8
-            MT-bench categories together, reported as one category. Default: every category of
-            the file, in file order.
-        per_category (`int`, *optional*): keep the first N prompts of each category. For
-            ``"mt-bench"`` the N are taken round-robin over its 8 categories (first writing, first
-            roleplay, ..., second writing, ...) so that a small N still covers them all.
-
-    Returns:
-        `list[Prompt]`, grouped by category.
-    """
-    by_category: dict[str, list[Prompt]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                prompt = Prompt(row["question_id"], row["category"], row["turns"][0])
-                by_category.setdefault(prompt.category, []).append(prompt)
-    if by_category and all(c in by_category for c in MT_BENCH_CATEGORIES):
-        groups = [by_category[c] for c in MT_BENCH_CATEGORIES]
-        mixed = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-        by_category[MT_BENCH] = [dataclasses.replace(p, category=MT_BENCH) for p in mixed]
-    wanted = list(categories) if categories else [c for c in by_category if c != MT_BENCH]
-    unknown = [c for c in wanted if c not in by_category]
-    if unknown:
-        raise ValueError(f"unknown categories {unknown}; known categories: {', '.join(by_category)}")
-    prompts: list[Prompt] = []
-    for category in wanted:
-        group = by_category[category]
-        prompts.extend(group[:per_category] if per_category else group)
-    return prompts
-
-
-def encode_prompt(tokenizer: Any, text: str, chat_template: bool = True) -> torch.Tensor:
-    """Token ids `[1, L]` of ``text`` as a user turn of the chat template (raw text if there is none)."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        # The rendered template already holds the special tokens it wants (as transformers does).
-        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    return tokenizer(text, return_tensors="pt").input_ids
 
 
 def environment(model: Any = None, threads: int | None = None) -> dict[str, Any]:
@@ -193,8 +132,7 @@ def run_bench(
     for spec in specs:  # warm-up, untimed
         run_method(spec, model, tokenizer, encoded[0], options=options, max_new_tokens=min(max_new_tokens, 16))
 
-    from tqdm.auto import tqdm
-
+    tqdm = require("tqdm.auto", "cli", "The benchmark's progress bar").tqdm
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []

@@ -45,14 +45,21 @@ def test_front_matter_describes_a_gradio_space():
     assert Version(meta["sdk_version"]).major == Version(gradio.__version__).major
 
 
-def test_requirements_cover_the_package_and_the_app():
+SPACE_EXTRAS = ("app", "registry")  # the demo app, and the registry it fetches its models from
+
+
+def test_requirements_are_the_package_and_the_apps_extras():
+    """requirements.txt = install_requires + the [app] and [registry] extras (less gradio), same specifiers."""
+    extras = _setup_cfg()["options.extras_require"]
     wanted = _requirements(_setup_cfg()["options"]["install_requires"])
-    wanted += [r for r in _requirements(_setup_cfg()["options.extras_require"]["app"]) if r.name != "gradio"]
+    wanted += [r for extra in SPACE_EXTRAS for r in _requirements(extras[extra]) if r.name != "gradio"]
     have = {r.name.lower(): r for r in _requirements((ROOT / "requirements.txt").read_text())}
     for req in wanted:
         assert req.name.lower() in have, f"requirements.txt lacks {req}"
         assert str(have[req.name.lower()].specifier) == str(req.specifier), f"{req} differs in requirements.txt"
     assert "gradio" not in have, "Spaces installs gradio from the README's sdk_version"
+    unexpected = set(have) - {r.name.lower() for r in wanted}
+    assert not unexpected, f"requirements.txt lists {sorted(unexpected)}, which the app does not need"
 
 
 def test_importing_app_py_builds_and_launches_nothing():

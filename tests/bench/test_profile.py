@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import build_model
+from tests.conftest import build_model
 
 from hf_speculative.bench import profile as P
 
