@@ -318,6 +318,61 @@ def bench_report(
     typer.echo(text)
 
 
+@app.command()
+def profile(
+    model: Annotated[Optional[str], typer.Option(help="Registry name or local folder to profile (real weights).")] = None,
+    config: Annotated[Optional[str], typer.Option(
+        help="A real architecture the package carries, built with --random-weights: "
+             "smollm2-135m, qwen2.5-1.5b, qwen2.5-7b, llama-3.1-8b.")] = None,
+    random_weights: Annotated[bool, typer.Option(help="Build --config with random weights (nothing downloaded).")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    contexts: Annotated[str, typer.Option(help="Comma-separated context lengths.")] = "512,2048",
+    sizes: Annotated[str, typer.Option(help="Comma-separated draft tokens per forward (0 = one-token forward).")]
+    = "0,1,2,4,8,16,32,64",
+    repeats: Annotated[int, typer.Option(min=1, help="Timed forwards per size (the median is kept).")] = 10,
+    threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
+    out: Annotated[Path, typer.Option(help="JSON file to write (a .png plot goes next to it with --plot).")]
+    = Path("profile.json"),
+    plot: Annotated[bool, typer.Option(help="Also draw the relative costs (needs matplotlib: [app]).")] = False,
+) -> None:
+    """Time verification on this model and device: one forward over n draft tokens (chain or tree) against one."""
+    import torch
+
+    from .bench import profile as profiling
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        _fail(f"--dtype {dtype}: use float32, bfloat16 or float16.")
+    if (model is None) == (config is None):
+        _fail("profile needs one of --model NAME and --config NAME --random-weights.")
+    if config is not None and not random_weights:
+        _fail("--config builds a real architecture with random weights: add --random-weights.")
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: no CUDA device is visible to torch here; use --device cpu.")
+    torch.set_num_threads(threads)
+    try:
+        settings = profiling.ProfileSettings(contexts=tuple(int(c) for c in _split(contexts)),
+                                             sizes=tuple(int(n) for n in _split(sizes)), repeats=repeats)
+        if config is not None:
+            target, label = profiling.random_model(config, device, dtypes[dtype]), f"{config} (random weights)"
+        else:
+            from .models import load_model
+
+            target, _ = load_model(model, dtype=dtypes[dtype])
+            target, label = target.to(device).eval(), model
+    except ValueError as err:
+        _fail(str(err))
+    result = profiling.profile(target, settings, label=label, progress=lambda line: _err().print(line))
+    profiling.save(result, out)
+    for context, by_shape in result["relative"].items():
+        cells = ", ".join(f"{n}: {r:.2f}" for n, r in by_shape["tree"].items())
+        typer.echo(f"context {context}, tree nodes -> cost in one-token forwards: {cells}")
+    if plot:
+        _err().print(f"plot: {profiling.plot(result, out.with_suffix('.png'))}")
+    _err().print(f"profile written to {out}")
+
+
 def _register_training_commands() -> None:
     from .training import cli as training_cli
 

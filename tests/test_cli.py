@@ -264,3 +264,27 @@ def test_console_script_without_the_cli_extra_names_the_pip_command():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert 'pip install "hf-speculative[cli]"' in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_profile_random_weights_writes_a_loadable_profile(cli, tmp_path):
+    from hf_speculative.bench import profile as profiling
+
+    out = tmp_path / "p.json"
+    result = cli("profile", "--config", "smollm2-135m", "--random-weights", "--contexts", "24", "--sizes", "0,3",
+                 "--repeats", "1", "--out", out)
+    assert result.exit_code == 0, result.output
+    data = profiling.load(out)
+    assert data["label"] == "smollm2-135m (random weights)" and set(data["relative"]["24"]["tree"]) == {"0", "3"}
+    assert "context 24, tree nodes -> cost in one-token forwards: 0: 1.00, 3:" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "smollm2-135m"], "add --random-weights"),
+    ([], "needs one of --model NAME and --config NAME --random-weights"),
+    (["--config", "gpt-9", "--random-weights"], "use one of llama-3.1-8b"),
+    (["--config", "smollm2-135m", "--random-weights", "--dtype", "int8"], "use float32, bfloat16 or float16"),
+    (["--config", "smollm2-135m", "--random-weights", "--sizes", "1,2"], "need 0"),
+])
+def test_profile_bad_options_name_the_fix(cli, args, message):
+    result = cli("profile", *args)
+    assert result.exit_code == 2 and message in result.output
