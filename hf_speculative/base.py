@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import time
 from typing import Any
 
@@ -87,6 +88,32 @@ class DraftStrategy:
 
     def validate_target(self, target: torch.nn.Module) -> None:
         """Raise a clear error if this strategy cannot serve ``target`` (device, vocabulary...)."""
+
+    # -- as a model's default drafter, in its GenerationConfig (see spec.py) ------------------------
+    def to_dict(self) -> dict:
+        """The JSON spec of this strategy (``{"method": ..., "options": {...}, ...}``), without writing files.
+
+        transformers calls ``to_dict()`` on the dataclasses a ``GenerationConfig`` holds when it prints,
+        hashes, compares or saves it, so a config holding a strategy stays serializable."""
+        from . import spec
+
+        return spec.to_spec(self)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> dict:
+        """Write what this strategy needs beside a model saved in ``save_directory`` and return its spec
+        for ``generation_config.json``: a trained network (``Eagle``, ``EarlyExit(adapter=...)``) goes to a
+        subfolder (``eagle/``, ``exit-adapter/``) unless it ships with hf_speculative; a draft model is
+        named (registry name, folder or Hub id), not copied. ``model.save_pretrained(dir)`` on an enabled
+        model whose ``generation_config.candidate_generator`` holds the strategy calls this itself."""
+        from . import spec
+
+        return spec.save_strategy(self, save_directory)
+
+    def __deepcopy__(self, memo: dict) -> "DraftStrategy":
+        # A strategy is shared, read-only configuration (one instance serves many calls and threads).
+        # transformers deep-copies the GenerationConfig holding it in every generate() call: share it,
+        # rather than copy a drafter network or a draft model each time.
+        return self
 
 
 class SpeculativeCandidateGenerator(compat.CandidateGenerator):

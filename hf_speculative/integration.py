@@ -1,10 +1,14 @@
 """How hf_speculative enters ``model.generate()`` without patching transformers.
 
-``enable(model)`` sets four *instance* attributes (bound methods, so ``copy.deepcopy`` rebinds
+``enable(model)`` sets five *instance* attributes (bound methods, so ``copy.deepcopy`` rebinds
 them to the copy):
 
-- ``generate``: pops ``candidate_generator=``, validates the call, and runs transformers' own
+- ``generate``: resolves the call's strategy (the ``candidate_generator=`` keyword, else the one in
+  the ``GenerationConfig`` passed in, else the model's own ``generation_config.candidate_generator``;
+  the keyword ``None`` turns speculation off), validates the call, and runs transformers' own
   assisted-generation loop (entered through its ``prompt_lookup_num_tokens`` switch);
+- ``save_pretrained``: writes the model's default strategy into ``generation_config.json`` as a spec
+  (and a trained drafter beside the model; see ``spec.py``);
 - ``_get_candidate_generator``: the loop asks the model for its drafter; we hand it the per-call
   generator built from the strategy of *this* call;
 - ``_get_stopping_criteria`` / ``_get_logits_processor``: record the call's stopping criteria (so
@@ -21,20 +25,25 @@ import contextvars
 import copy
 import dataclasses
 import inspect
+import os
 import threading
 import time
-import weakref
+import warnings
+from pathlib import Path
 from types import MethodType
 from typing import Any
 
 import torch
 
-from . import compat
+from . import compat, spec
 from .base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
+from .loop_entry import run_call, runs_in_our_loop, tree_generate
+from .state import state_of
 from .stats import SpeculativeStats
 
 _ENABLED_FLAG = "_hf_speculative_enabled"
-_PATCHED_METHODS = ("generate", "_get_candidate_generator", "_get_stopping_criteria", "_get_logits_processor")
+_LOOP_HOOKS = ("_get_candidate_generator", "_get_stopping_criteria", "_get_logits_processor")
+_PATCHED_METHODS = ("generate", "save_pretrained", *_LOOP_HOOKS)
 # Arguments that select transformers' own drafters; mixing them with ours is ambiguous.
 _CONFLICTING_ARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 # transformers enters its assisted loop when this is set; our `_get_candidate_generator` ignores it.
@@ -49,38 +58,56 @@ class _Call:
     stopping_criteria: Any = None
     logits_processor: Any = None
     generator: SpeculativeCandidateGenerator | None = None
+    # our loop's route (custom_generate): what transformers does not hand a custom_generate callable
+    streamer: Any = None
+    tokenizer: Any = None
 
 
 _ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
-_LAST_STATS = threading.local()
 _HOOK_LOCK = threading.Lock()
+_DEFAULT_LOCK = threading.Lock()  # building a model's default strategy from its spec, once
+_UNSET = object()  # `candidate_generator=` not given (None is given: speculation off for the call)
+_FROM_CONFIG = "the GenerationConfig passed to generate()"
+_FROM_MODEL = "model.generation_config"
 
 
 # -- public API ------------------------------------------------------------------------------
 def enable(model: torch.nn.Module) -> torch.nn.Module:
-    """Let ``model.generate()`` accept ``candidate_generator=``. Per instance and idempotent.
+    """Let ``model.generate()`` accept ``candidate_generator=`` and honour a default drafter in its
+    ``generation_config``. Per instance and idempotent.
+
+    A ``generation_config.candidate_generator`` spec loaded from ``generation_config.json`` (written by
+    ``save_pretrained`` of an enabled model) is built into its strategy here, so that
+    ``hfs.enable(AutoModelForCausalLM.from_pretrained(dir))`` drafts as the saved model did.
 
     Args:
         model (`PreTrainedModel`): a decoder-only model with a language modeling head.
 
     Returns:
         The same model, for chaining.
+
+    Raises:
+        ValueError, FileNotFoundError: the spec in the model's generation config is bad (the message
+            names the field, e.g. ``generation_config.candidate_generator.method``).
     """
     if not hasattr(model, "generate") or not hasattr(type(model), "_assisted_decoding"):
         raise TypeError(
             f"hf_speculative.enable() needs a transformers model with `generate()` (a `...ForCausalLM`), "
             f"got {type(model).__name__}."
         )
+    _model_default(model)  # a bad spec fails here, not in the first generate()
     if getattr(model, _ENABLED_FLAG, False):
         return model
     model.generate = MethodType(_generate, model)
+    model.save_pretrained = MethodType(_save_pretrained, model)
     _install_loop_hooks(model)
     setattr(model, _ENABLED_FLAG, True)
     return model
 
 
 def disable(model: torch.nn.Module) -> torch.nn.Module:
-    """Undo :func:`enable`: ``model.generate`` is transformers' own again."""
+    """Undo :func:`enable`: ``model.generate`` and ``model.save_pretrained`` are transformers' own again (a
+    strategy left in ``model.generation_config.candidate_generator`` is then only data to transformers)."""
     for name in _PATCHED_METHODS:
         model.__dict__.pop(name, None)
     model.__dict__.pop(_ENABLED_FLAG, None)
@@ -93,8 +120,7 @@ def is_enabled(model: torch.nn.Module) -> bool:
 
 def last_stats(model: torch.nn.Module) -> SpeculativeStats | None:
     """Statistics of the last speculative ``generate()`` call on ``model`` in this thread."""
-    table = getattr(_LAST_STATS, "by_model", None)
-    return None if table is None else table.get(model)
+    return getattr(state_of(model).last_stats, "stats", None)
 
 
 def speculative_generate(
@@ -112,6 +138,9 @@ def speculative_generate(
 
         model.generate(**inputs, custom_generate=hfs.speculative_generate, candidate_generator=hfs.PromptLookup())
 
+    Without ``candidate_generator=``, the ``candidate_generator`` of the generation config is used
+    (the one passed in, else the model's own).
+
     transformers does not pass ``streamer`` or ``tokenizer`` to a ``custom_generate`` callable
     (so no streaming and no ``stop_strings`` on this route): use :func:`enable` for those.
     """
@@ -120,8 +149,14 @@ def speculative_generate(
             f"custom_generate=hfs.speculative_generate needs transformers >= 4.57 (installed: "
             f"{compat.TRANSFORMERS_VERSION}). Call hf_speculative.enable(model) and pass candidate_generator= instead."
         )
+    if candidate_generator is None:  # the config's (transformers merged the model's own into it)
+        given, default = getattr(generation_config, spec.FIELD, None), _model_default(model)
+        candidate_generator = default if given is None or _is_default(given, default) else given
+        if isinstance(candidate_generator, dict):
+            candidate_generator = spec.from_spec(candidate_generator, model, _model_dir(model))
     if candidate_generator is None:
-        raise ValueError("custom_generate=hfs.speculative_generate needs candidate_generator=, e.g. hfs.PromptLookup().")
+        raise ValueError("custom_generate=hfs.speculative_generate needs candidate_generator=, e.g. hfs.PromptLookup() "
+                         "(or a generation config holding one).")
     _check_generation_config(model, generation_config)
     _check_batch(input_ids)
     strategy = _check_strategy(model, candidate_generator)
@@ -129,6 +164,9 @@ def speculative_generate(
         model_kwargs[compat.CACHE_KWARG] = compat.rollbackable_cache(model_kwargs[compat.CACHE_KWARG])
     with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
         call.stopping_criteria = stopping_criteria
+        if runs_in_our_loop(strategy):
+            return run_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                            synced_gpus, model_kwargs)
         return compat.assisted_decoding(
             model,
             input_ids,
@@ -142,12 +180,47 @@ def speculative_generate(
 
 
 # -- the instance methods that enable() installs ------------------------------------------------
-def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = None, **kwargs: Any):
-    if candidate_generator is None:
+def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNSET, **kwargs: Any):
+    named = _named_arguments(self, args, kwargs)
+    passed = named.get("generation_config")
+    strategy, origin = _resolve_strategy(self, candidate_generator, passed)
+    if strategy is None:
+        if passed is not None and spec.FIELD in vars(passed):
+            args, kwargs = _with_config(args, kwargs, _without_strategy(passed))
         return type(self).generate(self, *args, **kwargs)
-    named = inspect.signature(type(self).generate).bind_partial(self, *args, **kwargs).arguments
+    with _explained(origin):
+        strategy = _check_call(self, strategy, named)
+    kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
+    ours = runs_in_our_loop(strategy)
+    # trees: our loop, entered as transformers' custom_generate; chains: transformers' assisted loop
+    extra = {} if ours else dict(_ASSISTED_SWITCH)
+    if _default_cache_unsupported(self, named):
+        extra["cache_implementation"] = None  # the model's default static cache cannot be rolled back
+    if passed is not None:
+        # Set the switch on a copy of the user's config rather than as a kwarg beside it (which
+        # transformers 5 warns about); the user's object is left untouched.
+        config = _without_strategy(passed)
+        for key, value in extra.items():
+            setattr(config, key, value)
+        extra = {}
+        args, kwargs = _with_config(args, kwargs, config)
+    with _speculative_call(self, strategy) as call:
+        if ours:
+            call.streamer, call.tokenizer = named.get("streamer"), named.get("tokenizer")
+            extra["custom_generate"] = tree_generate
+        return type(self).generate(self, *args, **kwargs, **extra)
+
+
+def _named_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments by name, as transformers' ``generate`` binds them (``**kwargs`` flattened)."""
+    named = inspect.signature(type(model).generate).bind_partial(model, *args, **kwargs).arguments
     named.pop("self", None)
     named.update(named.pop("kwargs", {}))
+    return named
+
+
+def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -> Any:
+    """Validate a speculative call; the strategy, checked against the model."""
     for name in _CONFLICTING_ARGS:
         if named.get(name) is not None:
             raise ValueError(
@@ -156,32 +229,38 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = None
             )
     if named.get("custom_generate") is not None:
         raise ValueError("`candidate_generator=` cannot be combined with `custom_generate=` on an enabled model.")
-    strategy = _check_strategy(self, candidate_generator)
-    config = _effective_generation_config(self, named)
-    _check_generation_config(self, config)
+    strategy = _check_strategy(model, candidate_generator)
+    _check_generation_config(model, _effective_generation_config(model, named))
     inputs = named.get("inputs", named.get("input_ids"))
     if inputs is None and named.get("inputs_embeds") is not None:
-        raise ValueError("Speculative decoding needs `input_ids` (drafters read the tokens); `inputs_embeds` alone is not supported.")
+        raise ValueError("Speculative decoding needs `input_ids` (drafters read the tokens); `inputs_embeds` alone is "
+                         "not supported.")
     if inputs is not None:
         _check_batch(inputs)
-    _check_cache(self, named)
-    kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
-    extra = dict(_ASSISTED_SWITCH)
-    if _default_cache_unsupported(self, named):
-        extra["cache_implementation"] = None  # the model's default static cache cannot be rolled back
-    if named.get("generation_config") is not None:
-        # Set the switch on a copy of the user's config rather than as a kwarg beside it (which
-        # transformers 5 warns about); the user's object is left untouched.
-        config = copy.deepcopy(named["generation_config"])
-        for key, value in extra.items():
-            setattr(config, key, value)
-        extra = {}
-        if "generation_config" in kwargs:
-            kwargs["generation_config"] = config
-        else:
-            args = (args[0], config, *args[2:])
-    with _speculative_call(self, strategy):
-        return type(self).generate(self, *args, **kwargs, **extra)
+    _check_cache(model, named)
+    return strategy
+
+
+def _with_config(args: tuple, kwargs: dict, config: Any) -> tuple[tuple, dict]:
+    """The call's arguments with ``config`` as its generation config (given by keyword or second positional)."""
+    if "generation_config" in kwargs:
+        return args, {**kwargs, "generation_config": config}
+    return (args[0], config, *args[2:]), kwargs
+
+
+def _save_pretrained(self: torch.nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
+    """transformers' ``save_pretrained``; with a default strategy in ``generation_config.candidate_generator``,
+    its spec goes into ``generation_config.json`` and a trained drafter into a subfolder
+    (``strategy.save_pretrained``)."""
+    strategy = _model_default(self)
+    if strategy is None or not kwargs.get("is_main_process", True):
+        return type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    os.makedirs(save_directory, exist_ok=True)
+    saved = strategy.save_pretrained(save_directory)
+    with spec.saving(strategy, saved):
+        result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    spec.keep_field_on_load(save_directory)
+    return result
 
 
 def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
@@ -207,8 +286,10 @@ def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
 
 
 def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
-    criteria = type(self)._get_stopping_criteria(self, *args, **kwargs)
     call = _ACTIVE_CALL.get()
+    if call is not None and call.model is self and call.tokenizer is not None and kwargs.get("tokenizer") is None:
+        kwargs["tokenizer"] = call.tokenizer  # our loop's route: transformers leaves it out (stop strings need it)
+    criteria = type(self)._get_stopping_criteria(self, *args, **kwargs)
     if call is not None and call.model is self:
         call.stopping_criteria = criteria
     return criteria
@@ -226,6 +307,12 @@ def _install_loop_hooks(model: torch.nn.Module) -> None:
     model._get_candidate_generator = MethodType(_get_candidate_generator, model)
     model._get_stopping_criteria = MethodType(_get_stopping_criteria, model)
     model._get_logits_processor = MethodType(_get_logits_processor, model)
+
+
+def active_call(model: torch.nn.Module) -> _Call | None:
+    """The speculative call running on ``model`` in this context, or ``None``."""
+    call = _ACTIVE_CALL.get()
+    return call if call is not None and call.model is model else None
 
 
 @contextlib.contextmanager
@@ -246,7 +333,7 @@ def _temporary_loop_hooks(model: torch.nn.Module):
             if users == 0:
                 model.__dict__.pop("_hf_speculative_hook_users")
                 if not is_enabled(model):
-                    for name in _PATCHED_METHODS[1:]:
+                    for name in _LOOP_HOOKS:
                         model.__dict__.pop(name, None)
 
 
@@ -263,9 +350,84 @@ def _speculative_call(model: torch.nn.Module, strategy: Any):
         stats.total_time_s = time.perf_counter() - start
         if call.generator is not None:
             call.generator.close()
-        if not hasattr(_LAST_STATS, "by_model"):
-            _LAST_STATS.by_model = weakref.WeakKeyDictionary()
-        _LAST_STATS.by_model[model] = stats
+        state_of(model).last_stats.stats = stats  # per thread; hfs.forget(model) drops it
+
+
+# -- which strategy a call uses ---------------------------------------------------------------
+def _resolve_strategy(model: torch.nn.Module, keyword: Any, passed_config: Any) -> tuple[Any, str | None]:
+    """``(strategy or None, where it came from)``: the call's keyword (``None``: off for this call), else the
+    ``candidate_generator`` of the GenerationConfig passed in, else the model's own. ``where`` is ``None`` for
+    the keyword, else the config it came from (for error messages)."""
+    default = _model_default(model)
+    given = None if passed_config is None else getattr(passed_config, spec.FIELD, None)
+    # a copy of the model's own config (a 4.x pipeline passes one) carries the default: not the user's choice
+    users = given is not None and not _is_default(given, default)
+    if keyword is not _UNSET:
+        if users and given is not keyword:
+            warnings.warn("candidate_generator= and the GenerationConfig passed to generate() both choose a drafter; "
+                          "the keyword's is used for this call.", UserWarning, stacklevel=3)
+        return keyword, None
+    if users:
+        if isinstance(given, dict):
+            given = spec.from_spec(given, model, _model_dir(model))
+        return given, _FROM_CONFIG
+    return default, _FROM_MODEL
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether ``value`` is the model's default strategy, or the spec it was built from."""
+    if default is None:
+        return False
+    return value is default or (isinstance(value, dict) and value == spec.to_spec(default))
+
+
+def _model_default(model: torch.nn.Module) -> Any:
+    """The strategy in ``model.generation_config.candidate_generator`` (``None`` when unset). A spec (a dict
+    read from ``generation_config.json``) is built into its strategy once and put in its place."""
+    config = getattr(model, "generation_config", None)
+    value = getattr(config, spec.FIELD, None)
+    if isinstance(value, spec.JSON_VALUES):
+        with _DEFAULT_LOCK:
+            value = getattr(config, spec.FIELD, None)
+            if isinstance(value, spec.JSON_VALUES):
+                value = spec.from_spec(value, model, _model_dir(model))
+                setattr(config, spec.FIELD, value)
+    if value is None or (isinstance(value, DraftStrategy) and dataclasses.is_dataclass(value)):
+        return value
+    if isinstance(value, type):
+        _check_strategy(model, value)  # "pass an instance"
+    raise TypeError(
+        f"model.generation_config.candidate_generator holds a {type(value).__name__}; a model's default drafter must "
+        "be one of hf_speculative's strategies (hfs.PromptLookup(), hfs.Eagle.from_pretrained(...), ...: a dataclass), "
+        "because transformers copies and serializes the generation config in every call. Pass other drafters per "
+        "call with candidate_generator=."
+    )
+
+
+def _model_dir(model: torch.nn.Module) -> str | None:
+    """The folder the model was loaded from (``path`` of a spec is relative to it), if it is a local one."""
+    name = str(getattr(model, "name_or_path", "") or "")
+    return name if name and Path(name).is_dir() else None
+
+
+def _without_strategy(config: Any) -> Any:
+    """A deep copy of a GenerationConfig without its ``candidate_generator`` (never copied: it may hold a
+    raw CandidateGenerator, which transformers could neither copy cheaply nor serialize)."""
+    shallow = copy.copy(config)
+    vars(shallow).pop(spec.FIELD, None)
+    return copy.deepcopy(shallow)
+
+
+@contextlib.contextmanager
+def _explained(origin: str | None):
+    """Errors about a strategy the call did not name say where it came from and how to turn it off."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        if origin is None:
+            raise
+        raise type(error)(f"{error} (The drafter comes from {origin}.candidate_generator: pass "
+                          "candidate_generator=None to generate() to decode without it.)") from error
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -287,7 +449,8 @@ def _check_strategy(model: torch.nn.Module, candidate_generator: Any) -> Any:
 
 
 def _effective_generation_config(model: torch.nn.Module, named: dict) -> Any:
-    config = copy.deepcopy(named.get("generation_config") or model.generation_config)
+    passed = named.get("generation_config")
+    config = _without_strategy(passed if passed is not None else model.generation_config)
     config.update(**{k: v for k, v in named.items() if hasattr(config, k) and k != "generation_config"})
     return config
 

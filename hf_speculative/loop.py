@@ -47,6 +47,7 @@ class LoopResult:
     sequences: torch.LongTensor  # [1, L + new]
     scores: list[torch.Tensor]   # per new token, the processed scores it was chosen from, [1, V]
     stats: SpeculativeStats
+    logits: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per new token, the raw logits, [1, V]
 
 
 def branch_ids(sequence: torch.LongTensor, tree: DraftTree, node: int) -> torch.LongTensor:
@@ -94,11 +95,9 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
                          f"{tuple(input_ids.shape)}.")
     check_tree_attention(target)
     stats = stats or SpeculativeStats()
-    started, sequence, scores_out = time.perf_counter(), input_ids, []
+    started, sequence, scores_out, logits_out = time.perf_counter(), input_ids, [], []
     cache, pending, prompt_length = compat.new_dynamic_cache(), input_ids[0], input_ids.shape[1]
-    if streamer is not None:
-        streamer.put(input_ids.cpu())
-    while True:
+    while True:  # (the prompt is the caller's to put into the streamer: generate() does)
         tick = time.perf_counter()
         room = max_depth if max_length is None else min(max_depth, max_length - sequence.shape[1] - 1)
         tree = drafter.propose_tree(sequence, room) if room > 0 else DraftTree.empty(sequence.device)
@@ -121,6 +120,7 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         if end is not None:
             sequence = sequence[:, :end]
         scores_out += [scores[row: row + 1] for row in rows[: sequence.shape[1] - before]]
+        logits_out += [logits[row: row + 1].float() for row in rows[: sequence.shape[1] - before]]
         drafter.observe(sequence, tree, verdict, scores)
         if streamer is not None:
             streamer.put(sequence[:, before:].cpu())
@@ -131,5 +131,5 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         streamer.end()
     stats.new_tokens = sequence.shape[1] - prompt_length
     stats.total_time_s = time.perf_counter() - started
-    return LoopResult(sequence, scores_out, stats)
+    return LoopResult(sequence, scores_out, stats, logits_out)
 

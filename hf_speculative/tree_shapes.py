@@ -204,3 +204,21 @@ class DynamicTree:
                 scores.append(base[row] + float(value))
         new = range(first, len(tokens))
         return sorted(sorted(new, key=lambda i: (-scores[i], i))[: self.top_k])
+
+
+def shape_to_json(shape: DynamicTree | StaticTree) -> dict:
+    """A tree shape as JSON (for ``generation_config.json``): ``{"dynamic_tree": {...}}`` or
+    ``{"static_tree": [[0], [1], [0, 0]]}``."""
+    if isinstance(shape, DynamicTree):
+        return {"dynamic_tree": dataclasses.asdict(shape)}
+    return {"static_tree": [list(p) for p in shape.paths]}
+
+
+def shape_from_json(value: object) -> DynamicTree | StaticTree:
+    """The inverse of :func:`shape_to_json`; a ``ValueError`` naming the expected form otherwise."""
+    if isinstance(value, dict) and set(value) == {"dynamic_tree"} and isinstance(value["dynamic_tree"], dict):
+        return DynamicTree(**value["dynamic_tree"])
+    if isinstance(value, dict) and set(value) == {"static_tree"} and isinstance(value["static_tree"], list):
+        return StaticTree(tuple(tuple(p) for p in value["static_tree"]))
+    raise ValueError(f"a tree shape is {{\"dynamic_tree\": {{\"nodes\": 32, \"depth\": 6, \"top_k\": 8}}}} or "
+                     f"{{\"static_tree\": [[0], [1], [0, 0]]}}, got {value!r}.")

@@ -415,7 +415,8 @@ def test_enable_is_idempotent_and_disable_restores():
     assert hfs.disable(model) is model
     hfs.disable(model)
     assert not hfs.is_enabled(model)
-    hooks = {"generate", "_get_candidate_generator", "_get_stopping_criteria", "_get_logits_processor"}
+    hooks = {"generate", "save_pretrained", "_get_candidate_generator", "_get_stopping_criteria",
+             "_get_logits_processor"}
     assert not hooks & set(model.__dict__)
     assert before - set(model.__dict__) == hooks | {"_hf_speculative_enabled"}
     # transformers' own error for the unknown kwarg, as on any model

@@ -1,0 +1,125 @@
+"""``model.generate()`` on an enabled model runs tree strategies in our loop, with everything generate prepares:
+stop strings, EOS, the length limit, logits processors, streamers (one block per target forward),
+``return_dict_in_generate`` / ``output_scores``, ``last_stats``; identical to plain greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+import hf_speculative as hfs
+from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from tests.conftest import ARCHS, EOS, build_model, char_tokenizer, prompt_inputs, random_eagle, stock_generate
+
+TREE = DynamicTree(nodes=8, depth=4, top_k=3)
+
+
+def strategies(model):
+    return {"lookup-tree": hfs.PromptLookup(tree=TREE, adaptive=False),
+            "eagle-dynamic": hfs.Eagle(random_eagle(model), tree=TREE, adaptive=False),
+            "eagle-static": hfs.Eagle(random_eagle(model, version=1), adaptive=False,
+                                      tree=StaticTree([(0,), (1,), (0, 0), (0, 0, 0)]))}
+
+
+class Blocks(BaseStreamer):
+    def __init__(self):
+        self.blocks, self.ended = [], False
+
+    def put(self, value):
+        self.blocks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["lookup-tree", "eagle-dynamic", "eagle-static"])
+def test_generate_with_trees_equals_greedy(arch, name, monkeypatch):
+    from hf_speculative import loop
+
+    runs = []
+    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    model = hfs.enable(build_model(arch))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30,
+                         candidate_generator=strategies(model)[name])
+    assert out.tolist() == expected.tolist() and runs == [1]  # through our loop
+    stats = hfs.last_stats(model)
+    assert stats.new_tokens == expected.shape[1] - prompt_inputs()["input_ids"].shape[1]
+    assert stats.drafted_tokens > 0 and stats.target_forwards >= 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streamer_gets_the_prompt_then_one_block_per_forward(arch):
+    model = hfs.enable(build_model(arch))
+    streamer = Blocks()
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=20, streamer=streamer,
+                         candidate_generator=hfs.PromptLookup(tree=TREE, adaptive=False))
+    assert streamer.ended and streamer.blocks[0] == prompt_inputs()["input_ids"][0].tolist()
+    assert sum(streamer.blocks[1:], []) == out[0, prompt_inputs()["input_ids"].shape[1]:].tolist()
+    assert len(streamer.blocks) - 1 == hfs.last_stats(model).target_forwards
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scores_and_logits_match_plain_generate(arch):
+    model = hfs.enable(build_model(arch))
+    kwargs = dict(**prompt_inputs(), do_sample=False, max_new_tokens=12, return_dict_in_generate=True,
+                  output_scores=True, output_logits=True, repetition_penalty=1.3)
+    expected = stock_generate(model, **kwargs)
+    out = model.generate(**kwargs, candidate_generator=hfs.PromptLookup(tree=TREE, adaptive=False))
+    assert out.sequences.tolist() == expected.sequences.tolist()
+    assert len(out.scores) == len(expected.scores) == len(out.logits)
+    for got, want in zip(out.scores, expected.scores):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    for got, want in zip(out.logits, expected.logits):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stop_strings_and_eos_inside_accepted_paths(arch):
+    model, tokenizer = hfs.enable(build_model(arch)), char_tokenizer()
+    free = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None)
+    start = prompt_inputs()["input_ids"].shape[1]
+    stop = tokenizer.decode(free[0, start + 6: start + 8])
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None,
+                              stop_strings=[stop], tokenizer=tokenizer)
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None,
+                         stop_strings=[stop], tokenizer=tokenizer,
+                         candidate_generator=hfs.Eagle(random_eagle(model), tree=TREE, adaptive=False))
+    assert out.tolist() == expected.tolist()
+    if EOS[arch] is not None:
+        eos = int(free[0, start + 4])
+        expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=eos)
+        out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=eos,
+                             candidate_generator=hfs.PromptLookup(tree=TREE, adaptive=False))
+        assert out.tolist() == expected.tolist()
+
+
+def test_trees_run_in_our_loop_and_chains_in_transformers(monkeypatch):
+    from hf_speculative import loop
+
+    model = hfs.enable(build_model("llama"))
+    runs = []
+    original = loop.run
+    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or original(*a, **k))
+    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup())
+    assert runs == []
+    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup(tree=TREE))
+    assert runs == [1]
+
+
+def test_padded_prompt_is_refused_for_trees():
+    model = hfs.enable(build_model("llama"))
+    inputs = prompt_inputs()
+    inputs["attention_mask"][0, 0] = 0
+    with pytest.raises(ValueError, match="Draft trees run on unpadded input"):
+        model.generate(**inputs, do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup(tree=TREE))
+
+
+def test_custom_generate_route_runs_trees_in_our_loop():
+    model = build_model("llama")  # not enabled
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=20)
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=20,
+                         custom_generate=hfs.speculative_generate, candidate_generator=hfs.PromptLookup(tree=TREE))
+    assert out.tolist() == expected.tolist()
