@@ -1,0 +1,108 @@
+"""τ and speed of draft trees in hf_speculative's own loop, by node budget, on Spec-Bench prompts.
+
+    python benchmarks/tree_tau.py --per-category 10 --budgets chain5,4,8,16,32,64 --out tree_tau.jsonl
+
+Every method runs through the same loop (``hf_speculative.loop.run``) with ``adaptive=False`` (fixed budgets,
+for measurement) or the cost-chosen budget (``--adaptive``); greedy is plain ``generate`` in the same run,
+interleaved prompt by prompt. Each output is checked token for token against greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def make_strategy(hfs, drafter, budget: str, adaptive: bool, shapes):
+    if budget.startswith("chain"):
+        return hfs.Eagle(drafter, num_tokens=int(budget[5:]), confidence_threshold=0.0, adaptive=adaptive)
+    if budget.startswith("lookup"):
+        return hfs.PromptLookup(tree=shapes.DynamicTree(nodes=int(budget[6:]), depth=8, top_k=4), adaptive=adaptive)
+    nodes = int(budget)
+    return hfs.Eagle(drafter, adaptive=adaptive,
+                     tree=shapes.DynamicTree(nodes=nodes, depth=min(8, max(3, nodes // 4)), top_k=min(8, nodes)))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--drafter", default="smollm2-135m-instruct")
+    parser.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl (default: the package's copy)")
+    parser.add_argument("--categories", default="mt-bench,translation,summarization,qa,math_reasoning,rag")
+    parser.add_argument("--per-category", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--budgets", default="chain5,4,8,16,32,64")
+    parser.add_argument("--adaptive", action="store_true", help="the cost model chooses the budget per step")
+    parser.add_argument("--out", default="tree_tau.jsonl")
+    args = parser.parse_args(argv)
+
+    import hf_speculative as hfs
+    from hf_speculative import tree_shapes as shapes
+    from hf_speculative.base import CallContext
+    from hf_speculative.chains import ChainDrafter
+    from hf_speculative.loop import run
+    from hf_speculative.stats import SpeculativeStats
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
+
+    torch.set_num_threads(1)
+    model, tokenizer = hfs.load_model(args.model)
+    drafter = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
+    dataset = args.dataset
+    if dataset is None:
+        from importlib import resources
+        dataset = str(resources.files("hf_speculative.bench") / "data" / "spec_bench" / "question.jsonl")
+    rows = [json.loads(line) for line in open(dataset)]
+    mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+    budgets = args.budgets.split(",")
+    results = []
+    for category in args.categories.split(","):
+        chosen = [r for r in rows if (r["category"] in mt if category == "mt-bench" else r["category"] == category)]
+        for row in chosen[: args.per_category]:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], tokenize=False,
+                                                 add_generation_prompt=True)
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+            max_length = ids.shape[1] + args.max_new_tokens
+            start = time.perf_counter()
+            greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=args.max_new_tokens)
+            greedy_s = time.perf_counter() - start
+            record = {"category": category, "question_id": row["question_id"], "greedy_s": greedy_s,
+                      "new_tokens": greedy.shape[1] - ids.shape[1]}
+            for budget in budgets:
+                stopping = StoppingCriteriaList([MaxLengthCriteria(max_length),
+                                                 EosTokenCriteria(model.generation_config.eos_token_id)])
+                ctx = CallContext(model, model.generation_config, None, stopping, SpeculativeStats())
+                loop_drafter = ChainDrafter(make_strategy(hfs, drafter, budget, args.adaptive, shapes).open(ctx))
+                start = time.perf_counter()
+                try:
+                    out = run(model, ids, loop_drafter, stopping_criteria=stopping, stats=ctx.stats, max_length=max_length)
+                finally:
+                    loop_drafter.close()
+                seconds = time.perf_counter() - start
+                record[budget] = {"tau": out.stats.tau, "seconds": seconds, "speedup": greedy_s / seconds,
+                                  "identical": out.sequences[0].tolist() == greedy[0].tolist(),
+                                  "accepted_lengths": dict(out.stats.accepted_lengths)}
+            results.append(record)
+            print(category, row["question_id"], {b: (round(record[b]["tau"], 2), round(record[b]["speedup"], 2),
+                                                     record[b]["identical"]) for b in budgets}, flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    print("\n| category | " + " | ".join(budgets) + " |\n|---|" + "---|" * len(budgets))
+    for category in args.categories.split(",") + ["overall"]:
+        picked = [r for r in results if category in ("overall", r["category"])]
+        cells = []
+        for b in budgets:
+            tau = sum(r[b]["tau"] * r["new_tokens"] / r[b]["tau"] for r in picked) / max(
+                sum(r["new_tokens"] / r[b]["tau"] for r in picked), 1e-9)  # tokens over forwards, pooled
+            speed = statistics.median(r[b]["speedup"] for r in picked)
+            cells.append(f"τ {tau:.2f} / {speed:.2f}×")
+        print(f"| {category} | " + " | ".join(cells) + " |")
+    print("identical:", sum(all(r[b]["identical"] for b in budgets) for r in results), "/", len(results))
+
+
+if __name__ == "__main__":
+    main()
