@@ -14,20 +14,8 @@ from hf_speculative.bench.spec_bench import DATASET
 from hf_speculative.base import CallContext
 from hf_speculative.loop import run
 from hf_speculative.stats import SpeculativeStats
-from hf_speculative.tree import DraftTree
+from hf_speculative.chains import ChainDrafter
 from transformers.generation.stopping_criteria import StoppingCriteriaList, MaxLengthCriteria, EosTokenCriteria
-
-class ChainDrafter:
-    def __init__(self, gen): self.gen = gen; self.n = 0
-    def propose_tree(self, seq, max_depth):
-        if self.gen._prompt_length is None: self.gen._prompt_length = seq.shape[1]
-        tokens, _ = self.gen.propose(seq, max_depth)
-        tokens = torch.empty(0, dtype=torch.long) if tokens is None else tokens
-        self.n = int(tokens.numel()); self.t = time.perf_counter()
-        return DraftTree.chain(tokens)
-    def observe(self, seq, tree, verdict):
-        self.gen.last_verify_s = time.perf_counter() - self.t
-        self.gen.on_verified(seq, verdict.num_accepted, self.n)
 
 model, tok = hfs.load_model("smollm2-135m-instruct")
 hfs.enable(model)
