@@ -6,62 +6,68 @@ Run them on several GPUs or nodes with ``accelerate launch -m hf_speculative tra
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
-PromptsOpt = Annotated[
-    Optional[str],
-    typer.Option("--prompts", help="Prompts to self-distill: a JSONL file with 'id' and 'prompt' (or chat "
-                 "conversations, 'messages' or ShareGPT 'conversations': their first user turn is the prompt), "
-                 "builtin:N for the first N of the team's built-in training prompts (never Spec-Bench's), or "
-                 "builtin:A-B for those numbered A to B-1 (e.g. the ones an earlier drafter did not see); context:N or "
-                 "context:A-B for the "
-                 "long-context list (summaries and RAG over --passages, short factual questions); wordnet:N or "
-                 "wordnet:A-B for topic-diverse prompts drawn from the machine's WordNet and fortune files (Debian's "
-                 "wordnet-base, fortunes, fortunes-de)."),
-]
-PassagesOpt = Annotated[
-    list[Path],
-    typer.Option("--passages", help="JSONL texts for --prompts context:...: earlier self-distillation answers (each "
-                 "answer a passage, its prompt the question it answers) or {'text': ...} documents; repeatable."),
-]
+PROMPTS_HELP = ("Prompts to self-distill: a JSONL file with 'prompt' (and an optional 'id') on each line, or chat "
+                "conversations ('messages', or ShareGPT's 'conversations': the first user turn is the prompt). "
+                "hf-speculative sample-prompts writes such a file from the target itself.")
+PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help=PROMPTS_HELP)]
+# Removed with the team's prompt lists (builtin:N, context:N, wordnet:N), which moved to the repository's tools/;
+# kept hidden so that an old command gets the tools/ command to run instead of "no such option".
+PassagesOpt = Annotated[list[Path], typer.Option("--passages", hidden=True)]
+MOVED_LISTS = ("builtin", "context", "wordnet")
 
 
-def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None) -> list[dict]:
-    from .context_prompts import build_context_prompts, read_passages
-    from .conversations import conversation, first_user_turn
-    from .prompts import build_prompts
-    from .selfdistill import read_jsonl
-    from .wordnet_prompts import build_wordnet_prompts
+def _refuse_moved_list(spec: str, passages: list[Path]) -> None:
+    """Refuse ``--prompts builtin:N`` / ``context:N`` / ``wordnet:N`` (lists that left the package), naming the
+    ``tools/`` command that writes the same prompts to a file (a file of that name is read as usual)."""
+    kind, _, count = spec.partition(":")
+    if kind not in MOVED_LISTS or Path(spec).exists():
+        return
+    sources = "".join(f" --passages {path}" for path in passages)
+    raise typer.BadParameter(
+        f"--prompts {spec}: the team's {kind} prompt list is not part of the package any more. In a clone of the "
+        f"repository, write the same prompts to a file with `python -m tools.prompts {kind} {count or 'N'}{sources} "
+        "--out prompts.jsonl`, then give --prompts prompts.jsonl (or use your own prompts file, or "
+        "`hf-speculative sample-prompts`).")
 
-    kind = spec.split(":", 1)[0]
-    if kind in ("builtin", "context", "wordnet"):
-        match = re.fullmatch(kind + r":(?:(\d+)-)?(\d+)", spec)
-        first, last = (int(match.group(1) or 0), int(match.group(2))) if match else (0, 0)
-        if first >= last:
-            raise typer.BadParameter(f"--prompts {spec}: use {kind}:N (the first N {kind} prompts) or {kind}:A-B "
-                                     "(prompts A to B-1), with 0 <= A < B.")
-        if passages and kind != "context":
-            raise typer.BadParameter(f"--passages only feeds --prompts context:N; {kind}:N builds its own texts.")
-        if kind == "builtin":
-            return build_prompts(last)[first:]
-        if kind == "wordnet":
-            try:
-                return build_wordnet_prompts(last)[first:]
-            except (FileNotFoundError, ValueError) as error:
-                raise typer.BadParameter(f"--prompts {spec}: cannot build the WordNet prompts: {error}") from None
-        texts, tokenizer = [], _tokenizer(target) if passages else None
-        for path in passages:
-            try:
-                texts += read_passages(path, tokenizer=tokenizer)
-            except (OSError, ValueError) as error:
-                raise typer.BadParameter(f"--passages {path}: {error}") from None
-        return build_context_prompts(last, texts)[first:]
+
+def _training_extra() -> None:
+    """Stop with the ``pip install "hf-speculative[train]"`` to run when accelerate or tqdm is missing, before
+    anything loads (instead of a traceback from deep inside the run)."""
+    from ..extras import require
+    from .config import FEATURE
+
+    try:
+        require("accelerate", "train", FEATURE)
+        require("tqdm.auto", "train", FEATURE)
+    except ImportError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _refuse_passages(passages: list[Path]) -> None:
+    """``--passages`` only fed the context list that moved to ``tools/``: say where it went."""
     if passages:
-        raise typer.BadParameter("--passages only feeds --prompts context:N; a prompts file is used as it is.")
+        raise typer.BadParameter("--passages fed the team's context prompt list, which is not part of the package "
+                                 "any more (python -m tools.prompts context N --passages FILE --out prompts.jsonl, "
+                                 "in a clone of the repository); a prompts file is used as it is.")
+
+
+def _prompt_rows(spec: str, passages: list[Path] = ()) -> list[dict]:
+    """The rows of a prompts file (``{"id", "prompt", ...}``; a conversation's first user turn is its prompt).
+
+    Raises:
+        typer.BadParameter: a moved prompt list, ``--passages``, or a row with neither a prompt nor a user turn.
+    """
+    from .conversations import conversation, first_user_turn
+    from .selfdistill import read_jsonl
+
+    _refuse_moved_list(spec, list(passages))
+    _refuse_passages(passages)
     rows = read_jsonl(spec)
     for i, row in enumerate(rows):
         if "prompt" not in row:
@@ -79,21 +85,11 @@ def _prompt_rows(spec: str, passages: list[Path] = (), target: str | None = None
     return rows
 
 
-def _tokenizer(target: str | None) -> Any:
-    """The target's tokenizer, loaded on its own (passages stored as token ids are decoded before the model loads)."""
-    if target is None:
-        return None
-    from transformers import AutoTokenizer
-
-    from ..models import resolve
-
-    return AutoTokenizer.from_pretrained(resolve(target))
-
-
 def self_distill(
     target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
-    prompts: PromptsOpt = "builtin:1600",
-    out: Annotated[Path, typer.Option("--out", help="JSONL file of answers (appended; resumes).")] = Path("self_distill.jsonl"),
+    prompts: Annotated[str, typer.Option("--prompts", help=PROMPTS_HELP)],
+    out: Annotated[Path, typer.Option("--out", help="JSONL file of answers (appended; resumes).")] = Path(
+        "self_distill.jsonl"),
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 192,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 32,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
@@ -112,7 +108,8 @@ def self_distill(
     from .loop import process_state
     from .selfdistill import generate_responses, merge_parts
 
-    rows = _prompt_rows(prompts, passages, target)  # a bad --prompts fails before the model loads
+    _training_extra()
+    rows = _prompt_rows(prompts, passages)  # a bad --prompts fails before the model loads
     state = process_state()
     if threads:
         torch.set_num_threads(threads)
@@ -161,25 +158,21 @@ def sample_prompts(
     exclude: Annotated[list[Path], typer.Option(
         "--exclude", help="JSONL of texts never to train on (Spec-Bench question.jsonl, or rows with 'prompt' / "
                           "'text'); a prompt sharing a run of 8 words with one is dropped; repeatable. Default: "
-                          "../shared/data/spec_bench/question.jsonl when it exists.")] = [],  # noqa: B006
+                          "the Spec-Bench questions shipped with the package (bench's dataset).")] = [],  # noqa: B006
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
 ) -> None:
     """Let the target write user prompts itself (Magpie): its chat template up to a user turn, sampled.
     Feed the file to self-distill --prompts FILE."""
     import torch
 
-    from ..bench.runner import default_dataset_path
+    from ..bench.spec_bench import default_dataset_path
     from ..models import load_model
     from .magpie import sample_prompts as sample
 
     if not temperature > 0 or not 0 < top_p <= 1:
         raise typer.BadParameter(f"--temperature {temperature} --top-p {top_p}: the temperature must be > 0 and "
                                  "top-p in (0, 1]")
-    paths = list(exclude) or [p for p in [default_dataset_path()] if p is not None]
-    if not paths:
-        typer.echo("note: no Spec-Bench question.jsonl beside the checkout and no --exclude: prompts are not checked "
-                   "against the benchmark", err=True)
-    texts = _exclusions(paths)
+    texts = _exclusions(list(exclude) or [default_dataset_path()])
     if threads:
         torch.set_num_threads(threads)
     model, tokenizer = load_model(target)
@@ -198,22 +191,25 @@ def train_eagle(
     out: Annotated[Path, typer.Option("--out", help="Output folder: drafter, checkpoint, feature cache, logs.")],
     data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows, chat "
                                                             "conversations ('messages' or ShareGPT 'conversations': "
-                                                            "the assistant turns are learnt) or {'text': ...} documents); "
-                                                            "repeatable.")] = [],  # noqa: B006
+                                                            "the assistant turns are learnt) or {'text': ...} "
+                                                            "documents); repeatable.")] = [],  # noqa: B006
     prompts: PromptsOpt = None,
     distill_tokens: Annotated[int, typer.Option("--distill-tokens", help="Answer length for --prompts.")] = 192,
     max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="Skip longer --prompts.")] = 1024,
     passages: PassagesOpt = [],  # noqa: B006
     eagle3: Annotated[bool, typer.Option("--eagle3/--eagle1", help="EAGLE-3 (default) or EAGLE-1.")] = True,
     draft_vocab_size: Annotated[int, typer.Option("--draft-vocab-size")] = 8192,
-    unroll: Annotated[Optional[int], typer.Option("--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
+    unroll: Annotated[Optional[int], typer.Option(
+        "--unroll", help="Training-time-test steps (EAGLE-3 default 4).")] = None,
     epochs: Annotated[float, typer.Option("--epochs")] = 2.0,
     lr: Annotated[float, typer.Option("--lr")] = 5e-4,
-    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Batches (forwards) per optimizer step and process.")] = 4,
+    grad_accum: Annotated[int, typer.Option(
+        "--grad-accum", help="Batches (forwards) per optimizer step and process.")] = 4,
     max_length: Annotated[int, typer.Option("--max-length")] = 1024,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per forward, padded to the longest "
                                                                  "(1 keeps a CPU busy; use more on a GPU).")] = 1,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="Optimizer steps between validations/checkpoints.")] = 200,
+    eval_every: Annotated[int, typer.Option(
+        "--eval-every", help="Optimizer steps between validations/checkpoints.")] = 200,
     val_prompts: Annotated[int, typer.Option("--val-prompts")] = 8,
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
@@ -223,7 +219,8 @@ def train_eagle(
                                     "EAGLE drafter.")] = None,
     init_from: Annotated[Optional[str], typer.Option(
         "--init-from", help="Continue training this drafter (a folder, or a shipped drafter's name, e.g. "
-                            "smollm2-135m-instruct) instead of starting a new one; its draft vocabulary is kept.")] = None,
+                            "smollm2-135m-instruct) instead of starting a new one; its draft vocabulary is "
+                            "kept.")] = None,
     feature_batch_tokens: Annotated[Optional[int], typer.Option(
         "--feature-batch-tokens", min=1, help="Padded tokens per target forward when caching features (examples "
                                               "of similar length share one; 1: one example at a time). Default: "
@@ -244,15 +241,20 @@ def train_eagle(
     from .config import TrainConfig
     from .loop import process_state, train
 
+    _training_extra()
     data = list(data)
     distilled = out / "self_distill.jsonl"
     if prompts:
+        _prompt_rows(prompts, passages)  # a moved prompt list or a bad file fails before anything runs
         data.append(str(distilled))
+    _refuse_passages(passages)
     if not data:
-        raise typer.BadParameter("give --data FILE (repeatable) and/or --prompts builtin:N to self-distill first")
+        raise typer.BadParameter("give --data FILE (repeatable) and/or --prompts FILE (prompts the target answers "
+                                 "first)")
     try:  # checked before the (slow) self-distillation
         cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
-                          unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length, batch_size=batch_size,
+                          unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
+                          batch_size=batch_size,
                           eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
                           refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens,
@@ -283,7 +285,8 @@ def export_eagle(
     drafter: Annotated[str, typer.Argument(help="Drafter folder (any supported format) or a shipped drafter's name.")],
     out: Annotated[Path, typer.Option("--out", help="Folder to write.")],
     format: Annotated[str, typer.Option("--format", help="vllm (speculators format, for vLLM) or safeailab "
-                                                          "(SafeAILab EAGLE format, for SGLang and EAGLE's repo).")] = "vllm",
+                                                          "(SafeAILab EAGLE format, for SGLang and EAGLE's "
+                                                          "repo).")] = "vllm",
     target: Annotated[Optional[str], typer.Option("--target", help="The target (registry name, folder or Hub id) "
                                                                    "recorded as the verifier.")] = None,
 ) -> None:

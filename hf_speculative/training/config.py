@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+# What needs the [train] extra (accelerate, tqdm), in the message that names `pip install "hf-speculative[train]"`
+FEATURE = "drafter training (hf-speculative self-distill / train-eagle)"
+
 
 @dataclasses.dataclass
 class TrainConfig:

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 from .. import compat
+from ..extras import require
 from ..features import FeatureTap
+from .config import FEATURE
 from .conversations import chat_tokens, conversation
 
 INDEX = "index.json"
@@ -157,7 +159,7 @@ class FeatureCache:
                 main process then counts them into the index. Each example's rows are those one process
                 computes.
         """
-        from tqdm.auto import tqdm
+        tqdm = require("tqdm.auto", "train", FEATURE).tqdm
 
         if batch_tokens is None:
             batch_tokens = default_batch_tokens(next(target.parameters()).device)
@@ -286,7 +288,7 @@ def _arrays(directory: Path, meta: dict, mode: str) -> list[np.memmap]:
 
 def default_batch_tokens(device: torch.device) -> int:
     """The feature cache's batch: on a CPU one ~170-token example per forward is already compute-bound
-    and batching measured no faster (0.89-1.06x on the 2-core VM, docs/recipes/train-eagle.md); an
+    and batching measured no faster (0.89-1.06x on the 2-core VM, benchmarks/training-history.md); an
     accelerator is left mostly idle by one example, so examples of similar length share a forward."""
     return 1 if device.type == "cpu" else 4096
 

@@ -26,7 +26,8 @@ import torch
 
 from .. import compat
 from ..drafters.eagle.config import EagleConfig
-from .config import TrainConfig
+from ..extras import require
+from .config import FEATURE, TrainConfig
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, read_examples
 from .evaluate import validation_tau
@@ -47,10 +48,10 @@ def process_state():
     train alone and write the same files."""
     import os
 
-    from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
+    accelerate = require("accelerate", "train", FEATURE)
+    parse_flag_from_env = require("accelerate.utils", "train", FEATURE).parse_flag_from_env
 
-    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"), timeout=WAIT)
+    state = accelerate.PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"), timeout=WAIT)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if state.num_processes != launched:
         raise RuntimeError(
@@ -93,9 +94,9 @@ def _unprefixed_checkpoint(module, state_dict, prefix, *args) -> None:
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     """Train a drafter as ``cfg`` says; returns the folder of the trained drafter (``cfg.out``)."""
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+    Accelerator = require("accelerate", "train", FEATURE).Accelerator
+    set_seed = require("accelerate.utils", "train", FEATURE).set_seed
+    tqdm = require("tqdm.auto", "train", FEATURE).tqdm
 
     from ..drafters.eagle import checkpoints
     from ..models import load_model
@@ -191,7 +192,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         evaluate_and_save(final=True)  # the continued drafter's start, on this run's held-out data: the curve's step 0
     model.train()
     epochs = math.ceil(cfg.epochs)
-    bar = tqdm(total=total_steps, initial=step, desc="train-eagle", disable=not (progress and accelerator.is_main_process))
+    bar = tqdm(total=total_steps, initial=step, desc="train-eagle",
+               disable=not (progress and accelerator.is_main_process))
     running = None
     for epoch in range(epochs):
         skip = done_batches - epoch * len(loader)

@@ -4,7 +4,7 @@ A chat model fine-tuned on conversations has learned what users ask. Given its c
 the start of a user turn and nothing more, it samples a user's message: a request written the way
 people write, on whatever topics its fine-tuning data covered. Those prompts need no corpus and no
 internet. (A drafter trained on their answers improves on such requests; on Spec-Bench's human-written
-questions it did not: see stage 7 of the training recipe.)
+questions it did not: see stage 7 of benchmarks/training-history.md.)
 
 Every batch samples ``batch_size`` messages from the same pre-query text, with the random generator
 seeded from ``(seed, batch index)``, so a run is reproducible, and an interrupted one resumes by
@@ -34,8 +34,8 @@ def pre_query_text(tokenizer: Any) -> str:
     """The chat template rendered up to where a user's message starts (the template's default system turn
     included)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("self-written prompts need a chat model: this tokenizer has no chat template (use a "
-                         "prompts file, or --prompts builtin:N / wordnet:N)")
+        raise ValueError("self-written prompts need a chat model: this tokenizer has no chat template (give "
+                         "self-distill a prompts file of your own instead)")
     text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
     if _MARK not in text:
         raise ValueError("the chat template does not show the user's message verbatim; cannot find where a user "

@@ -20,7 +20,7 @@ A block that is run only where something is available says so the same way; it i
 Requirements: a registry model name (cached locally: the tests never download one; models other
 than the default one only with ``HF_SPECULATIVE_DOCS_ALL_MODELS=1``),
 ``transformers>=X.Y``, ``eagle-drafter:NAME`` (a drafter shipped for NAME), ``spec-bench`` (the
-Spec-Bench questions in ``../shared/data/spec_bench``), ``gpu``.
+Spec-Bench questions the package carries), ``gpu``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH = ROOT / "hf_speculative" / "bench" / "data" / "spec_bench" / "question.jsonl"
 
 # Examples on registry models other than the default (GBs of weights, minutes on a CPU) run only when
 # this is 1 and the model is cached; `make test` fetches only the default model.

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from docblocks import PYTHON, ROOT, SHELL, SPEC_BENCH, all_blocks, pages, parse, unmet
+from docblocks import PYTHON, ROOT, SHELL, all_blocks, pages, parse, unmet
 
 torch.set_num_threads(1)
 
@@ -75,15 +75,13 @@ def _runnable_pages():
 @pytest.mark.parametrize("page", _runnable_pages())
 def test_page_examples_run(page, tmp_path, monkeypatch):
     """The page's python blocks and hf-speculative commands, in page order, in a scratch folder laid
-    out like the repository (``../shared`` beside it), with one torch thread."""
+    out like the repository, with one torch thread."""
     from typer.testing import CliRunner
 
     from hf_speculative.cli import app
 
     work = tmp_path / "main"
     work.mkdir()
-    if SPEC_BENCH.is_file():
-        (tmp_path / "shared").symlink_to(SPEC_BENCH.parents[2], target_is_directory=True)
     monkeypatch.chdir(work)
     saved_env = dict(os.environ)
     # a real module, so that what the examples define (dataclasses, pickling) finds its module

@@ -11,6 +11,10 @@ for the parts that vary (``DraftModel(num_tokens=…): must be >= 1.``). A site 
 quote's pieces appear in its template, in order. So a new ``raise`` anywhere in the package fails
 this test until the page says what the message means and how to fix it, and a quote that no longer
 matches any message (the message changed or went away) fails it too.
+
+An entry is one or more ``###`` headings followed by its text, which says ``Cause:`` and then
+``Fix:``. A few entries quote a message of transformers itself that users of the package meet (a
+heading ending in ``(transformers)``); each is reproduced here, so that it stays the real text.
 """
 
 from __future__ import annotations
@@ -20,12 +24,17 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
 from docblocks import DOCS, ROOT
+
+import hf_speculative as hfs
+from tests.conftest import build_model, prompt_inputs
 
 PACKAGE = ROOT / "hf_speculative"
 PAGE = DOCS / "troubleshooting.md"
 HOLE = "{…}"
 MIN_QUOTE = 12  # characters of literal text a quote needs to be distinctive
+FOREIGN = " (transformers)"  # a heading quoting transformers' own message ends so
 _MESSAGE_CALLS = {"_fail", "BadParameter", "warning", "warn", "error", "exception"}
 # helpers that raise a message their caller writes, passed by keyword
 _MESSAGE_KEYWORDS = {"find_folder": "missing"}
@@ -111,17 +120,48 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def page_quotes(page: Path = PAGE) -> list[str]:
-    """Code spans in the page's ``###``/``####`` headings."""
+def _heading_quotes(line: str) -> list[str]:
+    quotes = []
+    for match in re.finditer(r"(`+)(.+?)\1", line):
+        quote = match[2]
+        if quote.startswith(" ") and quote.endswith(" "):
+            quote = quote[1:-1]
+        quotes.append(quote)
+    return quotes
+
+
+def page_quotes(page: Path = PAGE, foreign: bool = False) -> list[str]:
+    """Code spans in the page's ``###``/``####`` headings: the package's messages, or with
+    ``foreign=True`` those of the headings that quote transformers."""
     quotes = []
     for line in page.read_text(encoding="utf-8").splitlines():
-        if re.match(r"^#{3,4} ", line):
-            for match in re.finditer(r"(`+)(.+?)\1", line):
-                quote = match[2]
-                if quote.startswith(" ") and quote.endswith(" "):
-                    quote = quote[1:-1]
-                quotes.append(quote)
+        if re.match(r"^#{3,4} ", line) and line.rstrip().endswith(FOREIGN) == foreign:
+            quotes.extend(_heading_quotes(line))
     return quotes
+
+
+@dataclasses.dataclass
+class Entry:
+    headings: list[str]
+    text: str
+    line: int
+
+
+def page_entries(page: Path = PAGE) -> list[Entry]:
+    """The page's entries: consecutive ``###`` headings (one text may explain several messages) and
+    the text up to the next heading."""
+    entries: list[Entry] = []
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("### "):
+            if entries and not entries[-1].text.strip():
+                entries[-1].headings.append(line)
+            else:
+                entries.append(Entry([line], "", number))
+        elif line.startswith(("# ", "## ")):
+            entries.append(Entry([], "", number))  # ends the entry before it
+        elif entries:
+            entries[-1].text += line + "\n"
+    return [e for e in entries if e.headings]
 
 
 def _matches(quote: str, template: str) -> bool:
@@ -151,6 +191,41 @@ def test_every_quote_is_a_real_message():
         elif not any(_matches(quote, t) for t in templates):
             problems.append(f"{quote!r}: matches no message of the package (changed or removed?)")
     assert not problems, "docs/troubleshooting.md:\n" + "\n".join(problems)
+
+
+def test_every_entry_says_cause_and_fix():
+    problems = []
+    for entry in page_entries():
+        where = f"line {entry.line} ({entry.headings[0]})"
+        if any(not _heading_quotes(h) for h in entry.headings):
+            problems.append(f"{where}: a ### heading quotes no message (a `code span`)")
+        cause, fix = re.search(r"\bCause:", entry.text), re.search(r"\bFix:", entry.text)
+        if not cause or not fix or fix.start() < cause.start():
+            problems.append(f"{where}: the text must say Cause: ... then Fix: ...")
+    assert not problems, "docs/troubleshooting.md:\n" + "\n".join(problems)
+
+
+def test_forgetting_enable_is_the_first_entry_quoting_transformers_own_words():
+    """Passing ``candidate_generator=`` to a model that was not enabled fails inside transformers, with
+    its words: the page quotes them exactly, first."""
+    foreign = page_quotes(foreign=True)
+    assert page_entries()[0].headings[0].rstrip().endswith(FOREIGN), "the first entry is the forgotten enable()"
+    model = build_model("llama")
+    with pytest.raises(ValueError) as raised:
+        model.generate(**prompt_inputs(), max_new_tokens=4, candidate_generator=hfs.PromptLookup())
+    assert [q for q in foreign if _matches(q, str(raised.value))] == foreign[:1], str(raised.value)
+    assert len(foreign) == 1, "a new (transformers) entry needs its own reproduction in this test"
+
+
+def test_entries_are_parsed_with_their_headings(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n## A\n\n### `first message`\n\n### `second message`\n\nCause: x\n\nFix: y\n\n"
+                    "## B\n\n### `third message` (transformers)\n\nonly text\n")
+    entries = page_entries(page)
+    assert [len(e.headings) for e in entries] == [2, 1]
+    assert "Fix: y" in entries[0].text and entries[1].text.strip() == "only text"
+    assert page_quotes(page) == ["first message", "second message"]
+    assert page_quotes(page, foreign=True) == ["third message"]
 
 
 def test_templates_and_matching(tmp_path):

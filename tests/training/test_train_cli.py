@@ -223,20 +223,45 @@ def test_train_eagle_init_from_errors(tmp_path, chat_checkpoint, prompts):
         assert not (tmp_path / "o2" / "self_distill.jsonl").exists()  # refused before self-distillation
 
 
-def test_builtin_prompt_ranges():
-    """``--prompts builtin:A-B`` is the slice A..B-1 of the built-in list (ids kept), ``builtin:N`` its first N."""
-    import typer
+@pytest.mark.parametrize("spec, command", [
+    ("builtin:1600", "python -m tools.prompts builtin 1600 --out prompts.jsonl"),
+    ("builtin:900-3000", "python -m tools.prompts builtin 900-3000 --out prompts.jsonl"),
+    ("wordnet:3200-6000", "python -m tools.prompts wordnet 3200-6000 --out prompts.jsonl"),
+    ("context:0-1600", "python -m tools.prompts context 0-1600 --passages a.jsonl --out prompts.jsonl"),
+])
+def test_moved_prompt_lists_name_the_tools_command(tmp_path, spec, command):
+    """``--prompts builtin:N / context:N / wordnet:N`` (lists that left the package) fail before any model loads,
+    in both commands, with the ``tools/`` command that writes the same prompts to a file."""
+    passages = ["--passages", "a.jsonl"] if spec.startswith("context") else []
+    for args in (["self-distill", "--target", "nowhere", "--prompts", spec, *passages],
+                 ["train-eagle", "--target", "nowhere", "--out", str(tmp_path / "o"), "--prompts", spec, *passages]):
+        result = CliRunner().invoke(app, args, env=ENV)
+        output = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2, result.output
+        assert f"--prompts {spec}: the team's {spec.split(':')[0]} prompt list is not part of the package" in output
+        assert f"`{command}`" in output, output
+    assert not (tmp_path / "o").exists()
 
+
+def test_prompts_file_named_like_a_list_is_read(tmp_path, monkeypatch):
+    """A file whose name only looks like a moved list (``builtin:3``) is a prompts file."""
     from hf_speculative.training.cli import _prompt_rows
-    from hf_speculative.training.prompts import build_prompts
 
-    every = build_prompts(12)
-    assert _prompt_rows("builtin:12") == every
-    assert _prompt_rows("builtin:5-12") == every[5:]
-    assert [r["id"] for r in _prompt_rows("builtin:10-12")] == ["p00010", "p00011"]
-    for bad in ("builtin:7-7", "builtin:x", "builtin:-3", "builtin:9-2"):
-        with pytest.raises(typer.BadParameter, match="use builtin:N"):
-            _prompt_rows(bad)
-    # the built-in list reads no passages: giving some is a mistake worth saying, not ignoring
-    with pytest.raises(typer.BadParameter, match="--passages only feeds --prompts context:N; builtin:N builds its own"):
-        _prompt_rows("builtin:3", ["passages.jsonl"])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "builtin:3").write_text(json.dumps({"prompt": "hello"}) + "\n")
+    assert _prompt_rows("builtin:3") == [{"prompt": "hello", "id": "line000000"}]
+
+
+def test_passages_without_the_context_list_name_the_tools_command(tmp_path, prompts):
+    for args in (["self-distill", "--target", "nowhere", "--prompts", str(prompts)],
+                 ["train-eagle", "--target", "nowhere", "--out", str(tmp_path / "o"), "--data", str(prompts)]):
+        result = CliRunner().invoke(app, [*args, "--passages", "answers.jsonl"], env=ENV)
+        output = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2 and "--passages fed the team's context prompt list" in output, result.output
+        assert "python -m tools.prompts context N --passages FILE --out prompts.jsonl" in output
+    assert "--passages" not in CliRunner().invoke(app, ["self-distill", "--help"], env=ENV).output  # hidden
+
+
+def test_self_distill_needs_prompts():
+    result = CliRunner().invoke(app, ["self-distill", "--target", "nowhere"], env=ENV)
+    assert result.exit_code == 2 and "--prompts" in result.output  # no built-in default list any more

@@ -1,16 +1,17 @@
-"""The topic-diverse prompt list (``--prompts wordnet:N``): WordNet and fortune files parsed, prompts
+"""The topic-diverse prompt list (``python -m tools.prompts wordnet N``): WordNet and fortune files parsed, prompts
 built from every pool, deterministic, and clear errors where the Debian packages are missing."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-import typer
 
-from hf_speculative.training import wordnet_prompts as wp
-from hf_speculative.training.cli import _prompt_rows
+from hf_speculative.bench.spec_bench import DATASET
+from tools.prompts import wordnet as wp
+from tools.prompts.__main__ import build_rows, main
 
 HEADER = "  1 This software and database is being provided to you, the LICENSEE, by Princeton University\n"
 # (offset, lexfile, lemma, instance, tagged, gloss)
@@ -113,33 +114,40 @@ def test_exhausted_pools_and_missing_packages_are_clear_errors(tmp_path):
         wp.build_wordnet_prompts(5, wordnet_dir=tiny, fortune_dir=tmp_path / "nowhere")
 
 
-def test_cli_spec_reads_the_machine_folders(sources, monkeypatch, tmp_path):
+def test_command_reads_the_machine_folders_or_the_given_ones(sources, monkeypatch, tmp_path, capsys):
+    """``python -m tools.prompts wordnet N|A-B`` writes rows A..B-1 of the list (ids kept), from the machine's
+    folders or ``--wordnet-dir`` / ``--fortune-dir``; missing or exhausted sources exit with the reason."""
     monkeypatch.setattr(wp, "WORDNET_DIR", sources[0])
     monkeypatch.setattr(wp, "FORTUNE_DIR", sources[1])
     every = wp.build_wordnet_prompts(12)
     assert every == wp.build_wordnet_prompts(12, wordnet_dir=sources[0], fortune_dir=sources[1])
-    assert _prompt_rows("wordnet:12") == every
-    assert _prompt_rows("wordnet:5-12") == every[5:]
-    for bad in ("wordnet:7-7", "wordnet:x", "wordnet:9-2"):
-        with pytest.raises(typer.BadParameter, match="use wordnet:N"):
-            _prompt_rows(bad)
-    with pytest.raises(typer.BadParameter, match="--passages only feeds --prompts context:N"):
-        _prompt_rows("wordnet:3", [tmp_path / "answers.jsonl"])
-    monkeypatch.setattr(wp, "WORDNET_DIR", _wordnet(tmp_path / "tiny", SENSES[9:10]))
-    with pytest.raises(typer.BadParameter, match="wordnet:500: cannot build the WordNet prompts: only [0-9]+ distinct"):
-        _prompt_rows("wordnet:500")
+    assert build_rows("wordnet", 0, 12) == every
+    assert build_rows("wordnet", 5, 12) == every[5:]
+    out = tmp_path / "wn.jsonl"
+    assert main(["wordnet", "5-12", "--out", str(out)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == every[5:]
+    assert main(["wordnet", "12", "--without", "qa", "--without", "rag", "--out", str(out)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        r for r in every if r["category"] not in ("qa", "rag")]
+    with pytest.raises(ValueError, match="--passages only feeds the context list; wordnet builds its own texts"):
+        build_rows("wordnet", 0, 3, passages=[tmp_path / "answers.jsonl"])
+
     monkeypatch.setattr(wp, "WORDNET_DIR", tmp_path / "nowhere")
-    missing = "wordnet:3: cannot build the WordNet prompts: WordNet not found .*apt-get install wordnet-base"
-    with pytest.raises(typer.BadParameter, match=missing):
-        _prompt_rows("wordnet:3")
+    assert main(["wordnet", "4", "--wordnet-dir", str(sources[0]), "--out", str(out)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == every[:4]
+    for args, message in ((["wordnet", "3"], "WordNet not found at .*apt-get install wordnet-base"),
+                          (["wordnet", "500", "--wordnet-dir", str(_wordnet(tmp_path / "tiny", SENSES[9:10]))],
+                           "only [0-9]+ distinct prompts can be built")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, "--out", str(tmp_path / "none.jsonl")])
+        assert exit_.value.code == 2
+        assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "none.jsonl").exists()
 
 
 @pytest.mark.skipif(not (wp.WORDNET_DIR / "data.noun").is_file() or not wp.FORTUNE_DIR.is_dir(),
                     reason="Debian's wordnet-base and fortunes are not installed here")
 def test_machine_prompts_never_include_spec_bench_questions():
-    questions = Path(__file__).resolve().parents[3] / "shared/data/spec_bench/question.jsonl"
-    if not questions.is_file():
-        pytest.skip("Spec-Bench's questions are not beside the checkout")
-    turns = {t for line in questions.open() for t in json.loads(line)["turns"]}
+    turns = {t for line in DATASET.open() for t in json.loads(line)["turns"]}
     rows = wp.build_wordnet_prompts(3200)
     assert len(rows) == 3200 and not turns & {r["prompt"] for r in rows}

@@ -1,4 +1,4 @@
-"""The long-context prompt list (``--prompts context:N --passages FILE``): passages read and filtered,
+"""The long-context prompt list (``python -m tools.prompts context N --passages FILE``): passages read and filtered,
 documents and RAG contexts built from them, deterministic, and self-distilled end to end."""
 
 from __future__ import annotations
@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from hf_speculative.cli import app
-from hf_speculative.training.cli import _prompt_rows
-from hf_speculative.training.context_prompts import build_context_prompts, read_passages
+from tools.prompts.__main__ import build_rows, main
+from tools.prompts.context import build_context_prompts, read_passages
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 PROSE = ("The old lighthouse stood on the cliff for two hundred years, guiding ships past the rocks. "
-         "Every night its keeper climbed ninety steps to light the lamp, and every morning he wrote the weather in a book.")
+         "Every night its keeper climbed ninety steps to light the lamp, and every morning he wrote the weather "
+         "in a book.")
 
 
 def _passages_file(tmp_path, rows):
@@ -79,26 +79,30 @@ def test_context_prompts_are_built_from_the_passages(tmp_path):
             assert len(row["prompt"]) < 80 and row["prompt"].endswith(("?", "."))
 
 
-def test_context_prompt_ranges_and_errors(tmp_path):
+def test_context_prompt_ranges_and_errors(tmp_path, capsys):
     path = _passages_file(tmp_path, _answers())
     every = build_context_prompts(12, read_passages(path))
-    assert _prompt_rows("context:12", [path]) == every
-    assert _prompt_rows("context:5-12", [path]) == every[5:]
-    for bad in ("context:7-7", "context:x", "context:9-2"):
-        with pytest.raises(typer.BadParameter, match="use context:N"):
-            _prompt_rows(bad, [path])
-    prompts = _passages_file(tmp_path, [{"id": "q", "prompt": "hello"}])
-    with pytest.raises(typer.BadParameter, match="--passages only feeds --prompts context:N"):
-        _prompt_rows(str(prompts), [path])
+    assert build_rows("context", 0, 12, passages=[path]) == every
+    assert build_rows("context", 5, 12, passages=[path]) == every[5:]
+    assert build_rows("context", 0, 12, passages=[path], seed=1) != every
+    for bad in ("7-7", "x", "9-2"):
+        with pytest.raises(SystemExit):
+            main(["context", bad, "--passages", str(path), "--out", str(tmp_path / "p.jsonl")])
+        assert "use N (the first N prompts) or A-B" in capsys.readouterr().err
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({"id": "x"}) + "\n")
-    with pytest.raises(typer.BadParameter, match="--passages .*broken.jsonl: .*expected 'text'"):
-        _prompt_rows("context:3", [broken])
+    with pytest.raises(ValueError, match="--passages .*broken.jsonl: .*expected 'text'"):
+        build_rows("context", 0, 3, passages=[broken])
+    with pytest.raises(SystemExit):
+        main(["context", "3", "--passages", str(broken), "--out", str(tmp_path / "p.jsonl")])
+    assert "expected 'text', 'response' or 'response_tokens'" in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()
 
 
 def test_self_distill_context_prompts_end_to_end(tmp_path, chat_checkpoint):
     """Answers carry their decoded text (``response``), so one self-distillation's output is the next
-    one's passages, token rows of older files are decoded with the target's tokenizer."""
+    one's passages (through the file ``python -m tools.prompts context`` writes); token rows of older files
+    are decoded with the target's tokenizer (``--target``)."""
     first = tmp_path / "first.jsonl"
     prompts = _passages_file(tmp_path, [{"id": f"q{i}", "category": "writing", "prompt": f"the cat sat {i}"}
                                         for i in range(4)])
@@ -109,12 +113,17 @@ def test_self_distill_context_prompts_end_to_end(tmp_path, chat_checkpoint):
     assert all(r["response"] and r["response"] in r["text"] for r in answers)
     legacy = tmp_path / "legacy.jsonl"  # rows written before answers carried their text
     legacy.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "response"}) + "\n" for r in answers))
-    from_tokens = _prompt_rows("context:6", [legacy], str(chat_checkpoint))
-    assert from_tokens == _prompt_rows("context:6", [first], str(chat_checkpoint))
+    from_tokens = build_rows("context", 0, 6, passages=[legacy], target=str(chat_checkpoint))
+    assert from_tokens == build_rows("context", 0, 6, passages=[first])
     assert {r["category"] for r in from_tokens} - {"qa"}  # the answers were long enough to be passages
+    with pytest.raises(ValueError, match="need the target's tokenizer to be decoded \\(give --target MODEL\\)"):
+        build_rows("context", 0, 6, passages=[legacy])
 
-    second = tmp_path / "second.jsonl"
-    result = CliRunner().invoke(app, [*args, "--prompts", "context:6", "--passages", str(first), "--out", str(second),
+    prompts, second = tmp_path / "ctx_prompts.jsonl", tmp_path / "second.jsonl"
+    assert main(["context", "6", "--passages", str(legacy), "--target", str(chat_checkpoint), "--out",
+                 str(prompts)]) == 0
+    assert [json.loads(line) for line in prompts.read_text().splitlines()] == from_tokens
+    result = CliRunner().invoke(app, [*args, "--prompts", str(prompts), "--out", str(second),
                                       "--max-prompt-tokens", "4000"], env=ENV)
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in second.read_text().splitlines()]

@@ -1,6 +1,11 @@
-"""Topic-diverse training prompts from the machine's WordNet and fortune files (never Spec-Bench's questions).
+"""Topic-diverse training prompts (``wordnet``) from the machine's WordNet and fortune files (never Spec-Bench's
+questions).
 
-The team's built-in lists (`prompts.py`, `context_prompts.py`) fill a few dozen templates from lists
+Used to train the drafter shipped for smollm2-135m-instruct (stages 5, 6 and 8 of
+``benchmarks/training-history.md``); not part of the package. ``python -m tools.prompts wordnet N`` writes
+them to a file for ``hf-speculative self-distill --prompts FILE``.
+
+The team's built-in lists (`builtin.py`, `context.py`) fill a few dozen templates from lists
 of ~100 topics, so a drafter trained on their answers reaches 65% first-guess agreement on held-out
 answers of the same kind but ~30% on Spec-Bench: it never saw most of what people ask about. This
 list draws its subjects from WordNet instead (Debian's ``wordnet-base``: of its 82k noun senses,
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .prompts import TRANSLATE
+from .builtin import TRANSLATE
 
 WORDNET_DIR = Path("/usr/share/wordnet")
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
@@ -99,7 +104,7 @@ def read_wordnet(directory: Path = WORDNET_DIR, common_only: bool = True) -> lis
     if not data.is_file() or not index.is_file():
         raise FileNotFoundError(f"WordNet not found at {directory}: these prompts are built from Debian's "
                                 "wordnet-base package (`apt-get install wordnet-base`), or pass wordnet_dir "
-                                "with the folder that holds it")
+                                "(--wordnet-dir) with the folder that holds it")
     familiar = set()
     for line in index.open(encoding="utf-8", errors="ignore"):
         if line.startswith(" "):
@@ -131,7 +136,7 @@ def read_fortunes(directory: Path = FORTUNE_DIR, min_chars: int = 40, max_chars:
     if not Path(directory).is_dir():
         raise FileNotFoundError(f"fortune files not found at {directory}: these prompts are built from Debian's "
                                 "fortunes package (`apt-get install fortunes fortunes-de`), or pass fortune_dir "
-                                "with the folder that holds them")
+                                "(--fortune-dir) with the folder that holds them")
     out = []
     for path in sorted(Path(directory).iterdir()):
         if path.suffix or not path.is_file() or "art" in path.name:  # .dat/.u8 indexes, ASCII art

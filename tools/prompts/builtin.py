@@ -1,4 +1,8 @@
-"""Training prompts for self-distillation, written by the team (never Spec-Bench's questions).
+"""The team's built-in training prompts (``builtin``), written by the team (never Spec-Bench's questions).
+
+Used to train the drafter shipped for smollm2-135m-instruct (stages 1 and 2 of
+``benchmarks/training-history.md``); not part of the package. ``python -m tools.prompts builtin N``
+writes them to a file for ``hf-speculative self-distill --prompts FILE``.
 
 The drafter learns best from the target's own answers (its distribution, not a corpus's), so
 training starts from prompts in the shape of what users ask: writing, role play, reasoning, maths,
@@ -8,8 +12,9 @@ numbers; summarization and RAG contexts are paragraphs of Python's own documenta
 every CPython); translation sources are German manual pages when the machine has them (Debian's
 man-db, dpkg and apt ship them), else sentences the team wrote.
 
-``build_prompts(n, seed)`` is deterministic for a given machine; the file it wrote for the shipped
-drafter is recorded in the drafter's training config.
+``build_prompts(n, seed)`` is deterministic for a given machine (the German manual pages it finds
+change the translation prompts); the file it wrote for the shipped drafter is recorded in the
+drafter's training config.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ WRITING = [
     "Write a diary entry about {t}.", "Write a news article about {t}.",
 ]
 ROLEPLAY = [
-    "Pretend you are a tour guide. Tell visitors about {t}.", "Act as a teacher and explain {t} to a class of ten-year-olds.",
-    "You are a radio host. Introduce a segment about {t}.", "Imagine you are a scientist giving an interview about {t}.",
+    "Pretend you are a tour guide. Tell visitors about {t}.",
+    "Act as a teacher and explain {t} to a class of ten-year-olds.",
+    "You are a radio host. Introduce a segment about {t}.",
+    "Imagine you are a scientist giving an interview about {t}.",
     "Role-play a museum curator describing an exhibit on {t}.",
 ]
 STEM = [
@@ -54,7 +61,8 @@ STEM_SUBJECTS = [
     "photosynthesis", "Newton's laws of motion", "the periodic table", "plate tectonics", "binary numbers",
     "vaccines", "the greenhouse effect", "electric circuits", "DNA replication", "black holes", "supply and demand",
     "compound interest", "sorting algorithms", "the Pythagorean theorem", "probability", "machine learning",
-    "the speed of light", "antibiotics", "hash tables", "the internet's packet routing", "evolution by natural selection",
+    "the speed of light", "antibiotics", "hash tables", "the internet's packet routing",
+    "evolution by natural selection",
     "magnetism", "the human heart", "chemical bonds", "prime numbers", "recursion", "gravity", "sound waves",
 ]
 HUMANITIES = [
@@ -74,7 +82,8 @@ CODING = [
 CODING_TASKS = [
     "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
     "counts the words in a text", "merges two sorted lists", "removes duplicates from a list while keeping order",
-    "computes the factorial of a number", "finds the largest element in a list", "checks whether a string is a palindrome",
+    "computes the factorial of a number", "finds the largest element in a list",
+    "checks whether a string is a palindrome",
     "converts Celsius to Fahrenheit", "parses a date in the format YYYY-MM-DD", "flattens a nested list",
     "computes the average of a list of numbers", "finds the longest word in a sentence", "implements binary search",
     "counts vowels in a string", "sorts a list of dictionaries by a key", "reads a CSV file and sums a column",
@@ -86,7 +95,8 @@ REASONING = [
 ]
 NOUNS = ["cats", "teachers", "robots", "painters", "birds", "engineers", "farmers", "doctors", "pilots", "chefs"]
 EXTRACTION = [
-    "Extract all the names, dates and places from this text: {p}", "List the key facts in this text as bullet points: {p}",
+    "Extract all the names, dates and places from this text: {p}",
+    "List the key facts in this text as bullet points: {p}",
     "Return a JSON object with the main entities in this text: {p}",
 ]
 QA = [
@@ -100,7 +110,8 @@ RAG = [
     "Answer the question using only the context.\n\nContext: {p}\n\nQuestion: What is this text mainly about?",
     "Read the context and answer.\n\nContext: {p}\n\nQuestion: What does the text say one should do or avoid?",
     "Context:\n{p}\n\nBased on the context above, list the main terms it defines and explain each briefly.",
-    "Use the passage to answer.\n\nPassage: {p}\n\nQuestion: Which example does the passage give, and what does it show?",
+    "Use the passage to answer.\n\nPassage: {p}\n\n"
+    "Question: Which example does the passage give, and what does it show?",
 ]
 TRANSLATE = [
     "Translate German to English: {g}", "Translate the following German text into English:\n\n{g}",
@@ -116,7 +127,7 @@ GERMAN_FALLBACK = [
 ]
 
 
-def _python_doc_paragraphs(min_chars: int = 400, max_chars: int = 2400) -> list[str]:
+def python_doc_paragraphs(min_chars: int = 400, max_chars: int = 2400) -> list[str]:
     """Paragraph groups from the Python reference documentation bundled with CPython."""
     try:
         from pydoc_data.topics import topics
@@ -159,7 +170,8 @@ def _math_problem(rng: random.Random) -> str:
     item = rng.choice(["apples", "books", "marbles", "stickers", "pencils", "cookies", "stamps", "coins"])
     forms = [
         f"{name} has {a} {item}. She buys {b} more and then gives away {c}. How many {item} does she have now?",
-        f"A shop sells {item} at {c} dollars each. {name} buys {b} of them and pays with {a * 10} dollars. How much change does {name} get?",
+        f"A shop sells {item} at {c} dollars each. {name} buys {b} of them and pays with {a * 10} dollars. "
+        f"How much change does {name} get?",
         f"{name} reads {c} pages a day. The book has {a * c + b} pages. How many days does it take to finish the book?",
         f"A train travels {a * 5} km in {c} hours. At the same speed, how far does it travel in {b} hours?",
         f"What is {a} times {b}, plus {c}? Show your steps.",
@@ -209,7 +221,7 @@ def _generate(rng: random.Random, docs: list[str], german: list[str]) -> Iterato
 def build_prompts(n: int = 2000, seed: int = 0) -> list[dict]:
     """``n`` distinct prompts ``{"id", "category", "prompt"}``, deterministic for ``seed`` on one machine."""
     rng = random.Random(seed)
-    docs, german = _python_doc_paragraphs(), _german_paragraphs()
+    docs, german = python_doc_paragraphs(), _german_paragraphs()
     seen: set[str] = set()
     out: list[dict] = []
     for kind, text in _generate(rng, docs, german):

@@ -1,10 +1,14 @@
-"""Long-context and short-fact training prompts, written by the team (never Spec-Bench's questions).
+"""Long-context and short-fact training prompts (``context``), written by the team (never Spec-Bench's questions).
 
-The first built-in prompt list (`prompts.py`) kept summarization and RAG contexts short (one
+Used to train the drafter shipped for smollm2-135m-instruct (stage 3 of ``benchmarks/training-history.md``;
+stages 9 and 10 tried it again); not part of the package. ``python -m tools.prompts context N --passages FILE``
+writes them to a file for ``hf-speculative self-distill --prompts FILE``.
+
+The first built-in prompt list (`builtin.py`) kept summarization and RAG contexts short (one
 paragraph of Python's documentation), so a drafter trained on it never saw the target copy and
 condense from a 500-1000 token document, which is what summarization and retrieval-augmented
 answers are made of, and its draft vocabulary missed the words of news and encyclopedic prose.
-This list fills that gap from *passages*: any text the user gives (``--passages FILE``), typically
+This list fills that gap from *passages*: any text given (``--passages FILE``), typically
 the target's own earlier answers (articles, blog posts, essays and explanations it wrote to the
 first list), plus paragraphs of Python's documentation:
 
@@ -23,8 +27,9 @@ import random
 from pathlib import Path
 from typing import Any, Iterator
 
-from .data import numbered_rows
-from .prompts import _python_doc_paragraphs
+from hf_speculative.training.data import numbered_rows
+
+from .builtin import python_doc_paragraphs
 
 SUMMARIZE = [
     "Summarize: {d}", "Summarize the following article.\n\n{d}", "Write a short summary of this document:\n\n{d}",
@@ -98,7 +103,7 @@ def read_passages(path: str | Path, tokenizer: Any = None, min_chars: int = 200)
         elif "response_tokens" in row:
             if tokenizer is None:
                 raise ValueError(f"{path}:{line_no}: self-distillation rows without 'response' need the target's "
-                                 "tokenizer to be decoded.")
+                                 "tokenizer to be decoded (give --target MODEL).")
             text, question = tokenizer.decode(row["response_tokens"], skip_special_tokens=True), row.get("prompt")
         elif "text" in row:
             text, question = row["text"], None
@@ -151,7 +156,7 @@ def build_context_prompts(n: int, passages: list[dict] | None = None, seed: int 
     """``n`` distinct prompts ``{"id", "category", "prompt"}`` (ids ``c00000``...), fewer if the lists
     run out (short facts only, when there are no passages and no Python documentation)."""
     rng = random.Random(seed)
-    docs = _python_doc_paragraphs()
+    docs = python_doc_paragraphs()
     seen: set[str] = set()
     out: list[dict] = []
     misses = 0
