@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import heapq
 
 import torch
 
@@ -73,20 +72,11 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
 
 
 def best_tree(paths: list[Path], nodes: int) -> set[Path]:
-    """The ``nodes`` rank paths most often on the target's path (each with its parent in the tree)."""
-    counts: collections.Counter = collections.Counter(p[:i] for p in paths for i in range(1, len(p) + 1))
-    children: dict[Path, list[Path]] = collections.defaultdict(list)
-    for path in counts:
-        children[path[:-1]].append(path)
-    tree: set[Path] = set()
-    frontier = [(-counts[p], p) for p in children[()]]
-    heapq.heapify(frontier)
-    while frontier and len(tree) < nodes:
-        _, path = heapq.heappop(frontier)
-        tree.add(path)
-        for child in children[path]:
-            heapq.heappush(frontier, (-counts[child], child))
-    return tree
+    """The ``nodes`` rank paths most often on the target's path (each with its parent in the tree):
+    ``hfs.StaticTree.calibrate``, the construction the library drafts with."""
+    from hf_speculative.tree_shapes import StaticTree
+
+    return set(StaticTree.calibrate(paths, nodes).paths)
 
 
 def kept(path: Path, tree: set[Path]) -> int:

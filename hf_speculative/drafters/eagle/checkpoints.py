@@ -36,7 +36,6 @@ All four projects store ``d2t`` as an offset: target id = draft id + d2t[draft i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from ...spec import file_sha256
 from .config import EagleConfig
 from .formats import NATIVE, SAFEAILAB1, CheckpointError, detect, read, write
 from .model import EagleDraftModel
@@ -88,14 +88,6 @@ def save_pretrained(model: EagleDraftModel, directory: str | Path, *, metadata: 
     if metadata is not None:
         (directory / "training.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     return directory
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
@@ -225,7 +217,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     directory = _checkpoint_dir(path)
     config_path = directory / "config.json"
     for name, want in (sha256 or {}).items():
-        got = _sha256(directory / name)
+        got = file_sha256(directory / name)
         if got != want.lower():
             raise CheckpointError(f"sha256 of {directory / name} is {got}, expected {want.lower()}: the file is "
                                   "damaged or not the published one. Download it again.")
