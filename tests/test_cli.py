@@ -172,14 +172,17 @@ def test_bench_end_to_end(cli, chat_checkpoint, dataset, tmp_path):
 
 # -- help, shared options, titles -------------------------------------------------------------------
 def test_compare_and_bench_help_list_the_methods(cli):
+    """The method options' help names every method. Checked on the help text itself: rich renders it to
+    the width it finds and may cut long words short (it does, in the full suite), which is not ours to test."""
+    import typer
+
     from hf_speculative.methods import available_methods
 
-    for command in ("compare", "bench"):
-        result = cli(command, "--help")
-        assert result.exit_code == 0, result.output
-        # rich frames and wraps the help, at any point of a name (as narrow as the terminal it finds)
-        text = "".join(result.output.replace("│", " ").split())
-        assert all(name in text for name in available_methods()), (command, result.output)
+    command = typer.main.get_command(app)
+    for name in ("compare", "bench"):
+        assert cli(name, "--help").exit_code == 0
+        helps = " ".join(p.help or "" for p in command.commands[name].params if p.name in ("method", "methods"))
+        assert all(method in helps for method in available_methods()), (name, helps)
 
 
 def test_bench_help_shows_the_shipped_dataset(cli):
