@@ -17,13 +17,13 @@ The target verifies the root and every node in one forward of ``1 + n`` tokens::
 
 Each node sees the prefix, the root, its ancestors and itself; its position id is the prefix length
 plus one plus its depth, so siblings share a position exactly as they would in a chain. After the
-verdict the cache keeps the prefix, the root and the accepted path only (:func:`kept_positions`).
+verdict the cache keeps the prefix, the root and the accepted path only (``compat.keep_tree_path``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -160,16 +160,3 @@ def additive_mask(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
     mask.masked_fill_(~seen, torch.finfo(dtype).min)
     return mask[None, None]
-
-
-def kept_positions(tree: DraftTree, prefix_length: int, path: Sequence[int]) -> torch.Tensor:
-    """``[prefix_length + 1 + len(path)]`` the cache positions to keep after a verdict: the prefix, the
-    root and the accepted path (a node ``i`` sits at ``prefix_length + 1 + i`` after the forward)."""
-    device = tree.tokens.device
-    path = torch.as_tensor(list(path), dtype=torch.long, device=device)
-    return torch.cat([torch.arange(prefix_length + 1, device=device), prefix_length + 1 + path])
-
-
-def as_tree(draft: Any) -> DraftTree:
-    """A ``DraftTree`` as is, or a chain from a 1-D sequence of token ids."""
-    return draft if isinstance(draft, DraftTree) else DraftTree.chain(draft)

@@ -123,17 +123,6 @@ class StaticTree:
             raise ValueError(f"{path}: not a StaticTree file (expected {{\"static_tree\": [[0], [1], [0, 0], ...]}}).")
         return cls(tuple(tuple(p) for p in data["static_tree"]))
 
-    def fill(self, guesses: Callable[[int, RankPath], Sequence[int]]) -> DraftTree:
-        """The tree's tokens: ``guesses(parent_index, parent_path)`` returns the drafter's ranked guesses
-        after a node (``-1, ()`` for the root); node ``p + (r,)`` gets guess ``r``."""
-        tokens, cache = [], {}
-        for path, parent in zip(self.paths, self.parents()):
-            if parent not in cache:
-                cache[parent] = list(guesses(parent, path[:-1]))
-            ranked = cache[parent]
-            tokens.append(ranked[path[-1]] if path[-1] < len(ranked) else ranked[-1])
-        return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(self.parents(), dtype=torch.long))
-
 
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:

@@ -83,7 +83,8 @@ def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | in
     uncached = torch.as_tensor(uncached, dtype=torch.long, device=device).reshape(-1)  # [m]
     fresh = uncached.numel() - 1
     prefix_length = compat.cache_length(cache) + fresh  # tokens before the root
-    tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
+    if tree.tokens.device != device:
+        tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
     ids = torch.cat([uncached, tree.tokens]).unsqueeze(0)  # [1, m + n]
     keep = compat.logits_to_keep_kwargs(model, 1 + tree.size)
     if tree.is_chain():  # the fast path: the model's own causal masks (and SDPA's causal kernel)

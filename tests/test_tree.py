@@ -14,7 +14,7 @@ import torch
 from tests.conftest import ARCHS, build_model
 
 from hf_speculative import compat
-from hf_speculative.tree import DraftTree, Verdict, kept_positions, position_ids, visibility
+from hf_speculative.tree import DraftTree, Verdict, position_ids, visibility
 from hf_speculative.verify import TreeAttentionError, check_tree_attention, forward_tree, keep_path
 
 # A tree of width 3 and depth 4: root -> 0, 1, 2; 0 -> 3, 4; 1 -> 5; 3 -> 6; 5 -> 7; 6 -> 8
@@ -132,9 +132,7 @@ def test_kept_cache_equals_one_built_from_scratch(name, path):
     torch.testing.assert_close(following, fresh, atol=1e-5, rtol=1e-5)
 
 
-def test_kept_positions_are_prefix_root_and_path():
-    tree = DraftTree(torch.arange(9), torch.tensor(PARENTS))
-    assert kept_positions(tree, 3, [1, 5]).tolist() == [0, 1, 2, 3, 4 + 1, 4 + 5]
+def test_verdict_counts_the_accepted_path():
     assert Verdict(path=(1, 5), next_token=7).num_accepted == 2
 
 

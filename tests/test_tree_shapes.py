@@ -18,11 +18,33 @@ def test_static_tree_orders_paths_and_finds_parents():
 
 
 def test_static_tree_fills_tokens_by_rank():
-    guesses = {(): [7, 8, 9], (0,): [10, 11], (1,): [12], (0, 0): [13]}
+    """``grow_static`` gives node ``p + (r,)`` the drafter's guess of rank ``r`` after ``p``, one expansion per
+    depth over the nodes that have children (a drafter whose guesses after a token are fixed lists)."""
+    from hf_speculative.drafters.eagle.tree_drafting import grow_static
+
+    vocab = 20
+    guesses = {7: [10, 11, 3], 8: [12, 3, 4], 10: [13, 3, 4]}  # after a token, its guesses best first
+
+    def ranked(tokens):  # log-probabilities ranking each token's guesses first, second, third
+        out = torch.full((len(tokens), vocab), -30.0)
+        for row, token in enumerate(tokens.tolist()):
+            for rank, guess in enumerate(guesses[token]):
+                out[row, guess] = -float(rank)
+        return out
+
+    expanded = []
+
+    def expand(frontier, tokens, parents):
+        expanded.append(frontier)
+        return ranked(tokens)
+
+    root = torch.full((vocab,), -30.0)
+    root[[7, 8, 9]] = torch.tensor([0.0, -1.0, -2.0])
     tree = StaticTree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
-    draft = tree.fill(lambda parent, path: guesses[path])
+    draft = grow_static(tree, root, expand, max_depth=8)
     assert draft.tokens.tolist() == [7, 8, 10, 11, 12, 13]
     assert draft.parents.tolist() == [-1, -1, 0, 0, 1, 2]
+    assert expanded == [[0, 1], [2]]  # one drafter forward per depth, only nodes with children
 
 
 def test_calibration_keeps_the_most_frequent_prefixes():

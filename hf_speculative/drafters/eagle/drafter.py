@@ -145,12 +145,12 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         self.cache = DraftKVCache()
         self.n_true = 0
         self._target_ids = self.net.target_ids()  # [V_draft] or None
-        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
+        nodes = 0 if config.tree is None else (
+            config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
+        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:
-            nodes = config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size
-            self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
             self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
 
     def _draft_price(self) -> float:
