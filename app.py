@@ -36,17 +36,27 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "env HFS_APP_THREADS)")
     parser.add_argument("--max-queue", type=int, default=_env_int("HFS_APP_MAX_QUEUE") or 16,
                         help="requests allowed to wait in the queue (env HFS_APP_MAX_QUEUE)")
+    parser.add_argument("--allow-local-paths", action="store_true",
+                        help="let visitors also type local folders and Hub ids for the model, draft model, EAGLE "
+                        "drafter and exit adapter (default: only the registry's models, --model and the shipped "
+                        "drafters). For a local run: refused on a Space (SPACE_ID) and with a --host beyond localhost")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Build the app and serve it until interrupted, printing the local URL."""
     args = _parse_args(argv)
+    from hf_speculative.app.request import check_exposure
+
+    try:
+        check_exposure(args.allow_local_paths, args.host)
+    except ValueError as err:
+        raise SystemExit(f"app.py: {err}") from None
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    kwargs: dict[str, Any] = {"max_queue": args.max_queue}
+    kwargs: dict[str, Any] = {"max_queue": args.max_queue, "allow_local_paths": args.allow_local_paths}
     if args.model:
         kwargs["default_model"] = args.model
     demo = build_app(**kwargs)

@@ -1,9 +1,14 @@
 """Model cache of the demo app: one target model in memory at a time, plus the draft models it uses.
 
 Loading a model takes seconds and a target of a few hundred MB must not be duplicated per visitor, so
-models are loaded once and shared by every request. Switching to another target frees the previous one
-(and the draft models loaded for it) before loading the new one, so a small Space never holds two
-targets at once.
+models are loaded once and shared by every request. Switching to another target loads the new one
+first and only then frees the previous one (and the draft models loaded for it): a switch that fails
+(a model that does not load) keeps the loaded model serving. The price is memory: during a switch both
+targets are in memory, so a host must have room for the two largest models it offers (a Space offering
+only one model never switches). Once the switch is done, the old target is freed.
+
+LayerSkip's ``'auto'`` calibration is kept per model under the package's cache, named after the
+model's fingerprint (:meth:`ModelCache.calibration_file`): a remote caller never names that file.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import dataclasses
 import gc
 import logging
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -52,12 +58,16 @@ class ModelCache:
         device (`torch.device`, *optional*): where models go; defaults to :func:`default_device`.
         warmup (`bool`): run a tiny generation right after loading a target, so that the first
             visitor's timings do not include one-off start-up costs (kernel selection, allocations).
+        calibration_dir (`str` or `Path`, *optional*): where LayerSkip calibrations are kept, one file
+            per model fingerprint (default: ``<package cache>/calibrations/layer-skip``).
     """
 
-    def __init__(self, loader: Loader | None = None, device: torch.device | None = None, warmup: bool = True):
+    def __init__(self, loader: Loader | None = None, device: torch.device | None = None, warmup: bool = True,
+                 calibration_dir: str | Path | None = None):
         self._loader = loader
         self.device = device or default_device()
         self.warmup = warmup
+        self._calibration_dir = None if calibration_dir is None else Path(calibration_dir)
         self._lock = threading.RLock()
         self._target: LoadedModel | None = None
         self._drafts: dict[str, Any] = {}
@@ -69,16 +79,17 @@ class ModelCache:
         return self._target
 
     def get(self, name: str) -> LoadedModel:
-        """The target ``name``, loaded on first use; any other cached target is freed first."""
+        """The target ``name``, loaded on first use. Another cached target is freed once ``name`` has
+        loaded (and warmed up); if loading fails, the error is raised and the cached target stays."""
         with self._lock:
             if self._target is not None and self._target.name == name:
                 return self._target
-            self.clear()
             model, tokenizer = self._load(name)
-            self._target = LoadedModel(name, model, tokenizer, self.device)
-            self.loads += 1
             if self.warmup:
                 _warm_up(model, tokenizer)
+            self.clear()
+            self._target = LoadedModel(name, model, tokenizer, self.device)
+            self.loads += 1
             return self._target
 
     def draft(self, name: str) -> Any:
@@ -89,6 +100,28 @@ class ModelCache:
                 # refuse the target instance itself (its cache would be shared).
                 self._drafts[name], _ = self._load(name)
             return self._drafts[name]
+
+    def calibration_file(self, loaded: LoadedModel) -> Path:
+        """Where LayerSkip keeps its ``'auto'`` calibration for ``loaded``: a file under the package's cache
+        named after the model's fingerprint (:func:`~hf_speculative.drafters.layer_calibration.model_fingerprint`).
+        A file there that does not hold a calibration for this model is removed (calibrated again)."""
+        from ..drafters.layer_calibration import SkipCalibration, model_fingerprint
+
+        with self._lock:
+            folder = self._calibration_dir
+            if folder is None:
+                from ..models import cache_dir
+
+                folder = cache_dir() / "calibrations" / "layer-skip"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{model_fingerprint(loaded.model)}.json"
+            if path.exists():
+                try:
+                    SkipCalibration.load(path).check_fits(loaded.model)
+                except ValueError:
+                    logger.warning("removing an unreadable LayerSkip calibration: %s", path)
+                    path.unlink(missing_ok=True)
+            return path
 
     def clear(self) -> None:
         """Drop every cached model and give the memory back (requests still running keep theirs)."""

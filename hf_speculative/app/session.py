@@ -38,6 +38,7 @@ class Comparison:
         self.loaded, self.request, self.cache = loaded, request, cache
         self.input_ids = encode_prompt(loaded.tokenizer, request.prompt).to(loaded.model.device)
         self._check_length(max_prompt_tokens)
+        self._check_layers()
         self.traces = [MethodTrace(get_method(name), request.max_new_tokens) for name in request.methods]
         self.texts = [SourcedText(loaded.tokenizer) for _ in self.traces]
         self._rendered_blocks = [0] * len(self.traces)
@@ -106,8 +107,11 @@ class Comparison:
                       pad_token_id=pad_token_id(model, tokenizer), sampling=self.request.sampling)
 
     def _resolve_options(self, spec: Any) -> dict:
-        """The method's options, with a draft model name replaced by the cached model."""
+        """The method's options, with a draft model name replaced by the cached model, and LayerSkip's
+        calibration kept in the package's cache under the model's fingerprint."""
         options = dict(self.request.options.get(spec.name, {}))
+        if "calibration_file" in spec.options and spec.option(options, "skip") == "auto":
+            options["calibration_file"] = str(self.cache.calibration_file(self.loaded))
         draft = options.get("draft_model")
         if isinstance(draft, str):
             try:
@@ -163,6 +167,26 @@ class Comparison:
             "max_new_tokens": self.request.max_new_tokens, "sampling": self.request.sampling,
             "order": "concurrent" if self.request.concurrent else "sequential", "methods": methods,
         }
+
+    def _check_layers(self) -> None:
+        """Layer options the visitor set, against the loaded model's layer count."""
+        config = self.loaded.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        total = getattr(config, "num_hidden_layers", None)
+        if not isinstance(total, int):
+            return
+        for name, options in self.request.options.items():
+            label = get_method(name).label
+            exit_layer = options.get("exit_layer")
+            if exit_layer is not None and not 1 <= exit_layer < total:
+                raise AppError(f"{label}: exit_layer must be from 1 to {total - 1} for {self.loaded.name!r} "
+                               f"({total} layers), got {exit_layer}.")
+            skip = options.get("skip")
+            if isinstance(skip, str) and skip != "auto":
+                indices = [int(i) for i in skip.split(",")]
+                if max(indices) >= total or len(indices) >= total:
+                    raise AppError(f"{label}: skip must list fewer than {total} distinct layers from 0 to {total - 1} "
+                                   f"for {self.loaded.name!r}, got {skip!r}.")
 
     def _check_length(self, max_prompt_tokens: int) -> None:
         n = self.prompt_tokens

@@ -14,7 +14,18 @@ from .cache import ModelCache, describe_device
 from .examples import EXAMPLES
 from .highlight import LEGEND_HTML, PANE_CSS, render_pane
 from .plots import comparison_figure
-from .request import MAX_PANES, AppError, OptionSlot, option_slots, parse_request, selectable_methods
+from .request import (
+    MAX_PANES,
+    MAX_SEED,
+    TEMPERATURE_RANGE,
+    AppError,
+    OptionSlot,
+    Sources,
+    check_exposure,
+    option_slots,
+    parse_request,
+    selectable_methods,
+)
 from .session import Comparison
 from .streaming import MethodTrace, describe_error
 
@@ -41,12 +52,18 @@ def build_app(
     max_prompt_tokens: int = 2048,
     max_new_tokens_limit: int = 512,
     default_max_new_tokens: int = 128,
+    allow_local_paths: bool = False,
 ) -> gr.Blocks:
     """Build the demo's Blocks (models load on the first request, not here).
 
+    Visitors pick the model, draft models, EAGLE drafters and exit adapters from lists: the registry's
+    models and ``default_model``, the shipped drafters. Every value the ``/compare`` API receives is
+    checked on the server (:func:`~hf_speculative.app.request.parse_request`).
+
     Args:
         cache (`ModelCache`, *optional*): shared model cache (a fresh one on the default device if omitted).
-        default_model (`str`): model selected when the page opens (registry name or local folder).
+        default_model (`str`): model selected when the page opens (registry name or local folder); the
+            operator's choice, so it is offered even when it is a folder.
         default_methods (`list[str]`, *optional*): methods ticked when the page opens.
         max_queue (`int`): requests waiting at most; later visitors are told the queue is full.
         concurrency_limit (`int`, *optional*): comparisons running at once (default: 1 on CPU, where
@@ -54,11 +71,19 @@ def build_app(
         max_prompt_tokens (`int`): longest prompt accepted, chat template included.
         max_new_tokens_limit (`int`): upper bound of the "max new tokens" slider.
         default_max_new_tokens (`int`): its initial value.
+        allow_local_paths (`bool`): let visitors also type any local folder or Hub id (``app.py
+            --allow-local-paths``), for a local run only: refused on a Space (``SPACE_ID``), and
+            ``launch()`` refuses a host beyond localhost or a share link.
 
     Returns:
         `gr.Blocks` with its queue configured; call ``.launch()`` on it.
+
+    Raises:
+        ValueError: ``allow_local_paths`` on a Space.
     """
+    check_exposure(allow_local_paths)
     cache = cache or ModelCache()
+    sources = Sources.offered(default_model, allow_local_paths=allow_local_paths)
     on_gpu = cache.device.type == "cuda"
     slots = option_slots()
     choices = selectable_methods()
@@ -75,8 +100,10 @@ def build_app(
                 gr.Examples(examples=[[text] for text in EXAMPLES.values()], inputs=[prompt],
                             example_labels=list(EXAMPLES), label="Examples")
             with gr.Column(scale=2):
-                model = gr.Dropdown(choices=list(REGISTRY), value=default_model, allow_custom_value=True,
-                                    label="Model", info="registry name, local folder or Hub id", elem_id="hfs-model")
+                model = gr.Dropdown(choices=list(sources.models), value=default_model,
+                                    allow_custom_value=allow_local_paths, label="Model",
+                                    info="registry name, local folder or Hub id" if allow_local_paths else
+                                    "models offered by this app", elem_id="hfs-model")
                 methods = gr.CheckboxGroup(choices=[(get_method(m).label, m) for m in choices], value=ticked,
                                            label=f"Methods (greedy always runs first; up to {MAX_PANES - 1})",
                                            elem_id="hfs-methods")
@@ -84,11 +111,11 @@ def build_app(
                                     label="Max new tokens")
                 with gr.Row():
                     sampling = gr.Checkbox(value=False, label="Sample (else greedy)")
-                    temperature = gr.Slider(0.05, 2.0, value=0.7, step=0.05, label="Temperature")
-                    seed = gr.Number(value=0, precision=0, label="Seed")
+                    temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.7, step=0.05, label="Temperature")
+                    seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed")
                 concurrent = gr.Checkbox(value=False, interactive=on_gpu, label="Run methods at the same time",
                                          info="GPU only; on CPU methods run one after another for fair timings")
-        option_inputs = _option_inputs(slots)
+        option_inputs = _option_inputs(slots, sources)
         with gr.Row():
             run_btn = gr.Button("Generate and compare", variant="primary", elem_id="hfs-run")
             stop_btn = gr.Button("Stop", variant="stop", elem_id="hfs-stop")
@@ -104,8 +131,8 @@ def build_app(
                     *option_values) -> Iterator[tuple]:
             yield from _run_comparison(
                 cache, slots, default_model, max_new_tokens_limit, max_prompt_tokens,
-                (prompt, model, methods, max_new_tokens, sample, temperature, seed,
-                 bool(concurrent) and on_gpu, list(option_values)),
+                (prompt, model, methods, max_new_tokens, sample, temperature, seed, concurrent, list(option_values)),
+                sources=sources, on_gpu=on_gpu,
             )
 
         compare.__signature__ = _api_signature(compare, slots)  # named API parameters for the options
@@ -115,10 +142,26 @@ def build_app(
             inputs=[prompt, model, methods, max_new, sampling, temperature, seed, concurrent, *option_inputs],
             outputs=[status, *panes, plot, results],
             api_name="compare",
+            # the handler gets the values as sent and checks every one (parse_request): a client of the API
+            # gets the app's own messages, not the components' checks (some of which raise on NaN or text)
+            preprocess=False,
         )
         stop_btn.click(None, cancels=[event])
     demo.queue(max_size=max_queue, default_concurrency_limit=concurrency_limit or (2 if on_gpu else 1))
+    if allow_local_paths:
+        _guard_launch(demo)
     return demo
+
+
+def _guard_launch(demo: gr.Blocks) -> None:
+    """Make ``demo.launch()`` refuse a host beyond localhost or a share link (``allow_local_paths``)."""
+    launch = demo.launch
+
+    def guarded_launch(*args: Any, **kwargs: Any) -> Any:
+        check_exposure(True, kwargs.get("server_name"), bool(kwargs.get("share")))
+        return launch(*args, **kwargs)
+
+    demo.launch = guarded_launch
 
 
 def _api_signature(fn: Any, slots: list[OptionSlot]) -> inspect.Signature:
@@ -144,7 +187,7 @@ def _versions() -> str:
     return f"torch {torch.__version__} · transformers {transformers.__version__} · gradio {gr.__version__}"
 
 
-def _option_inputs(slots: list[OptionSlot]) -> list[gr.components.Component]:
+def _option_inputs(slots: list[OptionSlot], sources: Sources) -> list[gr.components.Component]:
     """One input per method option, grouped by method in an accordion."""
     inputs = []
     with gr.Accordion("Method options", open=False):
@@ -153,14 +196,15 @@ def _option_inputs(slots: list[OptionSlot]) -> list[gr.components.Component]:
             gr.Markdown(f"**{spec.label}**: {spec.description}")
             with gr.Row():
                 for slot in (s for s in slots if s.method == name):
-                    inputs.append(_option_input(slot))
+                    inputs.append(_option_input(slot, sources))
     return inputs
 
 
-def _option_input(slot: OptionSlot) -> gr.components.Component:
+def _option_input(slot: OptionSlot, sources: Sources) -> gr.components.Component:
     label, info = f"{slot.key}", slot.help or None
-    if slot.widget == "model":
-        return gr.Dropdown(choices=list(REGISTRY), value=slot.default, allow_custom_value=True, label=label, info=info)
+    if slot.widget in ("model", "drafter"):
+        return gr.Dropdown(choices=list(sources.for_key(slot.key)), value=slot.default,
+                           allow_custom_value=sources.allow_local_paths, label=label, info=info)
     if slot.widget in ("integer", "number"):
         return gr.Number(value=slot.default, precision=0 if slot.widget == "integer" else None, label=label, info=info)
     if slot.widget == "bool":
@@ -169,12 +213,14 @@ def _option_input(slot: OptionSlot) -> gr.components.Component:
 
 
 # -- one request ---------------------------------------------------------------------------------
-def _run_comparison(cache, slots, default_model, max_new_limit, max_prompt_tokens, form) -> Iterator[tuple]:
+def _run_comparison(cache, slots, default_model, max_new_limit, max_prompt_tokens, form, *,
+                    sources: Sources | None = None, on_gpu: bool = False) -> Iterator[tuple]:
     """The event handler's body: validate, load, run, and yield the page's outputs as they change."""
     *values, option_values = form
     try:
         request = parse_request(*values, option_values, slots=slots, default_model=default_model,
-                                max_new_tokens_limit=max_new_limit)
+                                max_new_tokens_limit=max_new_limit, sources=sources)
+        request.concurrent = request.concurrent and on_gpu
         yield _outputs(f"Loading **{request.model}** …", None, plot=None, results=None)
         loaded = _load(cache, request.model)
         comparison = Comparison(loaded, request, cache, max_prompt_tokens)

@@ -101,6 +101,30 @@ def remember_calibration(target: torch.nn.Module, plan: SkipCalibration) -> None
     state_of(target).calibration = plan
 
 
+def model_fingerprint(target: torch.nn.Module, sample: int = 1024) -> str:
+    """A short hex name for ``target``'s identity, to keep its calibration under (the demo app keeps
+    LayerSkip's ``'auto'`` calibration at ``<package cache>/calibrations/layer-skip/<fingerprint>.json``).
+
+    sha256 of the model's class, its config (without paths and versions) and every parameter's name,
+    shape, dtype and first and last ``sample`` values: the same checkpoint loaded anywhere gives the same
+    name, another checkpoint or architecture another one. It names a cache entry, it is not an integrity
+    check (a change in the middle of a tensor is not seen; a calibration only affects speed, never the
+    output, which the target verifies)."""
+    import hashlib
+
+    digest = hashlib.sha256(type(target).__name__.encode())
+    config = getattr(target, "config", None)
+    if config is not None:
+        settings = {k: v for k, v in config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+        digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    for name, param in target.named_parameters():
+        flat = param.detach().reshape(-1)
+        ends = flat if flat.numel() <= 2 * sample else torch.cat([flat[:sample], flat[-sample:]])
+        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}".encode())
+        digest.update(ends.float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
 def expected_speedup(agreement: float, draft_cost: float, verify_ratio, max_draft: int) -> float:
     """Best ``(1 + a + ... + a^k) / (k c + v(k))`` over ``k`` in ``[0, max_draft]``."""
     best, gain, term = 1.0, 1.0, 1.0

@@ -70,7 +70,9 @@ def served_app(tiny_chat_dir):
     # The adaptive drafters decide from measured costs; fix them (cheap, GPU-like) so that under any
     # machine load prompt lookup drafts, and the highlighting has accepted drafts to show.
     policy.verify_costs_for(cache.get(str(tiny_chat_dir)).model, 32).fix([1.0 + 0.01 * k for k in range(33)])
-    demo = build_app(cache, default_model=str(tiny_chat_dir), max_new_tokens_limit=256, default_max_new_tokens=24)
+    # local folders allowed (tests pass the tiny models' folders); test_fuzz.py serves the app without the flag
+    demo = build_app(cache, default_model=str(tiny_chat_dir), max_new_tokens_limit=256, default_max_new_tokens=24,
+                     allow_local_paths=True)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     yield url, demo, cache
     demo.close()

@@ -28,8 +28,9 @@ def _parse(prompt="hello", model="", picked=("prompt-lookup",), max_new=16, samp
 def test_methods_and_knobs_come_from_the_registry(monkeypatch):
     assert baseline_method() == "greedy"
     assert selectable_methods() == [n for n in methods.available_methods() if n != "greedy"]
-    expected = [(n, k) for n in selectable_methods() for k in methods.get_method(n).options]
-    assert [(s.method, s.key) for s in option_slots()] == expected
+    expected = [(n, k) for n in selectable_methods() for k in methods.get_method(n).options if k != "calibration_file"]
+    assert [(s.method, s.key) for s in option_slots()] == expected, "every option but the server-only ones"
+    assert ("layer-skip", "calibration_file") not in {(s.method, s.key) for s in option_slots()}
     # a drafter registered later (EAGLE, EarlyExit...) shows up with its knobs, no app change needed
     spec = methods.MethodSpec("test-drafter", "Test drafter", "test", "hfs", lambda m, t, o: {},
                               {"num_tokens": None, "depth": 3, "ratio": 0.5, "flag": False, "path": None})
@@ -57,11 +58,12 @@ def test_a_valid_request_runs_greedy_first_and_keeps_only_set_options():
         ({"prompt": "   "}, "The prompt is empty"),
         ({"prompt": "x" * (MAX_PROMPT_CHARS + 1)}, "too long"),
         ({"picked": ()}, "at least one method"),
-        ({"picked": ("no-such-method",)}, "Unknown method(s): no-such-method"),
+        ({"picked": ("no-such-method",)}, "Unknown method(s): 'no-such-method'. Known:"),
         ({"picked": ("prompt-lookup", "hf-prompt-lookup", "hf-early-exit", "draft-model")}, "at most 3"),
-        ({"max_new": 0}, "between 1 and 64"),
+        ({"max_new": 0}, "Max new tokens must be a whole number from 1 to 64, got 0."),
         ({"max_new": "many"}, "whole number"),
-        ({"sampling": True, "temperature": 0}, "temperature must be positive"),
+        ({"sampling": True, "temperature": 0}, "Temperature must be a number from 0.05 to 2.0, got 0."),
+        ({"sampling": True, "seed": 10**30}, "Seed must be a whole number from 0 to 2**63 - 1, got 1000000"),
         ({"values": [1]}, "method option values"),
     ],
 )
@@ -73,5 +75,5 @@ def test_bad_requests_say_what_is_wrong(kwargs, message):
 def test_a_non_integer_knob_is_refused():
     slots = option_slots()
     values = ["2.5" if (s.method, s.key) == ("prompt-lookup", "num_tokens") else s.default for s in slots]
-    with pytest.raises(AppError, match="num_tokens must be a whole number"):
+    with pytest.raises(AppError, match="Prompt lookup \\(hfs\\): num_tokens must be a whole number from 1 to 64, got '2.5'"):
         _parse(values=values)

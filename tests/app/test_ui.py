@@ -103,7 +103,7 @@ def test_sampling_runs_and_says_so(client, tiny_chat_dir):
     [
         ("   ", None, "The prompt is empty"),
         (" ".join(["cat"] * 3000), None, "The prompt is too long"),
-        ("hello", "./no-such-model-folder", "Cannot load model './no-such-model-folder'"),
+        ("hello", "./no-such-model-folder", "Cannot load model './no-such-model-folder'"),  # the app allows paths
     ],
 )
 def test_bad_requests_show_a_message_and_the_app_keeps_serving(client, tiny_chat_dir, prompt, model, message):
