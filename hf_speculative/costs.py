@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .options import check_verify_tokens
 from .state import state_of
 
 
@@ -28,7 +29,8 @@ class VerifyCostModel:
     """
 
     def __init__(self, max_tokens: int, prior_step: float = 0.1, prior_per_token: float = 0.12, smoothing: float = 0.3):
-        self.max_tokens = max_tokens
+        # bounded before the lists below are built: they are this long, and kept per model
+        self.max_tokens = max_tokens = check_verify_tokens("VerifyCostModel", max_tokens)
         self._prior = [1.0] + [1.0 + prior_step + prior_per_token * k for k in range(1, max_tokens + 1)]
         self._seconds: list[float | None] = [None] * (max_tokens + 1)
         self._timings = [0] * (max_tokens + 1)
@@ -109,7 +111,10 @@ def verify_costs_for(target: Any, max_tokens: int) -> VerifyCostModel:
     Costs are a property of the model and the hardware, not of the prompt, so measurements carry
     over from call to call (short generations would otherwise decide on the prior alone).
     Concurrent calls may interleave their updates; each update is one tuple assignment.
+    ``max_tokens`` is at most ``options.MAX_VERIFY_TOKENS``: the model never shrinks, so an oversize
+    request is refused here, whatever path it came by, rather than kept for the life of ``target``.
     """
+    max_tokens = check_verify_tokens("verify_costs_for", max_tokens)
     if target is None:  # a generator built by hand, outside a generate() call
         return VerifyCostModel(max_tokens)
     state = state_of(target)

@@ -28,6 +28,8 @@ from typing import Any, Callable, Literal
 
 import torch
 
+from .options import MAX_DRAFT_TOKENS, MAX_LAYERS, MAX_NGRAM, check_int
+
 MethodKind = Literal["baseline", "hfs", "transformers"]
 BuildFn = Callable[[Any, Any, dict], dict]
 
@@ -294,21 +296,23 @@ def _build_eagle_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("eagle+lookup")
     eagle = _build_eagle(model, tokenizer, options)["candidate_generator"]  # --eagle, --num-tokens
     max_ngram = spec.option(options, "max_ngram")
-    lookup = hfs.PromptLookup() if max_ngram is None else hfs.PromptLookup(max_ngram=int(max_ngram))
+    lookup = hfs.PromptLookup() if max_ngram is None else hfs.PromptLookup(max_ngram=max_ngram)  # it checks the type
     return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
 
 
 def _length_options(spec: MethodSpec, options: dict) -> dict:
-    """``num_tokens`` as an int, when given (the option the self-speculative and trained drafters share)."""
-    keep = {key: spec.option(options, key) for key in ("num_tokens",)}
-    return {key: int(value) for key, value in keep.items() if value is not None}
+    """``num_tokens`` as an int, when given (the option the self-speculative and trained drafters share),
+    checked here (not coerced: ``int()`` would turn ``2.7`` into 2 silently) because it keys a cache of
+    loaded drafters before any strategy sees it."""
+    value = spec.option(options, "num_tokens")
+    return {} if value is None else {"num_tokens": _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)}
 
 
 def _build_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
     import hf_speculative as hfs
 
     spec = get_method("early-exit")
-    exit_layer = int(spec.option(options, "exit_layer"))
+    exit_layer = spec.option(options, "exit_layer")  # EarlyExit checks it
     return {"candidate_generator": hfs.EarlyExit(exit_layer=exit_layer, **_length_options(spec, options))}
 
 
@@ -340,9 +344,9 @@ def _build_layer_skip(model: Any, tokenizer: Any, options: dict) -> dict:
 
 def _build_hf_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("hf-prompt-lookup")
-    kwargs = {"prompt_lookup_num_tokens": int(spec.option(options, "num_tokens"))}
+    kwargs = {"prompt_lookup_num_tokens": _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)}
     if spec.option(options, "max_ngram") is not None:
-        kwargs["max_matching_ngram_size"] = int(spec.option(options, "max_ngram"))
+        kwargs["max_matching_ngram_size"] = _checked(spec, options, "max_ngram", 1, MAX_NGRAM)
     return kwargs
 
 
@@ -350,16 +354,22 @@ def _build_hf_assisted(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("hf-assisted")
     kwargs = {"assistant_model": resolve_draft_model(spec, options, model)}
     if spec.option(options, "num_tokens") is not None:
-        kwargs["num_assistant_tokens"] = int(spec.option(options, "num_tokens"))
+        kwargs["num_assistant_tokens"] = _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)
     return kwargs
 
 
 def _build_hf_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("hf-early-exit")
-    kwargs = {"assistant_early_exit": int(spec.option(options, "exit_layer"))}
+    kwargs = {"assistant_early_exit": _checked(spec, options, "exit_layer", 1, MAX_LAYERS - 1)}
     if spec.option(options, "num_tokens") is not None:
-        kwargs["num_assistant_tokens"] = int(spec.option(options, "num_tokens"))
+        kwargs["num_assistant_tokens"] = _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)
     return kwargs
+
+
+def _checked(spec: MethodSpec, options: dict, key: str, low: int, high: int) -> int:
+    """Option ``key`` of a transformers method, held to the limits hf_speculative's own strategies keep
+    (transformers checks none of them)."""
+    return check_int(spec.name, key, spec.option(options, key), low, high)
 
 
 def _register_builtin_methods() -> None:

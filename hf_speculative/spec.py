@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import tree_shapes
+from .options import MAX_HYBRID_MEMBERS
 
 TREE_SHAPES = (tree_shapes.DynamicTree, tree_shapes.StaticTree)
 
@@ -295,6 +296,8 @@ def _hybrid(spec: dict, target: Any, base_dir: Any, where: str) -> Any:
     members = spec.get("members")
     if not isinstance(members, list) or len(members) < 2:
         raise SpecError(f"{where}.members: the hybrid method needs a list of two or more specs, got {members!r}.")
+    if len(members) > MAX_HYBRID_MEMBERS:  # before any member is built (each may load a network)
+        raise SpecError(f"{where}.members: at most {MAX_HYBRID_MEMBERS} specs, got {len(members)}.")
     hybrid = Hybrid(*[from_spec(m, target, base_dir, f"{where}.members[{i}]") for i, m in enumerate(members)])
     hybrid.__dict__["_hf_speculative_spec"] = spec
     return hybrid

@@ -20,17 +20,44 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from .options import (MAX_TOP_K, MAX_TREE_DEPTH, MAX_TREE_NODES, OptionError, OptionTypeError, as_int, bounded_items,
+                      shown)
+from .options import check_int as _check_int
 from .tree import ROOT, DraftTree
 
-MAX_NODES = 256  # the widest tree any shape may ask one forward to verify
-MAX_DEPTH = 64
+MAX_NODES = MAX_TREE_NODES  # the widest tree any shape may ask one forward to verify
+MAX_DEPTH = MAX_TREE_DEPTH
+MAX_RANK = MAX_TOP_K - 1  # a rank path's largest rank: the drafter ranks its top MAX_TOP_K guesses
+_SCAN_LIMIT = 4 * MAX_NODES  # items of a paths list read at most (duplicates allowed up to there)
 RankPath = tuple[int, ...]
 
 
-def _check_int(owner: str, name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{owner}({name}={value!r}): must be an integer from {low} to {high}.")
-    return value
+def _rank_path(path: object) -> RankPath:
+    """One rank path as a tuple of ints: 1 to ``MAX_DEPTH`` integer ranks from 0 to ``MAX_RANK``."""
+    items = bounded_items(path, MAX_DEPTH + 1)  # an oversize path is not read whole
+    ranks = None if items is None else [as_int(r) for r in items]
+    if not ranks or len(ranks) > MAX_DEPTH or any(r is None or not 0 <= r <= MAX_RANK for r in ranks):
+        wrong_type = ranks is None or any(r is None for r in ranks)
+        raise (OptionTypeError if wrong_type else OptionError)(
+            f"StaticTree: rank path {shown(path)} must hold 1 to {MAX_DEPTH} integer ranks from 0 to {MAX_RANK}.")
+    return tuple(ranks)
+
+
+def _rank_paths(paths: object) -> tuple[RankPath, ...]:
+    """The distinct rank paths of ``paths``, by depth then rank. Refused once more than ``MAX_NODES``
+    distinct ones are seen, or more than a few times that many items, before the rest is read."""
+    items = bounded_items(paths, _SCAN_LIMIT + 1)
+    if items is None:
+        raise OptionTypeError(f"StaticTree(paths={shown(paths)}): must be a list of rank paths such as "
+                              "[(0,), (1,), (0, 0)].")
+    distinct: set[RankPath] = set()
+    for path in items:
+        distinct.add(_rank_path(path))
+        if len(distinct) > MAX_NODES or len(items) > _SCAN_LIMIT:
+            raise OptionError(f"StaticTree: give 1 to {MAX_NODES} rank paths, got more than {MAX_NODES}.")
+    if not distinct:
+        raise OptionError(f"StaticTree: give 1 to {MAX_NODES} rank paths, got 0.")
+    return tuple(sorted(distinct, key=lambda p: (len(p), p)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +71,10 @@ class StaticTree:
     paths: tuple[RankPath, ...]
 
     def __post_init__(self) -> None:
-        paths = tuple(sorted({tuple(int(r) for r in p) for p in self.paths}, key=lambda p: (len(p), p)))
-        if not paths or len(paths) > MAX_NODES:
-            raise ValueError(f"StaticTree: give 1 to {MAX_NODES} rank paths, got {len(paths)}.")
+        paths = _rank_paths(self.paths)
+        known = set(paths)
         for path in paths:
-            if not path or len(path) > MAX_DEPTH or min(path) < 0:
-                raise ValueError(f"StaticTree: rank path {path} must hold 1 to {MAX_DEPTH} ranks >= 0.")
-            if len(path) > 1 and path[:-1] not in paths:
+            if len(path) > 1 and path[:-1] not in known:
                 raise ValueError(f"StaticTree: rank path {path} lacks its parent {path[:-1]}; add it.")
         object.__setattr__(self, "paths", paths)
 
@@ -121,7 +145,7 @@ class StaticTree:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict) or not isinstance(data.get("static_tree"), list):
             raise ValueError(f"{path}: not a StaticTree file (expected {{\"static_tree\": [[0], [1], [0, 0], ...]}}).")
-        return cls(tuple(tuple(p) for p in data["static_tree"]))
+        return cls(data["static_tree"])  # checked (types, sizes) by __post_init__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +163,10 @@ class DynamicTree:
     top_k: int = 8
 
     def __post_init__(self) -> None:
-        _check_int("DynamicTree", "nodes", self.nodes, 1, MAX_NODES)
-        _check_int("DynamicTree", "depth", self.depth, 1, MAX_DEPTH)
-        _check_int("DynamicTree", "top_k", self.top_k, 1, 64)
+        # frozen: the checked values (a numpy integer becomes an int) are set through object.__setattr__
+        object.__setattr__(self, "nodes", _check_int("DynamicTree", "nodes", self.nodes, 1, MAX_NODES))
+        object.__setattr__(self, "depth", _check_int("DynamicTree", "depth", self.depth, 1, MAX_DEPTH))
+        object.__setattr__(self, "top_k", _check_int("DynamicTree", "top_k", self.top_k, 1, MAX_TOP_K))
 
     def grow(self, root_logprobs: torch.Tensor, expand: Callable[[list[int], torch.Tensor, list[int]], torch.Tensor],
              nodes: int | None = None, depth: int | None = None) -> DraftTree:
@@ -208,6 +233,6 @@ def shape_from_json(value: object) -> DynamicTree | StaticTree:
     if isinstance(value, dict) and set(value) == {"dynamic_tree"} and isinstance(value["dynamic_tree"], dict):
         return DynamicTree(**value["dynamic_tree"])
     if isinstance(value, dict) and set(value) == {"static_tree"} and isinstance(value["static_tree"], list):
-        return StaticTree(tuple(tuple(p) for p in value["static_tree"]))
+        return StaticTree(value["static_tree"])  # checked (types, sizes) by __post_init__
     raise ValueError(f"a tree shape is {{\"dynamic_tree\": {{\"nodes\": 32, \"depth\": 6, \"top_k\": 8}}}} or "
                      f"{{\"static_tree\": [[0], [1], [0, 0]]}}, got {value!r}.")

@@ -379,7 +379,7 @@ def test_error_draft_model_is_the_target(llama):
 
 
 def test_error_strategy_arguments():
-    with pytest.raises(ValueError, match=r"num_tokens=0\): must be >= 1"):
+    with pytest.raises(ValueError, match=r"DraftModel\(num_tokens=0\): must be an integer from 1 to 64"):
         hfs.DraftModel(build_model("llama"), num_tokens=0)
     with pytest.raises(ValueError, match=r"confidence_threshold"):
         hfs.DraftModel(build_model("llama"), confidence_threshold=1.0)

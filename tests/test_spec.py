@@ -258,7 +258,11 @@ BAD_SPECS = {
                         r"\.options\.num_tokens: expected int"),
     "bad option value": (lambda s: {**s, "options": {"num_tokens": 0}}, ValueError,
                          r"generation_config\.candidate_generator\.options are invalid: Eagle\(num_tokens=0\): "
-                         r"must be >= 1\."),
+                         r"must be an integer from 1 to 64\."),
+    "oversize option value": (lambda s: {**s, "options": {"num_tokens": 10**9}}, ValueError,
+                              r"\.options are invalid: Eagle\(num_tokens=1000000000\): must be an integer from 1 to 64"),
+    "hybrid of too many": (lambda s: {"method": "hybrid", "members": [s] * 9}, ValueError,
+                           r"\.members: at most 8 specs, got 9\."),
     "options not an object": (lambda s: {**s, "options": [1]}, ValueError, r"\.options must be an object"),
     "files for a method without": (lambda s: {"method": "prompt-lookup", "path": "eagle"}, ValueError,
                                    r"\.path: the prompt-lookup method loads no files"),

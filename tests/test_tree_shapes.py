@@ -64,8 +64,9 @@ def test_static_tree_round_trips_through_json(tmp_path):
 
 
 @pytest.mark.parametrize("paths, message", [
-    ([], "give 1 to 256"), ([(0, 1)], "lacks its parent"), ([(-1,)], "ranks >= 0"), ([()], "ranks >= 0"),
-    ([(i,) for i in range(300)], "give 1 to 256"),
+    ([], "give 1 to 256"), ([(0, 1)], "lacks its parent"), ([(-1,)], "ranks from 0 to 63"), ([()], "1 to 64 integer"),
+    ([(64,)], "ranks from 0 to 63"), ([(0.5,)], "integer ranks"), ([(0,) * 65], "1 to 64 integer ranks"),
+    ([(i,) for i in range(17)] + [(i, j) for i in range(17) for j in range(17)], "give 1 to 256"),
 ])
 def test_bad_static_trees_name_the_problem(paths, message):
     with pytest.raises(ValueError, match=message):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from .. import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 
 
@@ -29,7 +30,7 @@ class Hybrid(DraftStrategy):
     ``hfs.last_stats(model).extra["hybrid"]``.
 
     Args:
-        *strategies (`DraftStrategy`): two or more strategies, e.g.
+        *strategies (`DraftStrategy`): two to eight strategies, e.g.
             ``hfs.Hybrid(hfs.PromptLookup(), hfs.Eagle.from_pretrained(name, target=model))``.
     """
 
@@ -44,6 +45,10 @@ class Hybrid(DraftStrategy):
         if len(self.strategies) < 2:
             raise ValueError(f"Hybrid needs two or more strategies, got {len(self.strategies)}: e.g. "
                              "hfs.Hybrid(hfs.PromptLookup(), hfs.Eagle.from_pretrained(name, target=model)).")
+        if len(self.strategies) > options.MAX_HYBRID_MEMBERS:
+            # each member is asked in turn at every step, and opened (hooks, caches) for every call
+            raise options.OptionError(f"Hybrid(...) takes at most {options.MAX_HYBRID_MEMBERS} strategies, got "
+                                      f"{len(self.strategies)}.")
         for strategy in self.strategies:
             if isinstance(strategy, Hybrid):
                 raise TypeError("Hybrid(..., Hybrid(...)): list the strategies of the inner Hybrid in the outer one.")

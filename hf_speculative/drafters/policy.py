@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import options
 from ..costs import VerifyCostModel, verify_costs_for  # noqa: F401 - verify_costs_for: tests/app still import it here
 
 
@@ -52,14 +53,8 @@ def best_length(costs: VerifyCostModel, rate: float, max_tokens: int) -> int:
 
 def check_chain_options(strategy) -> None:
     """The checks every chain drafter's options share (``num_tokens``, ``confidence_threshold``,
-    ``draft_cost``), with the strategy's class name in the message."""
-    label = type(strategy).__name__
-    if strategy.num_tokens < 1:
-        raise ValueError(f"{label}(num_tokens={strategy.num_tokens}): must be >= 1.")
-    if not 0.0 <= strategy.confidence_threshold < 1.0:
-        raise ValueError(f"{label}(confidence_threshold={strategy.confidence_threshold}): must be in [0, 1).")
-    if strategy.draft_cost is not None and not strategy.draft_cost >= 0.0:
-        raise ValueError(f"{label}(draft_cost={strategy.draft_cost}): must be >= 0 (in target forwards).")
+    ``adaptive``, ``draft_cost``), with the strategy's class name in the message (see ``options``)."""
+    options.check_chain_options(strategy)
 
 
 class ChainLengthPolicy:
@@ -91,8 +86,8 @@ class ChainLengthPolicy:
     def __init__(self, verify_costs: VerifyCostModel, num_tokens: int, draft_price, confidence_threshold: float = 0.3,
                  adaptive: bool = True):
         self.verify_costs = verify_costs
-        self.num_tokens = num_tokens
-        self.max_draft = num_tokens
+        self.num_tokens = options.check_int("ChainLengthPolicy", "num_tokens", num_tokens, 1, options.MAX_DRAFT_TOKENS)
+        self.max_draft = self.num_tokens
         self.draft_price = draft_price
         self.confidence_threshold = confidence_threshold
         self.adaptive = adaptive
@@ -192,6 +187,8 @@ class TreeBudget:
     PRIOR = 1.0  # kept tokens assumed before a size is measured
 
     def __init__(self, costs: VerifyCostModel, nodes: int, adaptive: bool = True, decay: float = 0.8):
+        # checked before the sizes are listed: the budget is a user's option (``DynamicTree.nodes``)
+        nodes = options.check_int("TreeBudget", "nodes", nodes, 1, options.MAX_TREE_NODES)
         self.costs, self.nodes, self.adaptive, self.decay = costs, nodes, adaptive, decay
         sizes, m = [], nodes
         while m >= 1:

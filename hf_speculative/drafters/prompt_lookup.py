@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import torch
 
+from .. import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
 from ..tree import DraftTree, Verdict
@@ -28,9 +29,9 @@ class PromptLookup(DraftStrategy):
     nothing and costs nothing.
 
     Args:
-        num_tokens (`int`, defaults to 10): the longest draft.
-        max_ngram (`int`, defaults to 3): the longest n-gram to match.
-        min_ngram (`int`, defaults to 1): the shortest n-gram to match.
+        num_tokens (`int`, defaults to 10): the longest draft (1-64).
+        max_ngram (`int`, defaults to 3): the longest n-gram to match (1-16).
+        min_ngram (`int`, defaults to 1): the shortest n-gram to match (1-``max_ngram``).
         adaptive (`bool`, defaults to `True`): choose the draft length per step; ``False`` always
             proposes ``num_tokens`` tokens when there is a match (like transformers does).
         tree (`DynamicTree`, *optional*): draft a tree instead of a chain: the continuations of several
@@ -48,15 +49,18 @@ class PromptLookup(DraftStrategy):
     name: ClassVar[str] = "prompt-lookup"
 
     def __post_init__(self):
-        if self.num_tokens < 1:
-            raise ValueError(f"PromptLookup(num_tokens={self.num_tokens}): must be >= 1.")
-        if not 1 <= self.min_ngram <= self.max_ngram:
+        # types and limits first: the n-gram index and the verify-cost model grow with these numbers
+        self.num_tokens = options.check_int("PromptLookup", "num_tokens", self.num_tokens, 1, options.MAX_DRAFT_TOKENS)
+        self.max_ngram = options.check_int("PromptLookup", "max_ngram", self.max_ngram, 1, options.MAX_NGRAM)
+        self.min_ngram = options.check_int("PromptLookup", "min_ngram", self.min_ngram, 1, options.MAX_NGRAM)
+        self.adaptive = options.check_bool("PromptLookup", "adaptive", self.adaptive)
+        if self.min_ngram > self.max_ngram:
             raise ValueError(
                 f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}): need 1 <= min_ngram <= max_ngram."
             )
         if self.tree is not None and not isinstance(self.tree, DynamicTree):
-            raise ValueError(f"PromptLookup(tree={self.tree!r}): use hfs.DynamicTree(nodes=..., depth=..., top_k=...) "
-                             f"(top_k: occurrences per n-gram) or None for chains.")
+            raise ValueError(f"PromptLookup(tree={options.shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
+                             f"top_k=...) (top_k: occurrences per n-gram) or None for chains.")
 
     def open(self, ctx: CallContext) -> "PromptLookupCandidateGenerator":
         return PromptLookupCandidateGenerator(ctx, self)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from .. import options
 from ..base import CallContext, DraftStrategy
 from ..costs import verify_costs_for
 from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
@@ -80,9 +81,18 @@ class EarlyExit(_SelfSpeculative):
 
     def __post_init__(self):
         self._adapter_net = None
+        # every number is checked before an adapter is loaded: a bad option fails fast, and for free
+        check_chain_options(self)
+        if self.exit_layer is not None:
+            self.exit_layer = options.check_int("EarlyExit", "exit_layer", self.exit_layer, 1, options.MAX_LAYERS - 1)
         if self.adapter is not None:
+            from .eagle.model import EagleDraftModel
             from .exit_adapter import describe, load_adapter
 
+            if not isinstance(self.adapter, (str, os.PathLike, EagleDraftModel)):
+                raise options.OptionTypeError(
+                    f"EarlyExit(adapter={options.shown(self.adapter)}): must be an adapter's folder, a shipped adapter's "
+                    "name or a loaded EagleDraftModel.")
             self._adapter_net = load_adapter(self.adapter, sha256=self.adapter_sha256)
             self.adapter_label = describe(self._adapter_net, self.adapter)
             trained = self._adapter_net.config.exit_layer
@@ -91,10 +101,9 @@ class EarlyExit(_SelfSpeculative):
             elif self.exit_layer != trained:
                 raise ValueError(f"EarlyExit(exit_layer={self.exit_layer}) with an adapter trained for exit_layer={trained}: "
                                  f"an adapter reads the exit it was trained on; use exit_layer={trained} (or leave it out).")
-        if isinstance(self.exit_layer, bool) or not isinstance(self.exit_layer, int) or self.exit_layer < 1:
+        if self.exit_layer is None:
             raise ValueError(f"EarlyExit(exit_layer={self.exit_layer!r}): give the number of layers to draft with, >= 1 "
                              "(e.g. hfs.EarlyExit(exit_layer=8)).")
-        check_chain_options(self)
 
     def drafted_layers(self, target: torch.nn.Module) -> list[int]:
         total = num_layers(target)
@@ -153,17 +162,16 @@ class LayerSkip(_SelfSpeculative):
     def __post_init__(self):
         if isinstance(self.skip, str):
             if self.skip != "auto":
-                raise ValueError(f"LayerSkip(skip={self.skip!r}): give a list of layer indices or 'auto'.")
+                raise ValueError(f"LayerSkip(skip={options.shown(self.skip)}): give a list of layer indices or 'auto'.")
         else:
-            skip = list(self.skip)
-            if not skip or not all(isinstance(i, int) and not isinstance(i, bool) for i in skip) or len(set(skip)) != len(skip):
-                raise ValueError(f"LayerSkip(skip={self.skip!r}): give distinct integer layer indices (at least one), "
-                                 "or skip='auto'.")
-            self.skip = sorted(skip)
+            # in range of the model is checked once it is known (drafted_layers); here, any model's
+            self.skip = options.check_int_list("LayerSkip", "skip", self.skip, 0, options.MAX_LAYERS - 1,
+                                               options.MAX_LAYERS - 1)
             if self.calibration_file is not None:
                 raise ValueError("LayerSkip(calibration_file=...) is only read with skip='auto'.")
-        if self.calibration_tokens < 4:
-            raise ValueError(f"LayerSkip(calibration_tokens={self.calibration_tokens}): must be >= 4.")
+        self.calibration_file = options.check_optional_path("LayerSkip", "calibration_file", self.calibration_file)
+        self.calibration_tokens = options.check_int("LayerSkip", "calibration_tokens", self.calibration_tokens, 4,
+                                                    options.MAX_CALIBRATION_TOKENS)
         check_chain_options(self)
 
     @property
