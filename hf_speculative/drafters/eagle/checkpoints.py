@@ -52,6 +52,7 @@ __all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_drafte
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+MANIFEST = "sha256sums.json"  # {"sha256": {file name: hex digest}}, written at release (tools/drafter_manifests.py)
 
 
 def shipped_names(shipped_dir: Path) -> list[str]:
@@ -216,6 +217,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     """
     directory = _checkpoint_dir(path)
     config_path = directory / "config.json"
+    check_manifest(directory)
     for name, want in (sha256 or {}).items():
         got = file_sha256(directory / name)
         if got != want.lower():
@@ -235,6 +237,55 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     return config, state, fmt
+
+
+def _shipped(directory: Path) -> bool:
+    """Whether ``directory`` is one of the drafters shipped inside the package."""
+    from ..exit_adapter import SHIPPED_DIR
+    from .drafter import PRETRAINED_DIR
+
+    parent = directory.resolve().parent
+    return parent in (Path(PRETRAINED_DIR).resolve(), Path(SHIPPED_DIR).resolve())
+
+
+def check_manifest(directory: str | Path, *, full: bool = False) -> int:
+    """Check the files of a drafter folder against its ``sha256sums.json`` (every shipped drafter has
+    one, written at release; other folders are checked when they carry one). A file is hashed once and
+    then trusted while its size, timestamps and inode are unchanged, the trust record kept in the
+    package cache (``hf_speculative.integrity``); ``full`` re-hashes every file. Returns the number of
+    files checked.
+
+    Raises:
+        CheckpointError: a file differs from the manifest, is missing, or a shipped drafter has no
+            readable manifest.
+    """
+    from ...integrity import check_files, drafter_trust_file
+
+    directory = Path(directory)
+    manifest = directory / MANIFEST
+    if not manifest.exists():
+        if _shipped(directory):
+            raise CheckpointError(f"The shipped drafter {directory} has no {MANIFEST}, so its files cannot be checked: "
+                                  "the installation is incomplete. Reinstall hf-speculative.")
+        return 0
+    try:
+        digests = json.loads(manifest.read_text())["sha256"]
+        problem = "its 'sha256' does not map file names to hex digests"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        digests, problem = None, f"{type(error).__name__}: {error}"
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise CheckpointError(f"{manifest} is not a readable sha256 manifest ({problem}). Reinstall hf-speculative, "
+                              "or copy the drafter's folder again.")
+    folder = directory.resolve()
+    problems = check_files(folder, digests, drafter_trust_file(folder), full=full)
+    if problems:
+        (name, what), more = problems[0], problems[1:]
+        others = f" (and {len(more)} more: {', '.join(n for n, _ in more)})" if more else ""
+        raise CheckpointError(f"The drafter at {directory} failed its integrity check: {name} {what}{others}, unlike "
+                              f"the {MANIFEST} written at its release (a damaged install or copy, or an edit). "
+                              "Reinstall hf-speculative (pip install --force-reinstall hf-speculative), or copy the "
+                              "folder again.")
+    return len(digests)
 
 
 def _check_target_config(config: EagleConfig, target_config: Any) -> None:
