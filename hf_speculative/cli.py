@@ -1,6 +1,6 @@
 """The ``hf-speculative`` command line (typer; the [cli] extra).
 
-Commands: ``models list`` / ``models fetch``, ``compare``, ``bench``, ``bench-report`` and the training
+Commands: ``models list`` / ``models fetch`` / ``models verify``, ``compare``, ``bench``, ``bench-report`` and the training
 commands. Each command is a plain function registered on :data:`app` (or a sub-app such as
 :data:`models_app`), so adding one is one decorated function; ``compare`` and ``bench`` share their
 options through :func:`hf_speculative.cli_options.run_options`. Heavy imports (the models, the
@@ -139,6 +139,41 @@ def models_fetch(
     except models.RegistryError as err:
         _fail(str(err))
     typer.echo(str(path))
+
+
+@models_app.command("verify")
+def models_verify(
+    name: Annotated[Optional[str], typer.Argument(help="Registry name (default: every cached model).")] = None,
+) -> None:
+    """Re-hash every file of the cached models (and of the shipped drafters) against the sha256 recorded at
+    fetch (at release); exit 1 if any differs."""
+    import time
+
+    from . import models
+    from .drafters.eagle import checkpoints
+    from .drafters.eagle.drafter import PRETRAINED_DIR
+    from .drafters.exit_adapter import SHIPPED_DIR
+
+    names = [name] if name else [n for n in models.REGISTRY if models.model_path(n).exists()]
+    checks = [(f"model {n}", lambda n=n: len(json.loads((models.verify(n) / models.MARKER).read_text())["files"]))
+              for n in names]
+    if name is None:
+        checks += [(f"drafter {root.name}/{n}", lambda d=root / n: checkpoints.check_manifest(d, full=True))
+                   for root in (PRETRAINED_DIR, SHIPPED_DIR) for n in checkpoints.shipped_names(root)]
+    failed = 0
+    for label, check in checks:
+        t0 = time.perf_counter()
+        try:
+            count = check()
+        except (models.RegistryError, checkpoints.CheckpointError) as err:
+            failed += 1
+            typer.echo(f"FAILED {label}: {err}")
+            continue
+        typer.echo(f"ok     {label}: {count} files ({time.perf_counter() - t0:.1f} s)")
+    if not names:
+        typer.echo("no registry model is cached")
+    if failed:
+        raise typer.Exit(1)
 
 
 # -- compare ----------------------------------------------------------------------------------

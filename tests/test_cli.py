@@ -63,6 +63,28 @@ def test_models_fetch_unknown_name(cli):
     assert "Unknown model 'no-such-model'" in result.output and "smollm2-135m-instruct" in result.output
 
 
+def test_models_verify(cli, tmp_path, monkeypatch):
+    """A full re-hash of a (tiny, hand-made) cached entry in a temporary cache, and of the shipped drafters."""
+    monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path / "cache"))
+    result = cli("models", "verify")
+    assert result.exit_code == 0, result.output
+    assert "no registry model is cached" in result.output and "ok     drafter pretrained/" in result.output
+    path = registry.model_path(registry.DEFAULT_MODEL)
+    path.mkdir(parents=True)
+    for rel, data in {"model.safetensors": b"w" * 4096, "config.json": b"{}", "tokenizer.json": b"{}"}.items():
+        (path / rel).write_bytes(data)
+    files = registry._hash_files(path, registry._entry_files(path))
+    (path / registry.MARKER).write_text(json.dumps({"files": files}))
+    result = cli("models", "verify")
+    assert result.exit_code == 0, result.output
+    assert f"ok     model {registry.DEFAULT_MODEL}: 3 files" in result.output
+    (path / "config.json").write_bytes(b"[]")  # same size, other content
+    result = cli("models", "verify", registry.DEFAULT_MODEL)
+    assert result.exit_code == 1
+    assert f"FAILED model {registry.DEFAULT_MODEL}" in result.output and "config.json has sha256" in result.output
+    assert "drafter" not in result.output  # one name: that model only
+
+
 def test_bench_report(cli, tmp_path):
     path = tmp_path / "r.jsonl"
     records = [
