@@ -85,6 +85,11 @@ def write_json_atomic(path: Path, data: Any) -> bool:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")
+        try:  # mkstemp's 0600 would hide a shared cache's marker from its other users
+            mode = os.stat(path).st_mode & 0o777
+        except OSError:
+            mode = 0o644
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
         return True
     except OSError:
