@@ -22,6 +22,7 @@ from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...costs import draft_price, record_draft_step, verify_costs_for
 from ...cpu_layout import follow_layout
 from ...features import VerifiedFeatures
+from ...options import shown
 from ...state import state_of
 from ...tree import DraftTree, Verdict
 from ...tree_shapes import DynamicTree, StaticTree
@@ -76,7 +77,7 @@ class Eagle(DraftStrategy):
                              f"EAGLE drafter: use hfs.EarlyExit(exit_layer={self.drafter.config.exit_layer}, adapter=path).")
         check_chain_options(self)
         if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
-            raise ValueError(f"Eagle(tree={self.tree!r}): use hfs.DynamicTree(nodes=..., depth=..., top_k=...), "
+            raise ValueError(f"Eagle(tree={shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., top_k=...), "
                              f"hfs.StaticTree(paths) or None for chains.")
 
     @classmethod
