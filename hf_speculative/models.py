@@ -609,10 +609,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: 
     Returns:
         `(model, tokenizer)`, the model in eval mode.
     """
+    path = resolve(name_or_path)  # first: an unusable name fails before torch and transformers are imported
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve(name_or_path)
     if dtype is None:
         dtype = torch.float32 if device is None or torch.device(device).type == "cpu" else "auto"
     elif isinstance(dtype, str) and dtype != "auto":
