@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 import time
 from typing import Any
@@ -34,7 +33,6 @@ from transformers.generation.stopping_criteria import (
 from . import compat
 from .stats import SpeculativeStats
 
-logger = logging.getLogger(__name__)
 
 # Criteria that a draft never needs to be checked against token by token: max length is enforced
 # by capping the draft, EOS by token ids, and wall time is not a property of the tokens.
@@ -53,12 +51,6 @@ class CallContext:
     # the loop's model kwargs when the generator was built; their cache (``compat.target_cache``) is
     # the target's for the whole call (self-speculative drafters write into it and crop it back)
     model_kwargs: dict | None = None
-    # said once per call, however many generators serve it (the members of an ``hfs.Hybrid``)
-    warned_no_speculation: bool = False
-
-    @property
-    def do_sample(self) -> bool:
-        return bool(self.generation_config.do_sample)
 
     @property
     def max_length(self) -> int:
@@ -134,21 +126,6 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         self._proposed_at = 0.0
         self.last_scores: torch.Tensor | None = None
         self.last_verify_s = 0.0
-        # Under sampling, a draft cut *before* a stopping token would be chosen by the token that was
-        # cut, which biases the kept ones; the stopping token is kept as the last draft token instead.
-        # transformers >= 5.18 then appends a bonus token after it unless it is EOS, so with custom
-        # criteria there we do not speculate at all rather than give a wrong sample.
-        self._speculation_disabled = (
-            ctx.do_sample and bool(self._custom_criteria) and not compat.HAS_IS_DONE_CANDIDATE_RULE
-        )
-        if self._speculation_disabled and not ctx.warned_no_speculation:
-            ctx.warned_no_speculation = True
-            logger.warning(
-                "hf_speculative: sampling with stop strings or custom stopping criteria cannot be verified "
-                "losslessly by transformers %s's assisted loop; no tokens will be drafted in this call. "
-                "Use greedy decoding, drop the stopping criteria, or use transformers < 5.18.",
-                compat.TRANSFORMERS_VERSION,
-            )
 
     # -- what a drafter implements ----------------------------------------------------------
     def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -191,7 +168,7 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         # Leave room for the target's own token: L + k + 1 <= max_length.
         budget = self.ctx.max_length - input_ids.shape[1] - 1
         tokens, logits = None, None
-        if budget > 0 and not self._speculation_disabled:
+        if budget > 0:
             tokens, logits = self.propose(input_ids, budget)
             if tokens is not None and tokens.numel() > 0:
                 tokens = tokens.reshape(-1)[:budget].to(device=input_ids.device, dtype=torch.long)
@@ -227,21 +204,20 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
     def _length_before_stop(self, input_ids: torch.LongTensor, tokens: torch.Tensor) -> int:
         """Number of draft tokens to keep so that no stopping criterion fires inside the block.
 
-        Greedy: cut *before* the stopping token (the target will produce it itself, deterministically).
-        Sampling: keep it as the last draft token (see ``__init__``).
+        The draft is cut *before* the stopping token: the target produces it itself if it chooses it, a
+        choice that is deterministic under greedy decoding and under seeded sampling alike (see accept.py).
         """
-        keep_stop_token = 1 if self.ctx.do_sample else 0
         limit = tokens.numel()
         if self._eos_tensor is not None:
             hits = torch.isin(tokens, self._eos_tensor.to(tokens.device)).nonzero()
             if hits.numel():
-                limit = int(hits[0]) + keep_stop_token
+                limit = int(hits[0])
         if self._custom_criteria and limit > 0:
             sequence = torch.cat([input_ids, tokens[None, :limit]], dim=-1)
             base = input_ids.shape[1]
             for i in range(1, limit + 1):
                 if any(compat.stopping_result(c(sequence[:, : base + i], None)) for c in self._custom_criteria):
-                    return i - 1 + keep_stop_token
+                    return i - 1
         return limit
 
     def _prompt_already_stopped(self, input_ids: torch.LongTensor) -> bool:

@@ -4,8 +4,9 @@ Every drafter written for transformers' assisted loop proposes a chain (``propos
 max_tokens) -> (tokens [k], logits [k, V] or None)``) and learns from ``on_verified(input_ids,
 num_accepted, num_proposed)``; a user's raw transformers ``CandidateGenerator`` is wrapped into one by
 :class:`~hf_speculative.base.ExternalCandidateGenerator`. :class:`ChainDrafter` speaks the loop's
-``propose_tree`` / ``observe`` for them: a chain is the tree ``parents = [-1, 0, ..., k-2]``, and under
-sampling the distribution each token was drawn from is the softmax of the logits the drafter returned.
+``propose_tree`` / ``observe`` for them: a chain is the tree ``parents = [-1, 0, ..., k-2]`` (the logits a
+drafter returns beside its tokens are not needed: our loop verifies every draft against the target's own,
+possibly seeded, choice; see :mod:`hf_speculative.accept`).
 A generator that drafts trees itself has ``propose_tree(input_ids, max_depth) -> DraftTree | None``
 (``None``: a chain this step) and ``observe_tree(input_ids, tree, verdict)``.
 """
@@ -38,23 +39,20 @@ class ChainDrafter:
         if gen._prompt_length is None:
             gen._prompt_length = sequence.shape[1]
         grow = getattr(gen, "propose_tree", None)  # drafters that draft trees (``tree=`` options)
-        tree = None if grow is None or max_depth < 1 or gen._speculation_disabled else grow(sequence, max_depth)
+        tree = None if grow is None or max_depth < 1 else grow(sequence, max_depth)
         self._tree = tree is not None
         if tree is not None:
             self._proposed = tree.size
             self._verify_started = time.perf_counter()
             return tree
-        tokens, logits = (None, None) if max_depth < 1 or gen._speculation_disabled else gen.propose(sequence, max_depth)
+        tokens, _ = (None, None) if max_depth < 1 else gen.propose(sequence, max_depth)
         if tokens is None or tokens.numel() == 0:
             self._proposed = 0
             tree = DraftTree.empty(sequence.device)
         else:
             tokens = tokens.reshape(-1)[:max_depth].to(device=sequence.device, dtype=torch.long)
-            probs = None
-            if logits is not None:  # [k, V_draft]: the drafter sampled; q is the distribution it drew from
-                probs = torch.softmax(gen._to_target_vocab(logits[: tokens.numel()]).float(), dim=-1)
             self._proposed = int(tokens.numel())
-            tree = DraftTree.chain(tokens, probs)
+            tree = DraftTree.chain(tokens)
         self._verify_started = time.perf_counter()
         return tree
 

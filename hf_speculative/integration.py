@@ -12,10 +12,15 @@ them to the copy):
 - ``_get_candidate_generator``: the loop asks the model for its drafter; we hand it the per-call
   generator built from the strategy of *this* call;
 - ``_get_stopping_criteria`` / ``_get_logits_processor``: record the call's stopping criteria (so
-  that drafts stop before them) and its prepared logits processors (for drafters that sample).
+  that drafts stop before them) and its prepared logits processors (drafters warp their logits alike);
+  under sampling (``num_beams=1``) the processors end with the call's
+  :class:`~hf_speculative.sampling.SeededSampler`, so the text is a fixed function of the seed whatever
+  the drafter does (``sampling_seed=``, else one draw from torch's global generator); a call without a
+  drafter samples so too when ``sampling_seed=`` is given.
 
 The strategy of the running call lives in a ``ContextVar``, so threads never see each other's calls,
-and a model without an active call behaves exactly as transformers does.
+and a model without an active call behaves exactly as transformers does (unless it is given a
+``sampling_seed=``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 from . import compat, spec
 from .base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
 from .loop_entry import run_call, runs_in_our_loop, tree_generate
+from .sampling import check_seed, seeded_processors
 from .state import state_of
 from .stats import SpeculativeStats
 
@@ -64,6 +70,9 @@ class _Call:
 
 
 _ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
+# (model, seed or None): a call of this model samples with a SeededSampler (its seed, else a fresh draw)
+_SEEDING: contextvars.ContextVar[tuple[Any, int | None] | None] = contextvars.ContextVar("hf_speculative_seeding",
+                                                                                           default=None)
 _HOOK_LOCK = threading.Lock()
 _DEFAULT_LOCK = threading.Lock()  # building a model's default strategy from its spec, once
 _UNSET = object()  # `candidate_generator=` not given (None is given: speculation off for the call)
@@ -132,6 +141,7 @@ def speculative_generate(
     candidate_generator: Any = None,
     synced_gpus: bool = False,
     streamer: Any = None,
+    sampling_seed: int | None = None,
     **model_kwargs: Any,
 ):
     """A ``custom_generate`` callable for models that were not enabled (transformers >= 4.57)::
@@ -139,7 +149,8 @@ def speculative_generate(
         model.generate(**inputs, custom_generate=hfs.speculative_generate, candidate_generator=hfs.PromptLookup())
 
     Without ``candidate_generator=``, the ``candidate_generator`` of the generation config is used
-    (the one passed in, else the model's own).
+    (the one passed in, else the model's own). Under sampling, ``sampling_seed=`` fixes the text (see
+    :mod:`hf_speculative.sampling`).
 
     transformers does not pass ``streamer`` or ``tokenizer`` to a ``custom_generate`` callable
     (so no streaming and no ``stop_strings`` on this route): use :func:`enable` for those.
@@ -160,6 +171,8 @@ def speculative_generate(
     _check_generation_config(model, generation_config)
     _check_batch(input_ids)
     strategy = _check_strategy(model, candidate_generator)
+    seed = None if sampling_seed is None else check_seed(sampling_seed)
+    logits_processor = seeded_processors(logits_processor, generation_config, seed)
     if compat.CACHE_KWARG in model_kwargs:
         model_kwargs[compat.CACHE_KWARG] = compat.rollbackable_cache(model_kwargs[compat.CACHE_KWARG])
     with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
@@ -180,14 +193,19 @@ def speculative_generate(
 
 
 # -- the instance methods that enable() installs ------------------------------------------------
-def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNSET, **kwargs: Any):
+def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNSET, sampling_seed: Any = None,
+              **kwargs: Any):
     named = _named_arguments(self, args, kwargs)
     passed = named.get("generation_config")
+    seed = None if sampling_seed is None else check_seed(sampling_seed)
     strategy, origin = _resolve_strategy(self, candidate_generator, passed)
     if strategy is None:
         if passed is not None and spec.FIELD in vars(passed):
             args, kwargs = _with_config(args, kwargs, _without_strategy(passed))
-        return type(self).generate(self, *args, **kwargs)
+        if seed is None:
+            return type(self).generate(self, *args, **kwargs)  # exactly transformers' call, its own draws too
+        with _seeded(self, seed):  # plain decoding with the seeded draws: the text every drafter gives for the seed
+            return type(self).generate(self, *args, **kwargs)
     with _explained(origin):
         strategy = _check_call(self, strategy, named)
     kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
@@ -204,7 +222,7 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
             setattr(config, key, value)
         extra = {}
         args, kwargs = _with_config(args, kwargs, config)
-    with _speculative_call(self, strategy) as call:
+    with _speculative_call(self, strategy) as call, _seeded(self, seed):
         if ours:
             call.streamer, call.tokenizer = named.get("streamer"), named.get("tokenizer")
             extra["custom_generate"] = tree_generate
@@ -297,6 +315,10 @@ def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
 
 def _get_logits_processor(self: torch.nn.Module, *args: Any, **kwargs: Any):
     processors = type(self)._get_logits_processor(self, *args, **kwargs)
+    seeding = _SEEDING.get()
+    if seeding is not None and seeding[0] is self:
+        config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
+        processors = seeded_processors(processors, config, seeding[1])
     call = _ACTIVE_CALL.get()
     if call is not None and call.model is self and call.logits_processor is None:
         call.logits_processor = processors
@@ -335,6 +357,17 @@ def _temporary_loop_hooks(model: torch.nn.Module):
                 if not is_enabled(model):
                     for name in _LOOP_HOOKS:
                         model.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _seeded(model: torch.nn.Module, seed: int | None):
+    """Within: a sampling ``generate()`` of ``model`` (in this context) draws with a SeededSampler of ``seed``
+    (``None``: a seed drawn from torch's global generator when the processors are built)."""
+    token = _SEEDING.set((model, seed))
+    try:
+        yield
+    finally:
+        _SEEDING.reset(token)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from . import compat
-from .accept import accept_greedy, accept_sampling
+from .accept import accept_greedy
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
 from .verify import check_tree_attention, forward_tree, keep_path
@@ -81,11 +81,10 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
 
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDrafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
-        stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
-        do_sample: bool = False,
-        generator: torch.Generator | None = None) -> LoopResult:
-    """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or
-    with ``do_sample`` an exact sample of the target's (processed) distribution.
+        stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None) -> LoopResult:
+    """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or under
+    sampling an exact sample of the target's distribution when ``logits_processor`` ends with the call's
+    :class:`~hf_speculative.sampling.SeededSampler` (its scores are then the seeded draw; see accept.py).
 
     ``stopping_criteria`` decides the end (transformers' list: max length, EOS, stop strings, custom ones);
     it is checked after every token, so a stop inside an accepted path ends the text exactly there.
@@ -106,10 +105,7 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         with torch.no_grad():
             logits = forward_tree(target, cache, pending, tree)  # [1 + n, V]
         scores = processed_scores(logits, sequence, tree, logits_processor)
-        if do_sample:
-            verdict = accept_sampling(tree, torch.softmax(scores, dim=-1), generator)
-        else:
-            verdict = accept_greedy(tree, scores)
+        verdict = accept_greedy(tree, scores)
         keep_path(cache, sequence.shape[1] - 1, tree, verdict.path)
         stats.record_verify(verdict.num_accepted, time.perf_counter() - tick)
         new = tree.path_tokens(verdict.path) + [verdict.next_token]

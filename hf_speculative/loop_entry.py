@@ -18,6 +18,7 @@ from . import compat
 from .base import CallContext
 from .chains import ChainDrafter
 from .loop import run
+from .sampling import seeded_processors
 
 _NOT_MODEL_KWARGS = ("inputs_tensor", "assistant_model", "assistant_tokenizer", "tokenizer")
 
@@ -46,6 +47,8 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
              model_kwargs: dict) -> Any:
     """Our loop for one ``generate()`` call: the strategy's per-call drafter, the loop, transformers' output."""
     _check_inputs(model_kwargs, synced_gpus)
+    # our loop verifies greedily: under sampling its processors must end with the seeded draw
+    logits_processor = seeded_processors(logits_processor, generation_config, None)
     ctx = CallContext(model, generation_config, logits_processor, stopping_criteria, call.stats,
                       model_kwargs={k: v for k, v in model_kwargs.items() if k not in _NOT_MODEL_KWARGS})
     generator = call.strategy.open(ctx)
@@ -53,7 +56,7 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     call.stopping_criteria = stopping_criteria
     result = run(model, input_ids, ChainDrafter(generator), stopping_criteria=stopping_criteria,
                  logits_processor=logits_processor, streamer=streamer, stats=call.stats,
-                 max_length=int(generation_config.max_length), do_sample=bool(generation_config.do_sample))
+                 max_length=int(generation_config.max_length))
     return _output(result, generation_config)
 
 

@@ -38,14 +38,10 @@ class DraftTree:
         tokens: ``[n]`` int64, the drafted token of each node.
         parents: ``[n]`` int64, each node's parent index (``-1`` for children of the root), every parent
             before its children.
-        probs: ``[n, V]`` float or ``None``: under sampling, the distribution each node's token was drawn
-            from (the rows of siblings drawn from one parent are the same distribution, updated by the
-            drafter as siblings are drawn without replacement). ``None`` for greedy drafts.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
-    probs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         tokens, parents = self.tokens, self.parents
@@ -58,15 +54,12 @@ class DraftTree:
         if bool(((parents < ROOT) | (parents >= index)).any()):
             raise ValueError("DraftTree: every parent must come before its child (-1 for the root's children); "
                              f"got parents {parents.tolist()}.")
-        if self.probs is not None and (self.probs.dim() != 2 or self.probs.shape[0] != tokens.numel()):
-            raise ValueError(f"DraftTree: probs must be [n, vocab] with n = {tokens.numel()}, got "
-                             f"{tuple(self.probs.shape)}.")
 
     @classmethod
-    def chain(cls, tokens: torch.Tensor | Sequence[int], probs: torch.Tensor | None = None) -> DraftTree:
+    def chain(cls, tokens: torch.Tensor | Sequence[int]) -> DraftTree:
         """The tree of one branch: ``tokens[i]`` follows ``tokens[i - 1]``."""
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(-1, tokens.numel() - 1, device=tokens.device), probs)
+        return cls(tokens, torch.arange(-1, tokens.numel() - 1, device=tokens.device))
 
     @classmethod
     def empty(cls, device: torch.device | str | None = None) -> DraftTree:

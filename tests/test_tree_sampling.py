@@ -1,6 +1,7 @@
 """Sampling through draft trees is lossless: chi-square tests of the emitted tokens against the target's own
-distribution, for deterministic siblings (point masses, as top-k trees draft), siblings sampled with and
-without replacement, and end to end through the loop; negative controls show the tests can fail."""
+distribution when trees are verified against the seeded draw (hf_speculative.sampling), for fixed trees,
+trees drafted from another distribution with the same noise (coupled), and end to end through the loop;
+negative controls show the tests can fail."""
 
 from __future__ import annotations
 
@@ -8,17 +9,21 @@ import pytest
 import torch
 from tests.conftest import PROMPT, build_model
 from scipy.stats import chisquare
+from transformers import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
-from hf_speculative.loop import accept_sampling, run
+from hf_speculative.accept import accept_greedy
+from hf_speculative.loop import run
+from hf_speculative.sampling import SeededSampler
 from hf_speculative.tree import DraftTree
 
 V = 6
 P_ROOT = torch.tensor([0.30, 0.05, 0.25, 0.10, 0.20, 0.10], dtype=torch.float64)
 P_NEXT = torch.tensor([0.10, 0.40, 0.05, 0.25, 0.10, 0.10], dtype=torch.float64)  # after any first token
 Q = torch.tensor([0.05, 0.30, 0.40, 0.05, 0.15, 0.05], dtype=torch.float64)  # the drafter's, unlike the target
-N = 12000
+N = 6000
 ALPHA = 1e-3
+L = 7  # the prompt's length: the root's token is drawn at position L, its children's at L + 1
 
 
 def first_two(verdict, tree) -> tuple[int, int | None]:
@@ -32,46 +37,43 @@ def chi2_p(samples: list[int], probs: torch.Tensor) -> float:
     return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
 
 
-def draw_siblings(k: int, q: torch.Tensor, generator, replace: bool) -> tuple[list[int], torch.Tensor]:
-    """``k`` tokens from ``q`` and the distribution each was drawn from (given the earlier ones)."""
-    tokens, rows, left = [], [], q.clone()
-    for _ in range(k):
-        dist = left / left.sum()
-        token = int(torch.multinomial(dist, 1, generator=generator))
-        tokens.append(token)
-        rows.append(dist)
-        if not replace:
-            left[token] = 0
-    return tokens, torch.stack(rows)
+def coupled_top(sampler: SeededSampler, q: torch.Tensor, position: int, k: int) -> list[int]:
+    """The ``k`` tokens a drafter with distribution ``q`` ranks first under the call's noise at ``position``."""
+    return (q.log().float() + sampler.noise(0, position, V)).topk(k).indices.tolist()
 
 
-def make_tree(kind: str, generator, lie: bool = False) -> DraftTree:
+def make_tree(kind: str, sampler: SeededSampler) -> DraftTree:
     """Three children of the root, and two children under the first child."""
-    if kind == "point":
+    if kind == "fixed":
         return DraftTree(torch.tensor([2, 0, 5, 1, 3]), torch.tensor([-1, -1, -1, 0, 0]))
-    replace = kind == "with-replacement"
-    top, top_q = draw_siblings(3, Q, generator, replace)
-    low, low_q = draw_siblings(2, Q, generator, replace)
-    probs = torch.cat([top_q, low_q]).float()
-    if lie:  # a drafter that reports another distribution than the one it drew from
-        probs = torch.full_like(probs, 1.0 / V)
-    return DraftTree(torch.tensor(top + low), torch.tensor([-1, -1, -1, 0, 0]), probs)
+    top, low = coupled_top(sampler, Q, L, 3), coupled_top(sampler, Q, L + 1, 2)
+    return DraftTree(torch.tensor(top + low), torch.tensor([-1, -1, -1, 0, 0]))
 
 
-def run_rule(kind: str, lie: bool = False, seed: int = 0) -> tuple[list[int], list[int]]:
-    generator = torch.Generator().manual_seed(seed)
+def verify(tree: DraftTree, sampler: SeededSampler):
+    """The rule on one tree: each row through the sampler at its node's position, then the greedy walk."""
+    depth = [0] * tree.size
+    for node, parent in enumerate(tree.parents.tolist()):
+        depth[node] = 0 if parent < 0 else depth[parent] + 1
+    rows = [P_ROOT] + [P_NEXT] * tree.size  # [1 + n] distributions: the root's, then after each node
+    scores = torch.cat([sampler(torch.zeros(1, L + (0 if i == 0 else depth[i - 1] + 1), dtype=torch.long),
+                                rows[i].log().float()[None]) for i in range(1 + tree.size)])
+    return accept_greedy(tree, scores)
+
+
+def run_rule(kind: str) -> tuple[list[int], list[int]]:
     first, second = [], []
-    for _ in range(N):
-        tree = make_tree(kind, generator, lie)
-        target = torch.stack([P_ROOT] + [P_NEXT] * tree.size)  # [1 + n, V]
-        a, b = first_two(accept_sampling(tree, target, generator), tree)
+    for seed in range(N):
+        sampler = SeededSampler(seed)
+        tree = make_tree(kind, sampler)
+        a, b = first_two(verify(tree, sampler), tree)
         first.append(a)
         if b is not None:
             second.append(b)
     return first, second
 
 
-@pytest.mark.parametrize("kind", ["point", "with-replacement", "without-replacement"])
+@pytest.mark.parametrize("kind", ["fixed", "coupled"])
 def test_tree_rule_keeps_the_target_distribution(kind):
     first, second = run_rule(kind)
     assert chi2_p(first, P_ROOT) > ALPHA
@@ -79,19 +81,18 @@ def test_tree_rule_keeps_the_target_distribution(kind):
     assert len(second) > N * 0.3  # drafts were accepted often enough to test the second position
 
 
-def test_negative_control_a_lying_drafter_is_caught():
-    first, _ = run_rule("without-replacement", lie=True)
-    assert chi2_p(first, P_ROOT) < ALPHA
+def test_coupled_drafts_are_accepted_more_often_than_fixed_ones():
+    """The drafter's noise is the target's: its top guesses under that noise hit the target's draw more often."""
+    fixed, coupled = len(run_rule("fixed")[1]), len(run_rule("coupled")[1])
+    assert coupled > fixed
 
 
-def test_negative_control_accepting_every_draft_is_caught():
-    generator = torch.Generator().manual_seed(1)
-    tree = make_tree("point", generator)
-    target = torch.stack([P_ROOT] + [P_NEXT] * tree.size)
-    certain = target.clone()
-    certain[0] = 0
-    certain[0, 2] = 1  # what a rule that always kept the first draft would emit
-    first = [first_two(accept_sampling(tree, certain, generator), tree)[0] for _ in range(2000)]
+def test_negative_control_uniform_noise_is_caught(monkeypatch):
+    def uniform(self, row, position, vocab, device="cpu"):
+        return torch.rand(vocab, generator=torch.Generator().manual_seed(self.seed * 1000 + position))
+
+    monkeypatch.setattr(SeededSampler, "noise", uniform)
+    first, _ = run_rule("fixed")
     assert chi2_p(first, P_ROOT) < ALPHA
 
 
@@ -116,13 +117,12 @@ def test_loop_sampling_matches_the_model_end_to_end():
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         p1 = torch.softmax(model(ids).logits[0, -1].double(), -1)
-    generator = torch.Generator().manual_seed(0)
     drafter = RandomTrees(p1.topk(4).indices)
     stop = StoppingCriteriaList([MaxLengthCriteria(len(PROMPT) + 2)])
     firsts, seconds, accepted = [], [], 0
     with torch.no_grad():
-        for _ in range(3000):
-            out = run(model, ids, drafter, stopping_criteria=stop, do_sample=True, generator=generator)
+        for seed in range(3000):
+            out = run(model, ids, drafter, stopping_criteria=stop, logits_processor=LogitsProcessorList([SeededSampler(seed)]))
             firsts.append(int(out.sequences[0, -2]))
             seconds.append(int(out.sequences[0, -1]))
             accepted += out.stats.accepted_tokens

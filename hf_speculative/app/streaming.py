@@ -182,7 +182,8 @@ def generate_into(
         extra (`dict`): the method's ``generate()`` kwargs (``MethodSpec.build``).
         cancel (`threading.Event`): stops the call at its next token block.
         pad_token_id (`int`, *optional*): passed to ``generate()``.
-        sampling (`dict`, *optional*): ``{"temperature": float, "seed": int}`` to sample, else greedy.
+        sampling (`dict`, *optional*): ``{"temperature": float, "seed": int}`` to sample (seeded: the same text
+            for every method), else greedy.
     """
     import hf_speculative as hfs
 
@@ -197,8 +198,10 @@ def generate_into(
         streamer=TokenStreamer(trace, cancel),
     )
     if sampling:
-        kwargs.update(do_sample=True, temperature=float(sampling["temperature"]))
-        torch.manual_seed(int(sampling["seed"]))
+        # every method (the baseline and transformers' own included) draws with the seed's noise on an enabled
+        # model: one seed, one text, so each pane's sample can be checked against the baseline's token for token
+        hfs.enable(model)
+        kwargs.update(do_sample=True, temperature=float(sampling["temperature"]), sampling_seed=int(sampling["seed"]))
     else:
         kwargs.update(do_sample=False)
     kwargs.update(extra)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 
 from .. import compat
-from ..accept import chain_candidates, sample_chain
+from ..accept import chain_candidates, draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import draft_price, record_draft_step, verify_costs_for
 from ..state import state_of
@@ -144,11 +144,11 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         common = self._rollback(input_ids)
         logits = self._forward(input_ids[0, common:].tolist(), input_ids.device)
         self._synced = input_ids.shape[1]
-        tokens, chosen_logits = sample_chain(
+        tokens = draft_chain(
             self.policy, self.ctx, input_ids, logits, max_tokens,
             lambda token: self._forward([token], input_ids.device),
         )
-        return chain_candidates(self.policy, tokens, chosen_logits, self.ctx.do_sample)
+        return chain_candidates(self.policy, tokens)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         # (the prefill's forward is not a verification: it says nothing of verify costs)

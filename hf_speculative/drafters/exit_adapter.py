@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..accept import chain_candidates, sample_chain
+from ..accept import chain_candidates, draft_chain
 from ..costs import draft_price, record_draft_step
 from ..features import VerifiedFeatures
 from ..state import all_states, state_of
@@ -167,11 +167,11 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
 
         try:
             first = step(int(input_ids[0, -1]), first=True)
-            tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
+            tokens = draft_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
             self.features.discard()  # the draft's own passes through layer k - 1 are not verified states
-        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
+        return chain_candidates(self.policy, tokens, steps=fed)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         self.follow_verified(input_ids, num_accepted, num_proposed)

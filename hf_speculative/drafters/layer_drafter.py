@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..accept import chain_candidates, sample_chain
+from ..accept import chain_candidates, draft_chain
 from ..base import CallContext, SpeculativeCandidateGenerator
 from ..costs import draft_price, record_draft_step, verify_costs_for
 from .layer_calibration import SkipCalibration, cached_calibration
@@ -112,10 +112,10 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
 
         try:
             first = step(int(input_ids[0, -1]))
-            tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
+            tokens = draft_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
-        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample, steps=fed)
+        return chain_candidates(self.policy, tokens, steps=fed)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         # (the prefill's forward is not a verification: it says nothing of verify costs)

@@ -193,23 +193,26 @@ def test_members_are_checked_against_the_target():
     assert out.tolist() == ref.tolist()
 
 
-def test_the_no_speculation_warning_is_said_once_per_call(monkeypatch, caplog):
-    """Sampling with a custom stopping criterion on a transformers whose loop cannot verify it
-    losslessly: nothing is drafted, and the warning is logged once, not once per member."""
-    import logging
-
+def test_sampling_with_a_custom_stopping_criterion_drafts_and_keeps_the_seeded_text():
+    """Sampling with a custom stopping criterion: the drafts are verified against the seeded draw like greedy
+    drafts (no transformers version has to turn drafting off), and the text is the one plain seeded sampling
+    writes, cut where the criterion fires."""
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from hf_speculative import compat
+    class AfterToken(StoppingCriteria):  # stops once the text holds a given token id
+        def __init__(self, token):
+            self.token = token
 
-    class Never(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+            return (input_ids[:, 5:] == self.token).any(dim=-1)
 
-    monkeypatch.setattr(compat, "HAS_IS_DONE_CANDIDATE_RULE", False)
     target = hfs.enable(build_model("llama"))
-    with caplog.at_level(logging.WARNING, logger="hf_speculative.base"):
-        target.generate(**prompt_inputs(), do_sample=True, max_new_tokens=6, stopping_criteria=StoppingCriteriaList([Never()]),
-                        candidate_generator=hfs.Hybrid(hfs.PromptLookup(adaptive=False), hfs.PromptLookup(min_ngram=2)))
-    assert hfs.last_stats(target).drafted_tokens == 0
-    assert sum("no tokens will be drafted" in r.getMessage() for r in caplog.records) == 1
+    inputs = prompt_inputs()
+    plain = target.generate(**inputs, do_sample=True, max_new_tokens=12, sampling_seed=7)
+    stop = AfterToken(int(plain[0, inputs["input_ids"].shape[1] + 5]))
+    kwargs = dict(do_sample=True, max_new_tokens=12, sampling_seed=7, stopping_criteria=StoppingCriteriaList([stop]))
+    expected = target.generate(**inputs, **kwargs)
+    out = target.generate(**inputs, **kwargs, candidate_generator=hfs.Hybrid(hfs.PromptLookup(adaptive=False),
+                                                                               hfs.PromptLookup(min_ngram=2)))
+    assert out.tolist() == expected.tolist()
+    assert out.shape[1] <= plain.shape[1]

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...accept import chain_candidates, sample_chain
+from ...accept import chain_candidates, draft_chain
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...costs import draft_price, record_draft_step, verify_costs_for
 from ...cpu_layout import follow_layout
@@ -190,8 +190,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             record_draft_step(self.net, time.perf_counter() - start)
             return logits
 
-        tokens, chosen = sample_chain(self.policy, self.ctx, input_ids, self._logits(hidden), max_tokens, step)
-        return chain_candidates(self.policy, tokens, chosen, self.ctx.do_sample)
+        tokens = draft_chain(self.policy, self.ctx, input_ids, self._logits(hidden), max_tokens, step)
+        return chain_candidates(self.policy, tokens)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         self.follow_verified(input_ids, num_accepted, num_proposed)

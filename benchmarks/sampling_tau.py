@@ -1,0 +1,78 @@
+"""τ under sampling on Spec-Bench prompts: how often drafts match the target's draws, by drafter.
+
+    python benchmarks/sampling_tau.py --per-category 4 --seeds 3 --temperature 0.7 --out sampling_tau.jsonl
+
+Uses only the public API (``torch.manual_seed`` then ``generate(do_sample=True, ...)``), so the same script
+measures any version of the library: run it from two checkouts to compare their sampling rules. Drafters run
+with fixed draft lengths (``adaptive=False``), so τ does not depend on this machine's timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+
+def strategies(hfs, model, args):
+    eagle = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
+    return {
+        "eagle-chain5": lambda: hfs.Eagle(eagle, num_tokens=5, confidence_threshold=0.0, adaptive=False),
+        "eagle-tree32": lambda: hfs.Eagle(eagle, adaptive=False, tree=hfs.DynamicTree(nodes=32, depth=8, top_k=8)),
+        "lookup": lambda: hfs.PromptLookup(num_tokens=5, adaptive=False),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--drafter", default="smollm2-135m-instruct")
+    parser.add_argument("--categories", default="mt-bench,translation,summarization,qa,math_reasoning,rag")
+    parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--methods", default="eagle-chain5,eagle-tree32,lookup")
+    parser.add_argument("--out", default="sampling_tau.jsonl")
+    args = parser.parse_args(argv)
+
+    import hf_speculative as hfs
+    from importlib import resources
+
+    torch.set_num_threads(1)
+    model, tokenizer = hfs.load_model(args.model)
+    hfs.enable(model)
+    made = strategies(hfs, model, args)
+    methods = args.methods.split(",")
+    dataset = resources.files("hf_speculative.bench") / "data" / "spec_bench" / "question.jsonl"
+    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
+    mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+    totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
+    for category in args.categories.split(","):
+        chosen = [r for r in rows if (r["category"] in mt if category == "mt-bench" else r["category"] == category)]
+        for row in chosen[: args.per_category]:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], tokenize=False,
+                                                 add_generation_prompt=True)
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+            record = {"category": category, "question_id": row["question_id"]}
+            for method in methods:
+                for seed in range(args.seeds):
+                    torch.manual_seed(seed)
+                    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                   candidate_generator=made[method]())
+                    st = hfs.last_stats(model)
+                    for i, v in enumerate((st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens)):
+                        totals[method][i] += v
+                    record.setdefault(method, []).append(st.tau)
+            print(category, row["question_id"], {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    for method, (new, forwards, drafted, accepted) in totals.items():
+        print(f"{method}: tau {new / forwards:.3f} (tokens over forwards, pooled), acceptance "
+              f"{accepted / max(drafted, 1):.3f}, {new} tokens")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Seeded sampling: one seed, one text, whatever the drafter does.
+
+Sampling draws randomness; plain ``torch.multinomial`` takes it from a stream in the order the draws
+happen. A speculative loop draws a varying number of times per step (the draft length follows the
+adaptive policy, the machine's load, the thread), so the same ``torch.manual_seed`` would give a
+different text on every run. Here the randomness of each output position comes from a generator keyed
+by ``(seed, row, position)`` instead, and the draw is the Gumbel-max trick::
+
+    token_t = argmax_x  log p_t(x) + g_t(x),      g_t(x) ~ Gumbel(0, 1) i.i.d., keyed by (seed, row, t)
+
+``p_t`` is the target's processed distribution at position ``t`` (after temperature, top-k, top-p,
+repetition penalty...). For each ``t`` the noise ``g_t`` is independent of everything before it and
+``argmax(log p + g)`` is an exact draw from ``p``, so the text is an exact sample of the target's
+distribution; and it is a fixed function of the seed and the text before ``t``, so any drafter, any
+draft length, any tree shape gives the same text: drafts are verified as under greedy decoding, against
+the target's seeded choice. A drafter that knows the seed can add the same noise to its own
+distribution (its draft is the token the target would pick if ``q == p``), which couples draft and
+target (acceptance ``P(argmax(log q + g) = argmax(log p + g))``, close to the rejection sampler's
+``1 - TV(p, q)``).
+
+:class:`SeededSampler` is a logits processor appended after transformers' own (warpers included); it
+turns the scores into the draw, a point mass (``0`` at the drawn token, ``-inf`` elsewhere), so that
+transformers' sampling and assisted loops, and ours, keep exactly that token.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+MAX_SEED = 2**64 - 1
+_MASK64 = 2**64 - 1
+
+
+def check_seed(seed: object, name: str = "sampling_seed") -> int:
+    """``seed`` as an int in ``[0, 2**64)``; raises a `ValueError`/`TypeError` naming ``name`` otherwise."""
+    if isinstance(seed, bool):
+        raise TypeError(f"{name}={seed!r}: must be an integer from 0 to 2**64 - 1, not a bool.")
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise TypeError(f"{name}={seed!r}: must be an integer from 0 to 2**64 - 1.") from None
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(f"{name}={value}: must be an integer from 0 to 2**64 - 1.")
+    return value
+
+
+def call_seed(seed: object = None) -> int:
+    """The seed of one sampling call: ``seed`` when given, else one draw from torch's global generator
+    (so ``torch.manual_seed(s)`` before a call fixes its text, and consecutive calls differ)."""
+    if seed is not None:
+        return check_seed(seed)
+    hi, lo = torch.randint(0, 2**32, (2,), dtype=torch.int64).tolist()
+    return (hi << 32) | lo
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: nearby keys ``(seed, row, t)`` give unrelated generator seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_key(seed: int, row: int, position: int) -> int:
+    """The generator seed of output ``position`` of batch ``row`` (63 bits: what ``manual_seed`` takes everywhere)."""
+    return _mix(_mix(_mix(seed) ^ row) ^ position) >> 1
+
+
+class SeededSampler(LogitsProcessor):
+    """The last logits processor of a seeded sampling call: the scores become the draw.
+
+    Args:
+        seed (`int`): the call's seed, ``0 <= seed < 2**64`` (see :func:`call_seed`).
+
+    Called with ``input_ids`` `[B, L]` and scores `[B, V]`, it draws position ``L`` of each row from
+    ``softmax(scores)`` with that position's own noise and returns the point mass of the draw `[B, V]`.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = check_seed(seed, "seed")
+
+    def noise(self, row: int, position: int, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[vocab]`` float32 Gumbel(0, 1) noise of ``position`` in ``row``; the same on every call."""
+        generator = torch.Generator(device=device).manual_seed(position_key(self.seed, row, position))
+        uniform = torch.rand(vocab, generator=generator, device=device)  # [0, 1): u == 0 gives -inf, never drawn
+        return -torch.log(-torch.log(uniform))
+
+    def choose(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
+        """``[B]`` the drawn tokens: per row, ``argmax(log_softmax(scores) + noise(row, L))``."""
+        position, vocab = input_ids.shape[-1], scores.shape[-1]
+        logprobs = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
+        noise = torch.stack([self.noise(row, position, vocab, scores.device) for row in range(scores.shape[0])])
+        return (logprobs + noise).argmax(dim=-1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        drawn = self.choose(input_ids, scores)  # [B]
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, drawn[:, None], 0.0)
+
+
+def split_sampler(processors) -> tuple[LogitsProcessorList, SeededSampler | None]:
+    """``(the processors before it, the call's SeededSampler)``: drafters warp their own logits with the first
+    part and draw with the second (all of ``processors`` and ``None`` when the call is not seeded)."""
+    items = list(processors or [])
+    if items and isinstance(items[-1], SeededSampler):
+        return LogitsProcessorList(items[:-1]), items[-1]
+    return LogitsProcessorList(items), None
+
+
+def seeded_processors(processors, generation_config, seed: int | None) -> LogitsProcessorList:
+    """``processors`` (a call's prepared list) ending with a SeededSampler when ``generation_config`` samples:
+    the one already there, else one of ``seed`` (``None``: :func:`call_seed`'s draw). The call's
+    ``generation_config`` (transformers' per-call copy) is then switched to ``do_sample=False``: the loops
+    take the sampler's point mass with an argmax, so nothing else draws from torch's generator and a call
+    advances it by the one draw of its seed at most, whatever was drafted. Unchanged for greedy decoding."""
+    processors = processors if isinstance(processors, LogitsProcessorList) else LogitsProcessorList(processors or [])
+    if not getattr(generation_config, "do_sample", False):
+        return processors
+    if (getattr(generation_config, "num_beams", None) or 1) > 1:
+        if seed is None:
+            return processors  # beam-search sampling draws its beams together: transformers' own draws
+        raise ValueError("sampling_seed= fixes the draws of sampling with num_beams=1; beam-search sampling "
+                         "(num_beams > 1) draws its beams together: drop sampling_seed= (use torch.manual_seed) "
+                         "or num_beams.")
+    if split_sampler(processors)[1] is None:
+        processors.append(SeededSampler(call_seed(seed)))
+    generation_config.do_sample = False
+    return processors
