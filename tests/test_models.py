@@ -534,8 +534,9 @@ def test_unknown_name_fails_after_one_short_probe(cache, monkeypatch, tmp_path):
 
 
 def test_hub_probe_connects_once_with_a_short_timeout(monkeypatch):
-    """The real probe against local endpoints: a listening port answers, a closed one fails at once,
-    an address that drops packets fails after the timeout; proxies are honoured."""
+    """The real probe against local endpoints: a listening port answers, a closed one fails without
+    waiting for the timeout, a connection that hangs (name lookup included) is given up after the
+    timeout; the HTTPS proxy is probed instead of the endpoint when one is set."""
     import socket
 
     for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
@@ -543,24 +544,39 @@ def test_hub_probe_connects_once_with_a_short_timeout(monkeypatch):
     monkeypatch.setattr(models, "_probes", {})
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
+    server.listen(4)
     port = server.getsockname()[1]
     try:
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-        assert models._hub_reachable(timeout=1.0)
+        assert models._hub_reachable(timeout=10.0)
         closed = socket.socket()
         closed.bind(("127.0.0.1", 0))
         closed_port = closed.getsockname()[1]
         closed.close()
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed_port}/")
         t0 = time.perf_counter()
-        assert not models._hub_reachable(timeout=1.0)
-        assert time.perf_counter() - t0 < 0.5
+        assert not models._hub_reachable(timeout=10.0)
+        assert time.perf_counter() - t0 < 5.0  # refused at once, not timed out
         monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # through the proxy: the local listener
         monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
-        assert models._hub_reachable(timeout=1.0)
+        assert models._hub_reachable(timeout=10.0)
     finally:
         server.close()
+    release = threading.Event()
+
+    def hanging(address, timeout=None):  # a name lookup that hangs ignores the socket's timeout
+        release.wait(30)
+        raise OSError("gave up")
+
+    monkeypatch.setattr(models.socket, "create_connection", hanging)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example.test")
+    monkeypatch.delenv("HTTPS_PROXY")
+    t0 = time.perf_counter()
+    try:
+        assert not models._hub_reachable(timeout=0.2)
+        assert time.perf_counter() - t0 < 3.0
+    finally:
+        release.set()
 
 
 # ----------------------------------------------------------------------------------------------- real index
