@@ -158,7 +158,7 @@ def models_verify(
     checks = [(f"model {n}", lambda n=n: len(json.loads((models.verify(n) / models.MARKER).read_text())["files"]))
               for n in names]
     if name is None:
-        checks += [(f"drafter {root.name}/{n}", lambda d=root / n: checkpoints.check_manifest(d, full=True))
+        checks += [(f"drafter {root.name}/{n}", lambda d=root / n: checkpoints.check_manifest(d, full=True, required=True))
                    for root in (PRETRAINED_DIR, SHIPPED_DIR) for n in checkpoints.shipped_names(root)]
     failed = 0
     for label, check in checks:

@@ -85,7 +85,6 @@ def test_visibility_is_prefix_root_and_ancestors():
     (dict(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1, -2])), "before its child"),
     (dict(tokens=torch.tensor([1, 2]), parents=torch.tensor([-1])), "one length"),
     (dict(tokens=torch.tensor([1.0]), parents=torch.tensor([-1])), "int64"),
-    (dict(tokens=torch.tensor([1]), parents=torch.tensor([-1]), probs=torch.ones(2, 5)), "probs must be"),
 ])
 def test_bad_trees_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):

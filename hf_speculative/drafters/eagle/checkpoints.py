@@ -63,17 +63,21 @@ def shipped_names(shipped_dir: Path) -> list[str]:
 
 
 def find_folder(source: str | Path, shipped_dir: Path, missing: str) -> Path:
-    """``source`` if it is a folder, else the shipped network of that name under ``shipped_dir``.
+    """``source`` if it is a folder, else the shipped network of that name under ``shipped_dir``. A shipped
+    network (by name or by path) must carry its manifest: :func:`check_manifest` with ``required``.
 
     Raises:
         FileNotFoundError: ``missing``, the caller's message saying what to give instead.
+        CheckpointError: a shipped network without a readable manifest.
     """
     path = Path(source)
-    if path.is_dir():
-        return path
-    if str(source) in shipped_names(shipped_dir):
-        return shipped_dir / str(source)
-    raise FileNotFoundError(missing)
+    if not path.is_dir():
+        if str(source) not in shipped_names(shipped_dir):
+            raise FileNotFoundError(missing)
+        path = shipped_dir / str(source)
+    if path.resolve().parent == Path(shipped_dir).resolve():
+        check_manifest(path, required=True)
+    return path
 
 
 def save_pretrained(model: EagleDraftModel, directory: str | Path, *, metadata: dict | None = None) -> Path:
@@ -239,21 +243,13 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     return config, state, fmt
 
 
-def _shipped(directory: Path) -> bool:
-    """Whether ``directory`` is one of the drafters shipped inside the package."""
-    from ..exit_adapter import SHIPPED_DIR
-    from .drafter import PRETRAINED_DIR
-
-    parent = directory.resolve().parent
-    return parent in (Path(PRETRAINED_DIR).resolve(), Path(SHIPPED_DIR).resolve())
-
-
-def check_manifest(directory: str | Path, *, full: bool = False) -> int:
+def check_manifest(directory: str | Path, *, full: bool = False, required: bool = False) -> int:
     """Check the files of a drafter folder against its ``sha256sums.json`` (every shipped drafter has
     one, written at release; other folders are checked when they carry one). A file is hashed once and
     then trusted while its size, timestamps and inode are unchanged, the trust record kept in the
-    package cache (``hf_speculative.integrity``); ``full`` re-hashes every file. Returns the number of
-    files checked.
+    package cache (``hf_speculative.integrity``); ``full`` re-hashes every file; ``required`` (a shipped
+    drafter, see :func:`find_folder`) refuses a folder without a manifest. Returns the number of files
+    checked.
 
     Raises:
         CheckpointError: a file differs from the manifest, is missing, or a shipped drafter has no
@@ -264,7 +260,7 @@ def check_manifest(directory: str | Path, *, full: bool = False) -> int:
     directory = Path(directory)
     manifest = directory / MANIFEST
     if not manifest.exists():
-        if _shipped(directory):
+        if required:
             raise CheckpointError(f"The shipped drafter {directory} has no {MANIFEST}, so its files cannot be checked: "
                                   "the installation is incomplete. Reinstall hf-speculative.")
         return 0
