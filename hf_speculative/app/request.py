@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from ..methods import available_methods, get_method
+from ..options import MAX_DRAFT_TOKENS, MAX_LAYERS, MAX_NGRAM
 
 MAX_PANES = 4  # the baseline plus up to three methods, side by side
 MAX_PROMPT_CHARS = 20_000  # cheap first check, before tokenizing
@@ -26,11 +28,8 @@ MAX_NAMES = 16  # method names looked at in one request (the form offers about t
 MAX_NAME_CHARS = 200  # a model or drafter name (registry names are short; folders with the flag)
 TEMPERATURE_RANGE = (0.05, 2.0)  # the temperature slider's range
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
-# Bounds of the method options. The strategies validate their own options too (hf_speculative.options,
-# being added alongside); these are the app's, checked before anything is built.
-MAX_DRAFT_TOKENS = 64
-MAX_NGRAM = 16
-MAX_LAYERS = 1024  # exit_layer and skip indices, before the loaded model's own layer count is known
+# Bounds of the method options: the strategies' own (hf_speculative.options), checked here before anything
+# is built; exit_layer and skip indices again once the model is loaded, against its layer count.
 MAX_SKIP_CHARS = 400
 INTEGER_RANGES = {"num_tokens": (1, MAX_DRAFT_TOKENS), "max_ngram": (1, MAX_NGRAM), "exit_layer": (1, MAX_LAYERS)}
 DEFAULT_INTEGER_RANGE = (0, 1024)  # an integer option a future method adds
@@ -156,6 +155,18 @@ def option_slots() -> list[OptionSlot]:
             if key not in SERVER_ONLY_OPTIONS:
                 slots.append(OptionSlot(name, key, default, _widget(key, default), _OPTION_HELP.get(key, "")))
     return slots
+
+
+def api_parameter(method: str, key: str) -> str:
+    """The ``/compare`` API's parameter for option ``key`` of ``method``: ``eagle+lookup``, ``eagle`` ->
+    ``eagle_plus_lookup__eagle``."""
+    return identifier(f"{method}__{key}")
+
+
+def identifier(name: str) -> str:
+    """``name`` as a Python parameter name (registered method names may hold any character)."""
+    out = re.sub(r"\W", "_", name.replace("+", "_plus_"))
+    return out if out.isidentifier() else f"_{out}"
 
 
 def _widget(key: str, default: Any) -> str:
@@ -306,7 +317,8 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"a {type(value).__name__}"
+    name = type(value).__name__
+    return "nothing" if value is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _number(value: Any) -> int | float | None:

@@ -22,6 +22,7 @@ from .request import (
     OptionSlot,
     Sources,
     check_exposure,
+    identifier,
     option_slots,
     parse_request,
     selectable_methods,
@@ -173,11 +174,7 @@ def _api_signature(fn: Any, slots: list[OptionSlot]) -> inspect.Signature:
     return inspect.Signature(fixed + extra)
 
 
-def _identifier(name: str) -> str:
-    """A method option's name as a Python parameter name: ``eagle+lookup__eagle`` ->
-    ``eagle_plus_lookup__eagle`` (registered method names may hold any character)."""
-    out = re.sub(r"\W", "_", name.replace("+", "_plus_"))
-    return out if out.isidentifier() else f"_{out}"
+_identifier = identifier  # a method option's API parameter name
 
 
 def _versions() -> str:
