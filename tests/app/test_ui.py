@@ -91,11 +91,19 @@ def test_the_baseline_is_transformers_greedy(client, served_app, tiny_chat_dir):
     assert served_app[2].loads == 1, "the model is loaded once and reused by every request"
 
 
-def test_sampling_runs_and_says_so(client, tiny_chat_dir):
-    out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["prompt-lookup"], sampling=True, temperature=1.0, seed=3)
+def test_sampling_runs_and_every_pane_writes_the_seed_s_sample(client, tiny_chat_dir):
+    """Under sampling every pane (greedy's, hf_speculative's, transformers' own) draws with the request's seed,
+    so all write the same sample and the page checks it token for token."""
+    out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["prompt-lookup", "hf-prompt-lookup"], sampling=True,
+                   temperature=1.0, seed=3)
     results = out[-1]
     assert results["sampling"] == {"temperature": 1.0, "seed": 3}
     assert all(m["status"] == "done" and m["new_tokens"] > 0 for m in results["methods"])
+    assert len({tuple(m["output_ids"]) for m in results["methods"]}) == 1
+    assert all(m["identical_to_baseline"] for m in results["methods"][1:])
+    again = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["prompt-lookup"], sampling=True, temperature=1.0,
+                     seed=3)[-1]
+    assert again["methods"][1]["output_ids"] == results["methods"][1]["output_ids"]
 
 
 @pytest.mark.parametrize(
