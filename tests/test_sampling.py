@@ -339,3 +339,13 @@ def test_self_speculative_sampling_follows_the_target(deep_target, kind):
     assert total["drafted"] >= N_SPECULATIVE, total
     assert 0.1 * total["drafted"] < total["accepted"] < 0.95 * total["drafted"], total
     assert_same_distribution(samples, exact, plain)
+
+
+def test_tree_sampling_follows_the_target(target, lookup_prompt, close_drafter):
+    """Draft trees in our loop under sampling: n-gram trees and draft-model chains share the rule."""
+    exact, plain = references(target, lookup_prompt)
+    strategy = hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, top_k=2), adaptive=False)
+    samples, total = speculative_samples(target, strategy, lookup_prompt)
+    assert total["drafted"] >= N_SPECULATIVE, total
+    assert 0 < total["accepted"] < total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
