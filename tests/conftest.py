@@ -9,6 +9,7 @@ anything hf_speculative installed.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -458,3 +459,30 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# -- integrity tests -------------------------------------------------------------------------------
+def corrupt_same_size(path: Path) -> None:
+    """Overwrite a block in the middle of the file with 0xFF (the file keeps its size): 64 KiB of a large
+    file, a quarter of a small one."""
+    size = path.stat().st_size
+    n = min(64 << 10, max(1, size // 4))
+    with open(path, "r+b") as f:
+        f.seek((size - n) // 2)
+        f.write(b"\xff" * n)
+    assert path.stat().st_size == size
+
+
+def count_hashes(monkeypatch) -> list[str]:
+    """The names of the files ``hf_speculative.integrity`` hashes from now on (this test only)."""
+    from hf_speculative import integrity
+
+    hashed: list[str] = []
+    real = integrity.sha256_file
+
+    def counting(path, update=None):
+        hashed.append(Path(path).name)
+        return real(path, update)
+
+    monkeypatch.setattr(integrity, "sha256_file", counting)
+    return hashed

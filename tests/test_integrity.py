@@ -17,6 +17,7 @@ from hf_speculative import integrity
 from hf_speculative.drafters import exit_adapter
 from hf_speculative.drafters.eagle import checkpoints, drafter
 from hf_speculative.drafters.eagle.checkpoints import MANIFEST, CheckpointError
+from tests.conftest import corrupt_same_size, count_hashes
 from tools import drafter_manifests
 
 SHIPPED = [(root, name) for root in (drafter.PRETRAINED_DIR, exit_adapter.SHIPPED_DIR)
@@ -27,27 +28,6 @@ SHIPPED = [(root, name) for root in (drafter.PRETRAINED_DIR, exit_adapter.SHIPPE
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def _count_hashes(monkeypatch) -> list[str]:
-    hashed: list[str] = []
-    real = integrity.sha256_file
-
-    def counting(path, update=None):
-        hashed.append(Path(path).name)
-        return real(path, update)
-
-    monkeypatch.setattr(integrity, "sha256_file", counting)
-    return hashed
-
-
-def _corrupt_same_size(path: Path) -> None:
-    size = path.stat().st_size
-    n = min(64 << 10, max(1, size // 4))
-    with open(path, "r+b") as f:
-        f.seek((size - n) // 2)
-        f.write(b"\xff" * n)
-    assert path.stat().st_size == size
 
 
 def _shipped_copy(tmp_path: Path, root: Path, name: str) -> Path:
@@ -69,7 +49,7 @@ def test_every_shipped_drafter_has_a_current_manifest():
 
 
 def test_shipped_drafters_load_and_are_checked(monkeypatch, cache):
-    hashed = _count_hashes(monkeypatch)
+    hashed = count_hashes(monkeypatch)
     for root, name in SHIPPED:
         checkpoints.load_checkpoint(root / name)
     assert sorted(hashed) == sorted(f for root, name in SHIPPED
@@ -90,7 +70,7 @@ def test_corrupt_shipped_drafter_is_refused(tmp_path, monkeypatch, kind, rel):
         monkeypatch.setattr(exit_adapter, "SHIPPED_DIR", copy)
     load = (lambda: hfs.Eagle.from_pretrained(name)) if kind == "eagle" else (lambda: exit_adapter.load_adapter(name))
     load()  # intact copy: loads
-    _corrupt_same_size(copy / name / rel)
+    corrupt_same_size(copy / name / rel)
     with pytest.raises(CheckpointError) as info:
         load()
     msg = str(info.value)
@@ -108,7 +88,7 @@ def test_repeat_loads_do_not_rehash(tmp_path, monkeypatch, cache):
     folder = _shipped_copy(tmp_path, drafter.PRETRAINED_DIR, checkpoints.shipped_names(drafter.PRETRAINED_DIR)[0])
     folder = next(folder.iterdir())
     monkeypatch.setattr(integrity, "SETTLE_NS", 0)  # copied just now: trust it at once
-    hashed = _count_hashes(monkeypatch)
+    hashed = count_hashes(monkeypatch)
     checkpoints.load_checkpoint(folder)
     assert sorted(hashed) == ["config.json", "model.safetensors", "training.json"]
     hashed.clear()
@@ -127,7 +107,7 @@ def test_no_writable_cache_hashes_every_time(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(blocker / "cache"))  # cannot be created
     monkeypatch.setattr(integrity, "SETTLE_NS", 0)
-    hashed = _count_hashes(monkeypatch)
+    hashed = count_hashes(monkeypatch)
     root, name = SHIPPED[0]
     for _ in range(2):
         checkpoints.load_checkpoint(root / name)
@@ -139,7 +119,7 @@ def test_user_folders_without_manifest_load_unchecked(tmp_path, monkeypatch):
     folder = tmp_path / "mine"
     shutil.copytree(root / name, folder)
     (folder / MANIFEST).unlink()
-    hashed = _count_hashes(monkeypatch)
+    hashed = count_hashes(monkeypatch)
     checkpoints.load_checkpoint(folder)
     assert hashed == []
     (folder / MANIFEST).write_text('{"sha256": ["not", "a", "map"]}')

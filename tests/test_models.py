@@ -23,6 +23,7 @@ import pytest
 import hf_speculative.models as models
 from hf_speculative import integrity
 from hf_speculative.models import ModelSource, RegistryError
+from tests.conftest import corrupt_same_size, count_hashes
 
 TF_MAJOR = models._transformers_version().split(".")[0]
 
@@ -247,17 +248,6 @@ def test_lock_processes_convert_once(cache, monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- corruption
-def _corrupt_same_size(path: Path) -> None:
-    """Overwrite a block in the middle of the file with 0xFF (the file keeps its size): 64 KiB of a large
-    file, a quarter of a small one."""
-    size = path.stat().st_size
-    n = min(64 << 10, max(1, size // 4))
-    with open(path, "r+b") as f:
-        f.seek((size - n) // 2)
-        f.write(b"\xff" * n)
-    assert path.stat().st_size == size
-
-
 def test_truncated_or_missing_files_and_marker(cache):
     path = models.fetch("fake-model", progress=False)
     weights = path / "model.safetensors"
@@ -293,7 +283,7 @@ def test_same_size_corruption_is_refused_and_fetch_repairs_it(cache, monkeypatch
     path = models.fetch("fake-model", progress=False)
     good = (path / rel).read_bytes()
     assert models.resolve("fake-model") == str(path)
-    _corrupt_same_size(path / rel)
+    corrupt_same_size(path / rel)
     assert models.is_cached("fake-model")  # sizes only: cheap, for listings
     for load in (models.resolve, models.load_model):  # refused before transformers reads anything
         with pytest.raises(RegistryError) as info:
@@ -315,22 +305,10 @@ def test_same_size_corruption_is_refused_and_fetch_repairs_it(cache, monkeypatch
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
-def _count_hashes(monkeypatch) -> list[str]:
-    hashed: list[str] = []
-    real = integrity.sha256_file
-
-    def counting(path, update=None):
-        hashed.append(Path(path).name)
-        return real(path, update)
-
-    monkeypatch.setattr(integrity, "sha256_file", counting)
-    return hashed
-
-
 def test_repeat_loads_trust_unchanged_files(cache, monkeypatch):
     path = models.fetch("fake-model", progress=False)
     monkeypatch.setattr(integrity, "SETTLE_NS", 0)  # the files were written just now: trust them at once
-    hashed = _count_hashes(monkeypatch)
+    hashed = count_hashes(monkeypatch)
     models.resolve("fake-model")
     assert sorted(hashed) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json"]
     trust = json.loads((path / models.TRUST).read_text())
@@ -352,7 +330,7 @@ def test_repeat_loads_trust_unchanged_files(cache, monkeypatch):
     assert hashed == []
     time.sleep(0.05)  # a later tick of the file system's clock: the edit below gets a new ctime
     st = config.stat()
-    _corrupt_same_size(config)
+    corrupt_same_size(config)
     os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime restored: the ctime still moved
     with pytest.raises(RegistryError, match="failed its integrity check: config.json has sha256"):
         models.resolve("fake-model")
@@ -363,7 +341,7 @@ def test_files_changed_just_now_are_not_trusted_yet(cache, monkeypatch):
     """A file hashed within SETTLE_NS of its last change could change again within the same clock tick
     without its timestamps moving: it is hashed again until it has settled."""
     path = models.fetch("fake-model", progress=False)
-    hashed = _count_hashes(monkeypatch)
+    hashed = count_hashes(monkeypatch)
     models.resolve("fake-model")
     models.resolve("fake-model")
     assert hashed.count("model.safetensors") == 2
@@ -390,7 +368,7 @@ def test_old_marker_is_upgraded_once(cache, monkeypatch, capsys):
     models.resolve("fake-model")
     assert capsys.readouterr().err == ""  # once
     (path / models.MARKER).write_text(json.dumps(old))
-    _corrupt_same_size(path / "model.safetensors")
+    corrupt_same_size(path / "model.safetensors")
     with pytest.raises(RegistryError, match="failed its integrity check: model.safetensors has sha256"):
         models.resolve("fake-model")
     assert "files" not in json.loads((path / models.MARKER).read_text())  # not recorded as good
