@@ -38,37 +38,31 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     import hf_speculative as hfs
-    from importlib import resources
+    from hf_speculative.bench.spec_bench import load_prompts
+    from hf_speculative.prompting import encode_prompt
 
     torch.set_num_threads(1)
     model, tokenizer = hfs.load_model(args.model)
     hfs.enable(model)
     made = strategies(hfs, model, args)
     methods = args.methods.split(",")
-    dataset = resources.files("hf_speculative.bench") / "data" / "spec_bench" / "question.jsonl"
-    rows = [json.loads(line) for line in dataset.read_text().splitlines()]
-    mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
     totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
-    for category in args.categories.split(","):
-        chosen = [r for r in rows if (r["category"] in mt if category == "mt-bench" else r["category"] == category)]
-        for row in chosen[: args.per_category]:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], tokenize=False,
-                                                 add_generation_prompt=True)
-            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-            record = {"category": category, "question_id": row["question_id"]}
-            for method in methods:
-                for seed in range(args.seeds):
-                    torch.manual_seed(seed)
-                    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                   candidate_generator=made[method]())
-                    st = hfs.last_stats(model)
-                    for i, v in enumerate((st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens)):
-                        totals[method][i] += v
-                    record.setdefault(method, []).append(st.tau)
-            print(category, row["question_id"], {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(record) + "\n")
+    for prompt in load_prompts(categories=args.categories.split(","), per_category=args.per_category):
+        ids = encode_prompt(tokenizer, prompt.text)
+        record = {"category": prompt.category, "question_id": prompt.question_id}
+        for method in methods:
+            for seed in range(args.seeds):
+                torch.manual_seed(seed)
+                model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                               candidate_generator=made[method]())
+                st = hfs.last_stats(model)
+                for i, v in enumerate((st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens)):
+                    totals[method][i] += v
+                record.setdefault(method, []).append(st.tau)
+        print(prompt.category, prompt.question_id, {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(record) + "\n")
     for method, (new, forwards, drafted, accepted) in totals.items():
         print(f"{method}: tau {new / forwards:.3f} (tokens over forwards, pooled), acceptance "
               f"{accepted / max(drafted, 1):.3f}, {new} tokens")

@@ -43,54 +43,46 @@ def main(argv=None) -> None:
     import hf_speculative as hfs
     from hf_speculative import tree_shapes as shapes
     from hf_speculative.base import CallContext
+    from hf_speculative.bench.spec_bench import DATASET, load_prompts
     from hf_speculative.chains import ChainDrafter
     from hf_speculative.loop import run
+    from hf_speculative.prompting import encode_prompt
     from hf_speculative.stats import SpeculativeStats
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
     torch.set_num_threads(1)
     model, tokenizer = hfs.load_model(args.model)
     drafter = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
-    dataset = args.dataset
-    if dataset is None:
-        from importlib import resources
-        dataset = str(resources.files("hf_speculative.bench") / "data" / "spec_bench" / "question.jsonl")
-    rows = [json.loads(line) for line in open(dataset)]
-    mt = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
     budgets = args.budgets.split(",")
     results = []
-    for category in args.categories.split(","):
-        chosen = [r for r in rows if (r["category"] in mt if category == "mt-bench" else r["category"] == category)]
-        for row in chosen[: args.per_category]:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": row["turns"][0]}], tokenize=False,
-                                                 add_generation_prompt=True)
-            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-            max_length = ids.shape[1] + args.max_new_tokens
+    for prompt in load_prompts(args.dataset or DATASET, args.categories.split(","), args.per_category):
+        ids = encode_prompt(tokenizer, prompt.text)
+        max_length = ids.shape[1] + args.max_new_tokens
+        start = time.perf_counter()
+        greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=args.max_new_tokens)
+        greedy_s = time.perf_counter() - start
+        record = {"category": prompt.category, "question_id": prompt.question_id, "greedy_s": greedy_s,
+                  "new_tokens": greedy.shape[1] - ids.shape[1]}
+        for budget in budgets:
+            stopping = StoppingCriteriaList([MaxLengthCriteria(max_length),
+                                             EosTokenCriteria(model.generation_config.eos_token_id)])
+            ctx = CallContext(model, model.generation_config, None, stopping, SpeculativeStats())
+            loop_drafter = ChainDrafter(make_strategy(hfs, drafter, budget, args.adaptive, shapes).open(ctx))
             start = time.perf_counter()
-            greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=args.max_new_tokens)
-            greedy_s = time.perf_counter() - start
-            record = {"category": category, "question_id": row["question_id"], "greedy_s": greedy_s,
-                      "new_tokens": greedy.shape[1] - ids.shape[1]}
-            for budget in budgets:
-                stopping = StoppingCriteriaList([MaxLengthCriteria(max_length),
-                                                 EosTokenCriteria(model.generation_config.eos_token_id)])
-                ctx = CallContext(model, model.generation_config, None, stopping, SpeculativeStats())
-                loop_drafter = ChainDrafter(make_strategy(hfs, drafter, budget, args.adaptive, shapes).open(ctx))
-                start = time.perf_counter()
-                try:
-                    out = run(model, ids, loop_drafter, stopping_criteria=stopping, stats=ctx.stats, max_length=max_length)
-                finally:
-                    loop_drafter.close()
-                seconds = time.perf_counter() - start
-                record[budget] = {"tau": out.stats.tau, "seconds": seconds, "speedup": greedy_s / seconds,
-                                  "identical": out.sequences[0].tolist() == greedy[0].tolist(),
-                                  "accepted_lengths": dict(out.stats.accepted_lengths)}
-            results.append(record)
-            print(category, row["question_id"], {b: (round(record[b]["tau"], 2), round(record[b]["speedup"], 2),
-                                                     record[b]["identical"]) for b in budgets}, flush=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                out = run(model, ids, loop_drafter, stopping_criteria=stopping, stats=ctx.stats, max_length=max_length)
+            finally:
+                loop_drafter.close()
+            seconds = time.perf_counter() - start
+            record[budget] = {"tau": out.stats.tau, "seconds": seconds, "speedup": greedy_s / seconds,
+                              "identical": out.sequences[0].tolist() == greedy[0].tolist(),
+                              "accepted_lengths": dict(out.stats.accepted_lengths)}
+        results.append(record)
+        print(prompt.category, prompt.question_id, {b: (round(record[b]["tau"], 2), round(record[b]["speedup"], 2),
+                                                 record[b]["identical"]) for b in budgets}, flush=True)
+        with open(args.out, "a") as f:
+            f.write(json.dumps(record) + "\n")
     print("\n| category | " + " | ".join(budgets) + " |\n|---|" + "---|" * len(budgets))
     for category in args.categories.split(",") + ["overall"]:
         picked = [r for r in results if category in ("overall", r["category"])]
