@@ -18,7 +18,6 @@ from . import compat
 from .base import CallContext
 from .chains import ChainDrafter
 from .loop import run
-from .sampling import seeded_processors
 
 _NOT_MODEL_KWARGS = ("inputs_tensor", "assistant_model", "assistant_tokenizer", "tokenizer")
 
@@ -45,10 +44,10 @@ def tree_generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_pr
 def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, logits_processor: Any,
              stopping_criteria: Any, generation_config: Any, streamer: Any, synced_gpus: bool,
              model_kwargs: dict) -> Any:
-    """Our loop for one ``generate()`` call: the strategy's per-call drafter, the loop, transformers' output."""
+    """Our loop for one ``generate()`` call: the strategy's per-call drafter, the loop, transformers' output.
+    Under sampling ``logits_processor`` already ends with the call's SeededSampler (both routes in, the enabled
+    model's ``_get_logits_processor`` and ``speculative_generate``, append it), so the loop verifies greedily."""
     _check_inputs(model_kwargs, synced_gpus)
-    # our loop verifies greedily: under sampling its processors must end with the seeded draw
-    logits_processor = seeded_processors(logits_processor, generation_config, None)
     ctx = CallContext(model, generation_config, logits_processor, stopping_criteria, call.stats,
                       model_kwargs={k: v for k, v in model_kwargs.items() if k not in _NOT_MODEL_KWARGS})
     generator = call.strategy.open(ctx)
