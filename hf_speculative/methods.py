@@ -112,6 +112,8 @@ class MethodRun:
     tau: float | None = None
     acceptance_rate: float | None = None
     extra: dict | None = None  # drafter details from the stats (e.g. LayerSkip's calibration)
+    steps: dict | None = None  # per verification step, from the stats: SpeculativeStats.steps()
+    shape: str | None = None  # "tree" (our loop verifies the drafts as trees) or "chain"; None for greedy
 
     @property
     def new_tokens(self) -> int:
@@ -207,6 +209,10 @@ def run_method(
     # transformers < 5.14 can accept a verified block past the budget: keep what greedy could produce.
     new_ids = out[0, input_ids.shape[1] : input_ids.shape[1] + max_new_tokens].tolist()
     run = MethodRun(method=spec.name, output_ids=new_ids, seconds=seconds)
+    if spec.kind != "baseline":
+        from .loop_entry import runs_in_our_loop
+
+        run.shape = "tree" if runs_in_our_loop(extra.get("candidate_generator")) else "chain"
     if counter is not None:
         run.target_forwards = counter.count
         run.tau = run.new_tokens / counter.count if counter.count else None
@@ -215,6 +221,7 @@ def run_method(
         run.accepted = stats.accepted_tokens
         run.tau, run.acceptance_rate = stats.tau, stats.acceptance_rate
         run.extra = dict(stats.extra) or None
+        run.steps = stats.steps()
     return run
 
 

@@ -3,12 +3,19 @@
 A :class:`SpeculativeStats` is filled in by the per-call candidate generator *where each event
 happens* (a draft is proposed, a target forward verifies it) and published when the call ends, so
 ``hf_speculative.last_stats(model)`` always describes one complete ``generate()`` call.
+
+Besides the totals it keeps one record per verification step (draft tokens verified, tokens accepted,
+draft and verify seconds) in compact arrays, 16 bytes a step: :meth:`SpeculativeStats.steps`. Both
+routes fill them through :meth:`~SpeculativeStats.record_draft` / :meth:`~SpeculativeStats.record_verify`
+(transformers' assisted loop for chains, through ``base.SpeculativeCandidateGenerator``; our loop for
+trees), which ``hf-speculative project`` reads from the benchmark's JSONL.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from array import array
 from collections import Counter
 from typing import Any
 
@@ -28,6 +35,11 @@ class SpeculativeStats:
         draft_time_s / verify_time_s / total_time_s (`float`): wall time spent proposing, in the
             target forward plus acceptance, and in the whole call.
         extra (`dict`): drafter specific details (e.g. the layer set chosen by a calibration).
+
+    Per step (one target forward each, in order; :meth:`steps` returns them as lists): the draft tokens it
+    verified (the chain's length or the tree's node count), the tokens it accepted, and the seconds of the
+    draft and of the verification. A draft recorded without a verification after it (the call ended) is left
+    out; two drafts before one verification count as one step's draft.
     """
 
     method: str = ""
@@ -40,17 +52,38 @@ class SpeculativeStats:
     verify_time_s: float = 0.0
     total_time_s: float = 0.0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # per step: int32 counts and float32 seconds (see steps()); the draft waiting for its verification
+    _step_drafted: array = dataclasses.field(default_factory=lambda: array("i"), repr=False)
+    _step_accepted: array = dataclasses.field(default_factory=lambda: array("i"), repr=False)
+    _step_draft_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
+    _step_verify_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
+    _pending_draft: tuple[int, float] = dataclasses.field(default=(0, 0.0), repr=False)
 
     # -- events -------------------------------------------------------------------------------
     def record_draft(self, num_tokens: int, seconds: float) -> None:
         self.drafted_tokens += num_tokens
         self.draft_time_s += seconds
+        tokens, before = self._pending_draft
+        self._pending_draft = (tokens + int(num_tokens), before + float(seconds))
 
     def record_verify(self, num_accepted: int, seconds: float) -> None:
         self.target_forwards += 1
         self.accepted_tokens += num_accepted
         self.accepted_lengths[num_accepted] += 1
         self.verify_time_s += seconds
+        drafted, draft_s = self._pending_draft
+        self._pending_draft = (0, 0.0)
+        self._step_drafted.append(drafted)
+        self._step_accepted.append(int(num_accepted))
+        self._step_draft_s.append(draft_s)
+        self._step_verify_s.append(float(seconds))
+
+    def steps(self) -> dict[str, list]:
+        """The per-step records, one entry per target forward: ``{"drafted": [...], "accepted": [...],
+        "draft_s": [...], "verify_s": [...]}`` (seconds rounded to the microsecond)."""
+        return {"drafted": self._step_drafted.tolist(), "accepted": self._step_accepted.tolist(),
+                "draft_s": [round(t, 6) for t in self._step_draft_s],
+                "verify_s": [round(t, 6) for t in self._step_verify_s]}
 
     # -- derived figures ----------------------------------------------------------------------
     @property
@@ -68,8 +101,8 @@ class SpeculativeStats:
         return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict with the counters and the derived figures."""
-        out = dataclasses.asdict(self)
+        """A JSON-ready dict with the counters and the derived figures (the per-step records: :meth:`steps`)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if not k.startswith("_")}
         out["accepted_lengths"] = {int(k): int(v) for k, v in sorted(self.accepted_lengths.items())}
         out.update(tau=self.tau, acceptance_rate=self.acceptance_rate, tokens_per_second=self.tokens_per_second)
         return out

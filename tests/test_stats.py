@@ -194,3 +194,34 @@ def test_derived_figures_without_events():
     assert stats.accepted_lengths == Counter({3: 1, 0: 1})
     assert stats.tau == 2.5 and stats.acceptance_rate == 0.75
     assert stats.draft_time_s == 0.5 and stats.verify_time_s == 0.5
+
+
+def test_per_step_records_pair_each_draft_with_its_verification():
+    stats = hfs.SpeculativeStats()
+    assert stats.steps() == {"drafted": [], "accepted": [], "draft_s": [], "verify_s": []}
+    stats.record_draft(4, 0.5)
+    stats.record_verify(3, 0.25)
+    stats.record_verify(0, 0.125)  # a forward with no draft recorded before it (the prefill of some routes)
+    stats.record_draft(2, 0.25)
+    stats.record_draft(1, 0.25)  # two drafts before one forward: one step's draft
+    stats.record_verify(1, 0.5)
+    stats.record_draft(5, 1.0)  # the call ended before this draft was verified: no step
+    assert stats.steps() == {"drafted": [4, 0, 3], "accepted": [3, 0, 1], "draft_s": [0.5, 0.0, 0.5],
+                             "verify_s": [0.25, 0.125, 0.5]}
+    assert "_step_drafted" not in stats.to_dict() and "steps" not in stats.to_dict()
+    assert stats._step_drafted.itemsize == 4 and stats._step_verify_s.itemsize == 4  # 16 bytes a step
+
+
+@pytest.mark.parametrize("tree", [None, hfs.DynamicTree(nodes=6, depth=3)], ids=["chain", "tree"])
+def test_per_step_records_of_both_routes(model, tree):
+    """transformers' assisted loop (chains) and our loop (trees) record every step through the same events."""
+    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=hfs.PromptLookup(tree=tree))
+    stats = hfs.last_stats(model)
+    steps = stats.steps()
+    assert all(len(values) == stats.target_forwards for values in steps.values())
+    assert sum(steps["drafted"]) == stats.drafted_tokens and sum(steps["accepted"]) == stats.accepted_tokens
+    assert Counter(steps["accepted"]) == stats.accepted_lengths
+    assert sum(steps["draft_s"]) == pytest.approx(stats.draft_time_s, abs=1e-4)
+    assert sum(steps["verify_s"]) == pytest.approx(stats.verify_time_s, abs=1e-4)
+    if tree is not None:
+        assert max(steps["drafted"]) <= 6

@@ -78,6 +78,9 @@ def _record(run: MethodRun, seconds: float, prompt: Prompt, greedy_ids: list[int
         "accepted": run.accepted,
         "identical_to_greedy": run.output_ids == greedy_ids,
         **({"extra": run.extra} if run.extra else {}),
+        **({"shape": run.shape} if run.shape else {}),
+        # per verification step (hf_speculative's methods): what `hf-speculative project` reads
+        **({"steps": run.steps} if run.steps is not None else {}),
     }
 
 

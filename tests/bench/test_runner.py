@@ -81,3 +81,13 @@ def test_run_bench_with_hfs_prompt_lookup(tmp_path, two_prompts, chat_model, cha
     hfs_records = [r for r in records if r["method"] == "prompt-lookup"]
     assert len(hfs_records) == 2 and all(r["identical_to_greedy"] for r in records)
     assert all(r["drafted"] is not None and r["tau"] >= 1.0 for r in hfs_records)
+    # per-step records (what `hf-speculative project` reads): one per target forward, summing to the totals
+    for r in hfs_records:
+        steps = r["steps"]
+        assert r["shape"] == "chain" and set(steps) == {"drafted", "accepted", "draft_s", "verify_s"}
+        assert all(len(values) == r["target_forwards"] for values in steps.values())
+        assert sum(steps["drafted"]) == r["drafted"] and sum(steps["accepted"]) == r["accepted"]
+        assert all(t >= 0 for t in steps["draft_s"]) and all(t > 0 for t in steps["verify_s"])
+    others = [r for r in records if r["method"] != "prompt-lookup"]
+    assert all("steps" not in r for r in others)  # greedy and transformers' methods are not observed per step
+    assert [r.get("shape") for r in others] == ["chain" if r["method"] == "hf-prompt-lookup" else None for r in others]
