@@ -74,6 +74,10 @@ class DraftStrategy:
     """
 
     name: str = "strategy"
+    # What of the target the drafter reads: "outputs" (its tokens and logits: any cache, compiled or not),
+    # "features" (hidden states, through forward hooks: not in a compiled forward), "cache" (drafts with the
+    # target's own layers over its dynamic KV cache: not on a static cache). See static_cache.check_strategy.
+    reads_target: str = "outputs"
 
     def open(self, ctx: CallContext) -> "SpeculativeCandidateGenerator":  # pragma: no cover - abstract
         raise NotImplementedError

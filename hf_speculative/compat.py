@@ -242,13 +242,37 @@ def keep_tree_path(cache: Any, start: int, path: Any, written: int) -> None:
     path's keys and values move down along the sequence axis (``[B, H, T, D]``, axis -2) and the rest is
     cropped, so the prefix is never copied. A path ``0, 1, ..., m-1`` (a chain kept) is a plain crop.
     """
+    path = move_tree_path(cache, start, path)
+    crop_cache(cache, written - len(path))
+
+
+def move_tree_path(cache: Any, start: int, path: Any) -> list[int]:
+    """Move the keys and values of the nodes ``path`` (node ``i`` written at ``start + i``) to positions
+    ``start, start + 1, ...``, in place (a static cache's tensors keep their addresses). Returns the path."""
     path = [int(i) for i in path]
     if path != list(range(len(path))):
         for holder, name, index in _cache_tensors(cache):
             tensor = getattr(holder, name) if index < 0 else holder[index]
             source = torch.tensor(path, device=tensor.device) + start
             tensor[..., start: start + len(path), :] = tensor.index_select(-2, source)
-    crop_cache(cache, written - len(path))
+    return path
+
+
+def new_static_cache(model: Any, capacity: int) -> Any:
+    """A transformers ``StaticCache`` of ``capacity`` positions for ``model`` (its tensors are made at the
+    first forward, on the model's device and dtype)."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=int(capacity))
+
+
+def set_static_length(cache: Any, length: int) -> None:
+    """Make a static cache's next write start at ``length``: its layers' ``cumulative_length`` where they
+    keep one (5.x), filled in place; versions before write where the forward's ``cache_position`` says."""
+    for layer in getattr(cache, "layers", None) or []:
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(length)
 
 
 def dtype_kwargs(dtype: Any) -> dict[str, Any]:

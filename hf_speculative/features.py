@@ -13,6 +13,7 @@ import threading
 import torch
 
 from . import compat
+from .verify import PADDING_ROWS
 
 
 class FeatureTap:
@@ -44,7 +45,8 @@ class FeatureTap:
     def _hook(self, index: int):
         def hook(module, args, output):
             if threading.get_ident() == self._thread:
-                self._captured[index].append(compat.module_output(output).detach())
+                states, padding = compat.module_output(output).detach(), PADDING_ROWS.get()  # [B, T, H]
+                self._captured[index].append(states[:, : states.shape[1] - padding] if padding else states)
         return hook
 
     def take(self) -> torch.Tensor | None:

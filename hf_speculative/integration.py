@@ -67,6 +67,7 @@ class _Call:
     # our loop's route (custom_generate): what transformers does not hand a custom_generate callable
     streamer: Any = None
     tokenizer: Any = None
+    static: bool = False  # cache_implementation="static" asked for: verify on a static cache (static_cache.py)
 
 
 _ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
@@ -81,7 +82,8 @@ _FROM_MODEL = "model.generation_config"
 
 
 # -- public API ------------------------------------------------------------------------------
-def enable(model: torch.nn.Module) -> torch.nn.Module:
+def enable(model: torch.nn.Module, *, compile: bool | str | None = None,
+           static_budget: int | None = None) -> torch.nn.Module:
     """Let ``model.generate()`` accept ``candidate_generator=`` and honour a default drafter in its
     ``generation_config``. Per instance and idempotent.
 
@@ -91,6 +93,15 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
 
     Args:
         model (`PreTrainedModel`): a decoder-only model with a language modeling head.
+        compile (`bool` or `str`, *optional*): verify with a ``torch.compile``-d target forward on a static
+            cache, at one shape per step (every draft padded to ``static_budget`` nodes), so the graph is
+            built once: ``True`` picks ``mode="reduce-overhead"`` (CUDA graphs) on CUDA and ``"default"``
+            elsewhere; a string is the mode. ``False`` turns it off; ``None`` (default) leaves it as set.
+            Works with drafters that read only the target's tokens and logits (prompt lookup, draft
+            models, their trees, Hybrids of them); ``cache_implementation="static"`` in a call verifies on
+            a static cache without compiling (EAGLE too). See docs/gpu.md.
+        static_budget (`int`, *optional*): the draft nodes every static-cache step is padded to; defaults to
+            the strategy's most (``tree.nodes``, or ``num_tokens`` for chains).
 
     Returns:
         The same model, for chaining.
@@ -105,6 +116,9 @@ def enable(model: torch.nn.Module) -> torch.nn.Module:
             f"got {type(model).__name__}."
         )
     _model_default(model)  # a bad spec fails here, not in the first generate()
+    from .static_cache import configure
+
+    configure(model, compile, static_budget)
     if getattr(model, _ENABLED_FLAG, False):
         return model
     model.generate = MethodType(_generate, model)
@@ -209,11 +223,14 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
     with _explained(origin):
         strategy = _check_call(self, strategy, named)
     kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
-    ours = runs_in_our_loop(strategy)
-    # trees: our loop, entered as transformers' custom_generate; chains: transformers' assisted loop
+    static = _static_requested(self, named)
+    ours = static or runs_in_our_loop(strategy)
+    # trees and static caches: our loop, entered as transformers' custom_generate; chains: transformers'
+    # assisted loop
     extra = {} if ours else dict(_ASSISTED_SWITCH)
-    if _default_cache_unsupported(self, named):
-        extra["cache_implementation"] = None  # the model's default static cache cannot be rolled back
+    if static or _default_cache_unsupported(self, named):
+        # our loop builds its own static cache (room for the padded drafts); the assisted loop cannot roll one back
+        extra["cache_implementation"] = None
     if passed is not None:
         # Set the switch on a copy of the user's config rather than as a kwarg beside it (which
         # transformers 5 warns about); the user's object is left untouched.
@@ -222,9 +239,11 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
             setattr(config, key, value)
         extra = {}
         args, kwargs = _with_config(args, kwargs, config)
+    if static:
+        kwargs.pop("cache_implementation", None)
     with _speculative_call(self, strategy) as call, _seeded(self, seed):
         if ours:
-            call.streamer, call.tokenizer = named.get("streamer"), named.get("tokenizer")
+            call.streamer, call.tokenizer, call.static = named.get("streamer"), named.get("tokenizer"), static
             extra["custom_generate"] = tree_generate
         return type(self).generate(self, *args, **kwargs, **extra)
 
@@ -523,16 +542,30 @@ def _check_cache(model: torch.nn.Module, named: dict) -> None:
         mine = getattr(passed_config, "cache_implementation", None)
         if mine != getattr(model.generation_config, "cache_implementation", None):
             chosen = mine
-    if chosen in compat.UNSUPPORTED_CACHE_IMPLEMENTATIONS:
+    if chosen in compat.UNSUPPORTED_CACHE_IMPLEMENTATIONS and chosen != "static":
         raise ValueError(
             f"cache_implementation={chosen!r} cannot be rolled back after a rejected draft; speculative decoding "
-            "needs the default dynamic cache: drop cache_implementation (or pass cache_implementation=None)."
+            "needs the default dynamic cache or cache_implementation='static': drop cache_implementation (or pass "
+            "cache_implementation=None)."
         )
     cache = compat.user_cache(named)
     if cache is not None and not hasattr(cache, "crop"):
         raise ValueError(
             f"a cache of type {type(cache).__name__} cannot be rolled back; pass a DynamicCache or none."
         )
+
+
+def _static_requested(model: torch.nn.Module, named: dict) -> bool:
+    """A static cache for this call: the model was enabled with ``compile=``, or the call (its arguments or the
+    generation config passed) asks for ``cache_implementation="static"``. A model's own default static cache
+    (its ``generation_config.json``) is not a request: such calls keep the dynamic cache, as before."""
+    if state_of(model).compile_mode is not None:
+        return True
+    if named.get("cache_implementation") == "static":
+        return True
+    passed = named.get("generation_config")
+    return (passed is not None and getattr(passed, "cache_implementation", None) == "static"
+            and getattr(model.generation_config, "cache_implementation", None) != "static")
 
 
 def _default_cache_unsupported(model: torch.nn.Module, named: dict) -> bool:

@@ -28,7 +28,7 @@ from . import compat
 from .accept import accept_greedy
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
-from .verify import check_tree_attention, forward_tree, keep_path
+from .verify import DynamicVerifier
 
 
 class TreeDrafter(Protocol):
@@ -81,21 +81,24 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
 
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDrafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
-        stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None) -> LoopResult:
+        stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
+        verifier: Any = None) -> LoopResult:
     """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or under
     sampling an exact sample of the target's distribution when ``logits_processor`` ends with the call's
     :class:`~hf_speculative.sampling.SeededSampler` (its scores are then the seeded draw; see accept.py).
 
     ``stopping_criteria`` decides the end (transformers' list: max length, EOS, stop strings, custom ones);
     it is checked after every token, so a stop inside an accepted path ends the text exactly there.
+    ``verifier`` runs the forwards and keeps the cache (``forward(uncached, tree)``, ``keep(prefix, tree, path)``):
+    a :class:`~hf_speculative.verify.DynamicVerifier` by default, a static-cache one for compiled targets.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"hf_speculative's loop runs one sequence at a time; got input_ids of shape "
                          f"{tuple(input_ids.shape)}.")
-    check_tree_attention(target)
+    verifier = verifier or DynamicVerifier(target)
     stats = stats or SpeculativeStats()
     started, sequence, scores_out, logits_out = time.perf_counter(), input_ids, [], []
-    cache, pending, prompt_length = compat.new_dynamic_cache(), input_ids[0], input_ids.shape[1]
+    pending, prompt_length = input_ids[0], input_ids.shape[1]
     while True:  # (the prompt is the caller's to put into the streamer: generate() does)
         tick = time.perf_counter()
         room = max_depth if max_length is None else min(max_depth, max_length - sequence.shape[1] - 1)
@@ -103,10 +106,10 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
         stats.record_draft(tree.size, time.perf_counter() - tick)
         tick = time.perf_counter()
         with torch.no_grad():
-            logits = forward_tree(target, cache, pending, tree)  # [1 + n, V]
+            logits = verifier.forward(pending, tree)  # [1 + n, V]
         scores = processed_scores(logits, sequence, tree, logits_processor)
         verdict = accept_greedy(tree, scores)
-        keep_path(cache, sequence.shape[1] - 1, tree, verdict.path)
+        verifier.keep(sequence.shape[1] - 1, tree, verdict.path)
         stats.record_verify(verdict.num_accepted, time.perf_counter() - tick)
         new = tree.path_tokens(verdict.path) + [verdict.next_token]
         rows = [node + 1 for node in (ROOT, *verdict.path)]  # the score row each new token came from

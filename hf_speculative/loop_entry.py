@@ -15,15 +15,17 @@ from typing import Any
 import torch
 
 from . import compat
-from .base import CallContext
+from .base import CallContext, DraftStrategy, ExternalCandidateGenerator
 from .chains import ChainDrafter
 from .loop import run
+from .static_cache import verifier_for
 
 _NOT_MODEL_KWARGS = ("inputs_tensor", "assistant_model", "assistant_tokenizer", "tokenizer")
 
 
 def runs_in_our_loop(strategy: Any) -> bool:
-    """Whether a call with ``strategy`` is verified by our loop: strategies with a draft tree (``tree=``)."""
+    """Whether a call with ``strategy`` is verified by our loop: strategies with a draft tree (``tree=``). Calls on
+    a static cache (``cache_implementation="static"``, a model enabled with ``compile=``) run in it too."""
     return getattr(strategy, "tree", None) is not None
 
 
@@ -50,12 +52,19 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     _check_inputs(model_kwargs, synced_gpus)
     ctx = CallContext(model, generation_config, logits_processor, stopping_criteria, call.stats,
                       model_kwargs={k: v for k, v in model_kwargs.items() if k not in _NOT_MODEL_KWARGS})
-    generator = call.strategy.open(ctx)
+    strategy = call.strategy  # a user's raw transformers CandidateGenerator runs too (static caches route chains here)
+    generator = strategy.open(ctx) if isinstance(strategy, DraftStrategy) else ExternalCandidateGenerator(ctx, strategy)
     call.generator = generator  # closed when the call ends
     call.stopping_criteria = stopping_criteria
-    result = run(model, input_ids, ChainDrafter(generator), stopping_criteria=stopping_criteria,
-                 logits_processor=logits_processor, streamer=streamer, stats=call.stats,
-                 max_length=int(generation_config.max_length))
+    max_length = int(generation_config.max_length)
+    verifier = verifier_for(model, call.strategy, getattr(call, "static", False), max_length)
+    try:
+        result = run(model, input_ids, ChainDrafter(generator), stopping_criteria=stopping_criteria,
+                     logits_processor=logits_processor, streamer=streamer, stats=call.stats, max_length=max_length,
+                     max_depth=64 if verifier is None else verifier.budget, verifier=verifier)
+    finally:
+        if verifier is not None:
+            verifier.close()
     return _output(result, generation_config)
 
 

@@ -37,6 +37,10 @@ class ModelState:
         checked (`weakref.WeakSet`): drafter networks already checked against it: vocabulary for a
             draft model, features, device and dtype for EAGLE drafters and exit adapters.
         last_stats (`threading.local`): ``.stats``, the statistics of its last call in each thread.
+        static_cache (`tuple`, *optional*): ``((capacity, device, dtype), StaticCache, Lock)``, the static
+            cache calls share (``static_cache.StaticVerifier``), the lock held by the call using it.
+        compiled (`tuple`, *optional*): ``(mode, compiled forward)`` (``static_cache.compiled_forward``).
+        compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
         lock (`threading.RLock`): held by updates that read and then write the slots above.
     """
 
@@ -47,6 +51,10 @@ class ModelState:
     calibration: Any = None
     checked: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
     last_stats: threading.local = dataclasses.field(default_factory=threading.local)
+    static_cache: Any = None
+    compiled: Any = None
+    compile_mode: str | None = None
+    static_budget: int | None = None
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
 
 

@@ -7,11 +7,13 @@ copied or patched. Models whose layers differ in attention (Gemma3's sliding-win
 take one mask per layer type, as a dict keyed by ``config.layer_types``' names.
 
 Afterwards :func:`keep_path` leaves the target's cache holding the prefix, the root and the accepted
-path only.
+path only. :class:`DynamicVerifier` is the pair the loop calls; ``static_cache.StaticVerifier`` is the
+same pair at one fixed shape on a static cache.
 """
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Sequence
 
 import torch
@@ -22,6 +24,9 @@ from .tree import DraftTree, additive_mask, position_ids, visibility
 # Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
 # Flash attention reads only a 2-D padding mask and would silently let siblings see each other.
 TREE_ATTENTION = ("eager", "sdpa")
+# Rows at the end of the running target forward that are padding (a static-cache step is padded to one shape):
+# what reads the target's hidden states from hooks (features.FeatureTap) leaves them out.
+PADDING_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("hf_speculative_padding_rows", default=0)
 
 
 class TreeAttentionError(ValueError):
@@ -100,3 +105,20 @@ def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | in
 def keep_path(cache: Any, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
     """After :func:`forward_tree` at ``prefix_length``: keep the prefix, the root and ``path``'s nodes."""
     compat.keep_tree_path(cache, prefix_length + 1, path, tree.size)
+
+
+class DynamicVerifier:
+    """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path."""
+
+    def __init__(self, model: torch.nn.Module):
+        check_tree_attention(model)
+        self.model, self.cache = model, compat.new_dynamic_cache()
+
+    def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+        return forward_tree(self.model, self.cache, uncached, tree)  # [1 + n, V]
+
+    def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
+        keep_path(self.cache, prefix_length, tree, path)
+
+    def close(self) -> None:
+        self.cache = None

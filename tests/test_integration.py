@@ -309,15 +309,22 @@ def test_error_custom_generate_on_enabled_model(llama):
                        custom_generate=hfs.speculative_generate)
 
 
-def test_error_static_cache(llama):
-    with pytest.raises(ValueError, match=r"cache_implementation='static'.*drop cache_implementation"):
-        llama.generate(**prompt_inputs(), max_new_tokens=4, cache_implementation="static",
-                       candidate_generator=hfs.PromptLookup())
+def test_static_cache_runs_in_our_loop_and_other_fixed_caches_are_refused(llama):
+    """``cache_implementation="static"`` (as an argument or in the config passed) verifies on a static cache in
+    our loop (tests/test_static_cache.py); caches that can neither be rolled back nor written at a chosen
+    position are refused with the fix named."""
+    expected = stock_generate(llama, **prompt_inputs(), do_sample=False, max_new_tokens=8)
+    out = llama.generate(**prompt_inputs(), max_new_tokens=8, do_sample=False, cache_implementation="static",
+                         candidate_generator=hfs.PromptLookup())
+    assert out.tolist() == expected.tolist()
     config = copy.deepcopy(llama.generation_config)
-    config.cache_implementation = "static"
-    config.max_new_tokens = 4
-    with pytest.raises(ValueError, match=r"drop cache_implementation"):
-        llama.generate(**prompt_inputs(), generation_config=config, candidate_generator=hfs.PromptLookup())
+    config.cache_implementation, config.max_new_tokens, config.do_sample = "static", 8, False
+    out = llama.generate(**prompt_inputs(), generation_config=config, candidate_generator=hfs.PromptLookup())
+    assert out.tolist() == expected.tolist() and config.cache_implementation == "static"  # the user's config untouched
+    for fixed in ("offloaded", "sliding_window"):
+        with pytest.raises(ValueError, match=rf"cache_implementation='{fixed}'.*drop cache_implementation"):
+            llama.generate(**prompt_inputs(), max_new_tokens=4, cache_implementation=fixed,
+                           candidate_generator=hfs.PromptLookup())
 
 
 @pytest.mark.parametrize("name", sorted({"past_key_values", compat.CACHE_KWARG}))

@@ -87,6 +87,9 @@ class ProfileSettings:
     shapes: Sequence[str] = ("chain", "tree")
     repeats: int = 10
     warmup: int = 3
+    # None: the eager forward on a dynamic cache (what decoding without compile= runs); a torch.compile mode
+    # (or "static" for a static cache without compiling): the fixed-shape forward of static_cache.StaticVerifier
+    compile: str | None = None
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -95,6 +98,11 @@ class ProfileSettings:
             raise ValueError(f"profile sizes={list(self.sizes)}: need 0 (the one-token forward) and sizes up to 256.")
         if not set(self.shapes) <= {"chain", "tree"}:
             raise ValueError(f"profile shapes={list(self.shapes)}: use chain and/or tree.")
+        from ..static_cache import COMPILE_MODES
+
+        if self.compile is not None and self.compile not in ("static", *COMPILE_MODES):
+            raise ValueError(f"profile compile={self.compile!r}: use static or a torch.compile mode "
+                             f"({', '.join(COMPILE_MODES)}).")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"profile repeats={self.repeats}, warmup={self.warmup}: need repeats >= 1, warmup >= 0.")
 
@@ -111,8 +119,10 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
     vocab = int(compat.text_config(model.config).vocab_size)
     seconds: dict[str, dict[str, dict[str, float]]] = {}
     generator = torch.Generator().manual_seed(0)
+    if settings.compile is not None:
+        seconds = _static_seconds(model, settings, vocab, generator, progress)
     with torch.no_grad():
-        for context in settings.contexts:
+        for context in settings.contexts if settings.compile is None else ():
             cache = compat.new_dynamic_cache()
             prompt = torch.randint(3, vocab, (1, context - 1), generator=generator).to(device)
             model(input_ids=prompt, use_cache=True, **{compat.CACHE_KWARG: cache})
@@ -127,18 +137,67 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
     relative = {c: {s: {n: t / by_shape[s]["0"] for n, t in times.items()} for s, times in by_shape.items()}
                 for c, by_shape in seconds.items()}
     return {"format": FORMAT, "label": label or type(model).__name__, "device": describe(device),
+            **({"cpu": cpu_model()} if device.type == "cpu" else {}),  # as the benchmark records it
             "dtype": str(model.get_input_embeddings().weight.dtype).replace("torch.", ""),
             "torch": torch.__version__, "transformers": str(compat.TRANSFORMERS_VERSION),
-            "threads": torch.get_num_threads(),
+            "threads": torch.get_num_threads(), "compile": settings.compile,
             "settings": {k: list(v) if isinstance(v, (tuple, list)) else v
                          for k, v in dataclasses.asdict(settings).items()},
             "seconds": seconds, "relative": relative}
+
+
+def _static_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: int, generator: torch.Generator,
+                    progress: Callable[[str], None] | None) -> dict[str, dict[str, dict[str, float]]]:
+    """The timings of :func:`profile` for the fixed-shape forward on a static cache (compiled unless
+    ``settings.compile == "static"``): one verifier per size, all on one cache, so one graph per size."""
+    from ..static_cache import StaticVerifier, capacity_for, compiled_forward
+
+    device = model.get_input_embeddings().weight.device
+    forward = None
+    if settings.compile != "static":
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(settings.sizes))
+        forward = compiled_forward(model, settings.compile)
+    capacity = capacity_for(max(settings.contexts), max(settings.sizes))
+    seconds: dict[str, dict[str, dict[str, float]]] = {}
+    for n in settings.sizes:
+        verifier = StaticVerifier(model, budget=n, capacity=capacity, forward=forward)
+        try:
+            for context in settings.contexts:
+                prompt = torch.randint(3, vocab, (context,), generator=generator).to(device)
+                verifier.length = 0
+                verifier.forward(prompt, DraftTree.empty(device))  # prefill: the context before the root
+                for shape in settings.shapes:
+                    tree = tree_of(n, shape)
+                    times = []
+                    for i in range(settings.warmup + settings.repeats):
+                        _sync(device)
+                        start = time.perf_counter()
+                        verifier.forward(prompt[-1:], tree)  # writes after the context; nothing kept
+                        _sync(device)
+                        if i >= settings.warmup:
+                            times.append(time.perf_counter() - start)
+                    seconds.setdefault(str(context), {}).setdefault(shape, {})[str(n)] = statistics.median(times)
+                    if progress:
+                        progress(f"context {context} {shape} {n} ({settings.compile}): {statistics.median(times) * 1e3:.2f} ms")
+        finally:
+            verifier.close()
+    return seconds
 
 
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), as ``hf-speculative bench`` records it; else the platform's."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor() or platform.machine())
+    except OSError:
+        return platform.processor() or platform.machine()
 
 
 def save(result: dict[str, Any], path: str | Path) -> Path:
@@ -150,7 +209,10 @@ def save(result: dict[str, Any], path: str | Path) -> Path:
 
 def load(path: str | Path) -> dict[str, Any]:
     """A profile written by :func:`save`, checked to be one."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not an hf-speculative profile (no format {FORMAT!r}); write one with "
                          f"`hf-speculative profile --out {path}`.")

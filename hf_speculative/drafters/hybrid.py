@@ -37,6 +37,11 @@ class Hybrid(DraftStrategy):
     strategies: tuple[DraftStrategy, ...]
     name: ClassVar[str] = "hybrid"
 
+    @property
+    def reads_target(self) -> str:  # what the most demanding member reads (base.DraftStrategy.reads_target)
+        kinds = {getattr(strategy, "reads_target", "outputs") for strategy in self.strategies}
+        return next((kind for kind in ("cache", "features") if kind in kinds), "outputs")
+
     def __init__(self, *strategies: DraftStrategy):
         self.strategies = tuple(strategies)
         self.__post_init__()

@@ -29,6 +29,7 @@ from .policy import check_chain_options
 class _SelfSpeculative(DraftStrategy):
     """What EarlyExit and LayerSkip share (each declares its own fields, in its own order)."""
 
+    reads_target: ClassVar[str] = "cache"  # drafts with the target's layers over its dynamic cache
     num_tokens: int
     confidence_threshold: float
     adaptive: bool

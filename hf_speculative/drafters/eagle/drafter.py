@@ -67,6 +67,7 @@ class Eagle(DraftStrategy):
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
     name: ClassVar[str] = "eagle"
+    reads_target: ClassVar[str] = "features"  # the target's hidden states, through forward hooks
 
     def __post_init__(self):
         if not isinstance(self.drafter, EagleDraftModel):

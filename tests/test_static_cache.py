@@ -1,0 +1,198 @@
+"""Verification on a static cache at one fixed shape (``cache_implementation="static"``, ``hfs.enable(model,
+compile=...)``): token-identical to plain greedy for chains and trees, drafts always and never accepted, EOS,
+the length limit and stop strings inside accepted paths, seeded sampling; the cache is shared between calls;
+models and drafters it cannot serve are refused with the fix named."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import hf_speculative as hfs
+from hf_speculative import static_cache
+from hf_speculative.state import forget, state_of
+from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from tests.conftest import (EOS, AdversaryStrategy, OracleCandidateGenerator, build_model, char_tokenizer,
+                            make_drafter, prompt_inputs, random_eagle, stock_generate)
+
+ARCHS = ("llama", "qwen2")  # full attention; Gemma3's sliding layers are refused (test below)
+TREE = DynamicTree(nodes=8, depth=4, top_k=3)
+CHAINS = ("prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "hybrid")
+
+
+def static_generate(model, strategy, **kwargs):
+    return model.generate(**prompt_inputs(), do_sample=False, candidate_generator=strategy,
+                          cache_implementation="static", **kwargs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", CHAINS)
+def test_chains_on_a_static_cache_equal_greedy(arch, name, monkeypatch):
+    runs = []
+    from hf_speculative import loop
+
+    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(k["verifier"]) or loop.run(*a, **k))
+    model = hfs.enable(build_model(arch))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    out = static_generate(model, make_drafter(name, model, expected), max_new_tokens=30)
+    assert out.tolist() == expected.tolist()
+    assert len(runs) == 1 and isinstance(runs[0], static_cache.StaticVerifier)  # our loop, on a static cache
+    assert hfs.last_stats(model).drafted_tokens > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["lookup-tree", "eagle-dynamic", "eagle-static"])
+def test_trees_on_a_static_cache_equal_greedy(arch, name):
+    model = hfs.enable(build_model(arch))
+    strategy = {"lookup-tree": lambda: hfs.PromptLookup(tree=TREE, adaptive=False),
+                "eagle-dynamic": lambda: hfs.Eagle(random_eagle(model), tree=TREE, adaptive=False),
+                "eagle-static": lambda: hfs.Eagle(random_eagle(model, version=1), adaptive=False,
+                                                  tree=StaticTree([(0,), (1,), (0, 0), (0, 0, 0)]))}[name]()
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=40)
+    assert static_generate(model, strategy, max_new_tokens=40).tolist() == expected.tolist()
+    assert hfs.last_stats(model).drafted_tokens > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_drafts_always_and_never_accepted(arch):
+    model = hfs.enable(build_model(arch))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    hfs.enable(model, static_budget=6)  # a raw CandidateGenerator does not say how long its drafts are
+    out = static_generate(model, OracleCandidateGenerator(expected, num_tokens=6), max_new_tokens=30)
+    assert out.tolist() == expected.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.accepted_tokens == stats.drafted_tokens > 0 and stats.target_forwards <= 6  # 30 tokens, 7 a forward
+    out = static_generate(model, AdversaryStrategy(expected, num_tokens=6), max_new_tokens=30)
+    assert out.tolist() == expected.tolist() and hfs.last_stats(model).accepted_tokens == 0
+    forget(model)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stops_inside_accepted_paths(arch):
+    model, tokenizer = hfs.enable(build_model(arch)), char_tokenizer()
+    free = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None)
+    start = prompt_inputs()["input_ids"].shape[1]
+    oracle = OracleCandidateGenerator(free, num_tokens=6)
+    hfs.enable(model, static_budget=6)
+    stop = tokenizer.decode(free[0, start + 7: start + 9])  # inside the second accepted draft
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None,
+                              stop_strings=[stop], tokenizer=tokenizer)
+    out = static_generate(model, oracle, max_new_tokens=30, eos_token_id=None, stop_strings=[stop], tokenizer=tokenizer)
+    assert out.tolist() == expected.tolist()
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=9, eos_token_id=None)
+    out = static_generate(model, OracleCandidateGenerator(free, num_tokens=6), max_new_tokens=9, eos_token_id=None)
+    assert out.tolist() == expected.tolist()  # the length limit in the middle of an accepted draft
+    if EOS[arch] is not None:
+        eos = int(free[0, start + 4])
+        expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=eos)
+        out = static_generate(model, OracleCandidateGenerator(free, num_tokens=6), max_new_tokens=30, eos_token_id=eos)
+        assert out.tolist() == expected.tolist()
+    forget(model)
+
+
+def test_seeded_sampling_on_a_static_cache_is_the_plain_seeded_sample():
+    model = hfs.enable(build_model("llama"))
+    kwargs = dict(**prompt_inputs(), do_sample=True, temperature=0.8, max_new_tokens=25, sampling_seed=11)
+    plain = model.generate(**kwargs)
+    for strategy in (hfs.PromptLookup(adaptive=False), hfs.PromptLookup(tree=TREE, adaptive=False)):
+        assert model.generate(**kwargs, candidate_generator=strategy, cache_implementation="static").tolist() \
+            == plain.tolist()
+
+
+def test_the_static_cache_is_shared_between_calls_and_not_between_concurrent_ones():
+    model = hfs.enable(build_model("llama"))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=20)
+    static_generate(model, hfs.PromptLookup(tree=TREE, adaptive=False), max_new_tokens=20)
+    first = state_of(model).static_cache[1]
+    static_generate(model, hfs.PromptLookup(tree=TREE, adaptive=False), max_new_tokens=20)
+    assert state_of(model).static_cache[1] is first  # same size: the same cache (and compiled graph)
+    capacity = state_of(model).static_cache[0][0]
+    assert capacity % static_cache.CAPACITY_STEP == 0 and capacity >= expected.shape[1] + TREE.nodes + 1
+
+    results, barrier = [], threading.Barrier(3)
+
+    def call():
+        barrier.wait()
+        results.append(static_generate(model, hfs.PromptLookup(tree=TREE, adaptive=False), max_new_tokens=20).tolist())
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [expected.tolist()] * 3
+
+
+def test_static_verifier_pads_every_step_to_one_shape():
+    model = build_model("llama")
+    verifier = static_cache.StaticVerifier(model, budget=8, capacity=256)
+    shapes = []
+    original = model.forward
+    model.forward = lambda **kw: shapes.append((tuple(kw["input_ids"].shape), tuple(kw["attention_mask"].shape))) \
+        or original(**kw)
+    try:
+        from hf_speculative.tree import DraftTree
+
+        verifier.forward(torch.tensor([3, 5, 6, 7]), DraftTree.chain([8, 9]))  # prefill, then the step
+        verifier.keep(3, DraftTree.chain([8, 9]), [0])
+        verifier.forward(torch.tensor([9]), DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])))
+    finally:
+        model.forward = original
+        verifier.close()
+    assert shapes == [((1, 3), (1, 1, 3, 256)), ((1, 9), (1, 1, 9, 256)), ((1, 9), (1, 1, 9, 256))]
+    assert verifier.length == 5
+
+
+def test_models_and_drafters_a_static_cache_cannot_serve_are_refused():
+    gemma = hfs.enable(build_model("gemma3"))
+    with pytest.raises(static_cache.StaticCacheError, match="sliding-window layers"):
+        static_generate(gemma, hfs.PromptLookup(), max_new_tokens=5)
+    with pytest.raises(static_cache.StaticCacheError, match="sliding-window layers"):
+        hfs.enable(gemma, compile=True)
+    model = hfs.enable(build_model("llama"))
+    with pytest.raises(static_cache.StaticCacheError, match="dynamic KV cache"):
+        static_generate(model, hfs.EarlyExit(exit_layer=1), max_new_tokens=5)
+    with pytest.raises(static_cache.StaticCacheError, match="dynamic KV cache"):
+        static_generate(model, hfs.Hybrid(hfs.PromptLookup(), hfs.LayerSkip(skip=[0])), max_new_tokens=5)
+    hfs.enable(model, static_budget=4)
+    with pytest.raises(static_cache.StaticCacheError, match=r"static_budget=4\) is smaller than the 8"):
+        static_generate(model, hfs.PromptLookup(tree=TREE), max_new_tokens=5)
+    for bad in ("fast", 3, 1.5):
+        with pytest.raises(ValueError, match="compile="):
+            hfs.enable(model, compile=bad)
+    with pytest.raises(ValueError, match="static_budget"):
+        hfs.enable(model, static_budget=0)
+    with pytest.raises(ValueError, match="cannot be rolled back"):
+        model.generate(**prompt_inputs(), candidate_generator=hfs.PromptLookup(), cache_implementation="offloaded")
+    forget(model)
+
+
+def test_compiled_targets_refuse_drafters_that_hook_the_target():
+    model = hfs.enable(build_model("llama"))
+    state_of(model).compile_mode = "default"  # what compile=True records (nothing compiles before a call)
+    try:
+        with pytest.raises(static_cache.StaticCacheError, match="forward hooks"):
+            model.generate(**prompt_inputs(), candidate_generator=hfs.Eagle(random_eagle(model)), max_new_tokens=5)
+    finally:
+        forget(model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_verification_equals_greedy(arch):
+    """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call."""
+    model = hfs.enable(build_model(arch), compile=True)
+    try:
+        expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+        strategies = [hfs.PromptLookup(tree=TREE, adaptive=False), hfs.PromptLookup(tree=TREE, adaptive=False),
+                      hfs.Hybrid(hfs.PromptLookup(num_tokens=8, adaptive=False),
+                                 make_drafter("draft-model", model, expected))]
+        for strategy in strategies:
+            out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+            assert out.tolist() == expected.tolist()
+        assert state_of(model).compiled[0] == "default"
+    finally:
+        hfs.enable(model, compile=False)
+        forget(model)
