@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo demo test test-fast compare bench clean docs docs-serve
+.PHONY: install install-demo demo test test-fast compare bench clean docs docs-serve gpu-check
 
 # The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
 $(VENV_STAMP):
@@ -53,6 +53,22 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+# Everything about a GPU in one command (hf_speculative/bench/gpu_check.py, docs/gpu.md): the device test battery,
+# verification profiles of the shipped real-size configs with random weights (eager and compiled), end-to-end
+# timings against transformers' own loops, projections of the CPU benchmarks; results under GPU_CHECK_OUT.
+# On a bare GPU machine with torch and transformers (no network): installs this package without dependencies.
+# On a CPU: `make gpu-check DEVICE=cpu TINY=1` runs the same pipeline in a few minutes.
+DEVICE ?= cuda
+TINY ?=
+GPU_CHECK_OUT ?= gpu-check
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+GPU_BENCH ?= $(wildcard benchmarks/results/projection_bench_*.jsonl)
+GPU_STEPS ?=
+gpu-check:
+	$(GPU_PY) -c "import hf_speculative" 2>/dev/null || $(GPU_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(GPU_PY) -m hf_speculative.bench.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
+		$(foreach bench,$(GPU_BENCH),--bench $(bench))
 
 # The documentation site (mkdocs-material, offline): docs/ -> site/; the test suite builds it too.
 docs: install

@@ -1,0 +1,304 @@
+"""``make gpu-check``: everything worth knowing about a GPU (or this CPU) in one command, under one folder.
+
+    python -m hf_speculative.bench.gpu_check --device cuda --out gpu-check/     # what `make gpu-check` runs
+    python -m hf_speculative.bench.gpu_check --device cpu --tiny --out /tmp/gc  # the same pipeline in minutes
+
+Steps (``--steps``, default all), each writing under ``--out``:
+
+- ``tests``: the device battery (tests/test_device.py) in float32 (token-identical) and bfloat16 (divergences
+  allowed only at near-ties, listed in ``near_ties_bfloat16.json``).
+- ``profile``: verification cost on the shipped real-size configs with random weights (nothing downloaded),
+  eager on a dynamic cache and compiled on a static cache: ``profile_<config>_<mode>.json``.
+- ``e2e``: end-to-end decoding on a random-weight config, every method timed in the same run (warm-up, then
+  the median of ``--repeats``): transformers' greedy (eager, and static cache + compile), transformers' assisted
+  loop and prompt lookup, and hf_speculative's loop (eager and compiled), with :class:`SyntheticDrafter` drafts
+  of one acceptance for both loops, so their tau is equal and their speed difference is the loop's:
+  ``e2e.json``.
+- ``project``: ``hf-speculative project`` of the benchmark JSONLs given with ``--bench`` onto each profile.
+
+Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
+this package (``pip install --no-deps --no-build-isolation -e .``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+STEPS = ("tests", "profile", "e2e", "project")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def log(*parts: Any) -> None:
+    print("[gpu-check]", *parts, flush=True)
+
+
+def environment(device: str) -> dict[str, Any]:
+    import transformers
+
+    import hf_speculative
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "hf_speculative": hf_speculative.__version__, "device": device}
+    if device == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    else:
+        from .profile import cpu_model
+
+        info.update(cpu=cpu_model(), threads=torch.get_num_threads())
+    return info
+
+
+# -- tests ---------------------------------------------------------------------------------------------
+def run_tests(out: Path, device: str, tiny: bool) -> dict[str, Any]:
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        env = dict(os.environ, HFS_TEST_DEVICE=device, HFS_TEST_DTYPE=dtype,
+                   HFS_TEST_REPORT=str(out / f"near_ties_{dtype}.json"))
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_device.py"]
+        if not tiny:
+            command += ["-m", "slow or not slow"]  # the compiled cases too
+        tick = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        (out / f"tests_{dtype}.log").write_text(done.stdout[-20000:] + done.stderr[-5000:])
+        last = (done.stdout.strip().splitlines() or [""])[-1]
+        results[dtype] = {"returncode": done.returncode, "summary": last, "seconds": round(time.perf_counter() - tick, 1)}
+        log("tests", dtype, last)
+    return results
+
+
+# -- profiles ------------------------------------------------------------------------------------------
+def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str], contexts: tuple[int, ...],
+                 sizes: tuple[int, ...], compile_mode: str, repeats: int) -> dict[str, Any]:
+    from . import profile as profiling
+
+    summary: dict[str, Any] = {}
+    for name in configs:
+        model = profiling.random_model(name, device, dtype)
+        for mode in (None, compile_mode):
+            key = f"{name}_{mode or 'eager'}"
+            try:
+                settings = profiling.ProfileSettings(contexts=contexts, sizes=sizes, repeats=repeats, compile=mode)
+                tick = time.perf_counter()
+                result = profiling.profile(model, settings, label=f"{name} (random weights)")
+                result["wall_s"] = round(time.perf_counter() - tick, 1)
+                profiling.save(result, out / f"profile_{key}.json")
+                summary[key] = {"one_token_ms": {c: round(v["chain"]["0"] * 1e3, 3) for c, v in result["seconds"].items()},
+                                "relative_tree": {c: {n: round(r, 3) for n, r in v["tree"].items()}
+                                                  for c, v in result["relative"].items()},
+                                "wall_s": result["wall_s"]}
+            except Exception:  # noqa: BLE001 - one failed profile must not lose the others
+                summary[key] = {"error": traceback.format_exc()[-2000:]}
+            log("profile", key, json.dumps(summary[key])[:400])
+        del model
+        _free(device)
+    return summary
+
+
+def _free(device: str) -> None:
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# -- end to end ----------------------------------------------------------------------------------------
+def _timed(fn: Callable[[], Any], device: str, repeats: int) -> tuple[float, Any]:
+    fn()  # warm-up (and compilation)
+    times, result = [], None
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        tick = time.perf_counter()
+        result = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - tick)
+    return statistics.median(times), result
+
+
+def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_tokens: int, new_tokens: int,
+            acceptance: float, num_tokens: int, repeats: int, compile_mode: str) -> dict[str, Any]:
+    import hf_speculative as hfs
+
+    from . import profile as profiling
+    from .synthetic import SyntheticDrafter
+
+    model = profiling.random_model(config, device, dtype)
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    # a prompt that repeats itself, so that prompt lookup finds matches (its acceptance is the model's business)
+    block = torch.randint(3, vocab, (max(prompt_tokens // 4, 1),), generator=generator)
+    ids = block.repeat(4)[None, :prompt_tokens].to(device)
+    base = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                do_sample=False)
+    reference = model.generate(**base)
+    synthetic = SyntheticDrafter(reference[0], num_tokens=num_tokens, acceptance=acceptance, vocab_size=vocab)
+    hfs.enable(model)
+    tree = hfs.DynamicTree(nodes=32, depth=8, top_k=4)
+    methods: dict[str, Callable[[], Any]] = {
+        "transformers greedy (eager)": lambda: type(model).generate(model, **base),
+        "transformers greedy (static cache, compiled)": lambda: type(model).generate(
+            model, **base, cache_implementation="static"),
+        "transformers assisted loop (synthetic drafter)": lambda: model.generate(**base, candidate_generator=synthetic),
+        "transformers prompt lookup": lambda: type(model).generate(model, **base, prompt_lookup_num_tokens=num_tokens),
+        "hf_speculative loop, static cache (synthetic drafter)": lambda: model.generate(
+            **base, candidate_generator=synthetic, cache_implementation="static"),
+        "hf_speculative loop, compiled (synthetic drafter)": "compiled-synthetic",
+        "hf_speculative loop, compiled (prompt lookup)": "compiled-lookup",
+        "hf_speculative loop, compiled (lookup tree 32)": "compiled-tree",
+    }
+    compiled = {"compiled-synthetic": synthetic, "compiled-lookup": hfs.PromptLookup(num_tokens=num_tokens, adaptive=False),
+                "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False)}
+    results: dict[str, Any] = {"config": config, "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": prompt_tokens,
+                               "new_tokens": new_tokens, "acceptance": acceptance, "num_tokens": num_tokens,
+                               "repeats": repeats, "compile": compile_mode, "methods": {}}
+    for label, fn in methods.items():
+        try:
+            if isinstance(fn, str):
+                strategy = compiled[fn]
+                hfs.enable(model, compile=compile_mode, static_budget=32 if fn == "compiled-tree" else num_tokens)
+                fn = (lambda s: lambda: model.generate(**base, candidate_generator=s))(strategy)
+            else:
+                hfs.enable(model, compile=False)
+            seconds, output = _timed(fn, device, repeats)
+            stats = hfs.last_stats(model) if "hf_speculative" in label or "assisted loop" in label else None
+            row = {"seconds": round(seconds, 4), "tokens_per_s": round(new_tokens / seconds, 2),
+                   "identical": bool(torch.equal(output, reference))}
+            if stats is not None:
+                row.update(tau=round(stats.tau, 3), target_forwards=stats.target_forwards)
+        except Exception:  # noqa: BLE001
+            row = {"error": traceback.format_exc()[-2000:]}
+        results["methods"][label] = row
+        log("e2e", label, json.dumps(row)[:300])
+    hfs.enable(model, compile=False)
+    greedy = results["methods"]["transformers greedy (eager)"].get("seconds")
+    for row in results["methods"].values():
+        if greedy and "seconds" in row:
+            row["speedup_vs_eager_greedy"] = round(greedy / row["seconds"], 3)
+    del model
+    _free(device)
+    return results
+
+
+# -- projection and summary ----------------------------------------------------------------------------
+def run_projections(out: Path, benches: list[Path]) -> dict[str, Any]:
+    from . import projection
+
+    results = {}
+    for bench in benches:
+        records = projection.load_benchmark(bench)
+        for path in sorted(out.glob("profile_*.json")):
+            key = f"{bench.stem}@{path.stem}"
+            try:
+                result = projection.project(records, projection.load_profile(path))
+                projection.save(result, out / f"projection_{key}.json")
+                results[key] = projection.format_markdown(result)
+            except Exception as err:  # noqa: BLE001
+                results[key] = f"error: {err}"
+            log("project", key)
+    return results
+
+
+def write_summary(out: Path, report: dict[str, Any]) -> Path:
+    lines = ["# gpu-check", "", "```", json.dumps(report.get("environment", {}), indent=1), "```", ""]
+    if "tests" in report:
+        lines += ["## Device battery", ""] + [f"- {k}: {v['summary']} ({v['seconds']} s)" for k, v in report["tests"].items()]
+        lines.append("")
+    for key, value in report.get("profile", {}).items():
+        if "error" in value:
+            lines += [f"## Profile {key}: failed", "", "```", value["error"][-600:], "```", ""]
+            continue
+        lines += [f"## Profile {key}", "", f"one-token forward (ms) by context: {value['one_token_ms']}", ""]
+        for context, by_size in value["relative_tree"].items():
+            lines.append(f"- context {context}, tree of n nodes / one token: "
+                         + ", ".join(f"{n}: {r}" for n, r in by_size.items()))
+        lines.append("")
+    if "e2e" in report:
+        e2e = report["e2e"]
+        lines += [f"## End to end: {e2e['config']} (random weights, {e2e['dtype']}), {e2e['prompt_tokens']} prompt + "
+                  f"{e2e['new_tokens']} new tokens, synthetic acceptance {e2e['acceptance']}, drafts of "
+                  f"{e2e['num_tokens']}, median of {e2e['repeats']}", "",
+                  "| method | s | tokens/s | tau | speedup vs eager greedy | identical |", "|---|---|---|---|---|---|"]
+        for label, row in e2e["methods"].items():
+            if "error" in row:
+                lines.append(f"| {label} | error: {row['error'].strip().splitlines()[-1][:120]} | | | | |")
+            else:
+                lines.append(f"| {label} | {row['seconds']} | {row['tokens_per_s']} | {row.get('tau', '')} | "
+                             f"{row.get('speedup_vs_eager_greedy', '')} | {row['identical']} |")
+        lines.append("")
+    for key, text in report.get("project", {}).items():
+        lines += [f"## Projection {key}", "", text, ""]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--out", type=Path, default=Path("gpu-check"))
+    parser.add_argument("--tiny", action="store_true", help="the small CPU run: smollm2-135m, short contexts")
+    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument("--configs", default=None, help="profile configs (default: llama-3.1-8b on cuda)")
+    parser.add_argument("--e2e-config", default=None)
+    parser.add_argument("--bench", type=Path, action="append", default=[], help="benchmark JSONL to project")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --tiny for a quick run).")
+    steps = [s for s in args.steps.split(",") if s]
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        parser.error(f"--steps: unknown {sorted(unknown)}; use some of {', '.join(STEPS)}.")
+    dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
+    compile_mode = "reduce-overhead" if args.device == "cuda" else "default"
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report_path = args.out / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    report["environment"] = environment(args.device)
+
+    def save() -> None:
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
+        write_summary(args.out, report)
+
+    tiny = args.tiny
+    configs = (args.configs.split(",") if args.configs else ["smollm2-135m"] if tiny else ["llama-3.1-8b"])
+    if "tests" in steps:
+        report["tests"] = run_tests(args.out, args.device, tiny)
+        save()
+    if "profile" in steps:
+        report.setdefault("profile", {}).update(run_profiles(
+            args.out, args.device, dtype, configs, contexts=(128,) if tiny else (512, 2048),
+            sizes=(0, 4, 16) if tiny else (0, 8, 16, 32, 64), compile_mode=compile_mode, repeats=3 if tiny else 10))
+        save()
+    if "e2e" in steps:
+        report["e2e"] = run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],
+                                prompt_tokens=64 if tiny else 512, new_tokens=24 if tiny else 128, acceptance=0.7,
+                                num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode)
+        save()
+    if "project" in steps and args.bench:
+        report["project"] = run_projections(args.out, args.bench)
+        save()
+    log("summary:", args.out / "summary.md")
+    failed = [k for k, v in report.get("tests", {}).items() if v["returncode"] != 0]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""``make gpu-check DEVICE=cpu TINY=1``: the GPU pipeline end to end on this CPU (device battery, eager and
+compiled profiles, end-to-end timings of every loop with equal-acceptance drafts, projections), so it keeps
+working between the rare runs on a GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_speculative.bench.synthetic import SyntheticDrafter
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_synthetic_drafts_depend_only_on_positions():
+    reference = list(range(100, 160))
+    drafter = SyntheticDrafter(reference, num_tokens=6, acceptance=0.6, seed=3, vocab_size=500)
+    runs = [drafter.draft(length) for length in range(10, 50)]
+    assert runs == [SyntheticDrafter(reference, num_tokens=6, acceptance=0.6, seed=3, vocab_size=500).draft(length)
+                    for length in range(10, 50)]
+    right = wrong = 0
+    for length, draft in zip(range(10, 50), runs):
+        assert 1 <= len(draft) <= 6
+        for j, token in enumerate(draft):
+            if token == reference[length + j]:
+                right += 1
+            else:
+                wrong += 1
+                assert j == len(draft) - 1  # a draft stops after its first wrong token
+    assert right > 0 and wrong > 0
+    assert all(t == r for t, r in zip(SyntheticDrafter(reference, acceptance=1.0).draft(5), reference[5:]))
+    with pytest.raises(ValueError, match="acceptance=1.5"):
+        SyntheticDrafter(reference, acceptance=1.5)
+
+
+@pytest.mark.slow
+def test_make_gpu_check_on_the_cpu(tmp_path):
+    out = tmp_path / "gc"
+    bench = ROOT / "benchmarks" / "results" / "projection_bench_smollm2_cpu.jsonl"
+    done = subprocess.run(["make", "-s", "gpu-check", "DEVICE=cpu", "TINY=1", f"GPU_CHECK_OUT={out}",
+                           f"GPU_PY={sys.executable}", f"GPU_BENCH={bench if bench.exists() else ''}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert all(result["returncode"] == 0 for result in report["tests"].values())
+    assert set(report["profile"]) == {"smollm2-135m_eager", "smollm2-135m_default"}
+    assert all("error" not in value for value in report["profile"].values())
+    methods = report["e2e"]["methods"]
+    assert all("error" not in row and row["identical"] for row in methods.values()), methods
+    taus = {methods[label]["tau"] for label in methods if "synthetic" in label}
+    assert len(taus) == 1  # the same drafts, the same acceptance, in every loop
+    if bench.exists():
+        assert report["project"] and not any(text.startswith("error") for text in report["project"].values())
+    assert (out / "summary.md").read_text().startswith("# gpu-check")
