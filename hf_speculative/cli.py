@@ -1,10 +1,11 @@
 """The ``hf-speculative`` command line (typer; the [cli] extra).
 
-Commands: ``models list`` / ``models fetch`` / ``models verify``, ``compare``, ``bench``, ``bench-report`` and the training
-commands. Each command is a plain function registered on :data:`app` (or a sub-app such as
-:data:`models_app`), so adding one is one decorated function; ``compare`` and ``bench`` share their
-options through :func:`hf_speculative.cli_options.run_options`. Heavy imports (the models, the
-benchmark runner, the drafters) happen inside the commands, so ``--help`` stays fast.
+Commands: ``models list`` / ``models fetch`` / ``models verify``, ``compare``, ``bench``, ``bench-report``,
+``profile``, ``project`` and the training commands. Each command is a plain function registered on
+:data:`app` (or a sub-app such as :data:`models_app`), so adding one is one decorated function;
+``compare`` and ``bench`` share their options through :func:`hf_speculative.cli_options.run_options`.
+Heavy imports (the models, the benchmark runner, the drafters) happen inside the commands, so ``--help``
+stays fast.
 """
 
 import json
@@ -406,6 +407,60 @@ def profile(
     if plot:
         _err().print(f"plot: {profiling.plot(result, out.with_suffix('.png'))}")
     _err().print(f"profile written to {out}")
+
+
+@app.command()
+def project(
+    bench_file: Annotated[Path, typer.Argument(
+        help="A JSONL written by `hf-speculative bench` (of this version: with per-step records).")],
+    profile_file: Annotated[Path, typer.Option(
+        "--profile", help="A JSON written by `hf-speculative profile` on the device to project onto.")],
+    out: Annotated[Optional[Path], typer.Option(
+        help="Also write the projection as JSON to this file and as markdown beside it (.md).")] = None,
+    draft_cost: Annotated[Optional[list[str]], typer.Option(
+        "--draft-cost", help="Drafting cost per step in one-token forwards: X for every method or METHOD=X "
+                             "(repeatable). Default: each step's own draft seconds over greedy's seconds per token, "
+                             "from the benchmark (assumes drafting scales like the target between the devices).")]
+    = None,
+) -> None:
+    """Project the benchmark's speedups onto the profile's device: each step costs the profile's relative cost of
+    verifying its draft, plus the draft cost, against one one-token forward per greedy token."""
+    from .bench import projection
+
+    for path in (bench_file, profile_file):
+        if not path.is_file():
+            _fail(f"no such file: {path}")
+    costs = _draft_costs(draft_cost or [])
+    try:
+        records = projection.load_benchmark(bench_file)
+        profile_data = projection.load_profile(profile_file)
+        result = projection.project(records, profile_data, draft_cost=costs, source=str(bench_file))
+    except ValueError as err:
+        _fail(str(err))
+    typer.echo(projection.format_markdown(result))
+    if out is not None:
+        json_path, md_path = projection.save(result, out)
+        _err().print(f"projection written to {json_path} and {md_path}", soft_wrap=True)
+
+
+def _draft_costs(values: list[str]) -> float | dict[str, float] | None:
+    """``--draft-cost`` values: ``X`` (every method) or ``METHOD=X``; a float, a dict by method (``"*"``: the
+    others) or ``None`` (measured)."""
+    import math
+
+    costs: dict[str, float] = {}
+    for value in _split(values):
+        method, _, number = value.rpartition("=")
+        try:
+            cost = float(number)
+        except ValueError:
+            cost = -1.0
+        if not math.isfinite(cost) or cost < 0:
+            _fail(f"--draft-cost {value}: give a number >= 0 (one-token forwards per step) or METHOD=NUMBER.")
+        costs[method or "*"] = cost
+    if not costs:
+        return None
+    return costs["*"] if set(costs) == {"*"} else costs
 
 
 def _register_training_commands() -> None:
