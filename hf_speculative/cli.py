@@ -371,6 +371,9 @@ def profile(
     out: Annotated[Path, typer.Option(help="JSON file to write (a .png plot goes next to it with --plot).")]
     = Path("profile.json"),
     plot: Annotated[bool, typer.Option(help="Also draw the relative costs (needs matplotlib: [app]).")] = False,
+    compile: Annotated[Optional[str], typer.Option(
+        help="Time the fixed-shape forward on a static cache: 'static' (eager) or a torch.compile mode "
+             "(reduce-overhead, default, ...); default: the eager forward on a dynamic cache.")] = None,
 ) -> None:
     """Time verification on this model and device: one forward over n draft tokens (chain or tree) against one."""
     import torch
@@ -389,7 +392,8 @@ def profile(
     torch.set_num_threads(threads)
     try:
         settings = profiling.ProfileSettings(contexts=tuple(int(c) for c in _split(contexts)),
-                                             sizes=tuple(int(n) for n in _split(sizes)), repeats=repeats)
+                                             sizes=tuple(int(n) for n in _split(sizes)), repeats=repeats,
+                                             compile=compile)
         if config is not None:
             target, label = profiling.random_model(config, device, dtypes[dtype]), f"{config} (random weights)"
         else:
