@@ -70,8 +70,10 @@ def load_benchmark(path: str | os.PathLike) -> list[dict]:
             raise ValueError(f"{path} is not a benchmark JSONL{hint}: line {number} has no {', '.join(missing)}; "
                              "pass the --out file of `hf-speculative bench`.")
         steps = record.get("steps")
-        if steps is not None and (not isinstance(steps, dict) or any(not isinstance(steps.get(k), list) for k in STEP_KEYS)
-                                  or len({len(steps[k]) for k in STEP_KEYS}) != 1):
+        broken = steps is not None and (not isinstance(steps, dict)
+                                        or any(not isinstance(steps.get(k), list) for k in STEP_KEYS)
+                                        or len({len(steps[k]) for k in STEP_KEYS}) != 1)
+        if broken:
             raise ValueError(f"{path}: line {number} has broken per-step records (want lists {', '.join(STEP_KEYS)} of "
                              f"one length); {RERUN}.")
     if not records:
