@@ -2,13 +2,13 @@
 
 A ladder of small steps (gpt-fast's shape)::
 
-    cache = empty; pending = the prompt             # the first forward prefills the prompt too
+    verifier = its cache, empty; pending = the prompt   # the first forward prefills the prompt too
     until stopped:
         tree    = drafter.propose_tree(sequence)    # DraftTree (a chain is a tree with one branch)
-        logits  = forward_tree(target, cache, pending, tree)    # ONE forward, tree mask
+        logits  = verifier.forward(pending, tree)   # ONE forward, tree mask (dynamic or static cache)
         scores  = processed(logits)                 # logits processors, each row with its own branch
         verdict = accept(tree, scores)              # the accepted path + the target's own token
-        keep_path(cache, verdict.path)              # the cache: prefix, root, accepted path
+        verifier.keep(verdict.path)                 # the cache: prefix, root, accepted path
         sequence += path tokens + own token, cut at the first stop (EOS, length, stop strings...)
         drafter.observe(verdict); stats; streamer.put(the block)
         pending = [own token]

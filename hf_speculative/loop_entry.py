@@ -57,7 +57,7 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     call.generator = generator  # closed when the call ends
     call.stopping_criteria = stopping_criteria
     max_length = int(generation_config.max_length)
-    verifier = verifier_for(model, call.strategy, getattr(call, "static", False), max_length)
+    verifier = verifier_for(model, strategy, getattr(call, "static", False), max_length)
     try:
         result = run(model, input_ids, ChainDrafter(generator), stopping_criteria=stopping_criteria,
                      logits_processor=logits_processor, streamer=streamer, stats=call.stats, max_length=max_length,
