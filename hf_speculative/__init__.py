@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Eagle": (".drafters.eagle.drafter", "Eagle"),
     "EarlyExit": (".drafters.self_speculative", "EarlyExit"),
     "Hybrid": (".drafters.hybrid", "Hybrid"),
+    "Medusa": (".drafters.medusa.drafter", "Medusa"),
     "LayerSkip": (".drafters.self_speculative", "LayerSkip"),
     "PromptLookup": (".drafters.prompt_lookup", "PromptLookup"),
     "load_model": (".models", "load_model"),
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .drafters.draft_model import DraftModel
     from .drafters.eagle.drafter import Eagle
     from .drafters.hybrid import Hybrid
+    from .drafters.medusa.drafter import Medusa
     from .drafters.prompt_lookup import PromptLookup
     from .drafters.self_speculative import EarlyExit, LayerSkip
     from .models import load_model

@@ -1,0 +1,242 @@
+"""``hfs.Medusa``: Medusa heads (Cai et al. 2024) as a strategy and its per-call generator.
+
+The heads read the target's normed last hidden state at the position before the newest verified token
+(the state from which the target chose that token; forward hooks record it, as for EAGLE), and guess the
+next ``K`` tokens at once: head ``k`` the token ``k + 1`` places after the newest. No drafter forward per
+token: one step drafts a chain of every head's top guess, or a static tree of their ranked guesses
+(``hfs.StaticTree``, Medusa's construction) verified in one forward by hf_speculative's loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ...accept import chain_candidates, draft_chain
+from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...costs import draft_price, record_draft_step, verify_costs_for
+from ...features import VerifiedFeatures
+from ...options import shown
+from ...state import state_of
+from ...tree import ROOT, DraftTree, Verdict
+from ...tree_shapes import StaticTree
+from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
+from .model import MedusaHeads
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+TREE_FILE = "tree.json"  # a StaticTree calibrated on the heads' validation ranks (train-medusa writes it)
+
+
+def pretrained_names() -> list[str]:
+    """Targets for which trained Medusa heads ship with the package."""
+    from .checkpoints import shipped_names
+
+    return shipped_names(PRETRAINED_DIR)
+
+
+@dataclasses.dataclass(eq=False)
+class Medusa(DraftStrategy):
+    """Draft with Medusa heads on the target's last hidden state.
+
+    Args:
+        heads (`MedusaHeads`): the heads (see :meth:`from_pretrained`), on the target's device and dtype.
+        tree (`StaticTree`, *optional*): draft a tree of the heads' ranked guesses (depth ``d`` of a rank
+            path is head ``d - 1``'s guess of that rank), verified in one forward by hf_speculative's own
+            loop; ``StaticTree.calibrate`` builds one from measured ranks. ``None``: a chain of each head's
+            top guess, verified by transformers' assisted loop.
+        num_tokens (`int`, defaults to 8): the longest chain (at most the number of heads).
+        confidence_threshold (`float`, defaults to 0.05): end a chain after a guess the head gives less than
+            this probability (0 disables).
+        adaptive (`bool`, defaults to `True`): chains: draft a guess only while its calibrated chance of
+            acceptance pays for verifying it; trees: verify the tree, a part of it (its first half, quarter...
+            of paths) or nothing, whichever the measured verification costs and kept tokens favour.
+        draft_cost (`float`, *optional*): one drafting step (all heads) in target forwards; measured by default.
+    """
+
+    heads: MedusaHeads = dataclasses.field(repr=False)
+    tree: StaticTree | None = None
+    num_tokens: int = 8
+    confidence_threshold: float = 0.05
+    adaptive: bool = True
+    draft_cost: float | None = None
+    name: ClassVar[str] = "medusa"
+    reads_target: ClassVar[str] = "features"  # the target's last hidden state, through forward hooks
+
+    def __post_init__(self):
+        if not isinstance(self.heads, MedusaHeads):
+            raise TypeError(f"Medusa(heads=...) needs MedusaHeads (use hfs.Medusa.from_pretrained(path, target=model)), "
+                            f"got {type(self.heads).__name__}.")
+        check_chain_options(self)
+        if self.tree is not None and not isinstance(self.tree, StaticTree):
+            raise ValueError(f"Medusa(tree={shown(self.tree)}): use hfs.StaticTree(paths) (rank paths; depth d is "
+                             "head d - 1's guesses), hfs.StaticTree.calibrate(...) or None for chains.")
+        if self.tree is not None and self.tree.depth > self.heads.config.num_heads:
+            raise ValueError(f"Medusa(tree=...): the tree is {self.tree.depth} deep but there are "
+                             f"{self.heads.config.num_heads} heads (one per depth); drop the deeper rank paths.")
+
+    @classmethod
+    def from_pretrained(cls, path_or_name: str | os.PathLike, target: torch.nn.Module | None = None, *,
+                        sha256: dict[str, str] | None = None, tree: StaticTree | str | None = None,
+                        **options: Any) -> "Medusa":
+        """Load heads: a folder in any supported layout (ours, FasterDecoding's Medusa-1/2, vLLM's) or the name
+        of a target whose heads ship with hf_speculative (``hfs.Medusa.from_pretrained("smollm2-135m-instruct",
+        target=model)``).
+
+        Args:
+            path_or_name (`str`): a folder, or a name from ``pretrained_names()``.
+            target (`PreTrainedModel`, *optional*): the model the heads draft for; gives the device and dtype,
+                and is checked against the heads (hidden size, vocabulary, depth).
+            sha256 (`dict[str, str]`, *optional*): expected digests of the checkpoint's files.
+            tree (`StaticTree` or ``"calibrated"``, *optional*): ``"calibrated"`` loads the tree that
+                ``train-medusa`` calibrated on the heads' validation ranks (the folder's ``tree.json``).
+            **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``.
+        """
+        from . import checkpoints
+
+        path = checkpoints.find_folder(
+            path_or_name, PRETRAINED_DIR,
+            missing=f"No Medusa heads at {str(path_or_name)!r}: give a folder with config.json and weights (train "
+            f"them with `hf-speculative train-medusa`), or one of the shipped heads {pretrained_names()}.")
+        if isinstance(tree, str):
+            if tree != "calibrated" or not (path / TREE_FILE).exists():
+                raise ValueError(f"Medusa.from_pretrained(tree={tree!r}): 'calibrated' loads the {TREE_FILE} that "
+                                 f"train-medusa writes beside the heads (none in {path} unless it says 'calibrated' "
+                                 "there); otherwise pass hfs.StaticTree(paths) or None.")
+            tree = StaticTree.load(path / TREE_FILE)
+        param = None if target is None else next(target.parameters())
+        heads = checkpoints.load_heads(path, dtype=None if param is None else param.dtype,
+                                       target_config=None if target is None else target.config, sha256=sha256)
+        if param is not None:
+            heads.to(param.device)
+        strategy = cls(heads=heads, tree=tree, **options)
+        if target is not None:
+            strategy.validate_target(target)
+        return strategy
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        checked = state_of(target).checked
+        if self.heads in checked:
+            return
+        self.heads.config.check_target(target)
+        device = next(target.parameters()).device
+        if next(self.heads.parameters()).device != device:
+            raise ValueError(f"The Medusa heads are on {next(self.heads.parameters()).device} and the target on "
+                             f"{device}; move them with strategy.heads.to({str(device)!r}).")
+        checked.add(self.heads)
+
+    def save_pretrained_heads(self, directory: str | os.PathLike) -> Path:
+        """Write the heads in hf_speculative's format (``config.json``, ``model.safetensors``) and the tree, if
+        any, as ``tree.json``."""
+        from .checkpoints import save_pretrained
+
+        directory = save_pretrained(self.heads, directory)
+        if self.tree is not None:
+            self.tree.save(Path(directory) / TREE_FILE)
+        return directory
+
+    def open(self, ctx: CallContext) -> "MedusaCandidateGenerator":
+        return MedusaCandidateGenerator(ctx, self)
+
+
+class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
+    """Per-call state: the target's newest usable hidden state, the chain policy or the tree budget.
+
+    Invariant between forwards: ``self.last`` `[H]` is the target's normed last hidden state at position
+    ``L - 2`` (``L`` = verified length): the state from which it chose token ``L - 1``, which its lm_head
+    turned into that token and head ``k`` turns into a guess of token ``L + k``.
+    """
+
+    def __init__(self, ctx: CallContext, config: Medusa):
+        super().__init__(ctx)
+        self.config = config
+        self.heads = config.heads
+        self.num_heads = self.heads.config.num_heads
+        self.features = VerifiedFeatures(ctx.target, [])  # [] = the final norm's output
+        self.head = ctx.target.get_output_embeddings()
+        self.last: torch.Tensor | None = None
+        nodes = 0 if config.tree is None else config.tree.size
+        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
+        self.policy = ChainLengthPolicy(self.verify_costs, min(config.num_tokens, self.num_heads), self._draft_price,
+                                        config.confidence_threshold, config.adaptive)
+        if config.tree is not None:
+            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
+        self._asked = 0
+
+    def _draft_price(self) -> float:
+        # until measured: K small MLPs and K vocabulary projections, a few percent of a forward
+        return draft_price(self.heads, self.verify_costs, self.config.draft_cost, 0.05)
+
+    def _take_last(self) -> None:
+        pending = self.features.pop()  # [1, P, H]
+        if pending is not None:
+            self.last = pending[0, -1]
+
+    def _head_logits(self) -> torch.Tensor:
+        """Every head's logits over the target's vocabulary, `[K, V]` (float32); times the step."""
+        start = time.perf_counter()
+        logits = self._to_target_vocab(self.heads.logits(self.last, self.head))  # [K, V]
+        record_draft_step(self.heads, time.perf_counter() - start)
+        return logits
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens):
+        if self.features.lost or self.last is None or not self.policy.begin():
+            return None, None  # before the prefill there is no hidden state yet
+        logits = self._head_logits()  # [K, V]
+        depth = iter(range(1, self.num_heads))
+        tokens = draft_chain(self.policy, self.ctx, input_ids, logits[0], min(max_tokens, self.num_heads),
+                             lambda token: logits[next(depth)])  # the heads' guesses do not depend on the token
+        return chain_candidates(self.policy, tokens, steps=1)
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        self.follow_verified(input_ids, num_accepted, num_proposed)
+        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
+
+    def follow_verified(self, input_ids, num_accepted, num_proposed):
+        self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
+        self._take_last()
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    @torch.no_grad()
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+        """One step's draft tree: the first ``nodes`` rank paths of the static tree (parents come first, so
+        any prefix is a tree), down to ``max_depth`` and the number of heads."""
+        shape = self.config.tree
+        if shape is None:
+            return None
+        self._asked = 0
+        if self.features.lost or self.last is None:
+            return DraftTree.empty(input_ids.device)
+        nodes = self._asked = self.budget.choose()
+        depth = min(max_depth, self.num_heads)
+        paths = [p for p in shape.paths[:nodes] if len(p) <= depth]
+        if not paths:
+            return DraftTree.empty(input_ids.device)
+        logits = self._head_logits()  # [K, V]
+        top = logits.topk(min(shape.top_k, logits.shape[-1]), dim=-1).indices.tolist()  # [K, top_k]
+        index = {p: i for i, p in enumerate(paths)}
+        tokens = [top[len(p) - 1][min(p[-1], len(top[0]) - 1)] for p in paths]
+        parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
+        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=input_ids.device),
+                         torch.tensor(parents, dtype=torch.long, device=input_ids.device))
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        self.follow_tree(input_ids, tree, verdict)
+        if self.after_prefill and tree.size:
+            self.verify_costs.observe(tree.size, self.last_verify_s)
+        if self._asked:
+            self.budget.verified(self._asked, verdict.num_accepted)
+
+    def follow_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        """Keep the hidden state of the newest accepted row (any drafter's tree, e.g. in ``hfs.Hybrid``)."""
+        self.features.follow_tree(input_ids.shape[1], tree.size, list(verdict.path))
+        self._take_last()
+
+    def close(self):
+        self.features.close()
+        self.last = None
