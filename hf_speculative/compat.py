@@ -279,3 +279,45 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     """``{"dtype": d}`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 (5.x drops
     ``torch_dtype``), ``{"torch_dtype": d}`` before."""
     return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56.0") else "torch_dtype": dtype}
+
+
+# -- batches with holes (batch_verify.py) ---------------------------------------------------------
+def _replace_cache_tensors(cache: Any, fn: Any) -> None:
+    """Replace every key and value tensor of a dynamic cache (``[B, H, T, D]``) with ``fn(tensor)``: layer
+    objects' ``keys`` / ``values`` (>= 4.56), the ``key_cache`` / ``value_cache`` lists before."""
+    if hasattr(cache, "layers"):
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor) and tensor.numel():
+                    setattr(layer, name, fn(tensor))
+        return
+    for name in ("key_cache", "value_cache"):
+        tensors = getattr(cache, name, [])
+        for i, tensor in enumerate(tensors):
+            if tensor.numel():
+                tensors[i] = fn(tensor)
+
+
+def gather_cache_slots(cache: Any, start: int, index: torch.Tensor) -> None:
+    """Per row ``b``, write the slots ``start + index[b]`` to ``start, start + 1, ...`` (``index``: ``[B, A]``), in
+    place: each row's accepted draft path moved to the front of its step's node slots."""
+    for holder, name, i in _cache_tensors(cache):
+        tensor = getattr(holder, name) if i < 0 else holder[i]
+        b, h, _, d = tensor.shape
+        source = (index.to(tensor.device) + start)[:, None, :, None].expand(b, h, index.shape[1], d)
+        tensor[:, :, start: start + index.shape[1]] = tensor.gather(2, source)
+
+
+def reorder_cache_slots(cache: Any, order: torch.Tensor) -> None:
+    """Per row ``b``, the cache becomes its slots ``order[b]`` (``[B, W]``): a re-packed batch."""
+    def pick(tensor: torch.Tensor) -> torch.Tensor:
+        b, h, _, d = tensor.shape
+        return tensor.gather(2, order.to(tensor.device)[:, None, :, None].expand(b, h, order.shape[1], d))
+
+    _replace_cache_tensors(cache, pick)
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep the batch rows ``rows`` (``[B']`` indices) of every key and value tensor."""
+    _replace_cache_tensors(cache, lambda tensor: tensor.index_select(0, rows.to(tensor.device)))

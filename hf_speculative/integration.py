@@ -42,7 +42,7 @@ import torch
 
 from . import compat, spec
 from .base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
-from .loop_entry import run_call, runs_in_our_loop, tree_generate
+from .loop_entry import batch_generate, run_batch_call, run_call, runs_in_our_loop, tree_generate
 from .sampling import check_seed, seeded_processors
 from .state import state_of
 from .stats import SpeculativeStats
@@ -183,14 +183,17 @@ def speculative_generate(
         raise ValueError("custom_generate=hfs.speculative_generate needs candidate_generator=, e.g. hfs.PromptLookup() "
                          "(or a generation config holding one).")
     _check_generation_config(model, generation_config)
-    _check_batch(input_ids)
     strategy = _check_strategy(model, candidate_generator)
+    _check_batch(input_ids, strategy)
     seed = None if sampling_seed is None else check_seed(sampling_seed)
     logits_processor = seeded_processors(logits_processor, generation_config, seed)
     if compat.CACHE_KWARG in model_kwargs:
         model_kwargs[compat.CACHE_KWARG] = compat.rollbackable_cache(model_kwargs[compat.CACHE_KWARG])
     with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
         call.stopping_criteria = stopping_criteria
+        if _batched(input_ids):  # B > 1: the batch loop (batch_loop.py)
+            return run_batch_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  streamer, synced_gpus, model_kwargs)
         if runs_in_our_loop(strategy):
             return run_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                             synced_gpus, model_kwargs)
@@ -224,7 +227,12 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
         strategy = _check_call(self, strategy, named)
     kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
     static = _static_requested(self, named)
-    ours = static or runs_in_our_loop(strategy)
+    batched = _batched(named.get("inputs", named.get("input_ids")))
+    if batched and static:
+        raise ValueError("Batched speculative decoding (batch size > 1) runs on the dynamic cache: drop "
+                         "cache_implementation='static' (and enable(model, compile=...)) for batches, or generate "
+                         "one prompt at a time.")
+    ours = static or batched or runs_in_our_loop(strategy)
     # trees and static caches: our loop, entered as transformers' custom_generate; chains: transformers'
     # assisted loop
     extra = {} if ours else dict(_ASSISTED_SWITCH)
@@ -244,7 +252,7 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
     with _speculative_call(self, strategy) as call, _seeded(self, seed):
         if ours:
             call.streamer, call.tokenizer, call.static = named.get("streamer"), named.get("tokenizer"), static
-            extra["custom_generate"] = tree_generate
+            extra["custom_generate"] = batch_generate if batched else tree_generate
         return type(self).generate(self, *args, **kwargs, **extra)
 
 
@@ -273,7 +281,7 @@ def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -
         raise ValueError("Speculative decoding needs `input_ids` (drafters read the tokens); `inputs_embeds` alone is "
                          "not supported.")
     if inputs is not None:
-        _check_batch(inputs)
+        _check_batch(inputs, strategy)
     _check_cache(model, named)
     return strategy
 
@@ -527,12 +535,16 @@ def _check_generation_config(model: torch.nn.Module, config: Any) -> None:
         raise ValueError("hf_speculative supports decoder-only models; this one is encoder-decoder.")
 
 
-def _check_batch(inputs: torch.Tensor) -> None:
-    if inputs.dim() == 2 and inputs.shape[0] > 1:
-        raise ValueError(
-            f"Speculative decoding runs one sequence at a time (batch size 1), got batch size {inputs.shape[0]}. "
-            "Call generate() once per prompt (or loop over the batch)."
-        )
+def _batched(inputs: Any) -> bool:
+    """Whether a call's ``input_ids`` hold several rows (B > 1: the batch loop, batch_loop.py)."""
+    return isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1
+
+
+def _check_batch(inputs: torch.Tensor, strategy: Any) -> None:
+    if _batched(inputs):
+        from .batch_loop import check_batch_strategy
+
+        check_batch_strategy(strategy)
 
 
 def _check_cache(model: torch.nn.Module, named: dict) -> None:

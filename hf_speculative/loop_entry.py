@@ -87,3 +87,47 @@ def _output(result: Any, generation_config: Any) -> Any:
     scores = tuple(result.scores) if compat.generation_field(generation_config, "output_scores", False) else None
     logits = tuple(result.logits) if compat.generation_field(generation_config, "output_logits", False) else None
     return GenerateDecoderOnlyOutput(sequences=result.sequences, scores=scores, logits=logits)
+
+
+# -- batches (B > 1): batch_loop.py ------------------------------------------------------------------
+def batch_generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_processor: Any = None,
+                   stopping_criteria: Any = None, generation_config: Any = None, synced_gpus: bool = False,
+                   **model_kwargs: Any) -> Any:
+    """The ``custom_generate`` callable an enabled model's ``generate`` passes for a batch (B > 1)."""
+    from .integration import active_call
+
+    call = active_call(model)
+    if call is None:
+        raise RuntimeError("hf_speculative's batch loop runs inside an enabled model's generate(); call "
+                           "hfs.enable(model) and pass candidate_generator= instead of custom_generate=.")
+    return run_batch_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config,
+                          call.streamer, synced_gpus, model_kwargs)
+
+
+def run_batch_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, logits_processor: Any,
+                   stopping_criteria: Any, generation_config: Any, streamer: Any, synced_gpus: bool,
+                   model_kwargs: dict) -> Any:
+    """:func:`hf_speculative.batch_loop.run_batch` for one ``generate()`` call of B > 1 rows."""
+    from .batch_loop import check_batch_strategy, run_batch
+
+    check_batch_strategy(call.strategy)
+    if synced_gpus:
+        raise ValueError("Batched speculative decoding does not support synced_gpus=True; drop it.")
+    if streamer is not None:
+        raise ValueError("Streaming a batch is not supported (transformers' streamers take one row); drop streamer= "
+                         "or generate one prompt at a time.")
+    if (compat.generation_field(generation_config, "output_scores", False)
+            or compat.generation_field(generation_config, "output_logits", False)):
+        raise ValueError("Batched speculative decoding returns sequences only: drop output_scores=/output_logits= "
+                         "(or generate one prompt at a time for them).")
+    call.stopping_criteria = stopping_criteria
+    pad = getattr(generation_config, "_pad_token_tensor", None)
+    pad = int(pad) if pad is not None else getattr(generation_config, "pad_token_id", None)
+    result = run_batch(model, input_ids, model_kwargs.get("attention_mask"), call.strategy,
+                       generation_config=generation_config, stopping_criteria=stopping_criteria,
+                       logits_processor=logits_processor, stats=call.stats, pad_token_id=pad)
+    if not compat.generation_field(generation_config, "return_dict_in_generate", False):
+        return result.sequences
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    return GenerateDecoderOnlyOutput(sequences=result.sequences)

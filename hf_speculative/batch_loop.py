@@ -1,0 +1,223 @@
+"""Speculative decoding of a batch (B > 1): every row drafts and accepts its own tokens in one target forward.
+
+The single-row ladder of :mod:`hf_speculative.loop`, per step, for the rows still running::
+
+    width   = costs.plan(rows' acceptance, B)            # draft tokens per row this step; 0: plain decoding
+    trees   = [drafter_b.propose_tree(row_b, width)]     # per-row drafter state (an n-gram index, a draft cache)
+    logits  = verifier.forward(pending, trees)           # ONE forward over [B, 1 + n] (batch_verify.py)
+    verdict_b = accept(tree_b, processed(logits_b))      # accept.py's rule, row by row
+    verifier.keep(paths)                                 # accepted paths kept, the rest become holes
+    row_b += path + own token, cut at its first stop     # EOS, max_length, stop strings: per row
+    finished rows leave the batch (their drafter closed, their cache rows dropped)
+
+Rows are kept as transformers keeps them: the left-padded prompt followed by the new tokens, so that the
+logits processors and stopping criteria see exactly the ``input_ids`` of transformers' own batched loop
+(``max_length`` counts the padding; a row that finished is filled with ``pad_token_id`` when the call has an
+EOS criterion, as transformers does, and decodes on otherwise). Drafters see their row without padding.
+
+Under sampling the call's :class:`~hf_speculative.sampling.SeededSampler` draws row ``b``'s position ``t`` with
+the noise keyed by ``(seed, b, t)``, as it does in transformers' batched sampling loop: the text is a sample of
+the target's distribution, the same whatever was drafted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList
+
+from .accept import accept_greedy
+from .base import CallContext
+from .batch_costs import BatchCostModel, batch_costs_for
+from .batch_verify import BatchVerifier
+from .chains import ChainDrafter
+from .drafters.policy import AcceptanceEstimate
+from .loop import processed_scores, stop_index
+from .sampling import SeededSampler, split_sampler
+from .stats import SpeculativeStats
+from .tree import DraftTree
+
+_COMPACT_MIN_SLOTS = 32  # re-pack the cache when holes pass a quarter of its slots, and it is at least this long
+
+
+class RowSampler(SeededSampler):
+    """The call's sampler, for one row of a batch processed alone: row ``row``'s noise, at position
+    ``input_ids.shape[-1] + offset`` (``offset``: the row's left padding, for a drafter that sees its row
+    without padding)."""
+
+    def __init__(self, seed: int, row: int, offset: int = 0):
+        super().__init__(seed)
+        self.row, self.offset = row, offset
+
+    def choose(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
+        position, vocab = input_ids.shape[-1] + self.offset, scores.shape[-1]
+        logprobs = torch.log_softmax(scores.float(), dim=-1)  # [1, V]
+        return (logprobs + self.noise(self.row, position, vocab, scores.device)).argmax(dim=-1)
+
+
+def check_batch_strategy(strategy: Any) -> None:
+    """Raise a ``ValueError`` naming the fix unless ``strategy`` drafts for batches (B > 1)."""
+    from .drafters.draft_model import DraftModel
+    from .drafters.prompt_lookup import PromptLookup
+
+    if isinstance(strategy, (PromptLookup, DraftModel)):
+        return
+    name = getattr(strategy, "name", None) or type(strategy).__name__
+    raise ValueError(
+        f"Batched speculative decoding (batch size > 1) supports hfs.PromptLookup() and hfs.DraftModel(...), not "
+        f"{name!r} ({type(strategy).__name__}). Use one of those for batches, or call generate() once per prompt "
+        f"with this drafter.")
+
+
+@dataclasses.dataclass
+class BatchResult:
+    sequences: torch.LongTensor  # [B, L + new], finished rows padded with pad_token_id
+    stats: SpeculativeStats
+
+
+def left_padding(attention_mask: torch.Tensor) -> list[int]:
+    """The left padding of each row; raises when a row is padded on the right or in the middle."""
+    mask = attention_mask.bool()
+    pads = (~mask).long().sum(-1).tolist()
+    for row, pad in enumerate(pads):
+        if pad >= mask.shape[1] or not bool(mask[row, pad:].all()):
+            raise ValueError(
+                "Batched speculative decoding needs left-padded prompts (each row's padding before its tokens, at "
+                "least one token a row): set tokenizer.padding_side = 'left' before tokenizing the batch.")
+    return pads
+
+
+def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
+              strategy: Any, *, generation_config: Any, stopping_criteria: Any, logits_processor: Any = None,
+              stats: SpeculativeStats | None = None, pad_token_id: int | None = None, max_depth: int = 64,
+              costs: BatchCostModel | None = None) -> BatchResult:
+    """Speculative decoding of ``input_ids`` (``[B, L]``, left-padded, ``attention_mask`` ``[B, L]``) with a
+    per-row drafter opened from ``strategy`` (see :func:`check_batch_strategy`); token for token what
+    transformers' own batched greedy loop (or, with the call's SeededSampler last in ``logits_processor``, its
+    seeded sampling loop) writes for the same batch.
+
+    ``costs`` decides the draft width per step (default: the target's shared :func:`batch_costs_for`).
+    """
+    batch, length = input_ids.shape
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    pads = left_padding(mask)
+    stats = stats or SpeculativeStats()
+    costs = costs or batch_costs_for(target)
+    max_length = int(generation_config.max_length)
+    has_eos = any(hasattr(c, "eos_token_id") for c in (stopping_criteria or []))
+    if has_eos and pad_token_id is None:
+        raise ValueError("Batched generation with an EOS token needs a pad_token_id for the rows that finish "
+                         "first: pass pad_token_id= to generate() (e.g. tokenizer.pad_token_id).")
+    processors, sampler = split_sampler(logits_processor)
+
+    def row_processors(row: int, offset: int) -> LogitsProcessorList:
+        if sampler is None:
+            return processors
+        return LogitsProcessorList([*processors, RowSampler(sampler.seed, row, offset)])
+
+    targets = [row_processors(b, 0) for b in range(batch)]
+    drafters: list[ChainDrafter | None] = []
+    started = time.perf_counter()
+    rows = [input_ids[b:b + 1] for b in range(batch)]                   # each [1, L + new_b], padded prompt
+    ends: dict[int, int] = {}  # rows whose stop fired (finished, or decoding on without EOS): their length
+    verifier, closed = None, set()
+    try:
+        for b in range(batch):  # per-row drafter state; its own stats, so its cost rules never see a batched forward
+            ctx = CallContext(target, generation_config, row_processors(b, pads[b]), stopping_criteria,
+                              SpeculativeStats(), model_kwargs=None)
+            drafters.append(ChainDrafter(strategy.open(ctx)))
+        rates = [AcceptanceEstimate() for _ in range(batch)]
+        chances = [1.0] * batch
+        verifier = BatchVerifier(target, batch)
+        live = list(range(batch))
+        pending, pending_mask = input_ids, mask
+        first = True
+        while live:
+            tick = time.perf_counter()
+            rooms = [min(max_depth, max_length - rows[b].shape[1] - 1) for b in live]
+            width = 0
+            if max(rooms) > 0:
+                if not first and len(live) > 1 and not costs.measured(len(live), 1) and costs._fixed is None:
+                    width = 0  # measure this batch size's plain step first (twice: the lower of two timings)
+                else:
+                    width = costs.plan([rates[b].rate for b in live], [chances[b] for b in live], max(rooms))
+            trees = []
+            for b, room in zip(live, rooms):
+                room = min(room, width)
+                tree = drafters[b].propose_tree(rows[b][:, pads[b]:], room) if room > 0 else DraftTree.empty()
+                if tree.size > width:  # a tree drafter bounds depth; the step's width bounds nodes
+                    tree = DraftTree(tree.tokens[:width], tree.parents[:width])
+                trees.append(tree)
+            if width == 0:
+                for b in live:
+                    rates[b].forgive()
+            stats.record_draft(sum(t.size for t in trees), time.perf_counter() - tick)
+
+            tick = time.perf_counter()
+            with torch.no_grad():
+                logits = verifier.forward(pending, pending_mask, trees)      # [B', 1 + n, V]
+            if logits.is_cuda:
+                torch.cuda.synchronize()
+            forward_s = time.perf_counter() - tick
+            if not first:
+                costs.observe(len(live), logits.shape[1], forward_s)
+            verdicts, scores_of = [], []
+            for i, (b, tree) in enumerate(zip(live, trees)):
+                scores = processed_scores(logits[i, : 1 + tree.size], rows[b], tree, targets[b])  # [1 + k, V]
+                verdicts.append(accept_greedy(tree, scores))
+                scores_of.append(scores)
+            verifier.keep([v.path for v in verdicts])
+            stats.record_verify(sum(v.num_accepted for v in verdicts), time.perf_counter() - tick)
+
+            still = []
+            for i, (b, tree, verdict) in enumerate(zip(live, trees, verdicts)):
+                before = rows[b].shape[1]
+                new = tree.path_tokens(verdict.path) + [verdict.next_token]
+                rows[b] = torch.cat([rows[b], rows[b].new_tensor([new])], dim=-1)
+                if b not in ends:
+                    end = stop_index(rows[b], before, stopping_criteria)
+                    if end is not None:
+                        ends[b] = end
+                        if has_eos:
+                            rows[b] = rows[b][:, :end]
+                if tree.size:
+                    rates[b].update(verdict.num_accepted, tree.size)
+                if width and min(width, max_length - before - 1) > 0:
+                    chances[b] = 0.9 * chances[b] + (0.1 if tree.size else 0.0)
+                if (b in ends and has_eos) or rows[b].shape[1] >= max_length:
+                    continue  # finished
+                drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
+                still.append(i)
+            if not has_eos and len(ends) == batch:  # rows decode on past their stop until the longest has stopped
+                total = max(ends.values())
+                still = [i for i in still if rows[live[i]].shape[1] < total]
+            for i in range(len(live)):
+                if i not in still:
+                    drafters[live[i]].close()
+                    closed.add(live[i])
+            if len(still) < len(live) and still:
+                verifier.select(torch.tensor(still, dtype=torch.long))
+            live = [live[i] for i in still]
+            if live and verifier.slots.shape[1] >= _COMPACT_MIN_SLOTS and verifier.holes * 4 > verifier.slots.numel():
+                verifier.compact()
+            pending = torch.stack([rows[b][0, -1:] for b in live]) if live else None  # [B', 1]
+            pending_mask = torch.ones(len(live), 1, dtype=torch.bool)
+            first = False
+    finally:
+        for b, drafter in enumerate(drafters):
+            if b not in closed:
+                drafter.close()
+        if verifier is not None:
+            verifier.close()
+    total = max(ends.values()) if not has_eos and len(ends) == batch else max(r.shape[1] for r in rows)
+    fill = 0 if pad_token_id is None else int(pad_token_id)
+    out = input_ids.new_full((batch, total), fill)
+    for b, row in enumerate(rows):
+        row = row[0, :total]
+        out[b, : row.numel()] = row
+    stats.new_tokens = sum(min(r.shape[1], total) - length for r in rows)
+    stats.total_time_s = time.perf_counter() - started
+    return BatchResult(out, stats)
