@@ -36,7 +36,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Hybrid": (".drafters.hybrid", "Hybrid"),
     "Medusa": (".drafters.medusa.drafter", "Medusa"),
     "LayerSkip": (".drafters.self_speculative", "LayerSkip"),
+    "Lookahead": (".drafters.lookahead", "Lookahead"),
     "PromptLookup": (".drafters.prompt_lookup", "PromptLookup"),
+    "SuffixDecoding": (".drafters.suffix", "SuffixDecoding"),
     "load_model": (".models", "load_model"),
     "models": (".models", None),
     "optimize_for_cpu": (".cpu_layout", "optimize_for_cpu"),
@@ -61,9 +63,11 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .drafters.draft_model import DraftModel
     from .drafters.eagle.drafter import Eagle
     from .drafters.hybrid import Hybrid
+    from .drafters.lookahead import Lookahead
     from .drafters.medusa.drafter import Medusa
     from .drafters.prompt_lookup import PromptLookup
     from .drafters.self_speculative import EarlyExit, LayerSkip
+    from .drafters.suffix import SuffixDecoding
     from .models import load_model
     from .state import forget
     from .tree import DraftTree

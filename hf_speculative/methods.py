@@ -373,6 +373,22 @@ def _build_hf_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
     return kwargs
 
 
+def _build_suffix(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("suffix")
+    nodes = spec.option(options, "num_tokens")  # --num-tokens: the most nodes per step (SuffixDecoding checks it)
+    return {"candidate_generator": hfs.SuffixDecoding() if nodes is None else hfs.SuffixDecoding(max_nodes=nodes)}
+
+
+def _build_lookahead(model: Any, tokenizer: Any, options: dict) -> dict:
+    import hf_speculative as hfs
+
+    spec = get_method("lookahead")
+    ngram = spec.option(options, "max_ngram")  # --max-ngram: the n-gram size N (Lookahead checks it)
+    return {"candidate_generator": hfs.Lookahead() if ngram is None else hfs.Lookahead(ngram=ngram)}
+
+
 def _checked(spec: MethodSpec, options: dict, key: str, low: int, high: int) -> int:
     """Option ``key`` of a transformers method, held to the limits hf_speculative's own strategies keep
     (transformers checks none of them)."""
@@ -462,6 +478,24 @@ def _register_builtin_methods() -> None:
             "transformers",
             _build_hf_early_exit,
             {"exit_layer": 8, "num_tokens": None},
+        ),
+        MethodSpec(
+            "suffix",
+            "SuffixDecoding (hfs)",
+            "hf_speculative's SuffixDecoding: draft trees from suffix tries over the call's text and the model's "
+            "earlier outputs in this process.",
+            "hfs",
+            _build_suffix,
+            {"num_tokens": None},
+        ),
+        MethodSpec(
+            "lookahead",
+            "Lookahead (hfs)",
+            "hf_speculative's lookahead decoding: a Jacobi window and an n-gram pool verified in one tree per "
+            "forward.",
+            "hfs",
+            _build_lookahead,
+            {"max_ngram": None},
         ),
     ):
         register_method(spec, replace=True)

@@ -17,7 +17,7 @@
 
 Methods: ``prompt-lookup``, ``draft-model`` (saved by the draft model's registry name, folder or Hub
 id, never its weights), ``eagle``, ``early-exit``, ``early-exit-adapter``, ``layer-skip`` (the names
-of ``hf_speculative.methods``), and ``hybrid`` (``"members"``: a list of specs).
+of ``hf_speculative.methods``), ``suffix``, ``lookahead``, and ``hybrid`` (``"members"``: a list of specs).
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def _methods() -> dict[str, _Method]:
     from .drafters.draft_model import DraftModel
     from .drafters.eagle.drafter import Eagle
     from .drafters.hybrid import Hybrid
+    from .drafters.lookahead import Lookahead
     from .drafters.prompt_lookup import PromptLookup
     from .drafters.self_speculative import EarlyExit, LayerSkip
+    from .drafters.suffix import SuffixDecoding
 
     early_exit_live = ("adapter", "adapter_sha256")
     return {
@@ -74,6 +76,8 @@ def _methods() -> dict[str, _Method]:
         "early-exit-adapter": _Method(EarlyExit, early_exit_live, "exit-adapter"),
         "layer-skip": _Method(LayerSkip),
         "hybrid": _Method(Hybrid, ("strategies",)),
+        "suffix": _Method(SuffixDecoding),
+        "lookahead": _Method(Lookahead),
     }
 
 
