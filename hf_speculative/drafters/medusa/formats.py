@@ -4,8 +4,10 @@
   "hf_speculative.medusa"``), ``model.safetensors`` in our names (vLLM's, below).
 - ``fasterdecoding`` (FasterDecoding/Medusa ``medusa/model/medusa_model.py``, Medusa-1 and Medusa-2 heads;
   also what TGI and TensorRT-LLM's converter read): ``config.json`` with ``medusa_num_heads`` and
-  ``medusa_num_layers`` (Medusa-2 adds them to the fine-tuned model's own config), weights in
-  ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``: the state dict of ``nn.ModuleList`` of
+  ``medusa_num_layers``, weights in ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``; a Medusa-2 model
+  saved whole (its config holds the medusa fields, its ``model.safetensors`` the fine-tuned model and the heads
+  under ``medusa_head.``) gives its heads too (the model itself is the target). The heads' state dict is that
+  of ``nn.ModuleList`` of
   ``nn.Sequential(*[ResBlock] * L, nn.Linear(H, V, bias=False))``: ``{i}.{j}.linear.weight`` `[H, H]`,
   ``{i}.{j}.linear.bias`` `[H]`, ``{i}.{L}.weight`` `[V, H]` (possibly under ``medusa_head.``). Their ``L``
   blocks are one module repeated, so with ``L > 1`` the ``j`` entries hold the same tensor.
@@ -68,6 +70,8 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor]) -> tuple[Me
 
 def _read_fasterdecoding(cfg, sd):
     heads, layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
+    if any(k.startswith("medusa_head.") for k in sd):  # Medusa-2: the fine-tuned model's weights with the heads
+        sd = {k: v for k, v in sd.items() if k.startswith("medusa_head.")}
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():
         match = _FD_KEY.match(_strip(key, "medusa_head."))
