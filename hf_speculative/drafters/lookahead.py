@@ -218,8 +218,9 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
                 self.costs.observe(tree.size, self.last_verify_s)
             self.budget.verified(self._asked, verdict.num_accepted)
         verified, levels, columns = self._step
-        if not columns or self.last_scores is None:
-            return
+        self._step = (0, 0, 0)
+        if not columns or self.last_scores is None or tree.size != verified + levels * columns:
+            return  # no window this step (or the loop verified no tree of ours: no room left)
         top = 1 + verified + (levels - 1) * columns  # the score row of the top level's first column
         guessed = self.last_scores[0, top: top + columns].argmax(dim=-1).tolist()  # [columns]: the next level
         full = levels == self.config.ngram - 1

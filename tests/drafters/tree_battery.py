@@ -1,0 +1,78 @@
+"""The exactness battery shared by the model-free tree drafters (SuffixDecoding, Lookahead): each check builds a
+fresh strategy with ``make()`` and compares ``generate()`` with transformers' own greedy or seeded call."""
+
+from __future__ import annotations
+
+import torch
+
+import hf_speculative as hfs
+from hf_speculative.costs import forget_costs
+from hf_speculative.sampling import call_seed
+from tests.conftest import EOS, build_model, char_tokenizer, prompt_inputs, recurring_token, stock_generate
+
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, max_new_tokens=16)
+
+
+def check_greedy(make, arch: str, new: int = 40) -> hfs.SpeculativeStats:
+    """Identical to plain greedy, in our loop, with drafts made; returns the last call's stats."""
+    model = hfs.enable(build_model(arch))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=new)
+    strategy = make()
+    for _ in range(2):  # the second call may draft from what the first one learned
+        out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=new, candidate_generator=strategy)
+        assert out.tolist() == expected.tolist()
+        stats = hfs.last_stats(model)
+        assert stats.new_tokens == new and stats.drafted_tokens > 0 and stats.target_forwards < new
+    return stats
+
+
+def check_max_new_tokens(make, arch: str) -> None:
+    """Every length limit, even one that ends inside an accepted path."""
+    model = hfs.enable(build_model(arch))
+    for new in (1, 2, 3, 7, 13):
+        expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=new)
+        out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=new, candidate_generator=make())
+        assert out.tolist() == expected.tolist(), new
+
+
+def check_eos_inside_paths(make, arch: str) -> None:
+    """An EOS that the drafts propose mid-tree ends the text exactly where greedy ends it."""
+    if EOS[arch] is None:
+        return
+    model = hfs.enable(build_model(arch))
+    prompt, token, step, _ = recurring_token(model)
+    kwargs = dict(**prompt_inputs(prompt), do_sample=False, max_new_tokens=30, eos_token_id=token)
+    expected = stock_generate(model, **kwargs)
+    assert expected.shape[1] == len(prompt) + step + 1  # the stop is new token number `step`
+    out = model.generate(**kwargs, candidate_generator=make())
+    assert out.tolist() == expected.tolist()
+
+
+def check_stop_strings(make, arch: str) -> None:
+    model, tokenizer = hfs.enable(build_model(arch)), char_tokenizer()
+    free = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None)
+    start = prompt_inputs()["input_ids"].shape[1]
+    for at in (4, 9):
+        stop = tokenizer.decode(free[0, start + at: start + at + 2])
+        kwargs = dict(**prompt_inputs(), do_sample=False, max_new_tokens=30, eos_token_id=None, stop_strings=[stop],
+                      tokenizer=tokenizer)
+        expected = stock_generate(model, **kwargs)
+        assert model.generate(**kwargs, candidate_generator=make()).tolist() == expected.tolist()
+
+
+def check_seeded_sampling(make, arch: str = "llama") -> None:
+    """One seed, one text: the same as the plain seeded call, whatever was drafted or measured before."""
+    model = hfs.enable(build_model(arch))
+    inputs = prompt_inputs()
+    torch.manual_seed(5)
+    expected = model.generate(**inputs, **SAMPLING, sampling_seed=call_seed())
+    strategy, drafted = make(), 0
+    for run in range(3):
+        forget_costs(model)
+        torch.manual_seed(5)
+        out = model.generate(**inputs, **SAMPLING, candidate_generator=strategy)
+        assert out.tolist() == expected.tolist(), run
+        drafted += hfs.last_stats(model).drafted_tokens
+    assert drafted > 0
+    other = model.generate(**inputs, **SAMPLING, sampling_seed=4, candidate_generator=strategy)
+    assert other.tolist() == model.generate(**inputs, **SAMPLING, sampling_seed=4).tolist()
