@@ -154,6 +154,30 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         (``hfs.Hybrid``): keep the per-call state that must see every target forward in step (e.g.
         captured hidden states), without learning from a draft this drafter did not make."""
 
+    def follow_tree(self, input_ids: torch.LongTensor, tree: Any, verdict: Any) -> None:
+        """:meth:`follow_verified` in hf_speculative's own loop, where the verified draft (another member's,
+        ``hfs.Hybrid``) is a :class:`~hf_speculative.tree.DraftTree` and ``verdict`` its
+        :class:`~hf_speculative.tree.Verdict`. A chain is handed to :meth:`follow_verified`; a drafter that keeps
+        per-forward state along the rows of the forward (an EAGLE drafter's captured features) overrides this
+        to follow a tree's accepted path."""
+        if tree.is_chain():
+            self.follow_verified(input_ids, verdict.num_accepted, tree.size)
+        elif type(self).follow_verified is not SpeculativeCandidateGenerator.follow_verified:
+            raise NotImplementedError(
+                f"{type(self).__name__} follows other drafters' chains (follow_verified) but not their trees: "
+                "implement follow_tree(input_ids, tree, verdict), or combine it in hfs.Hybrid with chain drafters "
+                "only (tree=None).")
+
+    def start(self, prompt_length: int) -> None:
+        """Called once, before the first draft, with the prompt's length (transformers' loop: at the first
+        ``get_candidates``; hf_speculative's loop and ``hfs.Hybrid``: before the first proposal)."""
+        self._prompt_length = prompt_length
+
+    @property
+    def prompt_length(self) -> int | None:
+        """The call's prompt length once :meth:`start` ran, else ``None``."""
+        return self._prompt_length
+
     @property
     def after_prefill(self) -> bool:
         """True once the target's forwards are decoding steps (the first one also prefilled the prompt)."""
@@ -167,7 +191,7 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         """Returns the full sequence `[1, L+k]` and the candidate logits `[1, k, V]` or ``None``."""
         first_call = self._prompt_length is None
         if first_call:
-            self._prompt_length = input_ids.shape[1]
+            self.start(input_ids.shape[1])
         start = time.perf_counter()
         # Leave room for the target's own token: L + k + 1 <= max_length.
         budget = self.ctx.max_length - input_ids.shape[1] - 1

@@ -36,8 +36,8 @@ class ChainDrafter:
 
     def propose_tree(self, sequence: torch.LongTensor, max_depth: int) -> DraftTree:
         gen = self.generator
-        if gen._prompt_length is None:
-            gen._prompt_length = sequence.shape[1]
+        if gen.prompt_length is None:
+            gen.start(sequence.shape[1])
         grow = getattr(gen, "propose_tree", None)  # drafters that draft trees (``tree=`` options)
         tree = None if grow is None or max_depth < 1 else grow(sequence, max_depth)
         self._tree = tree is not None
@@ -61,7 +61,6 @@ class ChainDrafter:
         gen = self.generator
         gen.last_verify_s = time.perf_counter() - self._verify_started
         gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
-        gen._num_proposed = self._proposed
         if self._tree:
             gen.observe_tree(sequence, tree, verdict)
         else:

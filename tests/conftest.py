@@ -43,7 +43,8 @@ SLIDING_WINDOW = 8
 # Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
-            "early-exit-adapter", "layer-skip", "layer-skip-auto", "hybrid", "oracle", "adversary")
+            "early-exit-adapter", "layer-skip", "layer-skip-auto", "hybrid", "oracle", "adversary",
+            "lookup-tree", "eagle-tree", "hybrid-tree")
 _UNSET = object()
 
 
@@ -270,6 +271,16 @@ def make_drafter(name: str, target, reference):
         # trigram matches only: the lookup drafts once the text repeats itself, EAGLE before that
         return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, num_tokens=4, adaptive=False),
                           make_drafter("eagle3", target, reference))
+    # draft trees (hf_speculative's own loop): width 3, so paths other than the first branch get accepted
+    if name == "lookup-tree":
+        return hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3), adaptive=False)
+    if name == "eagle-tree":
+        return hfs.Eagle(random_eagle(target, version=3), tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3),
+                         adaptive=False)
+    if name == "hybrid-tree":
+        return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, tree=hfs.DynamicTree(nodes=6, depth=4, top_k=2),
+                                           adaptive=False),
+                          make_drafter("eagle-tree", target, reference))
     if name == "oracle":
         return OracleCandidateGenerator(reference, num_tokens=6)
     if name == "adversary":

@@ -34,6 +34,7 @@ def strategies(target) -> dict:
     chains["adaptive-lookup"] = hfs.PromptLookup()  # its costs measured under the jittered clock
     chains["lookup-tree"] = hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, top_k=2))
     chains["eagle-tree"] = hfs.Eagle(make_drafter("eagle3", target, None).drafter, tree=hfs.DynamicTree(nodes=8))
+    chains["hybrid-tree"] = make_drafter("hybrid-tree", target, None)
     return chains
 
 

@@ -77,13 +77,13 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _maybe_calibrate(self, input_ids: torch.LongTensor) -> None:
         config = self.config
-        if input_ids.shape[1] - self._prompt_length < config.calibration_tokens:
+        if input_ids.shape[1] - self.prompt_length < config.calibration_tokens:
             # wait for enough generated text to measure agreement on (said in the stats, in case the call ends first)
             self.stats.extra[config.name] = {"source": "waiting", "calibration_tokens": config.calibration_tokens,
-                                             "generated": input_ids.shape[1] - self._prompt_length}
+                                             "generated": input_ids.shape[1] - self.prompt_length}
             return
         plan = config.calibration_for(self.ctx.target) or config.calibrate(self.ctx.target, input_ids,
-                                                                           from_position=self._prompt_length)
+                                                                           from_position=self.prompt_length)
         self._use(plan.drafted_layers, source=plan.source, plan=plan)
 
     @torch.no_grad()

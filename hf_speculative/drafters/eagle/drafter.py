@@ -228,11 +228,14 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         return tree
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        self.features.follow_tree(input_ids.shape[1], tree.size, list(verdict.path))
+        self.follow_tree(input_ids, tree, verdict)
         if self.after_prefill and tree.size:
             self.verify_costs.observe(tree.size, self.last_verify_s)
         if tree.size:
             self.budget.verified(self._asked, verdict.num_accepted)
+
+    def follow_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        self.features.follow_tree(input_ids.shape[1], tree.size, list(verdict.path))
 
     def close(self):
         self.features.close()
