@@ -22,6 +22,7 @@ the target's distribution, the same whatever was drafted.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from typing import Any
@@ -56,6 +57,20 @@ class RowSampler(SeededSampler):
         position, vocab = input_ids.shape[-1] + self.offset, scores.shape[-1]
         logprobs = torch.log_softmax(scores.float(), dim=-1)  # [1, V]
         return (logprobs + self.noise(self.row, position, vocab, scores.device)).argmax(dim=-1)
+
+
+def row_view(processor: Any, row: int, batch: int) -> Any:
+    """``processor`` for row ``row`` of a ``batch``-row call, processed alone: a shallow copy whose per-row tensors
+    (a leading axis of ``batch``, e.g. the repetition penalty's ``prompt_ignore_length``, each row's padding) are
+    cut to that row; the processor itself when it has none."""
+    rows = {name: value for name, value in getattr(processor, "__dict__", {}).items()
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == batch}
+    if not rows:
+        return processor
+    view = copy.copy(processor)
+    for name, value in rows.items():
+        setattr(view, name, value[row:row + 1])
+    return view
 
 
 def check_batch_strategy(strategy: Any) -> None:
@@ -114,9 +129,8 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
     processors, sampler = split_sampler(logits_processor)
 
     def row_processors(row: int, offset: int) -> LogitsProcessorList:
-        if sampler is None:
-            return processors
-        return LogitsProcessorList([*processors, RowSampler(sampler.seed, row, offset)])
+        items = [row_view(p, row, batch) for p in processors]
+        return LogitsProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
 
     targets = [row_processors(b, 0) for b in range(batch)]
     drafters: list[ChainDrafter | None] = []

@@ -130,10 +130,11 @@ def test_errors_about_a_default_say_how_to_turn_it_off(llama):
     with pytest.raises(ValueError, match=r"beam search.*model\.generation_config\.candidate_generator: pass "
                                          r"candidate_generator=None to generate\(\)"):
         llama.generate(**prompt_inputs(), max_new_tokens=4, num_beams=2)
-    with pytest.raises(ValueError, match=r"batch size 1.*the GenerationConfig passed to generate\(\)"):
+    with pytest.raises(ValueError, match=r"batch size > 1\) supports.*the GenerationConfig passed to generate\(\)"):
         ids = torch.tensor([[3, 5, 6], [3, 5, 7]])
         llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                       generation_config=GenerationConfig(max_new_tokens=4, candidate_generator=hfs.PromptLookup()))
+                       generation_config=GenerationConfig(max_new_tokens=4,
+                                                          candidate_generator=hfs.EarlyExit(exit_layer=1)))
     # turned off for the call, beam search runs as transformers' own
     ref = stock_generate(llama, **prompt_inputs(), max_new_tokens=6, num_beams=2)
     assert llama.generate(**prompt_inputs(), max_new_tokens=6, num_beams=2,

@@ -277,11 +277,11 @@ def llama():
     return hfs.enable(build_model("llama"))
 
 
-def test_error_batch_size_two(llama):
-    ids = torch.tensor([PROMPT, PROMPT])
-    with pytest.raises(ValueError, match=r"batch size 1.*got batch size 2"):
+def test_error_batch_size_two_with_a_drafter_batches_do_not_support(llama):
+    ids = torch.tensor([PROMPT, PROMPT])  # (batches themselves: tests/test_batch.py)
+    with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.PromptLookup\(\) and hfs.DraftModel"):
         llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
-                       candidate_generator=hfs.PromptLookup())
+                       candidate_generator=hfs.EarlyExit(exit_layer=1))
 
 
 def test_error_beam_search(llama):
@@ -532,10 +532,10 @@ def test_custom_generate_route_sliding_window_model(strategy):
 @needs_custom_generate
 def test_custom_generate_route_validates_like_enable():
     model = build_model("llama")
-    with pytest.raises(ValueError, match=r"batch size 1"):
+    with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.PromptLookup"):
         ids = torch.tensor([PROMPT, PROMPT])
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
-                       custom_generate=hfs.speculative_generate, candidate_generator=hfs.PromptLookup())
+                       custom_generate=hfs.speculative_generate, candidate_generator=hfs.EarlyExit(exit_layer=1))
     with pytest.raises(ValueError, match=r"needs candidate_generator="):
         model.generate(**prompt_inputs(), max_new_tokens=4, custom_generate=hfs.speculative_generate)
     with pytest.raises(TypeError, match="pass an instance"):

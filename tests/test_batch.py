@@ -1,0 +1,393 @@
+"""Batches (B > 1, hf_speculative/batch_loop.py): every row token for token what transformers' own batched
+greedy ``generate`` writes for the same left-padded batch, and what the row writes alone.
+
+The references are stock ``generate`` (``type(model).generate``). Float noise: transformers' left-padded batch
+and our ``[B, 1 + n]`` forwards add the same real keys in different kernels; on these fp32 tiny models no
+row has met a near-tie, so the comparisons are exact (no tolerance rule is needed here).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+import hf_speculative as hfs
+from hf_speculative.batch_costs import BatchCostModel, batch_costs_for, forget_batch_costs
+from hf_speculative.batch_verify import BatchVerifier
+from tests.conftest import ARCHS, _plain_copy, build_model, char_tokenizer, sibling_model, stock_generate
+
+PROMPTS = [
+    [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],
+    [3, 4, 5, 6, 7, 5, 6, 7],
+    [3, 9, 10, 11, 9, 10, 11, 9, 10, 11, 12, 13, 14, 9, 10, 11, 9, 10, 11, 9],
+    [4, 4],
+]
+BATCH_DRAFTERS = ("prompt-lookup", "prompt-lookup-adaptive", "lookup-tree", "draft-model", "draft-model-copy")
+
+
+def left_padded(prompts, pad: int = 0) -> dict:
+    """``input_ids`` / ``attention_mask`` ``[B, L]``, padded on the left as transformers' tokenizers do."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def batch_drafter(name: str, target):
+    if name == "prompt-lookup":
+        return hfs.PromptLookup(adaptive=False)
+    if name == "prompt-lookup-adaptive":
+        return hfs.PromptLookup()
+    if name == "lookup-tree":
+        return hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3), adaptive=False)
+    if name == "draft-model":
+        return hfs.DraftModel(sibling_model(target), adaptive=False)
+    if name == "draft-model-copy":
+        return hfs.DraftModel(_plain_copy(target), confidence_threshold=0.0, adaptive=False)
+    raise ValueError(name)
+
+
+@pytest.fixture
+def cheap_batches():
+    """Fixed batch costs of a memory-bound device (GPU-like: a forward costs about the same whatever its token
+    count), so that drafts pay at every batch size of these tests whatever the machine's load."""
+    fixed = []
+
+    def apply(target):
+        batch_costs_for(target).fix(overhead=10.0, per_token=0.01)
+        fixed.append(target)
+        return target
+
+    yield apply
+    for target in fixed:
+        forget_batch_costs(target)
+
+
+def rows_alone(model, prompts, **kwargs) -> list[list[int]]:
+    """Each prompt generated alone (no padding) by stock greedy: its new tokens."""
+    return [stock_generate(model, **left_padded([p]), do_sample=False, **kwargs)[0, len(p):].tolist() for p in prompts]
+
+
+def new_tokens(out, prompts, pad: int = 0, eos=None) -> list[list[int]]:
+    """Each row's new tokens, without the filling after its EOS."""
+    width = max(len(p) for p in prompts)
+    rows = []
+    for row in out[:, width:].tolist():
+        if eos is not None and eos in row:
+            row = row[: row.index(eos) + 1]
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", BATCH_DRAFTERS)
+def test_rows_equal_batched_greedy_and_alone(arch, name, cheap_batches):
+    model = cheap_batches(hfs.enable(build_model(arch)))
+    inputs = left_padded(PROMPTS)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=40)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=40, candidate_generator=batch_drafter(name, model))
+    stats = hfs.last_stats(model)
+    assert out.tolist() == ref.tolist()
+    eos = model.generation_config.eos_token_id
+    assert new_tokens(out, PROMPTS, eos=eos) == rows_alone(model, PROMPTS, max_new_tokens=40)
+    assert stats.drafted_tokens > 0, stats
+    if name != "draft-model":  # (the sibling model is a mostly wrong drafter)
+        assert stats.target_forwards < 40, stats
+    if name == "draft-model-copy":
+        assert stats.accepted_tokens == stats.drafted_tokens, stats
+
+
+def test_rows_of_very_different_lengths(cheap_batches):
+    model = cheap_batches(hfs.enable(build_model("llama", eos=None)))
+    long = (PROMPTS[0] * 4)[:50]
+    prompts = [[7], long, [3, 4]]
+    inputs = left_padded(prompts)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=30)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=30,
+                         candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert out.tolist() == ref.tolist()
+    assert new_tokens(out, prompts) == rows_alone(model, prompts, max_new_tokens=30)
+    assert hfs.last_stats(model).accepted_tokens > 0
+
+
+def _early_token(model, prompts, max_new_tokens=30):
+    """A token that one row's greedy text writes early and the other rows do not write at all."""
+    free = stock_generate(model, **left_padded(prompts), do_sample=False, max_new_tokens=max_new_tokens,
+                          eos_token_id=None)[:, max(len(p) for p in prompts):].tolist()
+    for row, text in enumerate(free):
+        others = {t for i, other in enumerate(free) if i != row for t in other}
+        for position, token in enumerate(text[2:12], start=2):
+            if token not in others and token not in text[:position] and token != 0:
+                return token, row
+    raise AssertionError(f"no token of one row only in {free}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_row_hits_eos_while_others_go_on(arch, cheap_batches):
+    model = cheap_batches(hfs.enable(build_model(arch)))
+    token, row = _early_token(model, PROMPTS)
+    inputs = left_padded(PROMPTS)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=30, eos_token_id=token)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=30, eos_token_id=token,
+                         candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert out.tolist() == ref.tolist()
+    width = inputs["input_ids"].shape[1]
+    finished = out[row, width:].tolist()
+    assert token in finished
+    end = finished.index(token) + 1
+    assert finished[end:] == [0] * (len(finished) - end)  # filled with pad_token_id
+    assert out.shape[1] > width + end  # the others went on
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_row_hits_a_stop_string_while_others_go_on(arch, cheap_batches):
+    model = cheap_batches(hfs.enable(build_model(arch)))
+    tokenizer = char_tokenizer()
+    token, row = _early_token(model, PROMPTS)
+    stop = tokenizer.decode([token])
+    inputs = left_padded(PROMPTS)
+    kwargs = dict(do_sample=False, max_new_tokens=30, stop_strings=[stop], tokenizer=tokenizer)
+    ref = stock_generate(model, **inputs, **kwargs)
+    out = model.generate(**inputs, **kwargs, candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert out.tolist() == ref.tolist()
+    assert token in out[row, inputs["input_ids"].shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("max_new_tokens", [3, 7, 11])
+def test_max_new_tokens_inside_a_draft(max_new_tokens, cheap_batches):
+    """A copy of the target drafts 6 tokens that are always accepted: the length limit falls inside drafts."""
+    model = cheap_batches(hfs.enable(build_model("qwen2")))
+    inputs = left_padded(PROMPTS[:3])
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=max_new_tokens)
+    drafter = hfs.DraftModel(_plain_copy(model), num_tokens=6, confidence_threshold=0.0, adaptive=False)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, candidate_generator=drafter)
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.accepted_tokens == stats.drafted_tokens > 0
+
+
+def test_finished_rows_leave_the_batch_and_holes_are_repacked(cheap_batches, monkeypatch):
+    model = cheap_batches(hfs.enable(build_model("llama")))
+    token, row = _early_token(model, PROMPTS)
+    sizes, compactions = [], []
+    forward, compact = BatchVerifier.forward, BatchVerifier.compact
+
+    def counting_forward(self, pending, pending_mask, trees):
+        sizes.append(pending.shape[0])
+        return forward(self, pending, pending_mask, trees)
+
+    def counting_compact(self):
+        compactions.append(self.slots.shape[1])
+        return compact(self)
+
+    monkeypatch.setattr(BatchVerifier, "forward", counting_forward)
+    monkeypatch.setattr(BatchVerifier, "compact", counting_compact)
+    inputs = left_padded([[7], *PROMPTS])  # one very short row: its left padding is a quarter of the slots
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=40, eos_token_id=token)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=40, eos_token_id=token,
+                         candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert out.tolist() == ref.tolist()
+    assert sizes[0] == 5 and min(sizes) < 5
+    assert compactions
+
+
+def test_seeded_sampling_per_row_is_the_plain_seeded_batch(cheap_batches):
+    """Under sampling each row draws its own seeded noise (seed, row, position): the batch is the plain seeded
+    batch (no drafter), whatever each drafter proposed."""
+    model = cheap_batches(hfs.enable(build_model("llama")))
+    inputs = left_padded(PROMPTS)
+    kwargs = dict(do_sample=True, temperature=0.8, max_new_tokens=30, sampling_seed=1234)
+    plain = model.generate(**inputs, **kwargs, candidate_generator=None)
+    for name in ("prompt-lookup", "draft-model-copy", "lookup-tree"):
+        out = model.generate(**inputs, **kwargs, candidate_generator=batch_drafter(name, model))
+        assert out.tolist() == plain.tolist()
+        stats = hfs.last_stats(model)
+        assert stats.drafted_tokens > 0
+        if name == "draft-model-copy":  # the drafter draws with its row's noise too: the target's own draws
+            assert stats.accepted_tokens == stats.drafted_tokens, stats
+    assert model.generate(**inputs, **{**kwargs, "sampling_seed": 99},
+                          candidate_generator=hfs.PromptLookup()).tolist() != plain.tolist()
+    # the rows are not copies of one another's draws: row 0 alone is not row 0 of a batch of identical rows
+    same = left_padded([PROMPTS[0]] * 3)
+    out = model.generate(**same, **kwargs, candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert len({tuple(r) for r in out.tolist()}) > 1
+
+
+def test_pipeline_with_batch_size(cheap_batches):
+    from transformers import pipeline
+
+    model = cheap_batches(hfs.enable(build_model("llama")))
+    tokenizer = char_tokenizer()
+    tokenizer.padding_side = "left"
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer, batch_size=3)
+    texts = [tokenizer.decode(p) for p in PROMPTS] + [tokenizer.decode(PROMPTS[0][:5])]
+    plain = pipe(texts, max_new_tokens=20, do_sample=False, candidate_generator=None)
+    calls = []
+    original = hfs.integration._batched
+
+    def spying(inputs):
+        calls.append(original(inputs))
+        return calls[-1]
+
+    import hf_speculative.integration as integration
+
+    integration._batched, saved = spying, original
+    try:
+        out = pipe(texts, max_new_tokens=20, do_sample=False, candidate_generator=hfs.PromptLookup(adaptive=False))
+        assert out == plain
+        assert any(calls)
+        # the model's default drafter, from its generation config
+        calls.clear()
+        model.generation_config.candidate_generator = hfs.PromptLookup(adaptive=False)
+        assert pipe(texts, max_new_tokens=20, do_sample=False) == plain
+        assert any(calls) and hfs.last_stats(model).method == "prompt-lookup"
+    finally:
+        integration._batched = saved
+        model.generation_config.candidate_generator = None
+
+
+@pytest.mark.skipif(not hfs.compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE, reason="custom_generate callables: >= 4.57")
+def test_custom_generate_route_batches(cheap_batches):
+    model = cheap_batches(build_model("llama"))
+    inputs = left_padded(PROMPTS)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=20)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=20, custom_generate=hfs.speculative_generate,
+                         candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert out.tolist() == ref.tolist()
+
+
+# -- the cost model -------------------------------------------------------------------------------
+def test_cost_model_falls_back_to_plain_decoding_at_large_batches():
+    costs = BatchCostModel()
+    costs.fix(overhead=10.0, per_token=1.0)  # a CPU-like device: 10 tokens' worth of fixed cost per forward
+    good = 0.8
+    assert costs.plan([good], [1.0], 8) > 0
+    widths = [costs.plan([good] * b, [1.0] * b, 8) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert widths == sorted(widths, reverse=True) and widths[0] > 0 and widths[-1] == 0, widths
+    # rows that rarely draft pull the width down too
+    assert costs.plan([good] * 4, [0.05] * 4, 8) < costs.plan([good] * 4, [1.0] * 4, 8)
+
+
+def test_batch_of_many_rows_decodes_plainly_by_itself():
+    model = hfs.enable(build_model("llama", eos=None))
+    batch_costs_for(model).fix(overhead=10.0, per_token=1.0)
+    try:
+        many = left_padded([PROMPTS[i % 4] for i in range(32)])
+        ref = stock_generate(model, **many, do_sample=False, max_new_tokens=12)
+        out = model.generate(**many, do_sample=False, max_new_tokens=12, candidate_generator=hfs.PromptLookup())
+        assert out.tolist() == ref.tolist()
+        assert hfs.last_stats(model).drafted_tokens == 0
+        few = left_padded(PROMPTS[:2])
+        model.generate(**few, do_sample=False, max_new_tokens=12, candidate_generator=hfs.PromptLookup(adaptive=False))
+        assert hfs.last_stats(model).drafted_tokens > 0
+    finally:
+        forget_batch_costs(model)
+
+
+def test_cost_model_measures_and_extrapolates():
+    costs = BatchCostModel()
+    for batch, width, seconds in ((1, 1, 1.0), (1, 5, 1.4), (8, 1, 1.8), (8, 5, 5.0)):
+        costs.observe(batch, width, seconds * 1.5)  # the first timing of a shape is often inflated
+        costs.observe(batch, width, seconds)
+    assert costs.measured(8, 5) and not costs.measured(16, 1)
+    assert costs.ratio(1, 4) == pytest.approx(1.4) and costs.ratio(8, 4) == pytest.approx(5.0 / 1.8)
+    assert costs.ratio(16, 4) > costs.ratio(8, 4)  # from the line through the measurements
+    assert costs.seconds(16, 1) > costs.seconds(8, 1)
+    with pytest.raises(ValueError, match=r"per_token > 0"):
+        costs.fix(overhead=1.0, per_token=0.0)
+
+
+# -- clear errors ---------------------------------------------------------------------------------
+@pytest.fixture
+def llama():
+    return hfs.enable(build_model("llama"))
+
+
+@pytest.mark.parametrize("strategy", ["early-exit", "hybrid", "raw"])
+def test_other_drafters_are_refused_for_batches(llama, strategy):
+    from tests.conftest import OracleCandidateGenerator
+
+    drafter = {"early-exit": lambda: hfs.EarlyExit(exit_layer=1),
+               "hybrid": lambda: hfs.Hybrid(hfs.PromptLookup(), hfs.PromptLookup(max_ngram=2)),
+               "raw": lambda: OracleCandidateGenerator([1, 2, 3])}[strategy]()
+    with pytest.raises(ValueError, match=r"Batched speculative decoding \(batch size > 1\) supports hfs.PromptLookup"):
+        llama.generate(**left_padded(PROMPTS[:2]), max_new_tokens=4, candidate_generator=drafter)
+
+
+def test_eagle_is_refused_for_batches(llama):
+    from tests.conftest import random_eagle
+
+    with pytest.raises(ValueError, match=r"not 'eagle"):
+        llama.generate(**left_padded(PROMPTS[:2]), max_new_tokens=4,
+                       candidate_generator=hfs.Eagle(random_eagle(llama, version=3)))
+
+
+def test_a_refused_default_says_where_it_comes_from(llama):
+    with pytest.raises(ValueError, match=r"supports hfs.PromptLookup.*the GenerationConfig passed to generate\(\)"):
+        llama.generate(**left_padded(PROMPTS[:2]),
+                       generation_config=GenerationConfig(max_new_tokens=4,
+                                                          candidate_generator=hfs.EarlyExit(exit_layer=1)))
+
+
+def test_right_padding_is_refused(llama):
+    ids = torch.tensor([[3, 5, 6, 0], [3, 5, 6, 7]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"needs left-padded prompts.*padding_side = 'left'"):
+        llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, candidate_generator=hfs.PromptLookup())
+
+
+def test_static_cache_streamer_and_scores_are_refused(llama):
+    from transformers.generation.streamers import BaseStreamer
+
+    class Quiet(BaseStreamer):  # takes any batch (transformers' TextStreamer refuses batches itself)
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+
+    inputs = left_padded(PROMPTS[:2])
+    with pytest.raises(ValueError, match=r"runs on the dynamic cache: drop cache_implementation='static'"):
+        llama.generate(**inputs, max_new_tokens=4, cache_implementation="static",
+                       candidate_generator=hfs.PromptLookup())
+    with pytest.raises(ValueError, match=r"Streaming a batch is not supported"):
+        llama.generate(**inputs, max_new_tokens=4, streamer=Quiet(),
+                       candidate_generator=hfs.PromptLookup())
+    with pytest.raises(ValueError, match=r"returns sequences only: drop output_scores="):
+        llama.generate(**inputs, max_new_tokens=4, return_dict_in_generate=True, output_scores=True,
+                       candidate_generator=hfs.PromptLookup())
+    out = llama.generate(**inputs, max_new_tokens=4, return_dict_in_generate=True,
+                         candidate_generator=hfs.PromptLookup())
+    assert out.sequences.shape == (2, inputs["input_ids"].shape[1] + 4)
+
+
+def test_logits_processors_see_the_padded_rows(cheap_batches):
+    """A repetition penalty reads each row as transformers' batch does (its padding included)."""
+    model = cheap_batches(hfs.enable(build_model("gemma3")))
+    inputs = left_padded(PROMPTS)
+    kwargs = dict(do_sample=False, max_new_tokens=25, repetition_penalty=1.3, no_repeat_ngram_size=4)
+    ref = stock_generate(model, **inputs, **kwargs)
+    out = model.generate(**inputs, **kwargs, candidate_generator=hfs.PromptLookup(adaptive=False),
+                         logits_processor=LogitsProcessorList())
+    assert out.tolist() == ref.tolist()
+
+
+# -- the real model --------------------------------------------------------------------------------
+@pytest.mark.integration
+@pytest.mark.slow
+def test_real_model_batch(integration):
+    model, tokenizer = integration
+    hfs.enable(model)
+    tokenizer.padding_side = "left"
+    texts = ["Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm.",
+             "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
+             "Translate to French: good morning",
+             "List three colors."]
+    messages = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                              add_generation_prompt=True) for t in texts]
+    inputs = tokenizer(messages, return_tensors="pt", padding=True)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=48)
+    for drafter in (hfs.PromptLookup(), hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4))):
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=48, candidate_generator=drafter)
+        assert out.tolist() == ref.tolist()
