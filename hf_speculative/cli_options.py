@@ -47,6 +47,12 @@ EagleOpt = Annotated[
     Optional[str],
     typer.Option("--eagle", help="EAGLE drafter folder for the eagle method (default: the one shipped for --model)."),
 ]
+TreeNodesOpt = Annotated[
+    Optional[int],
+    typer.Option("--tree-nodes", min=1, max=64,
+                 help="Largest draft tree of the tree methods (eagle-tree, eagle+lookup-tree; default 32): each step "
+                 "verifies as many of them as the measured verification cost says pay (0 to this)."),
+]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate per prompt (at most).")]
 ThreadsOpt = Annotated[
     int, typer.Option("--threads", min=1, help="torch CPU threads (1 is fastest and steadiest on CPU).")
@@ -94,13 +100,14 @@ class RunOptions:
     skip: Optional[str] = None
     calibration_file: Optional[str] = None
     adapter: Optional[str] = None
+    tree_nodes: Optional[int] = None
     sdpa_gqa: bool = False
     cpu_layout: str = "none"
 
     def method_options(self) -> dict[str, Any]:
         """The options the methods read (:mod:`hf_speculative.methods`), the ones given only."""
         names = ("draft_model", "num_tokens", "max_ngram", "exit_layer", "eagle", "skip", "calibration_file",
-                 "adapter")
+                 "adapter", "tree_nodes")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
@@ -108,6 +115,7 @@ _ALIASES = {
     "model": ModelOpt, "max_new_tokens": MaxNewOpt, "threads": ThreadsOpt, "chat_template": ChatOpt,
     "draft_model": DraftOpt, "num_tokens": NumTokensOpt, "max_ngram": MaxNgramOpt, "exit_layer": ExitLayerOpt,
     "eagle": EagleOpt, "skip": SkipOpt, "calibration_file": CalibrationOpt, "adapter": AdapterOpt,
+    "tree_nodes": TreeNodesOpt,
     "sdpa_gqa": GqaOpt, "cpu_layout": LayoutOpt,
 }
 _SHARED = [

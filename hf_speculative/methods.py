@@ -307,6 +307,44 @@ def _build_eagle_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
 
 
+def tree_shape(nodes: int) -> Any:
+    """The EAGLE-2 dynamic tree the tree methods draft with a budget of ``nodes``: deeper and wider as it grows
+    (the shape ``benchmarks/tree_tau.py`` measured)."""
+    import hf_speculative as hfs
+
+    return hfs.DynamicTree(nodes=nodes, depth=min(8, max(3, nodes // 4)), top_k=min(8, nodes))
+
+
+def _tree_nodes(spec: MethodSpec, options: dict) -> int:
+    return _checked(spec, options, "tree_nodes", 1, 64)
+
+
+def _build_eagle_tree(model: Any, tokenizer: Any, options: dict) -> dict:
+    """EAGLE drafting dynamic trees, their size per step chosen from the measured verification cost."""
+    import hf_speculative as hfs
+    from hf_speculative.drafters.eagle.drafter import pretrained_names
+
+    spec = get_method("eagle-tree")
+    shape = tree_shape(_tree_nodes(spec, options))
+    return _trained_strategy("eagle-tree", model, options, source_option="eagle", what="EAGLE drafter",
+                             shipped=pretrained_names(), missing="pass --eagle PATH to a trained drafter.",
+                             cache_key="_eagle_tree_strategies",
+                             load=lambda source, settings: hfs.Eagle.from_pretrained(source, target=model, tree=shape,
+                                                                                     **settings))
+
+
+def _build_eagle_lookup_tree(model: Any, tokenizer: Any, options: dict) -> dict:
+    """The hybrid of lookup trees (several n-gram matches) and EAGLE trees, in hf_speculative's own loop."""
+    import hf_speculative as hfs
+
+    spec = get_method("eagle+lookup-tree")
+    nodes = _tree_nodes(spec, options)
+    eagle = _build_eagle_tree(model, tokenizer, {**options, "tree_nodes": nodes})["candidate_generator"]
+    max_ngram = spec.option(options, "max_ngram")
+    lookup = hfs.PromptLookup(tree=tree_shape(nodes), **({} if max_ngram is None else {"max_ngram": max_ngram}))
+    return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
+
+
 def _length_options(spec: MethodSpec, options: dict) -> dict:
     """``num_tokens`` as an int, when given (the option the self-speculative and trained drafters share),
     checked here (not coerced: ``int()`` would turn ``2.7`` into 2 silently) because it keys a cache of
@@ -429,6 +467,24 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_eagle_lookup,
             {"eagle": None, "num_tokens": None, "max_ngram": None},
+        ),
+        MethodSpec(
+            "eagle-tree",
+            "EAGLE tree (hfs)",
+            "hf_speculative's EAGLE drafter drafting EAGLE-2 dynamic trees, verified in one forward with tree attention "
+            "in hf_speculative's own loop; the tree's size per step follows the measured verification cost.",
+            "hfs",
+            _build_eagle_tree,
+            {"eagle": None, "num_tokens": None, "tree_nodes": 32},
+        ),
+        MethodSpec(
+            "eagle+lookup-tree",
+            "EAGLE + lookup trees (hfs)",
+            "hf_speculative's hybrid with trees: a tree of several prompt-lookup matches when one pays, else an EAGLE "
+            "dynamic tree (hfs.Hybrid with tree= members, hf_speculative's own loop).",
+            "hfs",
+            _build_eagle_lookup_tree,
+            {"eagle": None, "num_tokens": None, "max_ngram": None, "tree_nodes": 32},
         ),
         MethodSpec(
             "early-exit",
