@@ -18,6 +18,12 @@ from typing import Any, Iterable
 DATASET = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"
 """The shipped Spec-Bench ``question.jsonl``: the default of ``hf-speculative bench --dataset``."""
 
+REPEATED = Path(__file__).resolve().parent / "data" / "repeated" / "question.jsonl"
+"""A repeated-request workload in Spec-Bench's format (``--dataset``): ``doc-edit``, one notice edited five times
+in a row (each request holds the current version, each answer rewrites it whole), and ``chat-quote``, a chat
+whose later turns quote and repeat the earlier ones (each request holds the transcript so far). Written for
+hf_speculative (issue 35) to measure drafters that reuse earlier requests and outputs (``suffix``)."""
+
 MT_BENCH = "mt-bench"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_CATEGORIES = (MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")

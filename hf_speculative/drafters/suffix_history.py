@@ -86,13 +86,17 @@ class SuffixHistory:
     def _load(self) -> None:
         try:
             data = json.loads(self.path.read_text())
-            outputs = data["outputs"] if isinstance(data, dict) and data.get("format") == FORMAT else None
-            if not isinstance(outputs, list) or not all(
-                    isinstance(o, list) and all(isinstance(t, int) and t >= 0 for t in o) for o in outputs):
-                raise ValueError("not a list of token lists")
-        except (OSError, ValueError, KeyError) as error:
+        except (OSError, ValueError) as error:
+            problem = str(error)
+        else:
+            outputs = data.get("outputs") if isinstance(data, dict) and data.get("format") == FORMAT else None
+            valid = isinstance(outputs, list) and all(
+                isinstance(o, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in o)
+                for o in outputs)
+            problem = None if valid else "not a list of token lists"
+        if problem is not None:
             raise ValueError(f"SuffixDecoding(history_file={str(self.path)!r}): cannot read it as a suffix "
-                             f"history ({error}); pass a file written by SuffixDecoding, or a new path.") from None
+                             f"history ({problem}); pass a file written by SuffixDecoding, or a new path.")
         for output in outputs:
             self._insert(output)
 
