@@ -233,3 +233,14 @@ def test_real_model_equals_greedy():
     assert out.tolist() == expected.tolist()
     stats = hfs.last_stats(model)
     assert stats.accepted_tokens > 0 and stats.target_forwards < 48
+
+
+def test_saved_in_a_generation_config(tmp_path):
+    from hf_speculative import spec
+
+    model = hfs.enable(build_model("llama"))
+    strategy = hfs.Lookahead(window=3, ngram=5, guesses=2, text_ngrams=False)
+    written = strategy.save_pretrained(tmp_path)
+    assert written == {"method": "lookahead", "options": spec.options_of(strategy)}
+    restored = spec.from_spec(written, model, tmp_path)
+    assert restored == strategy

@@ -200,3 +200,19 @@ def test_real_model_equals_greedy_and_learns_from_its_history():
         assert out.tolist() == expected.tolist()
         forwards.append(hfs.last_stats(model).target_forwards)
     assert forwards[1] < forwards[0]
+
+
+def test_saved_in_a_generation_config(tmp_path):
+    import json
+
+    from hf_speculative import spec
+
+    model = hfs.enable(build_model("llama"))
+    strategy = hfs.SuffixDecoding(max_nodes=12, spec_factor=2.0, history_file=tmp_path / "history.json")
+    model.generation_config.candidate_generator = strategy
+    model.save_pretrained(tmp_path / "model")
+    written = json.loads((tmp_path / "model" / "generation_config.json").read_text())["candidate_generator"]
+    assert written == {"method": "suffix", "options": spec.options_of(strategy)}
+    assert written["options"]["history_file"] == str(tmp_path / "history.json")
+    restored = spec.from_spec(written, model, tmp_path / "model")
+    assert type(restored) is hfs.SuffixDecoding and spec.options_of(restored) == spec.options_of(strategy)
