@@ -7,8 +7,10 @@ optionally kept in a file). At each step the last tokens are matched in both; fr
 likeliest continuations (counted frequencies, best first) form the draft tree, whose size grows with the match
 length (``spec_factor * length + spec_offset`` nodes, at most ``max_nodes``): a long match predicts well, a
 one-token match hardly. Of the two tries' trees the one with the higher expected accepted length is verified.
-With ``adaptive`` the measured verification cost also caps the node count (``TreeBudget``): on hardware where
-verifying many tokens is expensive, fewer. Prompt lookup is its special case without history, one branch.
+With ``adaptive`` the tree is then cut to the node count whose expected accepted tokens (the nodes' path
+probabilities, calibrated against what verification really kept) pay most for the measured cost of verifying
+them on this hardware (``costs.py``), 0 when none pays. Prompt lookup is its special case without history,
+one branch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
 from ..tree import ROOT, DraftTree, Verdict
 from ..tree_shapes import DynamicTree
-from .policy import TreeBudget
 from .suffix_history import SuffixHistory, history_for
 from .suffix_tree import SuffixTrie, best_speculation
 
@@ -54,8 +55,9 @@ class SuffixDecoding(DraftStrategy):
             and written to after every call.
         context_tokens (`int`, defaults to 65_536): the call's own trie indexes its last ``context_tokens``
             tokens (prompt and output); older ones are forgotten as the text grows.
-        adaptive (`bool`, defaults to `True`): cap the node count per step by the measured verification cost
-            and what trees kept (0 when drafting does not pay).
+        adaptive (`bool`, defaults to `True`): verify the first ``n`` nodes (best first) that maximise
+            ``(1 + expected accepted tokens) / cost(n)``, with the measured verification cost ``cost(n)`` of this
+            target (0 when no ``n`` pays); ``False`` verifies the whole tree.
     """
 
     max_depth: int = 24
@@ -116,8 +118,8 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
         self._forgotten = 0  # tokens[:_forgotten] left the call's trie (context_tokens)
         self.history = config.history(ctx.target) if ctx.target is not None else None
         self.costs = verify_costs_for(ctx.target, config.max_nodes)
-        self.budget = TreeBudget(self.costs, config.max_nodes, config.adaptive)
-        self._asked = 0
+        self.calibration = 1.0  # accepted tokens / the path probabilities' prediction (decayed)
+        self._predicted = 0.0
         self._sequence: torch.LongTensor | None = None
         self.last_match = (0, "none")  # (match length, "call" / "history" / "none") of the last draft
 
@@ -134,34 +136,54 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
     def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree:
         self._index(input_ids)
         self._sequence = input_ids
-        self._asked = nodes = self.budget.choose()
-        if nodes == 0:
-            return DraftTree.empty(input_ids.device)
+        self._predicted = 0.0
         config = self.config
-
-        def budget(length: int) -> int:
-            return min(nodes, config.node_budget(length))
+        budget = config.node_budget
 
         depth, max_match = min(max_depth, config.max_depth), config.max_depth - 1
         best = best_speculation(self.local, self.local.open_matches(max_match), budget, depth, config.min_token_prob)
         where = "call"
         if self.history is not None:
             other = self.history.speculate(self.tokens[-max_match:], max_match, budget, depth, config.min_token_prob)
-            if other[3] > best[3]:
+            if sum(other[3]) > sum(best[3]):
                 best, where = other, "history"
-        length, tokens, parents, _ = best
+        length, tokens, parents, probs = best
+        keep = self._size(probs)
+        tokens, parents = tokens[:keep], parents[:keep]  # best first: every prefix is a tree
+        self._predicted = sum(probs[:keep])
         self.last_match = (length, where if tokens else "none")
         if not tokens:
             return DraftTree.empty(input_ids.device)
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=input_ids.device),
                          torch.tensor(parents, dtype=torch.long, device=input_ids.device))
 
+    def _size(self, probs: list[float]) -> int:
+        """How many of the best-first nodes to verify: all without ``adaptive``; else the ``n`` with the most
+        expected tokens per unit of measured cost, ``(1 + calibration * sum(probs[:n])) / cost(n)``, and 0
+        unless that beats a plain step by 2% (noise)."""
+        if not self.config.adaptive:
+            return len(probs)
+        best, value, gain = 0, 1.0, 0.0
+        for n, prob in enumerate(probs, 1):
+            gain += prob * self.calibration
+            candidate = (1.0 + gain) / self.costs.ratio(n)
+            if candidate > value * 1.02:
+                best, value = n, candidate
+        if best == 0 and probs:  # nothing paid: forget a pessimistic calibration slowly, so drafting is retried
+            self.calibration += (1.0 - self.calibration) * 0.03
+        return best
+
+    def _learn(self, num_accepted: int) -> None:
+        if self._predicted > 0:
+            ratio = num_accepted / self._predicted
+            self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)
+
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
         self._sequence = input_ids
         if tree.size:
             if self.after_prefill:
                 self.costs.observe(tree.size, self.last_verify_s)
-            self.budget.verified(self._asked, verdict.num_accepted)
+            self._learn(verdict.num_accepted)
 
     def propose(self, input_ids: torch.LongTensor, max_tokens: int):
         """A chain, for a loop that verifies chains: the tree's first branch (its likeliest path)."""
@@ -178,7 +200,7 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
         if num_proposed:
             if self.after_prefill:
                 self.costs.observe(num_proposed, self.last_verify_s)
-            self.budget.verified(self._asked, num_accepted)
+            self._learn(num_accepted)
 
     def close(self) -> None:
         """The call's output joins the model's history (if the call generated anything)."""

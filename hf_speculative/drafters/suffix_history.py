@@ -63,9 +63,9 @@ class SuffixHistory:
         return True
 
     def speculate(self, context: list[int], max_match: int, nodes, depth: int,
-                  min_prob: float) -> tuple[int, list[int], list[int], float]:
+                  min_prob: float) -> tuple[int, list[int], list[int], list[float]]:
         """:func:`~hf_speculative.drafters.suffix_tree.best_speculation` over the suffixes of ``context`` (at
-        most ``max_match`` long) seen in earlier outputs: ``(match length, tokens, parents, score)``."""
+        most ``max_match`` long) seen in earlier outputs: ``(match length, tokens, parents, probs)``."""
         with self.lock:
             return best_speculation(self.trie, self.trie.matches(context, max_match), nodes, depth, min_prob)
 

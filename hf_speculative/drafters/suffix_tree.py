@@ -132,29 +132,33 @@ class SuffixTrie:
 
 
 def best_speculation(trie: SuffixTrie, matches: list[tuple[int, int]], nodes, depth: int,
-                     min_prob: float) -> tuple[int, list[int], list[int], float]:
+                     min_prob: float) -> tuple[int, list[int], list[int], list[float]]:
     """The best-scoring :func:`speculate` over ``matches`` (``(node, match length)``, longest first): ``(match
-    length, tokens, parents, score)``. ``nodes(length)`` is the node budget of a match of that length (it grows
-    with the length: a long match predicts well). A longer match wins ties; shorter ones leave more depth."""
-    best = (0, [], [], 0.0)
+    length, tokens, parents, probs)``, scored by ``sum(probs)``. ``nodes(length)`` is the node budget of a match
+    of that length (it grows with the length: a long match predicts well). A longer match wins ties; shorter ones
+    leave more depth."""
+    best, best_score = (0, [], [], []), 0.0
     for node, length in matches:
         budget = nodes(length)
-        if budget <= best[3]:  # a score is at most its node count: this one cannot win
+        if budget <= best_score:  # a score is at most its node count: this one cannot win
             continue
-        tokens, parents, score = speculate(trie, node, budget, min(depth, trie.depth - length), min_prob)
-        if score > best[3]:
-            best = (length, tokens, parents, score)
+        tokens, parents, probs = speculate(trie, node, budget, min(depth, trie.depth - length), min_prob)
+        if sum(probs) > best_score:
+            best, best_score = (length, tokens, parents, probs), sum(probs)
     return best
 
 
-def speculate(trie: SuffixTrie, node: int, nodes: int, depth: int, min_prob: float) -> tuple[list[int], list[int], float]:
+def speculate(trie: SuffixTrie, node: int, nodes: int, depth: int,
+              min_prob: float) -> tuple[list[int], list[int], list[float]]:
     """The likeliest continuations of ``node``: at most ``nodes`` tokens, ``depth`` deep, each with a path
     probability of at least ``min_prob``, best first (a child is never likelier than its parent, so best first
-    is topological). Returns ``(tokens, parents, score)``: ``parents[i]`` is ``-1`` for a child of the root,
-    ``score`` the sum of the probabilities (the expected number of accepted tokens, if they were calibrated)."""
+    is topological, and every prefix of the list is a tree). Returns ``(tokens, parents, probs)``:
+    ``parents[i]`` is ``-1`` for a child of the root, ``probs[i]`` the path probability of node ``i`` (their
+    sum is the expected number of accepted tokens, if the frequencies were calibrated: SuffixDecoding's score)."""
     tokens: list[int] = []
     parents: list[int] = []
-    score, order = 0.0, 0
+    probs: list[float] = []
+    order = 0
     heap: list[tuple[float, int, int, int, int]] = []
 
     def push(trie_node: int, prob: float, draft_parent: int, draft_depth: int) -> None:
@@ -173,6 +177,6 @@ def speculate(trie: SuffixTrie, node: int, nodes: int, depth: int, min_prob: flo
         neg, _, child, draft_parent, draft_depth = heapq.heappop(heap)
         tokens.append(trie.token[child])
         parents.append(draft_parent)
-        score -= neg
+        probs.append(-neg)
         push(child, -neg, len(tokens) - 1, draft_depth)
-    return tokens, parents, score
+    return tokens, parents, probs

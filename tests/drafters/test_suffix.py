@@ -152,6 +152,24 @@ def test_threads_keep_separate_histories_per_model():
         assert list(history.outputs) == [generated] * 6  # its own model's outputs only, every call's
 
 
+def test_adaptive_size_weighs_expected_tokens_against_the_measured_cost():
+    generator = open_generator(hfs.SuffixDecoding())
+    probs = [0.9, 0.8, 0.7, 0.1, 0.05]
+    generator.costs.fix([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])  # cheap rows: the likely nodes pay, the unlikely do not
+    assert generator._size(probs) == 3
+    generator.costs.fix([1.0, 3.0])  # every row costs two forwards: nothing pays
+    assert generator._size(probs) == 0
+    generator.costs.fix([1.0, 1.0])  # free rows: all but the last node, whose 0.05 is within the 2% margin
+    assert generator._size(probs) == 4
+    assert open_generator(hfs.SuffixDecoding(adaptive=False))._size(probs) == 5
+    generator.costs.fix([1.0, 1.15, 1.3, 1.45, 1.6, 1.75])
+    assert generator._size(probs) == 3
+    generator._predicted = 2.4
+    for _ in range(40):  # drafts predicted to keep 2.4 tokens keep none: the calibration falls, and so does n
+        generator._learn(0)
+    assert generator.calibration == pytest.approx(0.2) and generator._size(probs) == 1
+
+
 # -- memory bounds on long inputs ------------------------------------------------------------------
 def open_generator(strategy, target=None):
     ctx = CallContext(target=target, generation_config=GenerationConfig(do_sample=False, max_length=100_000),

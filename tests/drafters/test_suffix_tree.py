@@ -103,11 +103,11 @@ def test_speculate_ranks_by_frequency_and_cuts_by_probability():
     for continuation in ([5, 6], [5, 6], [5, 7], [8, 9]):  # after "1": 5 (3 of 4), then 6 (2 of 3); 8 (1 of 4)
         trie.add([1] + continuation)
     node = trie.children[ROOT_NODE][1]
-    tokens, parents, score = speculate(trie, node, nodes=10, depth=5, min_prob=0.0)
+    tokens, parents, probs = speculate(trie, node, nodes=10, depth=5, min_prob=0.0)
     assert tokens[:2] == [5, 6] and parents[:2] == [-1, 0]
     named = {(tokens[i], tokens[p] if p >= 0 else None) for i, p in enumerate(parents)}
     assert named == {(5, None), (6, 5), (7, 5), (8, None), (9, 8)} and len(tokens) == 5
-    assert score == pytest.approx(0.75 + 0.5 + 0.25 + 0.25 + 0.25)
+    assert probs == pytest.approx([0.75, 0.5, 0.25, 0.25, 0.25])  # best first
     assert all(p < i for i, p in enumerate(parents))
     tokens, parents, _ = speculate(trie, node, nodes=10, depth=5, min_prob=0.3)
     assert (tokens, parents) == ([5, 6], [-1, 0])
