@@ -427,6 +427,36 @@ def _build_lookahead(model: Any, tokenizer: Any, options: dict) -> dict:
     return {"candidate_generator": hfs.Lookahead() if ngram is None else hfs.Lookahead(ngram=ngram)}
 
 
+def _medusa_strategy(method: str, model: Any, options: dict, tree: bool) -> dict:
+    """The Medusa heads shipped for ``model``: chains of each head's top guess, or the tree calibrated when they
+    were trained (its first ``tree_nodes`` rank paths, parents first). Loaded once per model and settings."""
+    import hf_speculative as hfs
+    from hf_speculative.drafters.medusa.drafter import pretrained_names
+
+    spec = get_method(method)
+    nodes = _tree_nodes(spec, options) if tree else None
+
+    def load(source: Any, settings: dict) -> Any:
+        strategy = hfs.Medusa.from_pretrained(source, target=model, tree="calibrated" if tree else None, **settings)
+        if tree and strategy.tree.size > nodes:
+            strategy = dataclasses.replace(strategy, tree=hfs.StaticTree(strategy.tree.paths[:nodes]))
+        return strategy
+
+    return _trained_strategy(method, model, options, source_option="medusa", what="Medusa heads",
+                             shipped=pretrained_names(),
+                             missing="train heads with `hf-speculative train-medusa --target ...` and pass them with "
+                                     "candidate_generator=hfs.Medusa.from_pretrained(path, target=model).",
+                             cache_key=f"_{method}_strategies", load=load)
+
+
+def _build_medusa(model: Any, tokenizer: Any, options: dict) -> dict:
+    return _medusa_strategy("medusa", model, options, tree=False)
+
+
+def _build_medusa_tree(model: Any, tokenizer: Any, options: dict) -> dict:
+    return _medusa_strategy("medusa-tree", model, options, tree=True)
+
+
 def _checked(spec: MethodSpec, options: dict, key: str, low: int, high: int) -> int:
     """Option ``key`` of a transformers method, held to the limits hf_speculative's own strategies keep
     (transformers checks none of them)."""
@@ -552,6 +582,24 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_lookahead,
             {"max_ngram": None},
+        ),
+        MethodSpec(
+            "medusa",
+            "Medusa (hfs)",
+            "hf_speculative's Medusa heads on the target's last hidden state: a chain of each head's top guess "
+            "(the heads shipped for the model).",
+            "hfs",
+            _build_medusa,
+            {"num_tokens": None},
+        ),
+        MethodSpec(
+            "medusa-tree",
+            "Medusa tree (hfs)",
+            "hf_speculative's Medusa heads drafting the static tree calibrated on their validation ranks, verified "
+            "in one forward in hf_speculative's own loop; the tree's size per step follows the measured cost.",
+            "hfs",
+            _build_medusa_tree,
+            {"num_tokens": None, "tree_nodes": 16},
         ),
     ):
         register_method(spec, replace=True)
