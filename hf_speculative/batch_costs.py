@@ -95,21 +95,23 @@ class BatchCostModel:
             return max((overhead + per_token * batch * (1 + n)) / (overhead + per_token * batch), 1.0)
         return max(self.seconds(batch, 1 + n) / self.seconds(batch, 1), 1.0)
 
-    def plan(self, rates: Sequence[float], chances: Sequence[float], max_tokens: int) -> int:
+    def plan(self, rates: Sequence[float], chances: Sequence[float], max_tokens: int, batch: int | None = None) -> int:
         """The draft width (tokens per row, ``0..max_tokens``) with the most expected tokens per unit of cost
-        for a batch whose rows accept a draft token with probability ``rates[b]`` and propose one at all with
-        probability ``chances[b]``; 0 when no width beats plain decoding by 2%."""
-        batch = len(rates)
-        if batch == 0:
+        for running rows that accept a draft token with probability ``rates[b]`` and propose one at all with
+        probability ``chances[b]``, in a forward of ``batch`` rows (default: one per running row; finished rows
+        waiting to leave the batch count too); 0 when no width beats plain decoding by 2%."""
+        running = len(rates)
+        batch = running if batch is None else batch
+        if running == 0:
             return 0
         best_n, best_value = 0, 1.0
-        terms = [1.0] * batch
+        terms = [1.0] * running
         gains = 0.0
         for n in range(1, max_tokens + 1):
-            for b in range(batch):
+            for b in range(running):
                 terms[b] *= rates[b]
                 gains += chances[b] * terms[b]
-            value = (batch + gains) / batch / self.ratio(batch, n)
+            value = (running + gains) / running / self.ratio(batch, n)
             if value > best_value * _MARGIN:
                 best_n, best_value = n, value
         return best_n

@@ -146,27 +146,30 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
         rates = [AcceptanceEstimate() for _ in range(batch)]
         chances = [1.0] * batch
         verifier = BatchVerifier(target, batch)
-        live = list(range(batch))
+        members = list(range(batch))  # the rows in the verifier's batch, in order: running ones and finished ones
+        live = set(members)           # the running ones; finished rows stay (decoding nothing) until half are
         pending, pending_mask = input_ids, mask
         first = True
         while live:
             tick = time.perf_counter()
-            rooms = [min(max_depth, max_length - rows[b].shape[1] - 1) for b in live]
+            running = [b for b in members if b in live]
+            rooms = {b: min(max_depth, max_length - rows[b].shape[1] - 1) for b in running}
             width = 0
-            if max(rooms) > 0:
-                if not first and len(live) > 1 and not costs.measured(len(live), 1) and costs._fixed is None:
+            if max(rooms.values()) > 0:
+                if not first and len(members) > 1 and not costs.measured(len(members), 1) and costs._fixed is None:
                     width = 0  # measure this batch size's plain step first (twice: the lower of two timings)
                 else:
-                    width = costs.plan([rates[b].rate for b in live], [chances[b] for b in live], max(rooms))
+                    width = costs.plan([rates[b].rate for b in running], [chances[b] for b in running],
+                                       max(rooms.values()), batch=len(members))
             trees = []
-            for b, room in zip(live, rooms):
-                room = min(room, width)
+            for b in members:
+                room = min(rooms.get(b, 0), width)
                 tree = drafters[b].propose_tree(rows[b][:, pads[b]:], room) if room > 0 else DraftTree.empty()
                 if tree.size > width:  # a tree drafter bounds depth; the step's width bounds nodes
                     tree = DraftTree(tree.tokens[:width], tree.parents[:width])
                 trees.append(tree)
             if width == 0:
-                for b in live:
+                for b in running:
                     rates[b].forgive()
             stats.record_draft(sum(t.size for t in trees), time.perf_counter() - tick)
 
@@ -177,17 +180,22 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                 torch.cuda.synchronize()
             forward_s = time.perf_counter() - tick
             if not first:
-                costs.observe(len(live), logits.shape[1], forward_s)
+                costs.observe(len(members), logits.shape[1], forward_s)
             verdicts, scores_of = [], []
-            for i, (b, tree) in enumerate(zip(live, trees)):
+            for i, (b, tree) in enumerate(zip(members, trees)):
+                if b not in live:
+                    verdicts.append(None)
+                    scores_of.append(None)
+                    continue
                 scores = processed_scores(logits[i, : 1 + tree.size], rows[b], tree, targets[b])  # [1 + k, V]
                 verdicts.append(accept_greedy(tree, scores))
                 scores_of.append(scores)
-            verifier.keep([v.path for v in verdicts])
-            stats.record_verify(sum(v.num_accepted for v in verdicts), time.perf_counter() - tick)
+            verifier.keep([() if v is None else v.path for v in verdicts])
+            stats.record_verify(sum(v.num_accepted for v in verdicts if v is not None), time.perf_counter() - tick)
 
-            still = []
-            for i, (b, tree, verdict) in enumerate(zip(live, trees, verdicts)):
+            for i, (b, tree, verdict) in enumerate(zip(members, trees, verdicts)):
+                if verdict is None:
+                    continue
                 before = rows[b].shape[1]
                 new = tree.path_tokens(verdict.path) + [verdict.next_token]
                 rows[b] = torch.cat([rows[b], rows[b].new_tensor([new])], dim=-1)
@@ -202,23 +210,26 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                 if width and min(width, max_length - before - 1) > 0:
                     chances[b] = 0.9 * chances[b] + (0.1 if tree.size else 0.0)
                 if (b in ends and has_eos) or rows[b].shape[1] >= max_length:
-                    continue  # finished
-                drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
-                still.append(i)
+                    live.discard(b)  # finished
+                else:
+                    drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
             if not has_eos and len(ends) == batch:  # rows decode on past their stop until the longest has stopped
                 total = max(ends.values())
-                still = [i for i in still if rows[live[i]].shape[1] < total]
-            for i in range(len(live)):
-                if i not in still:
-                    drafters[live[i]].close()
-                    closed.add(live[i])
-            if len(still) < len(live) and still:
-                verifier.select(torch.tensor(still, dtype=torch.long))
-            live = [live[i] for i in still]
+                live = {b for b in live if rows[b].shape[1] < total}
+            for b in members:
+                if b not in live and b not in closed:
+                    drafters[b].close()
+                    closed.add(b)
+            if live and len(live) * 2 <= len(members):
+                # half the batch finished: drop those rows (before, a smaller batch is not always a faster one:
+                # CPU GEMMs of odd row counts can be slower than of the next even one)
+                keep = [i for i, b in enumerate(members) if b in live]
+                verifier.select(torch.tensor(keep, dtype=torch.long))
+                members = [members[i] for i in keep]
             if live and verifier.slots.shape[1] >= _COMPACT_MIN_SLOTS and verifier.holes * 4 > verifier.slots.numel():
                 verifier.compact()
-            pending = torch.stack([rows[b][0, -1:] for b in live]) if live else None  # [B', 1]
-            pending_mask = torch.ones(len(live), 1, dtype=torch.bool)
+            pending = torch.stack([rows[b][0, -1:] for b in members])  # [B', 1]
+            pending_mask = torch.ones(len(members), 1, dtype=torch.bool)
             first = False
     finally:
         for b, drafter in enumerate(drafters):

@@ -298,9 +298,16 @@ def bench(
     ] = Path("results.jsonl"),
     reference: ReferenceOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
+    batch_size: Annotated[
+        Optional[str],
+        typer.Option("--batch-size", help="Batch sizes, comma-separated (e.g. 1,2,4,8,16): throughput over left-padded "
+                     "batches against transformers' batched greedy (hf_speculative's methods; see docs/batching.md)."),
+    ] = None,
 ) -> None:
     """Benchmark methods against greedy on Spec-Bench prompts (jsonl + markdown report)."""
     _apply_sdpa_gqa(run.sdpa_gqa)
+    if batch_size is not None:
+        return _bench_batches(run, methods, dataset, categories, per_category, repeats, out, progress, batch_size)
     from .bench.report import format_report, write_report
     from .bench.runner import run_bench
     from .bench.spec_bench import load_prompts
@@ -335,6 +342,38 @@ def bench(
     _, md_path = write_report(out, reference)
     typer.echo(format_report(records, reference))
     _err().print(f"results appended to {out}; report of the whole file written to {md_path}", soft_wrap=True)
+
+
+def _bench_batches(run: RunOptions, methods: str, dataset: Path, categories: str, per_category: int, repeats: int,
+                   out: Path, progress: bool, batch_size: str) -> None:
+    """``bench --batch-size``: hf_speculative.bench.batch (throughput per batch size)."""
+    from .bench.batch import format_summary, run_batch_bench, summarize
+    from .bench.spec_bench import load_prompts
+
+    try:
+        sizes = [int(b) for b in _split(batch_size)]
+    except ValueError:
+        _fail(f"--batch-size {batch_size!r}: give whole numbers, comma-separated (e.g. 1,2,4,8,16)")
+    if not Path(dataset).is_file():
+        _fail(f"dataset not found: {dataset} (use --dataset PATH)")
+    try:
+        prompts = load_prompts(dataset, _split(categories) or None, per_category or None)
+    except (ValueError, KeyError, json.JSONDecodeError) as err:
+        _fail(f"cannot read {dataset}: {err}")
+    target, tokenizer, model_name = _load(run.model)
+    _apply_cpu_layout(target, run.cpu_layout)
+    try:
+        records = run_batch_bench(target, tokenizer, _split(methods), prompts, batch_sizes=sizes, out=out,
+                                  model_name=model_name, options=run.method_options(),
+                                  max_new_tokens=run.max_new_tokens, threads=run.threads, repeats=repeats,
+                                  chat_template=run.chat_template, progress=progress)
+    except ValueError as err:
+        _fail(str(err))
+    table = format_summary(summarize(records))
+    md_path = Path(out).with_suffix(".md")
+    md_path.write_text(table + "\n", encoding="utf-8")
+    typer.echo(table)
+    _err().print(f"results appended to {out}; this run's table written to {md_path}", soft_wrap=True)
 
 
 @app.command("bench-report")
