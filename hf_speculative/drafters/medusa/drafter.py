@@ -168,7 +168,7 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         self._asked = 0
 
     def _draft_price(self) -> float:
-        # until measured: K small MLPs and K vocabulary projections, a few percent of a forward
+        # one head (a small MLP and a vocabulary projection); until measured, a guess for a large target
         return draft_price(self.heads, self.verify_costs, self.config.draft_cost, 0.05)
 
     def _take_last(self) -> None:
@@ -176,10 +176,11 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         if pending is not None:
             self.last = pending[0, -1]
 
-    def _head_logits(self) -> torch.Tensor:
-        """Every head's logits over the target's vocabulary, `[K, V]` (float32); times the step."""
+    def _head_logits(self, k: int) -> torch.Tensor:
+        """Head ``k``'s logits over the target's vocabulary, `[V]` (float32); each head is timed as one drafting
+        step (its vocabulary projection is most of its cost)."""
         start = time.perf_counter()
-        logits = self._to_target_vocab(self.heads.logits(self.last, self.head))  # [K, V]
+        logits = self._to_target_vocab(self.heads.head_logits(self.last, k, self.head)[None])[0]  # [V]
         record_draft_step(self.heads, time.perf_counter() - start)
         return logits
 
@@ -187,11 +188,11 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
     def propose(self, input_ids, max_tokens):
         if self.features.lost or self.last is None or not self.policy.begin():
             return None, None  # before the prefill there is no hidden state yet
-        logits = self._head_logits()  # [K, V]
         depth = iter(range(1, self.num_heads))
-        tokens = draft_chain(self.policy, self.ctx, input_ids, logits[0], min(max_tokens, self.num_heads),
-                             lambda token: logits[next(depth)])  # the heads' guesses do not depend on the token
-        return chain_candidates(self.policy, tokens, steps=1)
+        # the heads' guesses do not depend on the drafted tokens: the next head, computed only if the chain goes on
+        tokens = draft_chain(self.policy, self.ctx, input_ids, self._head_logits(0), min(max_tokens, self.num_heads),
+                             lambda token: self._head_logits(next(depth)))
+        return chain_candidates(self.policy, tokens)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
         self.follow_verified(input_ids, num_accepted, num_proposed)
@@ -217,10 +218,10 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         paths = [p for p in shape.paths[:nodes] if len(p) <= depth]
         if not paths:
             return DraftTree.empty(input_ids.device)
-        logits = self._head_logits()  # [K, V]
-        top = logits.topk(min(shape.top_k, logits.shape[-1]), dim=-1).indices.tolist()  # [K, top_k]
+        top_k = min(shape.top_k, self.ctx.vocab_size)
+        top = [self._head_logits(k).topk(top_k).indices.tolist() for k in range(max(len(p) for p in paths))]
         index = {p: i for i, p in enumerate(paths)}
-        tokens = [top[len(p) - 1][min(p[-1], len(top[0]) - 1)] for p in paths]
+        tokens = [top[len(p) - 1][min(p[-1], top_k - 1)] for p in paths]  # [depth][rank]
         parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=input_ids.device),
                          torch.tensor(parents, dtype=torch.long, device=input_ids.device))

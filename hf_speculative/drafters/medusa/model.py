@@ -48,14 +48,19 @@ class MedusaHeads(nn.Module):
         """Every head's state before its vocabulary head: ``hidden`` `[..., H]` -> `[K, ..., H]`."""
         return torch.stack([block(hidden) for block in self.blocks])
 
-    def logits(self, hidden: torch.Tensor, target_head: nn.Module | None = None) -> torch.Tensor:
-        """Every head's logits: ``hidden`` `[..., H]` (the target's normed last hidden state) -> `[K, ..., V]`.
+    def head_logits(self, hidden: torch.Tensor, k: int, target_head: nn.Module | None = None) -> torch.Tensor:
+        """Head ``k``'s logits: ``hidden`` `[..., H]` (the target's normed last hidden state) -> `[..., V]`. The
+        vocabulary projection is most of a head's cost, so drafters ask for the heads they use, one by one.
         ``target_head`` (the target's lm_head) is needed when ``config.lm_head == "target"``."""
-        states = self(hidden)  # [K, ..., H]
+        state = self.blocks[k](hidden)  # [..., H]
         if self.config.lm_head == "per_head":
-            return torch.stack([head(s) for head, s in zip(self.lm_heads, states)])
+            return self.lm_heads[k](state)
         head = self.lm_head if self.config.lm_head == "shared" else target_head
         if head is None:
             raise ValueError("These Medusa heads use the target's lm_head (lm_head='target'): pass it, "
                              "heads.logits(hidden, target.get_output_embeddings()).")
-        return head(states)
+        return head(state)
+
+    def logits(self, hidden: torch.Tensor, target_head: nn.Module | None = None) -> torch.Tensor:
+        """Every head's logits: ``hidden`` `[..., H]` -> `[K, ..., V]` (see :meth:`head_logits`)."""
+        return torch.stack([self.head_logits(hidden, k, target_head) for k in range(self.config.num_heads)])

@@ -31,11 +31,10 @@ class OracleHeads(MedusaHeads):
         self.text, self.shift, self.tail = text[0].tolist(), shift, tail
         self.requires_grad_(False).eval()
 
-    def logits(self, hidden, target_head=None):
+    def head_logits(self, hidden, k, target_head=None):
         q = int((self.states - hidden.float()).norm(dim=-1).argmin())
-        out = torch.full((self.config.num_heads, self.config.vocab_size), -30.0)  # [K, V]
-        for k in range(self.config.num_heads):
-            at = q + k + 2
-            token = self.text[at] if at < len(self.text) else self.tail
-            out[k, (token + self.shift) % self.config.vocab_size] = 0.0
+        out = torch.full((self.config.vocab_size,), -30.0)  # [V]
+        at = q + k + 2
+        token = self.text[at] if at < len(self.text) else self.tail
+        out[(token + self.shift) % self.config.vocab_size] = 0.0
         return out
