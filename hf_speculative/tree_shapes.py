@@ -236,3 +236,27 @@ def shape_from_json(value: object) -> DynamicTree | StaticTree:
         return StaticTree(value["static_tree"])  # checked (types, sizes) by __post_init__
     raise ValueError(f"a tree shape is {{\"dynamic_tree\": {{\"nodes\": 32, \"depth\": 6, \"top_k\": 8}}}} or "
                      f"{{\"static_tree\": [[0], [1], [0, 0]]}}, got {value!r}.")
+
+
+def grow_static(shape: "StaticTree", root_logprobs: torch.Tensor, expand, max_depth: int) -> DraftTree:
+    """Fill a static tree's rank paths with the drafter's guesses, one drafter forward per depth (over the
+    nodes that have children in the tree), down to ``max_depth``."""
+    paths = [p for p in shape.paths if len(p) <= max_depth]  # sorted by depth: parents first
+    index = {p: i for i, p in enumerate(paths)}
+    parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
+    has_children = {p[:-1] for p in paths if len(p) > 1}
+    top_k = min(shape.top_k, root_logprobs.shape[-1])
+    ranked: dict[tuple[int, ...], list[int]] = {(): root_logprobs.topk(top_k).indices.tolist()}
+    tokens = [0] * len(paths)
+    for depth in range(1, 1 + max((len(p) for p in paths), default=0)):
+        level = [i for i, p in enumerate(paths) if len(p) == depth]
+        for i in level:
+            guesses = ranked[paths[i][:-1]]
+            tokens[i] = guesses[min(paths[i][-1], len(guesses) - 1)]
+        frontier = [i for i in level if paths[i] in has_children]
+        if frontier:
+            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
+                              [parents[i] for i in frontier])  # [k, V]
+            for i, top in zip(frontier, logprobs.topk(top_k, dim=-1).indices.tolist()):
+                ranked[paths[i]] = top
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))

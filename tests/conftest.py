@@ -44,7 +44,7 @@ SLIDING_WINDOW = 8
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
             "early-exit-adapter", "layer-skip", "layer-skip-auto", "hybrid", "oracle", "adversary",
-            "lookup-tree", "eagle-tree", "hybrid-tree")
+            "lookup-tree", "eagle-tree", "hybrid-tree", "draft-model-tree")
 _UNSET = object()
 
 
@@ -277,6 +277,8 @@ def make_drafter(name: str, target, reference):
     if name == "eagle-tree":
         return hfs.Eagle(random_eagle(target, version=3), tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3),
                          adaptive=False)
+    if name == "draft-model-tree":
+        return hfs.DraftModel(sibling_model(target), tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3), adaptive=False)
     if name == "hybrid-tree":
         return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, tree=hfs.DynamicTree(nodes=6, depth=4, top_k=2),
                                            adaptive=False),

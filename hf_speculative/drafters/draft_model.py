@@ -14,8 +14,12 @@ from .. import compat
 from ..accept import chain_candidates, draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import draft_price, record_draft_step, verify_costs_for
+from ..options import shown
 from ..state import state_of
-from .policy import ChainLengthPolicy, check_chain_options
+from ..tree import DraftTree, Verdict
+from ..tree_shapes import DynamicTree, StaticTree, grow_static
+from .model_tree import model_tree_expander
+from .policy import ChainLengthPolicy, TreeBudget, check_chain_options
 
 
 @dataclasses.dataclass(eq=False)
@@ -42,6 +46,13 @@ class DraftModel(DraftStrategy):
         tokenizer / target_tokenizer (*optional*): the two tokenizers, for a complete vocabulary
             check; without them the check compares vocabulary sizes and special tokens, and the
             tokenizers saved beside both models when both were loaded from local folders.
+        tree (`DynamicTree` or `StaticTree`, *optional*): draft a tree of the draft model's top guesses, verified
+            in one forward by hf_speculative's own loop: ``hfs.DynamicTree(nodes, depth, top_k)`` expands the
+            ``top_k`` likeliest nodes of each depth (one drafter forward per depth, with a tree attention mask
+            over the drafter's own cache) and keeps the best ``nodes``; ``hfs.StaticTree(paths)`` drafts fixed
+            rank paths. With ``adaptive`` the node count per step (0 included) follows the measured verification
+            cost and what trees kept. ``None``: chains. The draft model's attention must take a tree mask (SDPA
+            or eager).
     """
 
     model: torch.nn.Module = dataclasses.field(repr=False)
@@ -51,12 +62,16 @@ class DraftModel(DraftStrategy):
     tokenizer: Any = dataclasses.field(default=None, repr=False)
     target_tokenizer: Any = dataclasses.field(default=None, repr=False)
     draft_cost: float | None = None
+    tree: DynamicTree | StaticTree | None = None
     name: ClassVar[str] = "draft-model"
 
     def __post_init__(self):
         if not hasattr(self.model, "config") or not callable(self.model):
             raise TypeError(f"DraftModel(model=...) needs a transformers causal LM, got {type(self.model).__name__}.")
         check_chain_options(self)
+        if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
+            raise ValueError(f"DraftModel(tree={shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
+                             f"top_k=...), hfs.StaticTree(paths) or None for chains.")
 
     def validate_target(self, target: torch.nn.Module) -> None:
         # checked once per pair of models: loading two tokenizers to compare them takes seconds, and
@@ -73,6 +88,10 @@ class DraftModel(DraftStrategy):
                 f"with draft.to({str(target_device)!r})."
             )
         check_same_vocabulary(target, self.model, self.target_tokenizer, self.tokenizer)
+        if self.tree is not None:
+            from ..verify import check_tree_attention
+
+            check_tree_attention(self.model)  # the drafter's own forwards take a tree mask too
         checked.add(self.model)
 
     def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
@@ -97,10 +116,14 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
-        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
+        nodes = 0 if config.tree is None else (
+            config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
+        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
         self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
+        if config.tree is not None:
+            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
 
     @property
     def max_draft(self) -> int:
@@ -153,6 +176,38 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
     def on_verified(self, input_ids, num_accepted, num_proposed):
         # (the prefill's forward is not a verification: it says nothing of verify costs)
         self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    @torch.no_grad()
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+        """One step's draft tree (``None``: no ``tree=`` option, draft chains)."""
+        shape = self.config.tree
+        if shape is None:
+            return None
+        nodes = self._asked = self.budget.choose()
+        if nodes == 0:
+            return DraftTree.empty(input_ids.device)
+        start = time.perf_counter()
+        common = self._rollback(input_ids)
+        root = torch.log_softmax(self._forward(input_ids[0, common:].tolist(), input_ids.device).float(), dim=-1)
+        self._synced = input_ids.shape[1]
+        expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
+        try:
+            if isinstance(shape, DynamicTree):
+                tree = shape.grow(root, expand, nodes=nodes, depth=max_depth)
+            else:
+                tree = grow_static(shape, root, expand, max_depth)
+        finally:
+            crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
+        steps = max(int(tree.depths().max()) + 1, 1) if tree.size else 1
+        record_draft_step(self.drafter, (time.perf_counter() - start) / steps)
+        return tree
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        if self.after_prefill and tree.size:
+            self.verify_costs.observe(tree.size, self.last_verify_s)
+        if tree.size:
+            self.budget.verified(self._asked, verdict.num_accepted)
 
     def close(self):
         self.cache = None

@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from ...tree import ROOT, DraftTree
-from ...tree_shapes import StaticTree
+from ...tree import ROOT
+from ...tree_shapes import grow_static  # noqa: F401 (drafters' shared static-tree filling, imported from here too)
 from .model import DraftKVCache, EagleDraftModel
 
 
@@ -51,27 +51,3 @@ def tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCa
         return torch.log_softmax(logits_of(out[0]).float(), dim=-1)  # [k, V]
 
     return expand
-
-
-def grow_static(shape: StaticTree, root_logprobs: torch.Tensor, expand, max_depth: int) -> DraftTree:
-    """Fill a static tree's rank paths with the drafter's guesses, one drafter forward per depth (over the
-    nodes that have children in the tree), down to ``max_depth``."""
-    paths = [p for p in shape.paths if len(p) <= max_depth]  # sorted by depth: parents first
-    index = {p: i for i, p in enumerate(paths)}
-    parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
-    has_children = {p[:-1] for p in paths if len(p) > 1}
-    top_k = min(shape.top_k, root_logprobs.shape[-1])
-    ranked: dict[tuple[int, ...], list[int]] = {(): root_logprobs.topk(top_k).indices.tolist()}
-    tokens = [0] * len(paths)
-    for depth in range(1, 1 + max((len(p) for p in paths), default=0)):
-        level = [i for i, p in enumerate(paths) if len(p) == depth]
-        for i in level:
-            guesses = ranked[paths[i][:-1]]
-            tokens[i] = guesses[min(paths[i][-1], len(guesses) - 1)]
-        frontier = [i for i in level if paths[i] in has_children]
-        if frontier:
-            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
-                              [parents[i] for i in frontier])  # [k, V]
-            for i, top in zip(frontier, logprobs.topk(top_k, dim=-1).indices.tolist()):
-                ranked[paths[i]] = top
-    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
