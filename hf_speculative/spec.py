@@ -16,7 +16,7 @@
   (``generation_config.candidate_generator.method`` ...).
 
 Methods: ``prompt-lookup``, ``draft-model`` (saved by the draft model's registry name, folder or Hub
-id, never its weights), ``eagle``, ``early-exit``, ``early-exit-adapter``, ``layer-skip`` (the names
+id, never its weights), ``eagle``, ``medusa``, ``early-exit``, ``early-exit-adapter``, ``layer-skip`` (the names
 of ``hf_speculative.methods``), ``suffix``, ``lookahead``, and ``hybrid`` (``"members"``: a list of specs).
 """
 
@@ -63,6 +63,7 @@ def _methods() -> dict[str, _Method]:
     from .drafters.eagle.drafter import Eagle
     from .drafters.hybrid import Hybrid
     from .drafters.lookahead import Lookahead
+    from .drafters.medusa.drafter import Medusa
     from .drafters.prompt_lookup import PromptLookup
     from .drafters.self_speculative import EarlyExit, LayerSkip
     from .drafters.suffix import SuffixDecoding
@@ -72,6 +73,7 @@ def _methods() -> dict[str, _Method]:
         "prompt-lookup": _Method(PromptLookup),
         "draft-model": _Method(DraftModel, ("model", "tokenizer", "target_tokenizer")),
         "eagle": _Method(Eagle, ("drafter",), "eagle"),
+        "medusa": _Method(Medusa, ("heads",), "medusa"),
         "early-exit": _Method(EarlyExit, early_exit_live),
         "early-exit-adapter": _Method(EarlyExit, early_exit_live, "exit-adapter"),
         "layer-skip": _Method(LayerSkip),
@@ -130,7 +132,8 @@ def options_of(strategy: Any) -> dict:
 def save_strategy(strategy: Any, directory: str | os.PathLike, subfolder: str | None = None) -> dict:
     """Write what the spec of ``strategy`` needs beside a model saved in ``directory``; return the spec.
 
-    A trained network (EAGLE drafter, exit adapter) goes to ``directory/subfolder`` (default ``"eagle"`` /
+    A trained network (EAGLE drafter, Medusa heads, exit adapter) goes to ``directory/subfolder`` (default ``"eagle"`` /
+    ``"medusa"`` /
     ``"exit-adapter"``) in hf_speculative's format, unless it is one that ships with the package, which
     the spec names instead. A draft model is named, not copied.
 
@@ -151,8 +154,9 @@ def save_strategy(strategy: Any, directory: str | os.PathLike, subfolder: str | 
     if method == "draft-model":
         spec["path"] = _draft_model_location(strategy.model, directory)
     elif _methods()[method].subfolder is not None:
-        net = strategy.drafter if method == "eagle" else strategy._adapter_net
-        spec.update(_save_network(net, directory, _shipped_dir(method), subfolder or _methods()[method].subfolder))
+        net = {"eagle": lambda: strategy.drafter, "medusa": lambda: strategy.heads}.get(method, lambda: strategy._adapter_net)()
+        spec.update(_save_network(net, directory, _shipped_dir(method), subfolder or _methods()[method].subfolder,
+                                  _checkpoints(method)))
     return spec
 
 
@@ -184,7 +188,22 @@ def _subfolder(member: Any, label: str) -> str | None:
     return None if base is None else base + (f"-{label.split('#')[1]}" if "#" in label else "")
 
 
+def _checkpoints(method: str) -> Any:
+    """The checkpoint module of a trained network's method (Medusa heads, or EAGLE's for drafters and adapters)."""
+    if method == "medusa":
+        from .drafters.medusa import checkpoints
+
+        return checkpoints
+    from .drafters.eagle import checkpoints
+
+    return checkpoints
+
+
 def _shipped_dir(method: str) -> Path:
+    if method == "medusa":
+        from .drafters.medusa.drafter import PRETRAINED_DIR
+
+        return PRETRAINED_DIR
     if method == "eagle":
         from .drafters.eagle.drafter import PRETRAINED_DIR
 
@@ -194,21 +213,17 @@ def _shipped_dir(method: str) -> Path:
     return SHIPPED_DIR
 
 
-def _save_network(net: Any, directory: Path, shipped_dir: Path, subfolder: str) -> dict:
-    from .drafters.eagle import checkpoints
-
-    name = _shipped_match(net, shipped_dir)
+def _save_network(net: Any, directory: Path, shipped_dir: Path, subfolder: str, checkpoints: Any) -> dict:
+    name = _shipped_match(net, shipped_dir, checkpoints)
     if name is not None:
         return {"path": name, "sha256": _digests(shipped_dir / name)}
     checkpoints.save_pretrained(net, directory / subfolder)
     return {"path": subfolder, "sha256": _digests(directory / subfolder)}
 
 
-def _shipped_match(net: Any, shipped_dir: Path) -> str | None:
+def _shipped_match(net: Any, shipped_dir: Path, checkpoints: Any) -> str | None:
     """The shipped network whose weights ``net`` holds (cast to its dtype), if any."""
     import torch
-
-    from .drafters.eagle import checkpoints
 
     mine = net.state_dict()
     for name in checkpoints.shipped_names(shipped_dir):
@@ -346,13 +361,13 @@ def _build(method: str, spec: dict, options: dict, target: Any, base_dir: Any, w
     if method == "draft-model":
         draft = _load_draft_model(spec, target, base_dir, where)
         return _with_options(functools.partial(cls, draft), options, where)
-    if method not in ("eagle", "early-exit-adapter"):
+    if method not in ("eagle", "early-exit-adapter", "medusa"):
         if "path" in spec:
             raise SpecError(f"{where}.path: the {method} method loads no files; remove the path.")
         return _with_options(cls, options, where)
     folder = _network_folder(spec, method, base_dir, where)
     _check_digests(folder, spec.get("sha256"), where)
-    if method == "eagle":
+    if method in ("eagle", "medusa"):
         loaded = _loading(lambda: cls.from_pretrained(folder, target=target), where)
         return _with_options(functools.partial(dataclasses.replace, loaded), options, where)
     from .drafters.exit_adapter import load_adapter
