@@ -9,7 +9,8 @@ is compared token by token with greedy's.
 
 Besides the methods asked for, ``<method>+always`` runs the same drafter with the batch cost model told that
 verification is free (it drafts at every step, as much as the drafter proposes): the curve where speculation
-stops paying, against which the cost model's own choice (``<method>``) is judged.
+stops paying, against which the cost model's own choice (``<method>``) is judged (B > 1 only: one row runs
+the single-row loops, which the batch cost model does not steer).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def run_batch_bench(model: Any, tokenizer: Any, methods: Iterable[str | MethodSp
     tqdm = require("tqdm.auto", "cli", "The benchmark's progress bar").tqdm
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    total = repeats * sum((len(encoded) + b - 1) // b for b in batch_sizes) * len(runs)
+    total = repeats * sum((len(encoded) + b - 1) // b * (len(runs) if b > 1 else len(specs) + 1) for b in batch_sizes)
     bar = tqdm(total=total, disable=not progress, desc="bench", unit="batch")
     records: list[dict] = []
     with open(out, "a", encoding="utf-8") as f:
@@ -142,6 +143,8 @@ def run_batch_bench(model: Any, tokenizer: Any, methods: Iterable[str | MethodSp
                     width = inputs["input_ids"].shape[1]
                     greedy_rows = None
                     for name, spec, free in runs:
+                        if free and size == 1:
+                            continue  # one row runs the single-row loops, which the batch cost model does not steer
                         result, seconds, stats = generate(name, spec, free, inputs, max_new_tokens)
                         rows = _new_tokens(result.cpu(), width, eos, max_new_tokens)
                         greedy_rows = rows if spec is None else greedy_rows
