@@ -106,3 +106,30 @@ def test_threads_with_the_same_strategy_and_sliding_window_model():
     for name, record in results.items():
         assert record["outputs"] == [expected[name]] * 2, name
         assert all(s.new_tokens == len(expected[name][0]) - len(prompts[name]) for s in record["stats"])
+
+
+def test_threads_with_tree_strategies_on_one_model():
+    """Draft trees (our loop: each call its own verifier cache, drafter state and feature hooks) beside chains
+    (transformers' loop) and a plain call, all at once on one model."""
+    model = hfs.enable(build_model("llama"))
+    tree = hfs.DynamicTree(nodes=8, depth=4, top_k=3)
+    eagle = random_eagle(model)
+    strategies = {
+        "lookup-tree": hfs.PromptLookup(tree=tree, adaptive=False),
+        "eagle-tree": hfs.Eagle(eagle, tree=tree, adaptive=False),
+        "draft-tree": hfs.DraftModel(sibling_model(model), tree=tree, adaptive=False),
+        "hybrid-tree": hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, tree=tree, adaptive=False),
+                                  hfs.Eagle(eagle, tree=tree, adaptive=False)),
+        "eagle-chain": hfs.Eagle(eagle, num_tokens=4, confidence_threshold=0.0, adaptive=False),
+        "plain": None,
+    }
+    base = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    prompts = {name: base[i:] + base[:i] for i, name in enumerate(strategies)}
+    expected = {name: stock_generate(model, **prompt_inputs(prompt), **KWARGS).tolist()
+                for name, prompt in prompts.items()}
+    results = run_threads(model, strategies, prompts)
+    assert overlapping(results), "the calls never ran at the same time: the test proved nothing"
+    for name, record in results.items():
+        assert record["outputs"] == [expected[name]] * ROUNDS, name
+        if strategies[name] is not None:
+            assert all(s.drafted_tokens > 0 and s.method == strategies[name].name for s in record["stats"]), name
