@@ -53,6 +53,12 @@ TreeNodesOpt = Annotated[
                  help="Largest draft tree of the tree methods (eagle-tree, eagle+lookup-tree; default 32): each step "
                  "verifies as many of them as the measured verification cost says pay (0 to this)."),
 ]
+AdaptiveOpt = Annotated[
+    Optional[bool],
+    typer.Option("--adaptive/--fixed-budget",
+                 help="Tree methods: choose each step's tree size from the measured verification cost (default), or "
+                 "always draft the whole --tree-nodes (to measure tau by budget)."),
+]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate per prompt (at most).")]
 ThreadsOpt = Annotated[
     int, typer.Option("--threads", min=1, help="torch CPU threads (1 is fastest and steadiest on CPU).")
@@ -101,13 +107,14 @@ class RunOptions:
     calibration_file: Optional[str] = None
     adapter: Optional[str] = None
     tree_nodes: Optional[int] = None
+    adaptive: Optional[bool] = None
     sdpa_gqa: bool = False
     cpu_layout: str = "none"
 
     def method_options(self) -> dict[str, Any]:
         """The options the methods read (:mod:`hf_speculative.methods`), the ones given only."""
         names = ("draft_model", "num_tokens", "max_ngram", "exit_layer", "eagle", "skip", "calibration_file",
-                 "adapter", "tree_nodes")
+                 "adapter", "tree_nodes", "adaptive")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
@@ -115,7 +122,7 @@ _ALIASES = {
     "model": ModelOpt, "max_new_tokens": MaxNewOpt, "threads": ThreadsOpt, "chat_template": ChatOpt,
     "draft_model": DraftOpt, "num_tokens": NumTokensOpt, "max_ngram": MaxNgramOpt, "exit_layer": ExitLayerOpt,
     "eagle": EagleOpt, "skip": SkipOpt, "calibration_file": CalibrationOpt, "adapter": AdapterOpt,
-    "tree_nodes": TreeNodesOpt,
+    "tree_nodes": TreeNodesOpt, "adaptive": AdaptiveOpt,
     "sdpa_gqa": GqaOpt, "cpu_layout": LayoutOpt,
 }
 _SHARED = [

@@ -266,7 +266,8 @@ def _shipped_for(model: Any, names: list[str]) -> str | None:
 
 
 def _trained_strategy(method: str, model: Any, options: dict, *, source_option: str, what: str, shipped: list[str],
-                      missing: str, cache_key: str, load: Callable[[Any, dict], Any]) -> dict:
+                      missing: str, cache_key: str, load: Callable[[Any, dict], Any],
+                      settings: dict | None = None) -> dict:
     """The kwargs of a method whose drafter is trained (``eagle``, ``early-exit-adapter``): the drafter
     (``what``, for messages) named by option ``source_option``, else the one shipped for ``model``
     (``shipped``: their names), else a `ValueError` that ends with ``missing``. ``load(source,
@@ -279,7 +280,7 @@ def _trained_strategy(method: str, model: Any, options: dict, *, source_option: 
         if source is None:
             raise ValueError(f"no {what} ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
                              f"{', '.join(shipped) or 'none'}); {missing}")
-    settings = _length_options(spec, options)
+    settings = {**_length_options(spec, options), **(settings or {})}
     cache = options.setdefault(cache_key, {})
     key = (id(model), str(source), tuple(sorted(settings.items())))
     if key not in cache:
@@ -328,9 +329,20 @@ def _build_eagle_tree(model: Any, tokenizer: Any, options: dict) -> dict:
     shape = tree_shape(_tree_nodes(spec, options))
     return _trained_strategy("eagle-tree", model, options, source_option="eagle", what="EAGLE drafter",
                              shipped=pretrained_names(), missing="pass --eagle PATH to a trained drafter.",
-                             cache_key="_eagle_tree_strategies",
-                             load=lambda source, settings: hfs.Eagle.from_pretrained(source, target=model, tree=shape,
-                                                                                     **settings))
+                             cache_key="_eagle_tree_strategies", settings={"adaptive": _adaptive(spec, options),
+                                                                           "tree_nodes": shape.nodes},
+                             load=lambda source, settings: hfs.Eagle.from_pretrained(
+                                 source, target=model, tree=shape,
+                                 **{k: v for k, v in settings.items() if k != "tree_nodes"}))
+
+
+def _adaptive(spec: MethodSpec, options: dict) -> bool:
+    """Option ``adaptive`` (``--fixed-budget`` turns it off): the tree methods' budget per step from the measured
+    verification cost (``True``), or always the whole ``--tree-nodes`` (for measuring τ by budget)."""
+    value = spec.option(options, "adaptive")
+    if not isinstance(value, bool):
+        raise ValueError(f"method {spec.name!r}: option adaptive must be True or False, got {value!r}.")
+    return value
 
 
 def _build_eagle_lookup_tree(model: Any, tokenizer: Any, options: dict) -> dict:
@@ -339,9 +351,10 @@ def _build_eagle_lookup_tree(model: Any, tokenizer: Any, options: dict) -> dict:
 
     spec = get_method("eagle+lookup-tree")
     nodes = _tree_nodes(spec, options)
-    eagle = _build_eagle_tree(model, tokenizer, {**options, "tree_nodes": nodes})["candidate_generator"]
+    eagle = _build_eagle_tree(model, tokenizer, options)["candidate_generator"]  # (loaded once: cached in options)
     max_ngram = spec.option(options, "max_ngram")
-    lookup = hfs.PromptLookup(tree=tree_shape(nodes), **({} if max_ngram is None else {"max_ngram": max_ngram}))
+    lookup = hfs.PromptLookup(tree=tree_shape(nodes), adaptive=_adaptive(spec, options),
+                              **({} if max_ngram is None else {"max_ngram": max_ngram}))
     return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
 
 
@@ -505,7 +518,7 @@ def _register_builtin_methods() -> None:
             "in hf_speculative's own loop; the tree's size per step follows the measured verification cost.",
             "hfs",
             _build_eagle_tree,
-            {"eagle": None, "num_tokens": None, "tree_nodes": 32},
+            {"eagle": None, "num_tokens": None, "tree_nodes": 32, "adaptive": True},
         ),
         MethodSpec(
             "eagle+lookup-tree",
@@ -514,7 +527,7 @@ def _register_builtin_methods() -> None:
             "dynamic tree (hfs.Hybrid with tree= members, hf_speculative's own loop).",
             "hfs",
             _build_eagle_lookup_tree,
-            {"eagle": None, "num_tokens": None, "max_ngram": None, "tree_nodes": 32},
+            {"eagle": None, "num_tokens": None, "max_ngram": None, "tree_nodes": 32, "adaptive": True},
         ),
         MethodSpec(
             "early-exit",

@@ -217,10 +217,12 @@ def test_tree_methods_run_in_our_loop_and_equal_greedy(target, tmp_path, monkeyp
     for name in ("eagle-tree", "eagle+lookup-tree"):
         run = run_method(name, target, None, PROMPT, options=options, max_new_tokens=24)
         assert run.output_ids == greedy.output_ids, name
-    assert len(runs) == 2
+    assert len(runs) == 2 and len(options["_eagle_tree_strategies"]) == 1  # one drafter load for both methods
     tree = get_method("eagle-tree").build(target, None, options)["candidate_generator"]
     assert (tree.tree.nodes, tree.tree.depth, tree.tree.top_k) == (8, 3, 8) and tree.adaptive
     lookup, eagle = get_method("eagle+lookup-tree").build(target, None, options)["candidate_generator"].strategies
     assert lookup.tree.nodes == eagle.tree.nodes == 8 and lookup.max_ngram == 2
+    fixed = get_method("eagle+lookup-tree").build(target, None, {**options, "adaptive": False})["candidate_generator"]
+    assert not any(member.adaptive for member in fixed.strategies) and tree.adaptive
     with pytest.raises(ValueError, match="tree_nodes"):
         get_method("eagle-tree").build(target, None, {**options, "tree_nodes": 65})
