@@ -12,10 +12,6 @@ position and head is most of the cost on a CPU).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,8 +19,6 @@ from torch.nn import functional as F
 
 from ..drafters.medusa.config import MedusaConfig
 from ..drafters.medusa.model import MedusaHeads
-from ..extras import require
-from .config import FEATURE
 
 STATE = "checkpoint"
 LOG = "train_log.jsonl"

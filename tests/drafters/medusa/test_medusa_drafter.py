@@ -10,7 +10,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.sampling import call_seed
-from tests.conftest import EOS, PROMPT, build_model, prompt_inputs, recurring_token, stock_generate
+from tests.conftest import PROMPT, build_model, prompt_inputs, recurring_token, stock_generate
 from tests.drafters.medusa.conftest import OracleHeads, random_heads
 from tests.test_integration import check_identity
 

@@ -1,0 +1,41 @@
+"""The Medusa heads shipped for smollm2-135m-instruct: they load by name with their manifest and calibrated tree,
+draft exactly (greedy, chain and tree) on the real model, and their recorded validation is plausible."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import hf_speculative as hfs
+from hf_speculative.drafters.medusa.drafter import PRETRAINED_DIR, pretrained_names
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_shipped_heads_are_small_with_a_manifest_and_a_tree():
+    assert NAME in pretrained_names()
+    folder = PRETRAINED_DIR / NAME
+    manifest = json.loads((folder / "sha256sums.json").read_text())["sha256"]
+    assert {"config.json", "model.safetensors", "tree.json", "training.json"} <= set(manifest)
+    assert (folder / "model.safetensors").stat().st_size < 4_000_000  # the target's lm_head is not stored
+    config = json.loads((folder / "config.json").read_text())
+    assert config["lm_head"] == "target" and config["hidden_size"] == 576
+    validation = json.loads((folder / "training.json").read_text())["last_validation"]
+    assert len(validation["val_top1"]) == config["num_heads"] and validation["val_top1"][0] > 0.2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("tree", [None, "calibrated"])
+def test_shipped_heads_draft_exactly_on_the_real_model(integration, tree):
+    model, tokenizer = integration
+    hfs.enable(model)
+    strategy = hfs.Medusa.from_pretrained(NAME, target=model, tree=tree, adaptive=False)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is photosynthesis?"}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
+    ref = type(model).generate(model, **ids, max_new_tokens=40, do_sample=False)
+    out = model.generate(**ids, max_new_tokens=40, do_sample=False, candidate_generator=strategy)
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.accepted_tokens > 0 and stats.tau > 1.2
