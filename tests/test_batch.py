@@ -8,6 +8,8 @@ row has met a near-tie, so the comparisons are exact (no tolerance rule is neede
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -377,9 +379,12 @@ def test_logits_processors_see_the_padded_rows(cheap_batches):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_real_model_batch(integration):
-    model, tokenizer = integration
+    model, shared = integration
     hfs.enable(model)
+    tokenizer = copy.deepcopy(shared)  # (the session's tokenizer stays as other tests expect it)
     tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # (smollm2's tokenizer on transformers 4.x has none)
+        tokenizer.pad_token = tokenizer.eos_token
     texts = ["Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm.",
              "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
              "Translate to French: good morning",
@@ -387,7 +392,8 @@ def test_real_model_batch(integration):
     messages = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                               add_generation_prompt=True) for t in texts]
     inputs = tokenizer(messages, return_tensors="pt", padding=True)
-    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=48)
+    kwargs = dict(do_sample=False, max_new_tokens=48, pad_token_id=tokenizer.pad_token_id)
+    ref = stock_generate(model, **inputs, **kwargs)
     for drafter in (hfs.PromptLookup(), hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4))):
-        out = model.generate(**inputs, do_sample=False, max_new_tokens=48, candidate_generator=drafter)
+        out = model.generate(**inputs, **kwargs, candidate_generator=drafter)
         assert out.tolist() == ref.tolist()
