@@ -298,6 +298,13 @@ def test_cost_model_measures_and_extrapolates():
     assert costs.seconds(16, 1) > costs.seconds(8, 1)
     with pytest.raises(ValueError, match=r"per_token > 0"):
         costs.fix(overhead=1.0, per_token=0.0)
+    # measured on a compute-bound device (seconds grow with every token): no draft pays at B = 8, one does at B = 1
+    bound = BatchCostModel()
+    for batch, width in ((1, 1), (1, 3), (8, 1), (8, 3)):
+        for _ in range(2):
+            bound.observe(batch, width, 0.02 + 0.01 * batch * width)
+    assert bound.plan([0.7] * 8, [1.0] * 8, 8) == 0
+    assert bound.plan([0.7], [1.0], 8) > 0
 
 
 # -- clear errors ---------------------------------------------------------------------------------
