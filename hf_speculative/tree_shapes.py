@@ -260,3 +260,12 @@ def grow_static(shape: "StaticTree", root_logprobs: torch.Tensor, expand, max_de
             for i, top in zip(frontier, logprobs.topk(top_k, dim=-1).indices.tolist()):
                 ranked[paths[i]] = top
     return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+def tree_depth(shape: "DynamicTree | StaticTree", nodes: int) -> int:
+    """The levels a tree of ``shape`` grows to with a budget of ``nodes``: the drafter forwards it takes. A dynamic
+    tree of ``m`` nodes keeps no node deeper than ``m`` levels (a kept node's ancestors are kept), so it is grown
+    no deeper than that; a static tree has the depth of its deepest rank path."""
+    if isinstance(shape, DynamicTree):
+        return max(1, min(shape.depth, nodes))
+    return max(len(path) for path in shape.paths)

@@ -17,7 +17,7 @@ from ..costs import draft_price, record_draft_step, verify_costs_for
 from ..options import shown
 from ..state import state_of
 from ..tree import DraftTree, Verdict
-from ..tree_shapes import DynamicTree, StaticTree, grow_static
+from ..tree_shapes import DynamicTree, StaticTree, grow_static, tree_depth
 from .model_tree import model_tree_expander
 from .policy import ChainLengthPolicy, TreeBudget, check_chain_options
 
@@ -123,7 +123,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:
-            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
+            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
+                                     draft_steps=lambda m: tree_depth(config.tree, m))
 
     @property
     def max_draft(self) -> int:
@@ -194,7 +195,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
             if isinstance(shape, DynamicTree):
-                tree = shape.grow(root, expand, nodes=nodes, depth=max_depth)
+                tree = shape.grow(root, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
             else:
                 tree = grow_static(shape, root, expand, max_depth)
         finally:

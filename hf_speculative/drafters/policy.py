@@ -12,6 +12,7 @@ confidence in every token decide token by token instead (:class:`ChainLengthPoli
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from .. import options
 from ..costs import VerifyCostModel, verify_costs_for  # noqa: F401 - verify_costs_for: tests/app still import it here
@@ -176,20 +177,26 @@ class ChainLengthPolicy:
 
 class TreeBudget:
     """How many nodes a tree drafter verifies this step: none, or its budget ``nodes`` or a half, quarter...
-    of it, whichever gives the most tokens per unit of verification cost.
+    of it, whichever gives the most tokens per unit of cost.
 
-    The value of ``m`` nodes is ``(1 + kept[m]) / cost(m)``: ``kept[m]``, the decayed mean of draft tokens
-    that trees of that size kept (optimistic until measured), and ``cost(m)``, the measured cost of
-    verifying ``m`` tokens on this target and device in one-token forwards. Plain decoding is worth 1.
-    When nothing pays, every estimate creeps back towards its prior so that drafting is retried.
+    The value of ``m`` nodes is ``(1 + kept[m]) / (cost(m) + price * steps(m))``: ``kept[m]``, the decayed mean
+    of draft tokens that trees of that size kept (optimistic until measured); ``cost(m)``, the measured cost of
+    verifying ``m`` tokens on this target and device in one-token forwards; ``price``, one drafter forward in
+    target forwards (``draft_price()``, measured; 0 for a drafter that runs no network) and ``steps(m)`` the
+    drafter forwards a tree of ``m`` nodes takes (``draft_steps(m)``: its depth for EAGLE or a draft model).
+    Plain decoding is worth 1. When nothing pays, every estimate creeps back towards its prior so that drafting
+    is retried.
     """
 
     PRIOR = 1.0  # kept tokens assumed before a size is measured
 
-    def __init__(self, costs: VerifyCostModel, nodes: int, adaptive: bool = True, decay: float = 0.8):
+    def __init__(self, costs: VerifyCostModel, nodes: int, adaptive: bool = True, decay: float = 0.8,
+                 draft_price: Callable[[], float] | None = None, draft_steps: Callable[[int], int] | None = None):
         # checked before the sizes are listed: the budget is a user's option (``DynamicTree.nodes``)
         nodes = options.check_int("TreeBudget", "nodes", nodes, 1, options.MAX_TREE_NODES)
         self.costs, self.nodes, self.adaptive, self.decay = costs, nodes, adaptive, decay
+        self.draft_price = draft_price or (lambda: 0.0)
+        self.draft_steps = draft_steps or (lambda m: 0)
         sizes, m = [], nodes
         while m >= 1:
             sizes.append(m)
@@ -199,9 +206,9 @@ class TreeBudget:
     def choose(self) -> int:
         if not self.adaptive:
             return self.nodes
-        best, value = 0, 1.0
+        best, value, price = 0, 1.0, self.draft_price()
         for m, kept in self.kept.items():
-            candidate = (1.0 + kept) / self.costs.ratio(m)
+            candidate = (1.0 + kept) / (self.costs.ratio(m) + price * self.draft_steps(m))
             if candidate > value * 1.02:  # a 2% margin: do not draft for noise
                 best, value = m, candidate
         if best == 0:

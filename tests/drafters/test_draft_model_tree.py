@@ -110,11 +110,15 @@ def test_adaptive_trees_follow_the_verification_cost():
     draft = _copy(model)
     verify_costs_for(model, 32).fix([1.0 + 0.01 * k for k in range(33)])  # verification about free: trees pay
     out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
-                         candidate_generator=hfs.DraftModel(draft, tree=DYNAMIC))
+                         candidate_generator=hfs.DraftModel(draft, tree=DYNAMIC, draft_cost=0.01))
     assert out.tolist() == expected.tolist() and hfs.last_stats(model).drafted_tokens > 0
-    verify_costs_for(model, 32).fix([1.0 + 2.0 * k for k in range(33)])  # every node costs two forwards: none pay
+    # a drafter as dear as the target (its own price: the copy has the target's size) never pays
     out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
                          candidate_generator=hfs.DraftModel(draft, tree=DYNAMIC))
+    assert out.tolist() == expected.tolist() and hfs.last_stats(model).drafted_tokens == 0
+    verify_costs_for(model, 32).fix([1.0 + 2.0 * k for k in range(33)])  # every node costs two forwards: none pay
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
+                         candidate_generator=hfs.DraftModel(draft, tree=DYNAMIC, draft_cost=0.01))
     assert out.tolist() == expected.tolist() and hfs.last_stats(model).drafted_tokens == 0
 
 

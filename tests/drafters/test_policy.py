@@ -114,3 +114,33 @@ def test_drafts_that_pay_keep_the_drafter_running(every, at_least):
     drafter keeps being asked (not paused for good)."""
     share = share_of_forwards_drafted_at(chain_policy(), lambda i: (3, 3) if i % every == 0 else (0, 0))
     assert share >= at_least, share
+
+
+def test_tree_budget_prices_the_drafters_forwards():
+    """A tree's value is its expected tokens over verification plus drafting: with free drafting the whole budget
+    wins on a cheap device; as each drafter forward (one per level) gets dearer, smaller and shallower trees win,
+    and at last none."""
+    from hf_speculative.costs import VerifyCostModel
+    from hf_speculative.drafters.policy import TreeBudget
+    from hf_speculative.tree_shapes import DynamicTree, tree_depth
+
+    costs = VerifyCostModel(32)
+    costs.fix([1.0 + 0.01 * k for k in range(33)])  # verifying is about free
+    shape = DynamicTree(nodes=32, depth=8, top_k=8)
+    price = [0.0]
+
+    def budget_with(kept: dict) -> TreeBudget:
+        budget = TreeBudget(costs, 32, draft_price=lambda: price[0], draft_steps=lambda m: tree_depth(shape, m))
+        budget.kept.update(kept)
+        return budget
+
+    kept = {32: 2.4, 16: 1.8, 8: 1.5, 4: 1.2, 2: 0.9, 1: 0.6}
+    assert budget_with(kept).choose() == 32
+    price[0] = 0.2  # 8 levels cost 1.6 forwards, 2 levels 0.4: (1 + 0.9) / (1.02 + 0.4) beats (1 + 2.4) / (1.32 + 1.6)
+    assert budget_with(kept).choose() == 2
+    price[0] = 1.0
+    assert budget_with(kept).choose() == 0
+    unpriced = TreeBudget(costs, 32)  # no price given: verification alone decides (prompt lookup)
+    unpriced.kept.update(kept)
+    assert unpriced.choose() == 32
+    assert [tree_depth(shape, m) for m in (1, 2, 4, 8, 32)] == [1, 2, 4, 8, 8]

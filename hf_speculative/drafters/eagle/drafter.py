@@ -25,7 +25,7 @@ from ...features import VerifiedFeatures
 from ...options import shown
 from ...state import state_of
 from ...tree import DraftTree, Verdict
-from ...tree_shapes import DynamicTree, StaticTree
+from ...tree_shapes import DynamicTree, StaticTree, tree_depth
 from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
 from .model import DraftKVCache, EagleDraftModel
 from .tree_drafting import grow_static, tree_expander
@@ -153,7 +153,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:
-            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
+            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
+                                     draft_steps=lambda m: tree_depth(config.tree, m))
 
     def _draft_price(self) -> float:
         # until measured: one layer against a whole model
@@ -220,7 +221,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden[0, -1],
                                lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
         if isinstance(shape, DynamicTree):
-            tree = shape.grow(root, expand, nodes=nodes, depth=max_depth)
+            tree = shape.grow(root, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
         else:
             tree = grow_static(shape, root, expand, max_depth)
         steps = max(int(tree.depths().max()) + 1, 1) if tree.size else 1
