@@ -150,5 +150,5 @@ def test_history_file_round_trip_and_bad_files(tmp_path):
     assert list(again.outputs) == [[4, 5]] and substrings(again.trie) == brute([[4, 5]], 4)
     bad = tmp_path / "bad.json"
     bad.write_text('{"outputs": "nope"}')
-    with pytest.raises(ValueError, match=r"SuffixDecoding\(history_file=.*bad.json'\): cannot read it as a suffix history"):
+    with pytest.raises(ValueError, match=r"SuffixDecoding\(history_file=.*bad.json'\): cannot read it as a suffix"):
         SuffixHistory(depth=4, max_tokens=100, path=bad)
