@@ -244,3 +244,10 @@ def test_saved_in_a_generation_config(tmp_path):
     assert written == {"method": "lookahead", "options": spec.options_of(strategy)}
     restored = spec.from_spec(written, model, tmp_path)
     assert restored == strategy
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_target_distribution():
+    # ten new tokens: the window needs a few forwards before its n-grams, and the pool, draft the sampled text
+    accepted = tree_battery.check_sampling_distribution(fixed, seeds=1200, new=10)
+    assert accepted > 200

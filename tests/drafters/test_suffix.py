@@ -235,3 +235,9 @@ def test_saved_in_a_generation_config(tmp_path):
     assert written["options"]["history_file"] == str(tmp_path / "history.json")
     restored = spec.from_spec(written, model, tmp_path / "model")
     assert type(restored) is hfs.SuffixDecoding and spec.options_of(restored) == spec.options_of(strategy)
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_target_distribution():
+    accepted = tree_battery.check_sampling_distribution(lambda: hfs.SuffixDecoding(adaptive=False))
+    assert accepted > 200

@@ -76,3 +76,33 @@ def check_seeded_sampling(make, arch: str = "llama") -> None:
     assert drafted > 0
     other = model.generate(**inputs, **SAMPLING, sampling_seed=4, candidate_generator=strategy)
     assert other.tolist() == model.generate(**inputs, **SAMPLING, sampling_seed=4).tolist()
+
+
+def check_sampling_distribution(make, seeds: int = 2000, alpha: float = 1e-3, new: int = 3) -> int:
+    """Chi-square of the first sampled token against the target's softmax, over ``seeds`` seeded calls with one
+    strategy (its state carried from call to call, as in use); returns the accepted draft tokens (the test needs
+    some, to reach the rule's accept branch). A peaked model (``init=0.3``) makes drafts land often."""
+    from scipy.stats import chisquare
+
+    from tests.conftest import PROMPT
+
+    model = hfs.enable(build_model("llama", init=0.3))
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        p1 = torch.softmax(model(ids).logits[0, -1].double(), -1)  # [V]
+    strategy, firsts, accepted = make(), [], 0
+    for seed in range(seeds):
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                             top_k=0, top_p=1.0, max_new_tokens=new, sampling_seed=seed, candidate_generator=strategy)
+        firsts.append(int(out[0, len(PROMPT)]))
+        accepted += hfs.last_stats(model).accepted_tokens
+    keep = p1 * seeds >= 5  # chi-square needs expected counts of 5 or more: the rest in one bin
+    counts = torch.bincount(torch.tensor(firsts), minlength=p1.numel()).double()
+    observed = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+    expected = torch.cat([p1[keep], p1[~keep].sum(0, keepdim=True)]) * seeds
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > alpha
+    # negative control: the same counts against a distribution one token off are refused
+    shifted = torch.roll(p1, 1)
+    expected_off = torch.cat([shifted[keep], shifted[~keep].sum(0, keepdim=True)]) * seeds
+    assert chisquare(observed.numpy(), expected_off.numpy()).pvalue < alpha
+    return accepted
