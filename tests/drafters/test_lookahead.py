@@ -193,6 +193,10 @@ def test_stop_strings_inside_accepted_paths(arch):
     tree_battery.check_stop_strings(fixed, arch)
 
 
+def test_static_cache_equals_greedy():
+    tree_battery.check_static_cache(fixed)
+
+
 def test_seeded_sampling_gives_the_seeded_text():
     tree_battery.check_seeded_sampling(fixed)
 

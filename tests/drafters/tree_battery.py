@@ -106,3 +106,12 @@ def check_sampling_distribution(make, seeds: int = 2000, alpha: float = 1e-3, ne
     expected_off = torch.cat([shifted[keep], shifted[~keep].sum(0, keepdim=True)]) * seeds
     assert chisquare(observed.numpy(), expected_off.numpy()).pvalue < alpha
     return accepted
+
+
+def check_static_cache(make, arch: str = "llama") -> None:
+    """On a static cache (``cache_implementation="static"``) too: the same text as greedy."""
+    model = hfs.enable(build_model(arch))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=make(),
+                         cache_implementation="static")
+    assert out.tolist() == expected.tolist() and hfs.last_stats(model).target_forwards < 30
