@@ -447,9 +447,10 @@ def _medusa_strategy(method: str, model: Any, options: dict, tree: bool) -> dict
     from hf_speculative.drafters.medusa.drafter import pretrained_names
 
     spec = get_method(method)
-    nodes = _tree_nodes(spec, options) if tree else None
+    extra = {"adaptive": _adaptive(spec, options), "tree_nodes": _tree_nodes(spec, options)} if tree else {}
 
     def load(source: Any, settings: dict) -> Any:
+        nodes = settings.pop("tree_nodes", None)
         strategy = hfs.Medusa.from_pretrained(source, target=model, tree="calibrated" if tree else None, **settings)
         if tree and strategy.tree.size > nodes:
             strategy = dataclasses.replace(strategy, tree=hfs.StaticTree(strategy.tree.paths[:nodes]))
@@ -459,7 +460,7 @@ def _medusa_strategy(method: str, model: Any, options: dict, tree: bool) -> dict
                              shipped=pretrained_names(),
                              missing="train heads with `hf-speculative train-medusa --target ...` and pass them with "
                                      "candidate_generator=hfs.Medusa.from_pretrained(path, target=model).",
-                             cache_key=f"_{method}_strategies", load=load)
+                             cache_key=f"_{method}_strategies", settings=extra, load=load)
 
 
 def _build_medusa(model: Any, tokenizer: Any, options: dict) -> dict:
@@ -612,7 +613,7 @@ def _register_builtin_methods() -> None:
             "in one forward in hf_speculative's own loop; the tree's size per step follows the measured cost.",
             "hfs",
             _build_medusa_tree,
-            {"num_tokens": None, "tree_nodes": 16},
+            {"num_tokens": None, "tree_nodes": 16, "adaptive": True},
         ),
     ):
         register_method(spec, replace=True)

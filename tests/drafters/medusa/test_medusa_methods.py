@@ -30,6 +30,8 @@ def test_methods_equal_greedy_with_the_calibrated_tree(tmp_path):
         assert run.output_ids == greedy.output_ids, name
     tree = get_method("medusa-tree").build(target, None, options)["candidate_generator"].tree
     assert tree.paths == ((0,), (1,), (0, 0), (0, 1))  # the first 4 paths, parents first
+    fixed = get_method("medusa-tree").build(target, None, {**options, "tree_nodes": 5, "adaptive": False})
+    assert fixed["candidate_generator"].tree.size == 5 and not fixed["candidate_generator"].adaptive
     assert get_method("medusa").build(target, None, options)["candidate_generator"].tree is None
     with pytest.raises(ValueError, match="tree_nodes"):
         get_method("medusa-tree").build(target, None, {**options, "tree_nodes": 65})
