@@ -41,7 +41,7 @@ from .sampling import SeededSampler, split_sampler
 from .stats import SpeculativeStats
 from .tree import DraftTree
 
-_COMPACT_MIN_SLOTS = 32  # re-pack the cache when holes pass a quarter of its slots, and it is at least this long
+_COMPACT_MIN_SLOTS = 8  # re-pack the cache when that cuts a quarter of its slots, and at least this many
 
 
 class RowSampler(SeededSampler):
@@ -226,8 +226,8 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                 keep = [i for i, b in enumerate(members) if b in live]
                 verifier.select(torch.tensor(keep, dtype=torch.long))
                 members = [members[i] for i in keep]
-            if live and verifier.slots.shape[1] >= _COMPACT_MIN_SLOTS and verifier.holes * 4 > verifier.slots.numel():
-                verifier.compact()
+            if live and verifier.shrinkable() * 4 > max(verifier.slots.shape[1], _COMPACT_MIN_SLOTS * 4):
+                verifier.compact()  # a re-pack copies the whole cache: only when it cuts a quarter of the slots
             pending = torch.stack([rows[b][0, -1:] for b in members])  # [B', 1]
             pending_mask = torch.ones(len(members), 1, dtype=torch.bool)
             first = False

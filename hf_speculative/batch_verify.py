@@ -15,8 +15,8 @@ alone (and of transformers' own left-padded batch, whose positions are ``cumsum(
 
 After the verdicts, :meth:`BatchVerifier.keep` moves each row's accepted path to the front of the
 step's node slots (one ``gather`` per cache tensor) and crops the cache after the longest path: the
-shorter rows' remaining node slots become holes. When holes pile up, :meth:`BatchVerifier.compact`
-re-packs every row to the right (new left padding), and finished rows leave the batch
+shorter rows' remaining node slots become holes. When a re-pack would cut a quarter of the cache,
+:meth:`BatchVerifier.compact` re-packs every row to the right (new left padding), and finished rows leave the batch
 (:meth:`BatchVerifier.select`, an ``index_select`` on the cache's batch axis).
 """
 
@@ -156,6 +156,10 @@ class BatchVerifier:
         rows = rows.to(self.device)
         compat.select_cache_rows(self.cache, rows)
         self.slots, self.positions, self.lengths = self.slots[rows], self.positions[rows], self.lengths[rows]
+
+    def shrinkable(self) -> int:
+        """Slots a :meth:`compact` would cut: the cache's length less its longest row's real slots."""
+        return self.slots.shape[1] - (int(self.slots.sum(-1).max()) if self.slots.numel() else 0)
 
     def compact(self) -> None:
         """Re-pack every row's real slots to the right end (holes become left padding, cut to the longest row)."""
