@@ -154,6 +154,16 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         (``hfs.Hybrid``): keep the per-call state that must see every target forward in step (e.g.
         captured hidden states), without learning from a draft this drafter did not make."""
 
+    def chain_tree(self, input_ids: torch.LongTensor, max_depth: int) -> Any:
+        """This drafter's chain (:meth:`propose`) as a one-branch :class:`~hf_speculative.tree.DraftTree` for
+        hf_speculative's loop (empty when it drafts nothing)."""
+        from .tree import DraftTree
+
+        tokens, _ = self.propose(input_ids, max_depth)
+        if tokens is None or tokens.numel() == 0:
+            return DraftTree.empty(input_ids.device)
+        return DraftTree.chain(tokens.reshape(-1)[:max_depth].to(device=input_ids.device, dtype=torch.long))
+
     def follow_tree(self, input_ids: torch.LongTensor, tree: Any, verdict: Any) -> None:
         """:meth:`follow_verified` in hf_speculative's own loop, where the verified draft (another member's,
         ``hfs.Hybrid``) is a :class:`~hf_speculative.tree.DraftTree` and ``verdict`` its

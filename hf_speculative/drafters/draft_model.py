@@ -124,7 +124,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:
             self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
-                                     draft_steps=lambda m: tree_depth(config.tree, m))
+                                     draft_steps=lambda m: tree_depth(config.tree, m), chain=config.adaptive)
+        self._asked = 0  # the last choice of the budget: nodes, 0, or TreeBudget.CHAIN
 
     @property
     def max_draft(self) -> int:
@@ -186,6 +187,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         if shape is None:
             return None
         nodes = self._asked = self.budget.choose()
+        if nodes == TreeBudget.CHAIN:  # the cost model prefers this drafter's own chain this step
+            return self.chain_tree(input_ids, max_depth)
         if nodes == 0:
             return DraftTree.empty(input_ids.device)
         start = time.perf_counter()
@@ -205,6 +208,10 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         return tree
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        if self._asked == TreeBudget.CHAIN:  # a chain step: the chain policy learns, the budget too
+            self.on_verified(input_ids, verdict.num_accepted, tree.size)
+            self.budget.verified_chain(tree.size, verdict.num_accepted)
+            return
         if self.after_prefill and tree.size:
             self.verify_costs.observe(tree.size, self.last_verify_s)
         if tree.size:

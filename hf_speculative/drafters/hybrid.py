@@ -146,9 +146,7 @@ class HybridCandidateGenerator(SpeculativeCandidateGenerator):
             tree = None if grow is None else grow(input_ids, max_depth)
             self.drafter, self._drafted_tree = member, tree is not None
             if tree is None:
-                tokens, _ = member.propose(input_ids, max_depth)
-                tree = (DraftTree.empty(input_ids.device) if tokens is None or tokens.numel() == 0 else
-                        DraftTree.chain(tokens.reshape(-1)[:max_depth].to(device=input_ids.device, dtype=torch.long)))
+                tree = member.chain_tree(input_ids, max_depth)
             if tree.size:
                 return tree
         return tree  # empty: the last member asked learns from the empty draft's forward

@@ -186,12 +186,20 @@ class TreeBudget:
     drafter forwards a tree of ``m`` nodes takes (``draft_steps(m)``: its depth for EAGLE or a draft model).
     Plain decoding is worth 1. When nothing pays, every estimate creeps back towards its prior so that drafting
     is retried.
+
+    With ``chain=True`` a chain is one more option (:data:`CHAIN`): the drafter's own chain policy, which stops
+    token by token on its confidence, valued the same way from the tokens its chains kept and their mean
+    length. Where verifying and drafting are dear (a CPU) chains win; where tens of nodes verify at the price of
+    one token (a GPU) trees do. A measured chain would otherwise shut out the tree sizes never tried, so there
+    an unmeasured size is valued optimistically, at the most it could keep (its depth), until it has been tried.
     """
 
     PRIOR = 1.0  # kept tokens assumed before a size is measured
+    CHAIN = -1  # choose()'s answer for "draft a chain this step"
 
     def __init__(self, costs: VerifyCostModel, nodes: int, adaptive: bool = True, decay: float = 0.8,
-                 draft_price: Callable[[], float] | None = None, draft_steps: Callable[[int], int] | None = None):
+                 draft_price: Callable[[], float] | None = None, draft_steps: Callable[[int], int] | None = None,
+                 chain: bool = False):
         # checked before the sizes are listed: the budget is a user's option (``DynamicTree.nodes``)
         nodes = options.check_int("TreeBudget", "nodes", nodes, 1, options.MAX_TREE_NODES)
         self.costs, self.nodes, self.adaptive, self.decay = costs, nodes, adaptive, decay
@@ -202,20 +210,44 @@ class TreeBudget:
             sizes.append(m)
             m //= 2
         self.kept = {m: self.PRIOR for m in sizes}
+        # the chain option: decayed means of the tokens its steps kept and drafted (the chain policy's lengths)
+        self.chain = {"kept": self.PRIOR, "drafted": 1.0} if chain else None
+        self.measured: set[int] = set()
 
     def choose(self) -> int:
         if not self.adaptive:
             return self.nodes
         best, value, price = 0, 1.0, self.draft_price()
+        if self.chain is not None:  # asked first: a tree must beat it by the margin
+            k = self.chain["drafted"]
+            low, frac = int(k), k - int(k)
+            verify = self.costs.ratio(low) + (frac * (self.costs.ratio(low + 1) - self.costs.ratio(low)) if frac else 0.0)
+            candidate = (1.0 + self.chain["kept"]) / (verify + price * k)
+            if candidate > value * 1.02:
+                best, value = self.CHAIN, candidate
         for m, kept in self.kept.items():
+            if self.chain is not None and m not in self.measured:
+                kept = float(max(self.draft_steps(m), 1))  # optimistic until tried
             candidate = (1.0 + kept) / (self.costs.ratio(m) + price * self.draft_steps(m))
             if candidate > value * 1.02:  # a 2% margin: do not draft for noise
                 best, value = m, candidate
         if best == 0:
             for m, kept in self.kept.items():
                 self.kept[m] = kept + (self.PRIOR - kept) * 0.03
+            if self.chain is not None:
+                self.chain["kept"] += (self.PRIOR - self.chain["kept"]) * 0.03
         return best
+
+    def verified_chain(self, num_proposed: int, num_accepted: int) -> None:
+        """A chain step's outcome (``num_proposed`` may be 0: the chain policy drafted nothing this step)."""
+        if self.chain is not None:
+            self.chain["kept"] = self.chain["kept"] * self.decay + num_accepted * (1 - self.decay)
+            self.chain["drafted"] = self.chain["drafted"] * self.decay + num_proposed * (1 - self.decay)
 
     def verified(self, size: int, num_accepted: int) -> None:
         if size in self.kept:
-            self.kept[size] = self.kept[size] * self.decay + num_accepted * (1 - self.decay)
+            if self.chain is not None and size not in self.measured:
+                self.kept[size] = float(num_accepted)  # the first measurement replaces the optimistic bound
+            else:
+                self.kept[size] = self.kept[size] * self.decay + num_accepted * (1 - self.decay)
+            self.measured.add(size)

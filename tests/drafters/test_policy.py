@@ -144,3 +144,45 @@ def test_tree_budget_prices_the_drafters_forwards():
     unpriced.kept.update(kept)
     assert unpriced.choose() == 32
     assert [tree_depth(shape, m) for m in (1, 2, 4, 8, 32)] == [1, 2, 4, 8, 8]
+
+
+def test_tree_budget_weighs_the_drafters_own_chain():
+    """With the chain option, a CPU-like cost (each verified token +30% of a forward) picks the drafter's chain,
+    a GPU-like one (+1%) the whole tree; verified chains move the chain's estimate."""
+    from hf_speculative.costs import VerifyCostModel
+    from hf_speculative.drafters.policy import TreeBudget
+    from hf_speculative.tree_shapes import DynamicTree, tree_depth
+
+    shape = DynamicTree(nodes=32, depth=8, top_k=8)
+    kept = {32: 2.4, 16: 1.8, 8: 1.5, 4: 1.2, 2: 0.9, 1: 0.6}
+
+    def choice(per_token: float, price: float) -> int:
+        costs = VerifyCostModel(32)
+        costs.fix([1.0 + per_token * k for k in range(33)])
+        budget = TreeBudget(costs, 32, draft_price=lambda: price, draft_steps=lambda m: tree_depth(shape, m),
+                            chain=True)
+        budget.kept.update(kept)
+        budget.measured.update(kept)
+        budget.chain.update(kept=1.0, drafted=1.5)
+        return budget.choose()
+
+    assert choice(0.3, 0.1) == TreeBudget.CHAIN
+    assert choice(0.01, 0.02) == 32
+    untried = TreeBudget(VerifyCostModel(32), 32, draft_price=lambda: 0.02, draft_steps=lambda m: tree_depth(shape, m),
+                         chain=True)
+    untried.costs.fix([1.0 + 0.01 * k for k in range(33)])
+    untried.chain.update(kept=3.0, drafted=4.0)  # a good chain measured, no tree tried yet
+    tried = []
+    for _ in range(len(untried.kept) + 1):  # each size valued at its depth until tried; each keeps 1 token
+        m = untried.choose()
+        if m == TreeBudget.CHAIN:
+            break
+        tried.append(m)
+        untried.verified(m, 1)
+    assert m == TreeBudget.CHAIN and tried and len(set(tried)) == len(tried)  # every size tried at most once
+    assert all(untried.kept[m] == 1.0 for m in tried)
+    budget = TreeBudget(VerifyCostModel(8), 8, chain=True)
+    for _ in range(30):
+        budget.verified_chain(4, 0)  # chains of 4 never kept: the chain's value falls below plain decoding's
+    assert budget.chain["kept"] < 0.01 and abs(budget.chain["drafted"] - 4) < 0.01
+    assert TreeBudget(VerifyCostModel(8), 8).chain is None  # without the option: trees or nothing

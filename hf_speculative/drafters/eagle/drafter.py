@@ -154,7 +154,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:
             self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
-                                     draft_steps=lambda m: tree_depth(config.tree, m))
+                                     draft_steps=lambda m: tree_depth(config.tree, m), chain=config.adaptive)
+        self._asked = 0  # the last choice of the budget: nodes, 0, or TreeBudget.CHAIN
 
     def _draft_price(self) -> float:
         # until measured: one layer against a whole model
@@ -213,6 +214,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         if self.features.lost or self.features.pending is None:
             return DraftTree.empty(input_ids.device)  # before the prefill there are no features yet
         nodes = self._asked = self.budget.choose()
+        if nodes == TreeBudget.CHAIN:  # the cost model prefers this drafter's own chain this step
+            return self.chain_tree(input_ids, max_depth)
         if nodes == 0:
             return DraftTree.empty(input_ids.device)
         start = time.perf_counter()
@@ -229,6 +232,10 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         return tree
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        if self._asked == TreeBudget.CHAIN:  # a chain step: the chain policy learns, the budget too
+            self.on_verified(input_ids, verdict.num_accepted, tree.size)
+            self.budget.verified_chain(tree.size, verdict.num_accepted)
+            return
         self.follow_tree(input_ids, tree, verdict)
         if self.after_prefill and tree.size:
             self.verify_costs.observe(tree.size, self.last_verify_s)

@@ -148,3 +148,37 @@ def test_expansions_equal_chain_steps_along_each_branch(version):
     torch.testing.assert_close(first[1], b[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(second[1], b[1], atol=1e-5, rtol=1e-5)
     gen.close()
+
+
+@pytest.mark.parametrize("device_like", ["cpu", "gpu"])
+def test_the_cost_model_picks_chains_or_trees_by_the_devices_costs(trained, device_like):
+    """Adaptive EAGLE trees: where each verified token costs 30% of a forward, the drafter's own chain is chosen
+    (one-branch drafts, but for trying each tree size once); where it costs 1% and drafting is cheap, wide trees.
+    Exact either way."""
+    from hf_speculative.costs import forget_costs, verify_costs_for
+
+    target, net, text = trained
+    per_token = 0.3 if device_like == "cpu" else 0.01
+    verify_costs_for(target, 64).fix([1.0 + per_token * k for k in range(65)])
+    try:
+        strategy = hfs.Eagle(net, tree=DynamicTree(nodes=16, depth=4, top_k=4), draft_cost=0.02)
+        drafts = []
+        generator_of = strategy.open
+
+        def opened(ctx):
+            generator = generator_of(ctx)
+            grow = generator.propose_tree
+            generator.propose_tree = lambda ids, depth: drafts.append(grow(ids, depth)) or drafts[-1]
+            return generator
+
+        object.__setattr__(strategy, "open", opened)
+        result, _ = loop_generate(target, strategy)
+    finally:
+        forget_costs(target)
+    assert result.sequences[0].tolist() == text
+    drafted = [tree for tree in drafts if tree.size]
+    assert drafted and result.stats.tau > 1.5
+    if device_like == "cpu":  # (each tree size may be tried once: unmeasured sizes are valued optimistically)
+        assert sum(not tree.is_chain() for tree in drafted) <= 5 < sum(tree.is_chain() for tree in drafted)
+    else:
+        assert sum(not tree.is_chain() for tree in drafted) > len(drafted) / 2
