@@ -334,7 +334,7 @@ def test_smollm2_draft_model_saved_by_its_registry_name(integration, tmp_path):
     model, _ = integration
     written = spec.save_strategy(hfs.DraftModel(model, num_tokens=3), tmp_path)
     assert written == {"method": "draft-model", "path": "smollm2-135m-instruct", "options": {
-        "num_tokens": 3, "confidence_threshold": 0.3, "adaptive": True, "draft_cost": None}}
+        "num_tokens": 3, "confidence_threshold": 0.3, "adaptive": True, "draft_cost": None, "tree": None}}
     restored = spec.from_spec(written, model, tmp_path)  # (as big as the target: a check of the path only)
     assert restored.model is not model and restored.model.name_or_path == model.name_or_path
     assert restored.num_tokens == 3
@@ -356,3 +356,16 @@ def test_tree_shapes_round_trip_through_the_spec():
         spec.from_spec(bad, target, None)
     with pytest.raises(spec.SpecError, match="a tree shape is"):
         spec.from_spec({"method": "prompt-lookup", "options": {"tree": {"ring": 3}}}, target, None)
+
+
+def test_draft_model_tree_round_trips_through_a_spec(tmp_path):
+    """A draft model's tree shape is saved in the spec's options and read back."""
+    target = build_model("llama")
+    draft = build_model("llama", seed=5)
+    draft.save_pretrained(tmp_path / "draft")
+    draft = type(draft).from_pretrained(tmp_path / "draft")
+    shape = hfs.DynamicTree(nodes=8, depth=4, top_k=3)
+    written = spec.save_strategy(hfs.DraftModel(draft, tree=shape), tmp_path)
+    assert written["options"]["tree"] == {"dynamic_tree": {"nodes": 8, "depth": 4, "top_k": 3}}
+    restored = spec.from_spec(written, target, tmp_path)
+    assert restored.tree == shape
