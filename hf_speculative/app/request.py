@@ -31,12 +31,13 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit integer
 # Bounds of the method options: the strategies' own (hf_speculative.options), checked here before anything
 # is built; exit_layer and skip indices again once the model is loaded, against its layer count.
 MAX_SKIP_CHARS = 400
-INTEGER_RANGES = {"num_tokens": (1, MAX_DRAFT_TOKENS), "max_ngram": (1, MAX_NGRAM), "exit_layer": (1, MAX_LAYERS)}
+INTEGER_RANGES = {"num_tokens": (1, MAX_DRAFT_TOKENS), "max_ngram": (1, MAX_NGRAM), "exit_layer": (1, MAX_LAYERS),
+                  "tree_nodes": (1, 64)}
 DEFAULT_INTEGER_RANGE = (0, 1024)  # an integer option a future method adds
 NUMBER_RANGE = (-1e6, 1e6)  # a float option a future method adds
 
 # How to draw known option keys; a key a future method adds falls back on its default's type.
-_INTEGER_KEYS = {"num_tokens", "max_ngram", "exit_layer"}
+_INTEGER_KEYS = {"num_tokens", "max_ngram", "exit_layer", "tree_nodes"}
 _MODEL_KEYS = {"draft_model"}
 _DRAFTER_KEYS = {"eagle", "adapter"}  # trained drafters: shipped names (folders with --allow-local-paths)
 _LAYER_KEYS = {"skip"}  # 'auto' or comma-separated layer indices

@@ -87,6 +87,10 @@ def _expected(name: str, kind: str, value):
         return AppError  # no path, Hub id or junk is offered
     if name == "methods":
         return ["prompt-lookup"] if value == "prompt-lookup" else AppError
+    if kind == "flag" and name in SLOTS:  # a method's boolean option (e.g. adaptive): blank leaves its default
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return UNSET
+        return value if isinstance(value, bool) else AppError
     if kind == "flag":
         return bool(value) if value is None or isinstance(value, bool) else AppError
     if name == "max_new_tokens":
