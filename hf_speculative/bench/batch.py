@@ -186,8 +186,8 @@ def summarize(records: list[dict]) -> list[dict]:
         greedy = cells.get((size, BASELINE))
         rate = cell["tokens"] / cell["seconds"] if cell["seconds"] else 0.0
         base = greedy["tokens"] / greedy["seconds"] if greedy and greedy["seconds"] else 0.0
-        rows.append({"batch_size": size, "method": method, "tokens": cell["tokens"], "seconds": round(cell["seconds"], 3),
-                     "tokens_per_s": round(rate, 2), "speedup": round(rate / base, 3) if base else None,
+        rows.append({"batch_size": size, "method": method, "tokens": cell["tokens"],
+                     "seconds": round(cell["seconds"], 3), "tokens_per_s": round(rate, 2), "speedup": round(rate / base, 3) if base else None,
                      "identical": cell["identical"],
                      "drafting_steps": (round(sum(cell["drafting"]) / len(cell["drafting"]), 3)
                                         if cell["drafting"] else None),
