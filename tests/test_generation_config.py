@@ -235,11 +235,14 @@ def test_two_threads_two_models_two_defaults():
 
 # -- the real model ---------------------------------------------------------------------------------
 @pytest.mark.integration
-def test_smollm2_pipeline_with_a_default(integration):
+def test_smollm2_pipeline_with_a_default(integration, cheap_verification):
     from transformers import pipeline
 
     model, tokenizer = integration
     hfs.enable(model)
+    # the adaptive lookup drafts from measured costs, which the session's other tests and the machine's load move:
+    # fixed GPU-like costs make this a test of the default's route and acceptance, not of the clock
+    cheap_verification(model)
     text = "Repeat this sentence twice: the library opens in March with forty computers."
     messages = [{"role": "user", "content": text}]
     kwargs = dict(do_sample=False, max_new_tokens=32)
