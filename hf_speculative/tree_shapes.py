@@ -269,3 +269,17 @@ def tree_depth(shape: "DynamicTree | StaticTree", nodes: int) -> int:
     if isinstance(shape, DynamicTree):
         return max(1, min(shape.depth, nodes))
     return max(len(path) for path in shape.paths)
+
+
+def grow_tree(shape: "DynamicTree | StaticTree", root_logprobs: torch.Tensor, expand, nodes: int,
+              max_depth: int) -> DraftTree:
+    """One step's tree of ``shape`` with a budget of ``nodes`` (dynamic trees), no deeper than ``max_depth``: what
+    EAGLE and draft models both grow from their root log-probabilities and ``expand`` (see :meth:`DynamicTree.grow`)."""
+    if isinstance(shape, DynamicTree):
+        return shape.grow(root_logprobs, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
+    return grow_static(shape, root_logprobs, expand, max_depth)
+
+
+def drafter_levels(tree: DraftTree) -> int:
+    """The drafter forwards a grown tree took: one per level (1 for an empty tree), to price one step of it."""
+    return max(int(tree.depths().max()) + 1, 1) if tree.size else 1

@@ -17,7 +17,7 @@ from ..costs import draft_price, record_draft_step, verify_costs_for
 from ..options import shown
 from ..state import state_of
 from ..tree import DraftTree, Verdict
-from ..tree_shapes import DynamicTree, StaticTree, grow_static, tree_depth
+from ..tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
 from .model_tree import model_tree_expander
 from .policy import ChainLengthPolicy, TreeBudget, check_chain_options
 
@@ -197,13 +197,10 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._synced = input_ids.shape[1]
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
-            if isinstance(shape, DynamicTree):
-                tree = shape.grow(root, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
-            else:
-                tree = grow_static(shape, root, expand, max_depth)
+            tree = grow_tree(shape, root, expand, nodes, max_depth)
         finally:
             crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
-        steps = max(int(tree.depths().max()) + 1, 1) if tree.size else 1
+        steps = drafter_levels(tree)
         record_draft_step(self.drafter, (time.perf_counter() - start) / steps)
         return tree
 

@@ -25,10 +25,10 @@ from ...features import VerifiedFeatures
 from ...options import shown
 from ...state import state_of
 from ...tree import DraftTree, Verdict
-from ...tree_shapes import DynamicTree, StaticTree, tree_depth
+from ...tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
 from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
 from .model import DraftKVCache, EagleDraftModel
-from .tree_drafting import grow_static, tree_expander
+from .tree_drafting import tree_expander
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -223,11 +223,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         root = torch.log_softmax(self._logits(hidden).float(), dim=-1)  # [V]
         expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden[0, -1],
                                lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
-        if isinstance(shape, DynamicTree):
-            tree = shape.grow(root, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
-        else:
-            tree = grow_static(shape, root, expand, max_depth)
-        steps = max(int(tree.depths().max()) + 1, 1) if tree.size else 1
+        tree = grow_tree(shape, root, expand, nodes, max_depth)
+        steps = drafter_levels(tree)
         record_draft_step(self.net, (time.perf_counter() - start) / steps)
         return tree
 
