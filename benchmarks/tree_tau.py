@@ -1,6 +1,12 @@
 """τ and speed of draft trees in hf_speculative's own loop, by node budget, on Spec-Bench prompts.
 
     python benchmarks/tree_tau.py --per-category 10 --budgets chain5,4,8,16,32,64 --out tree_tau.jsonl
+    python benchmarks/tree_tau.py --budgets chain5,32,medusa-chain4,medusa4,medusa8,medusa16,medusa32,medusa64
+
+Budgets: ``chainK`` (EAGLE chain of K), ``N`` (EAGLE dynamic tree of N nodes), ``lookupN`` (prompt-lookup tree),
+``medusa-chainK`` (Medusa heads' top guesses, K at most), ``medusaN`` (the first N rank paths of the tree the heads
+were calibrated with). With Medusa budgets each record also holds every head's top-1 agreement with the target,
+teacher-forced on greedy's own output (``head_top1``: head k guesses the token k+1 places after the state it reads).
 
 Every method runs through the same loop (``hf_speculative.loop.run``) with ``adaptive=False`` (fixed budgets,
 for measurement) or the cost-chosen budget (``--adaptive``); greedy is plain ``generate`` in the same run,
@@ -17,7 +23,11 @@ import time
 import torch
 
 
-def make_strategy(hfs, drafter, budget: str, adaptive: bool, shapes):
+def make_strategy(hfs, drafter, budget: str, adaptive: bool, shapes, medusa=None):
+    if budget.startswith("medusa-chain"):
+        return hfs.Medusa(medusa.heads, num_tokens=int(budget[12:]), confidence_threshold=0.0, adaptive=adaptive)
+    if budget.startswith("medusa"):
+        return hfs.Medusa(medusa.heads, tree=hfs.StaticTree(medusa.tree.paths[:int(budget[6:])]), adaptive=adaptive)
     if budget.startswith("chain"):
         return hfs.Eagle(drafter, num_tokens=int(budget[5:]), confidence_threshold=0.0, adaptive=adaptive)
     if budget.startswith("lookup"):
@@ -27,10 +37,26 @@ def make_strategy(hfs, drafter, budget: str, adaptive: bool, shapes):
                      tree=shapes.DynamicTree(nodes=nodes, depth=min(8, max(3, nodes // 4)), top_k=min(8, nodes)))
 
 
+@torch.no_grad()
+def head_top1(model, heads, sequence: torch.Tensor, prompt_length: int) -> list[list[int]]:
+    """``[[hits, guesses]]`` per head: at each state ``q`` from the prompt's last on, head k's argmax against
+    token ``q + k + 2`` of ``sequence`` `[1, T]` (the state at q already gives token q + 1 through the lm_head)."""
+    final = model(sequence, output_hidden_states=True).hidden_states[-1][0]  # [T, H], after the final norm
+    head = model.get_output_embeddings()
+    counts = []
+    for k in range(heads.config.num_heads):
+        states = final[prompt_length - 1: sequence.shape[1] - k - 2]  # [N, H]
+        labels = sequence[0, prompt_length + k + 1:]  # [N]
+        guesses = heads.head_logits(states, k, head).argmax(-1)
+        counts.append([int((guesses == labels).sum()), int(labels.numel())])
+    return counts
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--drafter", default="smollm2-135m-instruct")
+    parser.add_argument("--medusa", default="smollm2-135m-instruct", help="Medusa heads for medusa* budgets")
     parser.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl (default: the package's copy)")
     parser.add_argument("--categories", default="mt-bench,translation,summarization,qa,math_reasoning,rag")
     parser.add_argument("--per-category", type=int, default=10)
@@ -54,6 +80,9 @@ def main(argv=None) -> None:
     model, tokenizer = hfs.load_model(args.model)
     drafter = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
     budgets = args.budgets.split(",")
+    medusa = None
+    if any(b.startswith("medusa") for b in budgets):
+        medusa = hfs.Medusa.from_pretrained(args.medusa, target=model, tree="calibrated")
     results = []
     for prompt in load_prompts(args.dataset or DATASET, args.categories.split(","), args.per_category):
         ids = encode_prompt(tokenizer, prompt.text)
@@ -64,11 +93,13 @@ def main(argv=None) -> None:
         greedy_s = time.perf_counter() - start
         record = {"category": prompt.category, "question_id": prompt.question_id, "greedy_s": greedy_s,
                   "new_tokens": greedy.shape[1] - ids.shape[1]}
+        if medusa is not None:
+            record["head_top1"] = head_top1(model, medusa.heads, greedy, ids.shape[1])
         for budget in budgets:
             stopping = StoppingCriteriaList([MaxLengthCriteria(max_length),
                                              EosTokenCriteria(model.generation_config.eos_token_id)])
             ctx = CallContext(model, model.generation_config, None, stopping, SpeculativeStats())
-            loop_drafter = ChainDrafter(make_strategy(hfs, drafter, budget, args.adaptive, shapes).open(ctx))
+            loop_drafter = ChainDrafter(make_strategy(hfs, drafter, budget, args.adaptive, shapes, medusa).open(ctx))
             start = time.perf_counter()
             try:
                 out = run(model, ids, loop_drafter, stopping_criteria=stopping, stats=ctx.stats, max_length=max_length)
@@ -93,6 +124,10 @@ def main(argv=None) -> None:
             speed = statistics.median(r[b]["speedup"] for r in picked)
             cells.append(f"τ {tau:.2f} / {speed:.2f}×")
         print(f"| {category} | " + " | ".join(cells) + " |")
+    if medusa is not None:
+        hits = [sum(r["head_top1"][k][0] for r in results) for k in range(medusa.heads.config.num_heads)]
+        seen = [sum(r["head_top1"][k][1] for r in results) for k in range(medusa.heads.config.num_heads)]
+        print("Medusa head top-1 on greedy's output:", [f"{h / max(n, 1):.3f}" for h, n in zip(hits, seen)])
     print("identical:", sum(all(r[b]["identical"] for b in budgets) for r in results), "/", len(results))
 
 

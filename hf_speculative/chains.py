@@ -32,6 +32,8 @@ class ChainDrafter:
         self.generator = generator
         self._proposed = 0
         self._tree = False
+        self._drafted: DraftTree | None = None  # the tree handed to the loop last
+        self._observed_at = 0.0
         self._verify_started = 0.0
 
     def propose_tree(self, sequence: torch.LongTensor, max_depth: int) -> DraftTree:
@@ -44,6 +46,7 @@ class ChainDrafter:
         if tree is not None:
             self._proposed = tree.size
             self._verify_started = time.perf_counter()
+            self._drafted = tree
             return tree
         tokens, _ = (None, None) if max_depth < 1 else gen.propose(sequence, max_depth)
         if tokens is None or tokens.numel() == 0:
@@ -54,17 +57,23 @@ class ChainDrafter:
             self._proposed = int(tokens.numel())
             tree = DraftTree.chain(tokens)
         self._verify_started = time.perf_counter()
+        self._drafted = tree
         return tree
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
         """``scores``: the processed target logits of the forward, ``[1 + n, V]``."""
         gen = self.generator
+        if tree is not self._drafted:  # the loop verified without asking (no room left): nothing of ours in it,
+            # and the forward ran since the last observe
+            self._tree, self._proposed, self._verify_started = False, 0, self._observed_at
+        self._drafted = None
         gen.last_verify_s = time.perf_counter() - self._verify_started
         gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
         if self._tree:
             gen.observe_tree(sequence, tree, verdict)
         else:
             gen.on_verified(sequence, verdict.num_accepted, self._proposed)
+        self._observed_at = time.perf_counter()
 
     def close(self) -> None:
         self.generator.close()

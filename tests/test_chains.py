@@ -108,3 +108,33 @@ def test_prompt_lookup_tree_branches_on_disagreeing_matches():
     tree = generator.propose_tree(torch.tensor([[11, 12, 17, 17, 13, 11, 12, 18, 16, 10, 11, 12]]), max_depth=8)
     assert sorted(tree.tokens[tree.parents == -1].tolist()) == [17, 18]  # two matches, two branches
     assert tree.size == 6 and not tree.is_chain()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("max_new_tokens", [7, 8])
+def test_a_forward_the_loop_verified_without_asking_is_no_draft_of_the_drafter(arch, max_new_tokens):
+    """With one token left before the length limit the loop verifies an empty tree without asking the drafter;
+    the drafter learns that forward as an empty draft, not as its previous chain again (Medusa's feature queue
+    raised IndexError on the stale count). Chains of one perfect guess: the prompt's forward gives one token,
+    each step two, so an even ``max_new_tokens`` ends on such a forward."""
+    from tests.drafters.medusa.conftest import OracleHeads
+
+    model = build_model(arch)
+    reference = torch.tensor([greedy(model, 40)])
+    seen = []
+    strategy = hfs.Medusa(OracleHeads(model, reference), num_tokens=1, adaptive=False, confidence_threshold=0.0)
+    original = type(strategy).open
+
+    def recording_open(self, ctx):
+        generator = original(self, ctx)
+        on_verified = generator.on_verified
+        generator.on_verified = lambda ids, accepted, proposed: (seen.append(proposed),
+                                                                 on_verified(ids, accepted, proposed))
+        return generator
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(strategy), "open", recording_open)
+        result = loop_generate(model, strategy, max_new_tokens)
+    assert result.sequences[0].tolist() == reference[0, : len(PROMPT) + max_new_tokens].tolist()
+    assert sum(seen) == result.stats.drafted_tokens == result.stats.accepted_tokens
+    assert seen[-1] == (0 if max_new_tokens % 2 == 0 else 1)
