@@ -36,6 +36,7 @@ from .batch_costs import BatchCostModel, batch_costs_for
 from .batch_verify import BatchVerifier
 from .chains import ChainDrafter
 from .drafters.policy import AcceptanceEstimate
+from .features import batch_row
 from .loop import processed_scores, stop_index
 from .sampling import SeededSampler, split_sampler
 from .stats import SpeculativeStats
@@ -76,15 +77,16 @@ def row_view(processor: Any, row: int, batch: int) -> Any:
 def check_batch_strategy(strategy: Any) -> None:
     """Raise a ``ValueError`` naming the fix unless ``strategy`` drafts for batches (B > 1)."""
     from .drafters.draft_model import DraftModel
+    from .drafters.eagle.drafter import Eagle
     from .drafters.prompt_lookup import PromptLookup
 
-    if isinstance(strategy, (PromptLookup, DraftModel)):
+    if isinstance(strategy, (PromptLookup, DraftModel, Eagle)):
         return
     name = getattr(strategy, "name", None) or type(strategy).__name__
     raise ValueError(
-        f"Batched speculative decoding (batch size > 1) supports hfs.PromptLookup() and hfs.DraftModel(...), not "
-        f"{name!r} ({type(strategy).__name__}). Use one of those for batches, or call generate() once per prompt "
-        f"with this drafter.")
+        f"Batched speculative decoding (batch size > 1) supports hfs.PromptLookup(), hfs.DraftModel(...) and "
+        f"hfs.Eagle(...), not {name!r} ({type(strategy).__name__}). Use one of those for batches, or call generate() "
+        f"once per prompt with this drafter.")
 
 
 @dataclasses.dataclass
@@ -103,6 +105,13 @@ def left_padding(attention_mask: torch.Tensor) -> list[int]:
                 "Batched speculative decoding needs left-padded prompts (each row's padding before its tokens, at "
                 "least one token a row): set tokenizer.padding_side = 'left' before tokenizing the batch.")
     return pads
+
+
+def forward_columns(pending_mask: torch.Tensor, nodes: int) -> torch.Tensor:
+    """A row's real columns in a batched forward, `[T']`: its pending tokens (``pending_mask`` `[m]`, False at
+    left padding) and its first ``nodes`` draft nodes, which follow the ``m`` pending columns."""
+    m = pending_mask.shape[0]
+    return torch.cat([pending_mask.nonzero()[:, 0], torch.arange(m, m + nodes, device=pending_mask.device)])
 
 
 def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
@@ -212,7 +221,8 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                 if (b in ends and has_eos) or rows[b].shape[1] >= max_length:
                     live.discard(b)  # finished
                 else:
-                    drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
+                    with batch_row(i, forward_columns(pending_mask[i], tree.size)):  # its states, for EAGLE
+                        drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
             if not has_eos and len(ends) == batch:  # rows decode on past their stop until the longest has stopped
                 total = max(ends.values())
                 live = {b for b in live if rows[b].shape[1] < total}

@@ -32,7 +32,7 @@ class ChainDrafter:
         self.generator = generator
         self._proposed = 0
         self._tree = False
-        self._drafted: DraftTree | None = None  # the tree handed to the loop last
+        self._asked = False  # whether the loop asked for this step's draft
         self._observed_at = 0.0
         self._verify_started = 0.0
 
@@ -44,29 +44,24 @@ class ChainDrafter:
         tree = None if grow is None or max_depth < 1 else grow(sequence, max_depth)
         self._tree = tree is not None
         if tree is not None:
-            self._proposed = tree.size
-            self._verify_started = time.perf_counter()
-            self._drafted = tree
+            self._verify_started, self._asked = time.perf_counter(), True
             return tree
         tokens, _ = (None, None) if max_depth < 1 else gen.propose(sequence, max_depth)
         if tokens is None or tokens.numel() == 0:
-            self._proposed = 0
             tree = DraftTree.empty(sequence.device)
         else:
-            tokens = tokens.reshape(-1)[:max_depth].to(device=sequence.device, dtype=torch.long)
-            self._proposed = int(tokens.numel())
-            tree = DraftTree.chain(tokens)
-        self._verify_started = time.perf_counter()
-        self._drafted = tree
+            tree = DraftTree.chain(tokens.reshape(-1)[:max_depth].to(device=sequence.device, dtype=torch.long))
+        self._verify_started, self._asked = time.perf_counter(), True
         return tree
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
         """``scores``: the processed target logits of the forward, ``[1 + n, V]``."""
         gen = self.generator
-        if tree is not self._drafted:  # the loop verified without asking (no room left): nothing of ours in it,
-            # and the forward ran since the last observe
-            self._tree, self._proposed, self._verify_started = False, 0, self._observed_at
-        self._drafted = None
+        if not self._asked:  # the loop verified without asking (no room left): nothing of ours in it, and the
+            # forward ran since the last observe
+            self._tree, self._verify_started = False, self._observed_at
+        # what was verified: the draft, or its first nodes (a batch step's width), or nothing
+        self._proposed, self._asked = tree.size, False
         gen.last_verify_s = time.perf_counter() - self._verify_started
         gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
         if self._tree:

@@ -8,12 +8,30 @@ that registered them, so concurrent calls on one model do not see each other's s
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 
 import torch
 
 from . import compat
 from .verify import PADDING_ROWS
+
+# While a batched forward's row is handed to its drafter (hf_speculative.batch_loop): that row's index in the
+# forward's batch and its real columns `[T']` (the prompt without left padding, the root, its own draft nodes).
+BATCH_ROW: contextvars.ContextVar[tuple[int, torch.Tensor] | None] = contextvars.ContextVar(
+    "hf_speculative_batch_row", default=None)
+
+
+@contextlib.contextmanager
+def batch_row(row: int, columns: torch.Tensor):
+    """Inside: :meth:`FeatureTap.take` returns row ``row`` of the last forward, at ``columns`` only, `[1, T', F]`:
+    a drafter that reads the target's states follows its own row of a batch as if it had run alone."""
+    token = BATCH_ROW.set((row, columns))
+    try:
+        yield
+    finally:
+        BATCH_ROW.reset(token)
 
 
 class FeatureTap:
@@ -50,13 +68,22 @@ class FeatureTap:
         return hook
 
     def take(self) -> torch.Tensor | None:
-        """The states recorded since the last call, `[B, T, F]` (time-concatenated), or ``None``."""
+        """The states recorded since the last call, `[B, T, F]` (time-concatenated), or ``None``; inside
+        :func:`batch_row`, the row's real columns of the one batched forward recorded, `[1, T', F]`."""
         if not self._captured[0]:
             return None
+        view = BATCH_ROW.get()
+        if view is not None and len(self._captured[0]) != 1:
+            raise RuntimeError(f"{len(self._captured[0])} batched forwards since the drafter last read its row's "
+                               "states; the batch loop hands each forward to every running row")
         parts = [torch.cat(chunks, dim=1) for chunks in self._captured]
         for chunks in self._captured:
             chunks.clear()
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        states = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        if view is not None:
+            row, columns = view
+            states = states[row:row + 1].index_select(1, columns.to(states.device))
+        return states
 
     def take_verified(self, num_accepted: int, num_proposed: int) -> torch.Tensor | None:
         """:meth:`take` after a verifying forward, without the positions of rejected draft tokens:

@@ -9,6 +9,7 @@ row has met a near-tie, so the comparisons are exact (no tolerance rule is neede
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -25,7 +26,8 @@ PROMPTS = [
     [3, 9, 10, 11, 9, 10, 11, 9, 10, 11, 12, 13, 14, 9, 10, 11, 9, 10, 11, 9],
     [4, 4],
 ]
-BATCH_DRAFTERS = ("prompt-lookup", "prompt-lookup-adaptive", "lookup-tree", "draft-model", "draft-model-copy")
+BATCH_DRAFTERS = ("prompt-lookup", "prompt-lookup-adaptive", "lookup-tree", "draft-model", "draft-model-copy", "eagle",
+                  "eagle-tree")
 
 
 def left_padded(prompts, pad: int = 0) -> dict:
@@ -47,6 +49,12 @@ def batch_drafter(name: str, target):
         return hfs.DraftModel(sibling_model(target), adaptive=False)
     if name == "draft-model-copy":
         return hfs.DraftModel(_plain_copy(target), confidence_threshold=0.0, adaptive=False)
+    if name in ("eagle", "eagle-tree"):
+        from tests.conftest import random_eagle
+
+        tree = hfs.DynamicTree(nodes=8, depth=4, top_k=3) if name == "eagle-tree" else None
+        return hfs.Eagle(random_eagle(target, version=3), tree=tree, num_tokens=4, confidence_threshold=0.0,
+                         adaptive=False)
     raise ValueError(name)
 
 
@@ -94,7 +102,7 @@ def test_rows_equal_batched_greedy_and_alone(arch, name, cheap_batches):
     eos = model.generation_config.eos_token_id
     assert new_tokens(out, PROMPTS, eos=eos) == rows_alone(model, PROMPTS, max_new_tokens=40)
     assert stats.drafted_tokens > 0, stats
-    if name != "draft-model":  # (the sibling model is a mostly wrong drafter)
+    if name not in ("draft-model", "eagle", "eagle-tree"):  # (the sibling model, a random EAGLE: mostly wrong)
         assert stats.target_forwards < 40, stats
     if name == "draft-model-copy":
         assert stats.accepted_tokens == stats.drafted_tokens, stats
@@ -201,7 +209,7 @@ def test_seeded_sampling_per_row_is_the_plain_seeded_batch(cheap_batches):
     inputs = left_padded(PROMPTS)
     kwargs = dict(do_sample=True, temperature=0.8, max_new_tokens=30, sampling_seed=1234)
     plain = model.generate(**inputs, **kwargs, candidate_generator=None)
-    for name in ("prompt-lookup", "draft-model-copy", "lookup-tree"):
+    for name in ("prompt-lookup", "draft-model-copy", "lookup-tree", "eagle", "eagle-tree"):
         out = model.generate(**inputs, **kwargs, candidate_generator=batch_drafter(name, model))
         assert out.tolist() == plain.tolist()
         stats = hfs.last_stats(model)
@@ -324,12 +332,55 @@ def test_other_drafters_are_refused_for_batches(llama, strategy):
         llama.generate(**left_padded(PROMPTS[:2]), max_new_tokens=4, candidate_generator=drafter)
 
 
-def test_eagle_is_refused_for_batches(llama):
-    from tests.conftest import random_eagle
+def test_medusa_is_refused_for_batches(llama):
+    from tests.drafters.medusa.conftest import random_heads
 
-    with pytest.raises(ValueError, match=r"not 'eagle"):
-        llama.generate(**left_padded(PROMPTS[:2]), max_new_tokens=4,
-                       candidate_generator=hfs.Eagle(random_eagle(llama, version=3)))
+    with pytest.raises(ValueError, match=r"and hfs.Eagle\(...\), not 'medusa"):
+        llama.generate(**left_padded(PROMPTS[:2]), max_new_tokens=4, candidate_generator=hfs.Medusa(random_heads(llama)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["eagle", "eagle-tree"])
+def test_each_eagle_row_reads_its_own_rows_states(arch, name, cheap_batches, monkeypatch):
+    """Every row's EAGLE drafter is fed, position for position, the target states of its own row decoded alone (no
+    padding, no other row, none of the nodes it did not keep): what it drafts is what it would draft alone."""
+    from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
+    from hf_speculative.features import tapped_features
+
+    model = cheap_batches(hfs.enable(build_model(arch)))
+    fed = []
+    catch_up = EagleCandidateGenerator._catch_up
+
+    def recording(self, input_ids):
+        fed.append((input_ids.clone(), self.n_true, self.features.pending.clone()))
+        return catch_up(self, input_ids)
+
+    monkeypatch.setattr(EagleCandidateGenerator, "_catch_up", recording)
+    strategy = batch_drafter(name, model)
+    model.generate(**left_padded(PROMPTS), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+    assert len(fed) > len(PROMPTS) * 3 and {ids[0, 0].item() for ids, _, _ in fed} >= {3, 4}  # all rows drafted
+    layers = strategy.drafter.config.target_layers
+    for ids, start, pending in fed:
+        alone = tapped_features(model, layers, ids)  # [1, L, F]: the row's text, no padding, no cache
+        assert pending.shape[1] == ids.shape[1] - 1 - start
+        torch.testing.assert_close(pending, alone[:, start: ids.shape[1] - 1], atol=1e-4, rtol=1e-4)
+
+
+def test_batches_leave_the_one_row_verify_costs_alone(cheap_batches):
+    """A row's drafter would time the whole batch's forward: those timings must not enter the target's shared
+    one-row cost model, which B = 1 calls decide by (a row's own stats count no target forward, so its drafter
+    never takes a forward for a measured verification)."""
+    from hf_speculative.costs import verify_costs_for
+
+    model = cheap_batches(hfs.enable(build_model("llama")))
+    shared = verify_costs_for(model, 8)
+    before = (list(shared._seconds), list(shared._timings))
+    model.generate(**left_padded(PROMPTS), do_sample=False, max_new_tokens=20, candidate_generator=hfs.PromptLookup())
+    assert hfs.last_stats(model).drafted_tokens > 0
+    assert (shared._seconds, shared._timings) == before
+    one = left_padded(PROMPTS[:1])
+    model.generate(**one, do_sample=False, max_new_tokens=20, candidate_generator=hfs.PromptLookup())
+    assert shared._timings != before[1]  # one-row calls still measure
 
 
 def test_a_refused_default_says_where_it_comes_from(llama):
@@ -385,7 +436,7 @@ def test_logits_processors_see_the_padded_rows(cheap_batches):
 # -- the real model --------------------------------------------------------------------------------
 @pytest.mark.integration
 @pytest.mark.slow
-def test_real_model_batch(integration):
+def test_real_model_batch(integration, request):
     model, shared = integration
     hfs.enable(model)
     tokenizer = copy.deepcopy(shared)  # (the session's tokenizer stays as other tests expect it)
@@ -401,6 +452,18 @@ def test_real_model_batch(integration):
     inputs = tokenizer(messages, return_tensors="pt", padding=True)
     kwargs = dict(do_sample=False, max_new_tokens=48, pad_token_id=tokenizer.pad_token_id)
     ref = stock_generate(model, **inputs, **kwargs)
-    for drafter in (hfs.PromptLookup(), hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4))):
+    batch_costs_for(model).fix(overhead=10.0, per_token=0.01)  # every step drafts the drafter's whole width
+    request.addfinalizer(lambda: forget_batch_costs(model))
+    eagle = hfs.Eagle.from_pretrained("smollm2-135m-instruct", target=model)
+    for drafter in (hfs.PromptLookup(), hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4)),
+                    dataclasses.replace(eagle, adaptive=False),
+                    dataclasses.replace(eagle, tree=hfs.DynamicTree(nodes=16, depth=5, top_k=4), adaptive=False)):
         out = model.generate(**inputs, **kwargs, candidate_generator=drafter)
         assert out.tolist() == ref.tolist()
+        if isinstance(drafter, hfs.Eagle):  # each row's drafter, fed its own row's states, keeps what it keeps alone
+            batched = hfs.last_stats(model).accepted_tokens
+            alone = 0
+            for message in messages:
+                model.generate(**tokenizer([message], return_tensors="pt"), **kwargs, candidate_generator=drafter)
+                alone += hfs.last_stats(model).accepted_tokens
+            assert alone > 20 and batched >= 0.8 * alone, (batched, alone)
