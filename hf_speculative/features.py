@@ -73,10 +73,9 @@ class FeatureTap:
         if not self._captured[0]:
             return None
         view = BATCH_ROW.get()
-        if view is not None and len(self._captured[0]) != 1:
-            raise RuntimeError(f"{len(self._captured[0])} batched forwards since the drafter last read its row's "
-                               "states; the batch loop hands each forward to every running row")
-        parts = [torch.cat(chunks, dim=1) for chunks in self._captured]
+        # a batch's columns belong to its last forward (the loop hands every forward to each running row; one
+        # missed would leave VerifiedFeatures.known short, and drafting stops)
+        parts = [chunks[-1] if view is not None else torch.cat(chunks, dim=1) for chunks in self._captured]
         for chunks in self._captured:
             chunks.clear()
         states = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
