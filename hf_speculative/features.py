@@ -34,8 +34,42 @@ def batch_row(row: int, columns: torch.Tensor):
         BATCH_ROW.reset(token)
 
 
+class StatesFeed:
+    """The hidden states of a verifier's forwards, handed to the taps of its call: a static-cache verifier runs the
+    target with ``output_hidden_states=True`` and publishes them, so that a compiled forward runs no hook (hooks
+    break its graphs, and a CUDA graph's outputs are overwritten by its next replay: what is kept is copied).
+    The taps opened inside :func:`states_feed` subscribe to it instead of hooking the target."""
+
+    def __init__(self):
+        self.taps: list[FeatureTap] = []
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.taps)
+
+    def publish(self, hidden_states: tuple[torch.Tensor, ...], padding: int = 0) -> None:
+        """``hidden_states``: the forward's (embeddings, layer 0's output, ..., the final norm's output), each
+        `[B, T, H]`; the last ``padding`` positions are padding (a static step's), left out."""
+        for tap in self.taps:
+            tap.receive(hidden_states, padding)
+
+
+_FEED: contextvars.ContextVar[StatesFeed | None] = contextvars.ContextVar("hf_speculative_states_feed", default=None)
+
+
+@contextlib.contextmanager
+def states_feed(feed: StatesFeed | None):
+    """Inside: taps subscribe to ``feed`` (``None``: they hook the target, the default)."""
+    token = _FEED.set(feed)
+    try:
+        yield
+    finally:
+        _FEED.reset(token)
+
+
 class FeatureTap:
-    """Records, for every forward of ``target`` on this thread, the hidden states of some modules.
+    """Records, for every forward of ``target`` on this thread, the hidden states of some modules (through forward
+    hooks, or from the :class:`StatesFeed` of the call's verifier when opened inside :func:`states_feed`).
 
     Args:
         target (`PreTrainedModel`): a decoder-only causal LM (``layers`` + final ``norm``).
@@ -58,7 +92,25 @@ class FeatureTap:
         modules = [decoder.layers[i] for i in layers] if layers else [decoder.norm]
         self._thread = threading.get_ident()
         self._captured: list[list[torch.Tensor]] = [[] for _ in modules]
+        self._feed = _FEED.get()
+        if self._feed is not None:
+            if depth - 1 in layers:
+                raise ValueError(
+                    f"The drafter reads target layer {depth - 1}'s output before the final norm, which a compiled "
+                    f"forward's hidden_states do not give (their last entry is the normed one); use it without "
+                    f"compile= (on a static cache too: hfs.enable(model, compile=False), cache_implementation='static').")
+            # hidden_states[0] holds the embeddings, [i + 1] layer i's output, [-1] the final norm's
+            self._indices = [i + 1 for i in layers] if layers else [-1]
+            self._handles = []
+            self._feed.taps.append(self)
+            return
         self._handles = [m.register_forward_hook(self._hook(i)) for i, m in enumerate(modules)]
+
+    def receive(self, hidden_states: tuple[torch.Tensor, ...], padding: int) -> None:
+        """Record a forward's states published by the call's :class:`StatesFeed` (copies: see there)."""
+        for captured, index in zip(self._captured, self._indices):
+            states = hidden_states[index].detach()  # [B, T, H]
+            captured.append(states[:, : states.shape[1] - padding].clone())
 
     def _hook(self, index: int):
         def hook(module, args, output):
@@ -96,6 +148,8 @@ class FeatureTap:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._feed is not None and self in self._feed.taps:
+            self._feed.taps.remove(self)
         self._captured = [[] for _ in self._captured]
 
 

@@ -17,6 +17,7 @@ import torch
 from . import compat
 from .base import CallContext, DraftStrategy, ExternalCandidateGenerator
 from .chains import ChainDrafter
+from .features import states_feed
 from .loop import run
 from .static_cache import verifier_for
 
@@ -53,11 +54,19 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     ctx = CallContext(model, generation_config, logits_processor, stopping_criteria, call.stats,
                       model_kwargs={k: v for k, v in model_kwargs.items() if k not in _NOT_MODEL_KWARGS})
     strategy = call.strategy  # a user's raw transformers CandidateGenerator runs too (static caches route chains here)
-    generator = strategy.open(ctx) if isinstance(strategy, DraftStrategy) else ExternalCandidateGenerator(ctx, strategy)
-    call.generator = generator  # closed when the call ends
-    call.stopping_criteria = stopping_criteria
     max_length = int(generation_config.max_length)
     verifier = verifier_for(model, strategy, getattr(call, "static", False), max_length)
+    try:
+        # under compile the drafters that read the target's states get them from the verifier, not from hooks
+        with states_feed(None if verifier is None else verifier.feed):
+            generator = (strategy.open(ctx) if isinstance(strategy, DraftStrategy)
+                         else ExternalCandidateGenerator(ctx, strategy))
+    except BaseException:
+        if verifier is not None:
+            verifier.close()
+        raise
+    call.generator = generator  # closed when the call ends
+    call.stopping_criteria = stopping_criteria
     try:
         result = run(model, input_ids, ChainDrafter(generator), stopping_criteria=stopping_criteria,
                      logits_processor=logits_processor, streamer=streamer, stats=call.stats, max_length=max_length,

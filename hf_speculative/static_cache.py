@@ -32,6 +32,7 @@ from .options import MAX_TREE_NODES as MAX_BUDGET
 from .options import check_int
 from .state import state_of
 from .tree import DraftTree
+from .features import StatesFeed
 from .verify import PADDING_ROWS, check_tree_attention
 
 CAPACITY_STEP = 256  # capacities are rounded up to this, so that calls of similar lengths share a cache
@@ -85,6 +86,8 @@ class StaticVerifier:
         self._minimum = torch.finfo(self.dtype).min
         self._rows = torch.arange(1 + self.budget, device=self.device)  # [Q]
         self._columns = torch.arange(self.capacity, device=self.device)  # [K]
+        # a compiled forward hands the hidden states that drafters read (EAGLE, Medusa) as outputs: no hooks in it
+        self.feed = StatesFeed() if forward is not None else None
 
     # -- the two steps the loop calls --------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
@@ -107,9 +110,9 @@ class StaticVerifier:
         seen = (self._columns <= start).expand(q, -1).clone()  # [Q, K] the prefix and the root, for every row
         if n:
             seen[1: 1 + n, start + 1: start + 1 + n] = tree.ancestors().to(self.device)
-        padding = PADDING_ROWS.set(self.budget - n)
+        padding = PADDING_ROWS.set(self.budget - n)  # (for hooks)
         try:
-            logits = self._run(self.step_forward, tokens, positions, seen, start)  # [Q, V]
+            logits = self._run(self.step_forward, tokens, positions, seen, start, padding=self.budget - n)  # [Q, V]
         finally:
             PADDING_ROWS.reset(padding)
         return logits[: 1 + n].clone()  # a CUDA graph's output is overwritten by its next replay
@@ -137,7 +140,7 @@ class StaticVerifier:
         self.length = start + m
 
     def _run(self, forward: Any, ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, start: int,
-             keep: int = 0) -> torch.Tensor:
+             keep: int = 0, padding: int = 0) -> torch.Tensor:
         compat.set_static_length(self.cache, start)
         mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill_(~seen, self._minimum)
         kwargs = dict(input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None],
@@ -146,8 +149,14 @@ class StaticVerifier:
             kwargs["cache_position"] = torch.arange(start, start + ids.numel(), device=self.device)
         if keep:
             kwargs.update(compat.logits_to_keep_kwargs(self.model, keep))
+        feed = self.feed if self.feed is not None and self.feed.wanted else None
+        if feed is not None:
+            kwargs["output_hidden_states"] = True  # (the compiled graph returns them)
         with torch.no_grad():
-            return forward(**kwargs).logits[0]  # [Q, V]
+            out = forward(**kwargs)
+        if feed is not None:
+            feed.publish(out.hidden_states, padding)
+        return out.logits[0]  # [Q, V]
 
 
 # -- the static cache a model keeps between calls ---------------------------------------------------
@@ -206,7 +215,7 @@ def draft_budget(strategy: Any) -> int:
     return int(getattr(strategy, "num_tokens", None) or MAX_BUDGET)
 
 
-def check_strategy(strategy: Any, compiled: bool) -> None:
+def check_strategy(strategy: Any) -> None:
     """Raise :class:`StaticCacheError` when ``strategy`` cannot draft for a static-cache (or compiled) target."""
     reads = getattr(strategy, "reads_target", "outputs")
     name = type(strategy).__name__
@@ -215,11 +224,6 @@ def check_strategy(strategy: Any, compiled: bool) -> None:
             f"{name} drafts with the target's own layers over its dynamic KV cache, which a static cache cannot "
             f"lend; use it without cache_implementation='static' and compile=, or draft with PromptLookup, "
             f"DraftModel or Eagle.")
-    if compiled and reads == "features":
-        raise StaticCacheError(
-            f"{name} reads the target's hidden states through forward hooks, which a compiled forward does not "
-            f"run; use it on a static cache without compiling (hfs.enable(model, compile=False) and "
-            f"cache_implementation='static'), or compile with PromptLookup or DraftModel drafters.")
 
 
 def verifier_for(model: torch.nn.Module, strategy: Any, static: bool, max_length: int) -> StaticVerifier | None:
@@ -228,7 +232,7 @@ def verifier_for(model: torch.nn.Module, strategy: Any, static: bool, max_length
     mode = state.compile_mode
     if not static and mode is None:
         return None
-    check_strategy(strategy, compiled=mode is not None)
+    check_strategy(strategy)
     needed = draft_budget(strategy)
     budget = state.static_budget or needed
     if budget < needed:

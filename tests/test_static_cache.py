@@ -169,13 +169,64 @@ def test_models_and_drafters_a_static_cache_cannot_serve_are_refused():
     forget(model)
 
 
-def test_compiled_targets_refuse_drafters_that_hook_the_target():
-    model = hfs.enable(build_model("llama"))
-    state_of(model).compile_mode = "default"  # what compile=True records (nothing compiles before a call)
+def feature_drafters(model):
+    """Drafters that read the target's states: EAGLE-3 (layers 1, 1, 0 of a 4-layer target), EAGLE-1 and Medusa (the
+    final norm's output), as chains and trees."""
+    from tests.drafters.medusa.conftest import random_heads
+
+    return {"eagle3-tree": hfs.Eagle(random_eagle(model), tree=TREE, adaptive=False),
+            "eagle3-chain": hfs.Eagle(random_eagle(model), num_tokens=4, confidence_threshold=0.0, adaptive=False),
+            "eagle1-tree": hfs.Eagle(random_eagle(model, version=1), tree=TREE, adaptive=False),
+            "medusa-tree": hfs.Medusa(random_heads(model), adaptive=False,
+                                      tree=StaticTree([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])),
+            "medusa-chain": hfs.Medusa(random_heads(model), adaptive=False, confidence_threshold=0.0)}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_targets_feed_drafters_from_their_outputs(arch, monkeypatch):
+    """Under compile= the verifier runs the target with output_hidden_states=True and hands the states to the
+    drafters; no hook is on the target in its forwards (hooks break compiled graphs). The drafts are those the
+    hooks give on a static cache without compiling: same drafted and kept counts, same text as greedy. (The
+    compiled forward is the eager model here; the real torch.compile is the slow test below.)"""
+    model = hfs.enable(build_model(arch, layers=4))
+    forwards = []
+
+    def compiled(target, mode):
+        def forward(**kwargs):
+            modules = [*target.model.layers, target.model.norm]  # (transformers 5 records hidden states with hooks of
+            # its own, made to run under compile: only ours are counted)
+            ours = [h for m in modules for h in m._forward_hooks.values() if "FeatureTap" in h.__qualname__]
+            forwards.append((kwargs.get("output_hidden_states", False), len(ours)))
+            return target(**kwargs)
+        return forward
+
+    monkeypatch.setattr(static_cache, "compiled_forward", compiled)
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    for name, strategy in feature_drafters(model).items():
+        hfs.enable(model, compile=False)
+        assert static_generate(model, strategy, max_new_tokens=30).tolist() == expected.tolist()
+        hooked = hfs.last_stats(model)
+        hfs.enable(model, compile=True)
+        forwards.clear()
+        out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+        assert out.tolist() == expected.tolist(), name
+        fed = hfs.last_stats(model)
+        assert forwards and all(states and hooks == 0 for states, hooks in forwards), (name, forwards)
+        assert (fed.drafted_tokens, fed.accepted_tokens) == (hooked.drafted_tokens, hooked.accepted_tokens), name
+        assert fed.drafted_tokens > 0, name
+    hfs.enable(model, compile=False)
+    forget(model)
+
+
+def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monkeypatch):
+    model = hfs.enable(build_model("llama"))  # 2 layers: EAGLE-3's default layers (1, 0, 0) include the last
+    monkeypatch.setattr(static_cache, "compiled_forward", lambda target, mode: target)
+    hfs.enable(model, compile=True)
     try:
-        with pytest.raises(static_cache.StaticCacheError, match="forward hooks"):
+        with pytest.raises(ValueError, match=r"target layer 1's output before the final norm.*without compile="):
             model.generate(**prompt_inputs(), candidate_generator=hfs.Eagle(random_eagle(model)), max_new_tokens=5)
     finally:
+        hfs.enable(model, compile=False)
         forget(model)
 
 
@@ -183,12 +234,13 @@ def test_compiled_targets_refuse_drafters_that_hook_the_target():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_verification_equals_greedy(arch):
     """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call."""
-    model = hfs.enable(build_model(arch), compile=True)
+    model = hfs.enable(build_model(arch, layers=4), compile=True)
     try:
         expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
         strategies = [hfs.PromptLookup(tree=TREE, adaptive=False), hfs.PromptLookup(tree=TREE, adaptive=False),
                       hfs.Hybrid(hfs.PromptLookup(num_tokens=8, adaptive=False),
-                                 make_drafter("draft-model", model, expected))]
+                                 make_drafter("draft-model", model, expected)),
+                      *feature_drafters(model).values()]
         for strategy in strategies:
             out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
             assert out.tolist() == expected.tolist()
