@@ -63,6 +63,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--budgets", default="chain5,4,8,16,32,64")
     parser.add_argument("--adaptive", action="store_true", help="the cost model chooses the budget per step")
+    parser.add_argument("--head-top1", action="store_true", help="each Medusa head's top-1 on greedy's output, "
+                        "also without medusa budgets")
     parser.add_argument("--out", default="tree_tau.jsonl")
     args = parser.parse_args(argv)
 
@@ -79,9 +81,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     model, tokenizer = hfs.load_model(args.model)
     drafter = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
-    budgets = args.budgets.split(",")
+    budgets = [b for b in args.budgets.split(",") if b]  # none: greedy only (with --head-top1)
     medusa = None
-    if any(b.startswith("medusa") for b in budgets):
+    if args.head_top1 or any(b.startswith("medusa") for b in budgets):
         medusa = hfs.Medusa.from_pretrained(args.medusa, target=model, tree="calibrated")
     results = []
     for prompt in load_prompts(args.dataset or DATASET, args.categories.split(","), args.per_category):
