@@ -93,6 +93,8 @@ def check_batch_strategy(strategy: Any) -> None:
 class BatchResult:
     sequences: torch.LongTensor  # [B, L + new], finished rows padded with pad_token_id
     stats: SpeculativeStats
+    scores: tuple | None = None  # per new position [B, V] (output_scores), see BatchOutputs
+    logits: tuple | None = None  # per new position [B, V] (output_logits)
 
 
 def left_padding(attention_mask: torch.Tensor) -> list[int]:
@@ -107,6 +109,52 @@ def left_padding(attention_mask: torch.Tensor) -> list[int]:
     return pads
 
 
+class BatchOutputs:
+    """Besides the sequences: the streamer, fed one column of ``B`` tokens at a time as transformers' batched loop
+    feeds it (a column once every running row has its token; finished rows give ``fill``), and per row the
+    processed scores and raw logits of each new token, when the call asks for them (``output_scores`` /
+    ``output_logits``: per new position a ``[B, V]`` tensor, rows that had finished by then filled with -inf)."""
+
+    def __init__(self, batch: int, length: int, fill: int, streamer: Any = None, scores: bool = False,
+                 logits: bool = False):
+        self.length, self.fill, self.streamer, self.streamed = length, fill, streamer, 0
+        self.scores = [[] for _ in range(batch)] if scores else None
+        self.logits = [[] for _ in range(batch)] if logits else None
+
+    def add(self, row: int, scores: torch.Tensor, logits: torch.Tensor) -> None:
+        """Row ``row``'s new tokens of this step: their score rows `[k, V]` and logits rows `[k, V]`."""
+        if self.scores is not None:
+            self.scores[row] += list(scores.float())
+        if self.logits is not None:
+            self.logits[row] += list(logits.float())
+
+    def stream(self, rows: list[torch.Tensor], running: set[int], limit: int | None) -> None:
+        """Put the columns every running row has reached (at most ``limit`` long: the text's final length)."""
+        if self.streamer is None:
+            return
+        ready = min((rows[b].shape[1] for b in running), default=max(r.shape[1] for r in rows))
+        ready = ready if limit is None else min(ready, limit)
+        for column in range(self.length + self.streamed, ready):
+            self.streamer.put(torch.tensor([int(r[0, column]) if column < r.shape[1] else self.fill for r in rows]))
+            self.streamed += 1
+
+    def finish(self, out: torch.Tensor) -> tuple[tuple | None, tuple | None]:
+        """Put the rest of ``out`` `[B, total]` and end the stream; the scores and logits tuples."""
+        if self.streamer is not None:
+            for column in range(self.length + self.streamed, out.shape[1]):
+                self.streamer.put(out[:, column].cpu())
+            self.streamer.end()
+        return self._stacked(self.scores, out.shape[1]), self._stacked(self.logits, out.shape[1])
+
+    def _stacked(self, per_row: list[list[torch.Tensor]] | None, total: int) -> tuple | None:
+        if per_row is None:
+            return None
+        vocab = next((r[0].shape[-1] for r in per_row if r), 0)
+        gap = torch.full((vocab,), float("-inf"))
+        return tuple(torch.stack([r[t] if t < len(r) else gap.to(r[0].device if r else gap.device)
+                                  for r in per_row]) for t in range(total - self.length))
+
+
 def forward_columns(pending_mask: torch.Tensor, nodes: int) -> torch.Tensor:
     """A row's real columns in a batched forward, `[T']`: its pending tokens (``pending_mask`` `[m]`, False at
     left padding) and its first ``nodes`` draft nodes, which follow the ``m`` pending columns."""
@@ -117,13 +165,16 @@ def forward_columns(pending_mask: torch.Tensor, nodes: int) -> torch.Tensor:
 def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
               strategy: Any, *, generation_config: Any, stopping_criteria: Any, logits_processor: Any = None,
               stats: SpeculativeStats | None = None, pad_token_id: int | None = None, max_depth: int = 64,
-              costs: BatchCostModel | None = None) -> BatchResult:
+              costs: BatchCostModel | None = None, streamer: Any = None, output_scores: bool = False,
+              output_logits: bool = False) -> BatchResult:
     """Speculative decoding of ``input_ids`` (``[B, L]``, left-padded, ``attention_mask`` ``[B, L]``) with a
     per-row drafter opened from ``strategy`` (see :func:`check_batch_strategy`); token for token what
     transformers' own batched greedy loop (or, with the call's SeededSampler last in ``logits_processor``, its
     seeded sampling loop) writes for the same batch.
 
     ``costs`` decides the draft width per step (default: the target's shared :func:`batch_costs_for`).
+    ``streamer`` gets the new tokens one column ``[B]`` at a time (the prompt is the caller's to put, as
+    ``generate()`` does); ``output_scores`` / ``output_logits`` keep each new position's ``[B, V]`` rows.
     """
     batch, length = input_ids.shape
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -142,6 +193,8 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
         return LogitsProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
 
     targets = [row_processors(b, 0) for b in range(batch)]
+    fill = 0 if pad_token_id is None else int(pad_token_id)
+    outputs = BatchOutputs(batch, length, fill, streamer, output_scores, output_logits)
     drafters: list[ChainDrafter | None] = []
     started = time.perf_counter()
     rows = [input_ids[b:b + 1] for b in range(batch)]                   # each [1, L + new_b], padded prompt
@@ -214,6 +267,9 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                         ends[b] = end
                         if has_eos:
                             rows[b] = rows[b][:, :end]
+                if outputs.scores is not None or outputs.logits is not None:
+                    kept = [node + 1 for node in (-1, *verdict.path)][: rows[b].shape[1] - before]  # score rows
+                    outputs.add(b, scores_of[i][kept], logits[i, kept])
                 if tree.size:
                     rates[b].update(verdict.num_accepted, tree.size)
                 if width and min(width, max_length - before - 1) > 0:
@@ -223,9 +279,11 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                 else:
                     with batch_row(i, forward_columns(pending_mask[i], tree.size)):  # its states, for EAGLE
                         drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
+            limit = None
             if not has_eos and len(ends) == batch:  # rows decode on past their stop until the longest has stopped
-                total = max(ends.values())
+                total = limit = max(ends.values())
                 live = {b for b in live if rows[b].shape[1] < total}
+            outputs.stream(rows, live, limit)
             for b in members:
                 if b not in live and b not in closed:
                     drafters[b].close()
@@ -248,11 +306,11 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
         if verifier is not None:
             verifier.close()
     total = max(ends.values()) if not has_eos and len(ends) == batch else max(r.shape[1] for r in rows)
-    fill = 0 if pad_token_id is None else int(pad_token_id)
     out = input_ids.new_full((batch, total), fill)
     for b, row in enumerate(rows):
         row = row[0, :total]
         out[b, : row.numel()] = row
     stats.new_tokens = sum(min(r.shape[1], total) - length for r in rows)
+    scores, logits = outputs.finish(out)
     stats.total_time_s = time.perf_counter() - started
-    return BatchResult(out, stats)
+    return BatchResult(out, stats, scores, logits)

@@ -122,21 +122,12 @@ def run_batch_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTenso
     check_batch_strategy(call.strategy)
     if synced_gpus:
         raise ValueError("Batched speculative decoding does not support synced_gpus=True; drop it.")
-    if streamer is not None:
-        raise ValueError("Streaming a batch is not supported (transformers' streamers take one row); drop streamer= "
-                         "or generate one prompt at a time.")
-    if (compat.generation_field(generation_config, "output_scores", False)
-            or compat.generation_field(generation_config, "output_logits", False)):
-        raise ValueError("Batched speculative decoding returns sequences only: drop output_scores=/output_logits= "
-                         "(or generate one prompt at a time for them).")
     call.stopping_criteria = stopping_criteria
     pad = getattr(generation_config, "_pad_token_tensor", None)
     pad = int(pad) if pad is not None else getattr(generation_config, "pad_token_id", None)
     result = run_batch(model, input_ids, model_kwargs.get("attention_mask"), call.strategy,
                        generation_config=generation_config, stopping_criteria=stopping_criteria,
-                       logits_processor=logits_processor, stats=call.stats, pad_token_id=pad)
-    if not compat.generation_field(generation_config, "return_dict_in_generate", False):
-        return result.sequences
-    from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-    return GenerateDecoderOnlyOutput(sequences=result.sequences)
+                       logits_processor=logits_processor, stats=call.stats, pad_token_id=pad, streamer=streamer,
+                       output_scores=compat.generation_field(generation_config, "output_scores", False),
+                       output_logits=compat.generation_field(generation_config, "output_logits", False))
+    return _output(result, generation_config)

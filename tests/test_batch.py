@@ -397,29 +397,86 @@ def test_right_padding_is_refused(llama):
         llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, candidate_generator=hfs.PromptLookup())
 
 
-def test_static_cache_streamer_and_scores_are_refused(llama):
-    from transformers.generation.streamers import BaseStreamer
-
-    class Quiet(BaseStreamer):  # takes any batch (transformers' TextStreamer refuses batches itself)
-        def put(self, value):
-            pass
-
-        def end(self):
-            pass
-
+def test_a_static_cache_is_refused_for_batches(llama):
     inputs = left_padded(PROMPTS[:2])
     with pytest.raises(ValueError, match=r"runs on the dynamic cache: drop cache_implementation='static'"):
         llama.generate(**inputs, max_new_tokens=4, cache_implementation="static",
                        candidate_generator=hfs.PromptLookup())
-    with pytest.raises(ValueError, match=r"Streaming a batch is not supported"):
-        llama.generate(**inputs, max_new_tokens=4, streamer=Quiet(),
-                       candidate_generator=hfs.PromptLookup())
-    with pytest.raises(ValueError, match=r"returns sequences only: drop output_scores="):
-        llama.generate(**inputs, max_new_tokens=4, return_dict_in_generate=True, output_scores=True,
-                       candidate_generator=hfs.PromptLookup())
     out = llama.generate(**inputs, max_new_tokens=4, return_dict_in_generate=True,
                          candidate_generator=hfs.PromptLookup())
-    assert out.sequences.shape == (2, inputs["input_ids"].shape[1] + 4)
+    assert out.sequences.shape == (2, inputs["input_ids"].shape[1] + 4) and out.scores is None
+
+
+class Recording:
+    """A streamer that keeps what it is given (transformers' TextStreamer refuses batches itself)."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("stop", ["eos", "length"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "draft-model-copy"])
+def test_streamers_get_what_batched_greedy_gives_them(arch, stop, name, cheap_batches, monkeypatch):
+    """The prompt, then one column of B tokens per position (finished rows: pad_token_id), then end(): the very
+    calls transformers' batched greedy makes, though rows accept several tokens per forward."""
+    model = cheap_batches(hfs.enable(build_model(arch)))
+    inputs = left_padded(PROMPTS)
+    kwargs = dict(do_sample=False, max_new_tokens=30, pad_token_id=0)
+    if stop == "eos":
+        kwargs["eos_token_id"] = _early_token(model, PROMPTS)[0]
+    expected, got = Recording(), Recording()
+    ref = stock_generate(model, **inputs, **kwargs, streamer=expected)
+    forwards, at = [], []
+    original = BatchVerifier.forward
+    monkeypatch.setattr(BatchVerifier, "forward", lambda self, *a: forwards.append(1) or original(self, *a))
+    monkeypatch.setattr(got, "put", lambda value: (at.append(len(forwards)), got.puts.append(value.tolist())))
+    out = model.generate(**inputs, **kwargs, streamer=got, candidate_generator=batch_drafter(name, model))
+    assert out.tolist() == ref.tolist()
+    assert hfs.last_stats(model).accepted_tokens > 0
+    assert got.puts == expected.puts and got.ended == expected.ended == 1
+    assert len(got.puts) == 1 + out.shape[1] - inputs["input_ids"].shape[1]
+    assert at[1] <= 2 and at[len(at) // 2] < len(forwards)  # streamed as they come, not at the end
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["prompt-lookup", "draft-model-copy"])
+def test_scores_and_logits_are_batched_greedy_s(arch, name, cheap_batches):
+    """output_scores / output_logits: per new position a [B, V] tensor equal to transformers' batched greedy's
+    (float noise aside) while the row runs; -inf once it has finished (transformers computes rows it then throws
+    away). compute_transition_scores works on them."""
+    model = cheap_batches(hfs.enable(build_model(arch)))
+    token, row = _early_token(model, PROMPTS)
+    inputs = left_padded(PROMPTS)
+    kwargs = dict(do_sample=False, max_new_tokens=30, pad_token_id=0, eos_token_id=token, return_dict_in_generate=True,
+                  output_scores=True, output_logits=True, repetition_penalty=1.3)
+    ref = stock_generate(model, **inputs, **kwargs)
+    out = model.generate(**inputs, **kwargs, candidate_generator=batch_drafter(name, model))
+    assert out.sequences.tolist() == ref.sequences.tolist()
+    if name == "draft-model-copy":  # (several tokens a forward)
+        assert hfs.last_stats(model).accepted_tokens > 10
+    width = inputs["input_ids"].shape[1]
+    assert len(out.scores) == len(out.logits) == len(ref.scores) == out.sequences.shape[1] - width
+    new = out.sequences[:, width:]
+    for t in range(len(out.scores)):
+        for b in range(len(PROMPTS)):
+            running = token not in new[b, :t].tolist()  # the row's EOS came after position t (or at it)
+            if running:
+                torch.testing.assert_close(out.scores[t][b], ref.scores[t][b], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(out.logits[t][b], ref.logits[t][b], atol=1e-4, rtol=1e-4)
+            else:
+                assert torch.isinf(out.scores[t][b]).all() and torch.isinf(out.logits[t][b]).all()
+    assert any(token not in r for r in new.tolist()) and token in new[row].tolist()  # one row stopped early
+    transition = model.compute_transition_scores(out.sequences, out.scores)  # [B, new]
+    expected = model.compute_transition_scores(ref.sequences, ref.scores)
+    live = new != 0
+    torch.testing.assert_close(transition[live], expected[live], atol=1e-4, rtol=1e-4)
 
 
 def test_logits_processors_see_the_padded_rows(cheap_batches):
