@@ -42,6 +42,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load_model": (".models", "load_model"),
     "models": (".models", None),
     "optimize_for_cpu": (".cpu_layout", "optimize_for_cpu"),
+    "use_profile": (".cost_profile", "use_profile"),
 }
 
 __all__ = sorted([
@@ -59,6 +60,7 @@ __all__ = sorted([
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from . import models
+    from .cost_profile import use_profile
     from .cpu_layout import optimize_for_cpu
     from .drafters.draft_model import DraftModel
     from .drafters.eagle.drafter import Eagle

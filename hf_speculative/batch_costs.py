@@ -18,14 +18,12 @@ plain decoding by itself, and drafts again when finished rows leave the batch.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any, Sequence
+
+from .state import state_of
 
 _PRIOR = (7.3, 1.0)  # (overhead, per token): this CPU's shape at B = 1 (c(1)/c(0) ~ 1.12, as costs.py's prior)
 _MARGIN = 1.02  # do not draft for noise
-_MODELS: "weakref.WeakKeyDictionary[Any, BatchCostModel]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
 
 
 class BatchCostModel:
@@ -39,6 +37,7 @@ class BatchCostModel:
         self._cells: dict[tuple[int, int], tuple[float, int]] = {}  # (B, width) -> (seconds, timings)
         self._smoothing = smoothing
         self._fixed: tuple[float, float] | None = None
+        self._frozen = False  # loaded from a profile: timings are not folded in
 
     def fix(self, overhead: float, per_token: float) -> None:
         """Use ``seconds(B, width) = overhead + per_token * B * width`` instead of measuring (known hardware;
@@ -48,10 +47,19 @@ class BatchCostModel:
                              "and per_token > 0.")
         self._fixed = (float(overhead), float(per_token))
 
+    def load(self, seconds: dict[tuple[int, int], float]) -> None:
+        """Use measured seconds of forwards over ``[B, width]`` tokens (``{(B, width): seconds}``, from
+        ``hf-speculative profile --batches``) instead of measuring: those shapes as given, others on the line
+        through them; later timings are ignored."""
+        if not seconds or any(s <= 0 for s in seconds.values()):
+            raise ValueError("BatchCostModel.load: give positive seconds for one or more (batch, width) shapes.")
+        self._cells = {(int(b), int(w)): (float(s), 2) for (b, w), s in seconds.items()}
+        self._frozen = True
+
     def observe(self, batch: int, width: int, seconds: float) -> None:
         """Fold in one forward's wall time. As in ``costs.VerifyCostModel``: the lower of a shape's first two
         timings, then smoothed, each new timing at most doubling the estimate (one interference spike)."""
-        if self._fixed is not None:
+        if self._fixed is not None or self._frozen:
             return
         key = (int(batch), int(width))
         old = self._cells.get(key)
@@ -61,6 +69,10 @@ class BatchCostModel:
             self._cells[key] = (min(old[0], seconds), 2)
         else:
             self._cells[key] = (old[0] + self._smoothing * (min(seconds, 2.0 * old[0]) - old[0]), old[1] + 1)
+
+    def knows(self, batch: int) -> bool:
+        """Whether a plain step of ``batch`` rows has a cost to plan by (fixed, loaded or measured twice)."""
+        return self._fixed is not None or self._frozen or self.measured(batch, 1)
 
     def measured(self, batch: int, width: int) -> bool:
         cell = self._cells.get((batch, width))
@@ -119,15 +131,16 @@ class BatchCostModel:
 
 def batch_costs_for(target: Any) -> BatchCostModel:
     """The batch cost model of ``target``, shared by every batched call on it (costs belong to the model and the
-    device, not to a call)."""
-    with _LOCK:
-        model = _MODELS.get(target)
-        if model is None:
-            model = _MODELS[target] = BatchCostModel()
-        return model
+    device, not to a call; ``hfs.forget(target)`` drops them)."""
+    state = state_of(target)
+    with state.lock:
+        if state.batch_costs is None:
+            state.batch_costs = BatchCostModel()
+        return state.batch_costs
 
 
 def forget_batch_costs(target: Any) -> None:
     """Drop ``target``'s measured batch costs."""
-    with _LOCK:
-        _MODELS.pop(target, None)
+    state = state_of(target)
+    with state.lock:
+        state.batch_costs = None

@@ -218,7 +218,7 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
             rooms = {b: min(max_depth, max_length - rows[b].shape[1] - 1) for b in running}
             width = 0
             if max(rooms.values()) > 0:
-                if not first and len(members) > 1 and not costs.measured(len(members), 1) and costs._fixed is None:
+                if not first and len(members) > 1 and not costs.knows(len(members)):
                     width = 0  # measure this batch size's plain step first (twice: the lower of two timings)
                 else:
                     width = costs.plan([rates[b].rate for b in running], [chances[b] for b in running],

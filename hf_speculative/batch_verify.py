@@ -121,6 +121,7 @@ class BatchVerifier:
         out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
                          **{compat.CACHE_KWARG: self.cache}, **keep)
         self.cache = compat.output_cache(out)
+        self._before = (self.slots, self.positions, self.lengths)
         self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)
         self.positions = torch.cat([self.positions, pending_pos, node_pos], dim=-1)
         self.lengths = root_pos + 1
@@ -149,6 +150,14 @@ class BatchVerifier:
         steps = torch.arange(1, longest + 1, device=self.device)
         self.positions = torch.cat([self.positions[:, :start], root_pos[:, None] + steps[None]], dim=-1)
         self.lengths = root_pos + 1 + kept.sum(-1)
+        self._pending = None
+
+    def undo(self) -> None:
+        """Forget the last :meth:`forward` (instead of :meth:`keep`): the cache and its bookkeeping as they were
+        before it (``hf-speculative profile`` times one shape again and again)."""
+        s = self._pending[0]
+        compat.crop_cache(self.cache, self.slots.shape[1] - s)
+        self.slots, self.positions, self.lengths = self._before
         self._pending = None
 
     def select(self, rows: torch.Tensor) -> None:

@@ -413,6 +413,8 @@ def profile(
     compile: Annotated[Optional[str], typer.Option(
         help="Time the fixed-shape forward on a static cache: 'static' (eager) or a torch.compile mode "
              "(reduce-overhead, default, ...); default: the eager forward on a dynamic cache.")] = None,
+    batches: Annotated[str, typer.Option(
+        help="Also time batches (e.g. 1,2,4,8,16): the batch loop's forward over [B, 1 + n] tokens.")] = "",
 ) -> None:
     """Time verification on this model and device: one forward over n draft tokens (chain or tree) against one."""
     import torch
@@ -432,7 +434,7 @@ def profile(
     try:
         settings = profiling.ProfileSettings(contexts=tuple(int(c) for c in _split(contexts)),
                                              sizes=tuple(int(n) for n in _split(sizes)), repeats=repeats,
-                                             compile=compile)
+                                             compile=compile, batches=tuple(int(b) for b in _split(batches)))
         if config is not None:
             target, label = profiling.random_model(config, device, dtypes[dtype]), f"{config} (random weights)"
         else:
@@ -447,6 +449,10 @@ def profile(
     for context, by_shape in result["relative"].items():
         cells = ", ".join(f"{n}: {r:.2f}" for n, r in by_shape["tree"].items())
         typer.echo(f"context {context}, tree nodes -> cost in one-token forwards: {cells}")
+    for context, by_batch in result.get("batch_relative", {}).items():
+        for batch, by_size in by_batch.items():
+            cells = ", ".join(f"{n}: {r:.2f}" for n, r in by_size.items())
+            typer.echo(f"context {context}, batch {batch}, draft tokens per row -> cost in plain steps: {cells}")
     if plot:
         _err().print(f"plot: {profiling.plot(result, out.with_suffix('.png'))}")
     _err().print(f"profile written to {out}")

@@ -26,6 +26,8 @@ class ModelState:
     Attributes:
         verify_costs (`VerifyCostModel`, *optional*): measured costs of its verifying forwards
             (``costs.verify_costs_for``).
+        batch_costs (`BatchCostModel`, *optional*): measured costs of its forwards over batches
+            (``batch_costs.batch_costs_for``).
         draft_step_s (`float`, *optional*): smoothed seconds of one drafting step, for a model that
             drafts (``costs.record_draft_step``).
         views (`dict[tuple[int, ...], LayerSubset]`): views that run some of its layers, by layer
@@ -45,6 +47,7 @@ class ModelState:
     """
 
     verify_costs: Any = None
+    batch_costs: Any = None
     draft_step_s: float | None = None
     views: dict = dataclasses.field(default_factory=dict)
     structure_problem: str | None = None

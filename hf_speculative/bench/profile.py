@@ -90,6 +90,8 @@ class ProfileSettings:
     # None: the eager forward on a dynamic cache (what decoding without compile= runs); a torch.compile mode
     # (or "static" for a static cache without compiling): the fixed-shape forward of static_cache.StaticVerifier
     compile: str | None = None
+    # batch sizes besides the one-row profile: forwards over [B, 1 + n] as the batch loop runs them (batch_verify.py)
+    batches: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         if not self.contexts or min(self.contexts) < 1:
@@ -103,6 +105,11 @@ class ProfileSettings:
         if self.compile is not None and self.compile not in ("static", *COMPILE_MODES):
             raise ValueError(f"profile compile={self.compile!r}: use static or a torch.compile mode "
                              f"({', '.join(COMPILE_MODES)}).")
+        if self.batches and (min(self.batches) < 1 or max(self.batches) > 64):
+            raise ValueError(f"profile batches={list(self.batches)}: use batch sizes from 1 to 64.")
+        if self.batches and self.compile is not None:
+            raise ValueError(f"profile batches={list(self.batches)} with compile={self.compile!r}: batches run on the "
+                             "dynamic cache (the batch loop does not compile); profile them without compile.")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"profile repeats={self.repeats}, warmup={self.warmup}: need repeats >= 1, warmup >= 0.")
 
@@ -136,6 +143,12 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
                         progress(f"context {context} {shape} {n}: {row[shape][str(n)] * 1e3:.2f} ms")
     relative = {c: {s: {n: t / by_shape[s]["0"] for n, t in times.items()} for s, times in by_shape.items()}
                 for c, by_shape in seconds.items()}
+    batches = {}
+    if settings.batches:
+        batch_seconds = _batch_seconds(model, settings, vocab, generator, progress)
+        batches = {"batch_seconds": batch_seconds,
+                   "batch_relative": {c: {b: {n: t / times["0"] for n, t in times.items()} for b, times in by_b.items()}
+                                      for c, by_b in batch_seconds.items()}}
     return {"format": FORMAT, "label": label or type(model).__name__, "device": describe(device),
             **({"cpu": cpu_model()} if device.type == "cpu" else {}),  # as the benchmark records it
             "dtype": str(model.get_input_embeddings().weight.dtype).replace("torch.", ""),
@@ -143,7 +156,7 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
             "threads": torch.get_num_threads(), "compile": settings.compile,
             "settings": {k: list(v) if isinstance(v, (tuple, list)) else v
                          for k, v in dataclasses.asdict(settings).items()},
-            "seconds": seconds, "relative": relative}
+            "seconds": seconds, "relative": relative, **batches}
 
 
 def _static_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: int, generator: torch.Generator,
@@ -181,6 +194,40 @@ def _static_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: in
                         progress(f"context {context} {shape} {n} ({settings.compile}): {statistics.median(times) * 1e3:.2f} ms")
         finally:
             verifier.close()
+    return seconds
+
+
+def _batch_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: int, generator: torch.Generator,
+                   progress: Callable[[str], None] | None) -> dict[str, dict[str, dict[str, float]]]:
+    """``[context][B][n]``: median seconds of the batch loop's forward over ``[B, 1 + n]`` tokens (each row's root
+    and a chain of ``n`` draft tokens) after ``context - 1`` tokens per row."""
+    from ..batch_verify import BatchVerifier
+
+    device = model.get_input_embeddings().weight.device
+    seconds: dict[str, dict[str, dict[str, float]]] = {}
+    with torch.no_grad():
+        for context in settings.contexts:
+            for batch in settings.batches:
+                verifier = BatchVerifier(model, batch)
+                prompt = torch.randint(3, vocab, (batch, context), generator=generator).to(device)
+                mask = torch.ones_like(prompt, dtype=torch.bool)
+                verifier.forward(prompt[:, :-1], mask[:, :-1], [DraftTree.empty(device)] * batch)
+                verifier.keep([()] * batch)
+                for n in settings.sizes:
+                    trees = [tree_of(n, "chain")] * batch
+                    times = []
+                    for i in range(settings.warmup + settings.repeats):
+                        _sync(device)
+                        start = time.perf_counter()
+                        verifier.forward(prompt[:, -1:], mask[:, -1:], trees)
+                        _sync(device)
+                        verifier.undo()
+                        if i >= settings.warmup:
+                            times.append(time.perf_counter() - start)
+                    seconds.setdefault(str(context), {}).setdefault(str(batch), {})[str(n)] = statistics.median(times)
+                    if progress:
+                        progress(f"context {context} batch {batch} {n}: {statistics.median(times) * 1e3:.2f} ms")
+                verifier.close()
     return seconds
 
 

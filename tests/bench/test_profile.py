@@ -44,10 +44,51 @@ def test_shipped_configs_build_their_real_architectures():
     assert sum(p.numel() for p in small.parameters()) == 134_515_008
 
 
+def test_batch_profile_times_the_batch_loop_s_forwards():
+    model = build_model("qwen2")
+    settings = P.ProfileSettings(contexts=(12,), sizes=(0, 2, 6), repeats=2, warmup=1, batches=(1, 3))
+    result = P.profile(model, settings)
+    assert set(result["batch_seconds"]["12"]) == {"1", "3"}
+    for batch in ("1", "3"):
+        assert set(result["batch_seconds"]["12"][batch]) == {"0", "2", "6"}
+        assert all(t > 0 for t in result["batch_seconds"]["12"][batch].values())
+        assert result["batch_relative"]["12"][batch]["0"] == 1.0
+    assert "batch_seconds" not in P.profile(model, P.ProfileSettings(contexts=(12,), sizes=(0, 2), repeats=1))
+
+
+def test_batch_verifier_undo_leaves_the_cache_as_it_was():
+    """What the batch profile relies on: a forward undone leaves no trace in the next forward's logits."""
+    import torch
+
+    from hf_speculative.batch_verify import BatchVerifier
+    from hf_speculative.tree import DraftTree
+
+    model = build_model("llama")
+    prompt = torch.tensor([[3, 5, 6, 7, 8], [0, 0, 4, 9, 10]])
+    mask = prompt != 0
+
+    def verifier():
+        v = BatchVerifier(model, 2)
+        v.forward(prompt[:, :-1], mask[:, :-1], [DraftTree.empty()] * 2)
+        v.keep([(), ()])
+        return v
+
+    chain = DraftTree.chain(torch.tensor([11, 12, 13]))
+    undone, fresh = verifier(), verifier()
+    undone.forward(prompt[:, -1:], torch.ones(2, 1, dtype=torch.bool), [chain, DraftTree.empty()])
+    undone.undo()
+    step = [DraftTree.chain(torch.tensor([20])), chain]
+    expected = fresh.forward(prompt[:, -1:], torch.ones(2, 1, dtype=torch.bool), step)
+    got = undone.forward(prompt[:, -1:], torch.ones(2, 1, dtype=torch.bool), step)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(undone.slots, fresh.slots) and torch.equal(undone.lengths, fresh.lengths)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(contexts=()), "contexts"), (dict(contexts=(0,)), "contexts"),
     (dict(sizes=(1, 2)), "need 0"), (dict(sizes=(0, 1000)), "up to 256"),
     (dict(shapes=("ring",)), "chain and/or tree"), (dict(repeats=0), "repeats"),
+    (dict(batches=(0, 2)), "batch sizes from 1 to 64"), (dict(batches=(2,), compile="default"), "without compile"),
 ])
 def test_bad_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
