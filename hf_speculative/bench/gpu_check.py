@@ -80,7 +80,9 @@ def run_tests(out: Path, device: str, tiny: bool) -> dict[str, Any]:
 
 # -- profiles ------------------------------------------------------------------------------------------
 def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str], contexts: tuple[int, ...],
-                 sizes: tuple[int, ...], compile_mode: str, repeats: int) -> dict[str, Any]:
+                 sizes: tuple[int, ...], compile_mode: str, repeats: int,
+                 batches: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Each config's profile, eager (with ``batches``: the batch loop's forwards too) and compiled."""
     from . import profile as profiling
 
     summary: dict[str, Any] = {}
@@ -89,7 +91,8 @@ def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str],
         for mode in (None, compile_mode):
             key = f"{name}_{mode or 'eager'}"
             try:
-                settings = profiling.ProfileSettings(contexts=contexts, sizes=sizes, repeats=repeats, compile=mode)
+                settings = profiling.ProfileSettings(contexts=contexts, sizes=sizes, repeats=repeats, compile=mode,
+                                                     batches=batches if mode is None else ())
                 tick = time.perf_counter()
                 result = profiling.profile(model, settings, label=f"{name} (random weights)")
                 result["wall_s"] = round(time.perf_counter() - tick, 1)
@@ -97,7 +100,10 @@ def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str],
                 summary[key] = {"one_token_ms": {c: round(v["chain"]["0"] * 1e3, 3) for c, v in result["seconds"].items()},
                                 "relative_tree": {c: {n: round(r, 3) for n, r in v["tree"].items()}
                                                   for c, v in result["relative"].items()},
-                                "wall_s": result["wall_s"]}
+                                "wall_s": result["wall_s"],
+                                **({"batch_relative": {c: {b: {n: round(r, 3) for n, r in v.items()} for b, v in by.items()}
+                                                       for c, by in result["batch_relative"].items()}}
+                                   if "batch_relative" in result else {})}
             except Exception:  # noqa: BLE001 - one failed profile must not lose the others
                 summary[key] = {"error": traceback.format_exc()[-2000:]}
             log("profile", key, json.dumps(summary[key])[:400])
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if "profile" in steps:
         report.setdefault("profile", {}).update(run_profiles(
             args.out, args.device, dtype, configs, contexts=(128,) if tiny else (512, 2048),
-            sizes=(0, 4, 16) if tiny else (0, 8, 16, 32, 64), compile_mode=compile_mode, repeats=3 if tiny else 10))
+            sizes=(0, 4, 16) if tiny else (0, 8, 16, 32, 64), compile_mode=compile_mode, repeats=3 if tiny else 10,
+            batches=(1, 2) if tiny else (1, 2, 4, 8, 16)))
         save()
     if "e2e" in steps:
         report["e2e"] = run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],

@@ -49,6 +49,7 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
     assert all(result["returncode"] == 0 for result in report["tests"].values())
     assert set(report["profile"]) == {"smollm2-135m_eager", "smollm2-135m_default"}
     assert all("error" not in value for value in report["profile"].values())
+    assert set(report["profile"]["smollm2-135m_eager"]["batch_relative"]["128"]) == {"1", "2"}  # batches: eager only
     methods = report["e2e"]["methods"]
     ours = {label: row for label, row in methods.items() if label.startswith(("hf_speculative", "transformers greedy"))}
     assert all("error" not in row and row["identical"] for row in ours.values()), ours
