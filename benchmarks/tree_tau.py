@@ -38,18 +38,46 @@ def make_strategy(hfs, drafter, budget: str, adaptive: bool, shapes, medusa=None
 
 
 @torch.no_grad()
-def head_top1(model, heads, sequence: torch.Tensor, prompt_length: int) -> list[list[int]]:
-    """``[[hits, guesses]]`` per head: at each state ``q`` from the prompt's last on, head k's argmax against
-    token ``q + k + 2`` of ``sequence`` `[1, T]` (the state at q already gives token q + 1 through the lm_head)."""
+def head_ranks(model, heads, sequence: torch.Tensor, prompt_length: int) -> list[list[int]]:
+    """``ranks[i][k]``: at the state ``q = prompt_length - 1 + i`` (the one that gave token ``q + 1``), the rank of
+    token ``q + k + 2`` of ``sequence`` `[1, T]` among head k's guesses (0: its top guess), teacher-forced on the
+    text; positions past the end are left out (shorter lists)."""
     final = model(sequence, output_hidden_states=True).hidden_states[-1][0]  # [T, H], after the final norm
     head = model.get_output_embeddings()
-    counts = []
+    T = sequence.shape[1]
+    ranks: list[list[int]] = [[] for _ in range(prompt_length - 1, T - 1)]
     for k in range(heads.config.num_heads):
-        states = final[prompt_length - 1: sequence.shape[1] - k - 2]  # [N, H]
+        states = final[prompt_length - 1: T - k - 2]  # [N, H]
+        if states.shape[0] == 0:
+            continue
         labels = sequence[0, prompt_length + k + 1:]  # [N]
-        guesses = heads.head_logits(states, k, head).argmax(-1)
-        counts.append([int((guesses == labels).sum()), int(labels.numel())])
-    return counts
+        logits = heads.head_logits(states, k, head).float()  # [N, V]
+        rank = (logits > logits.gather(1, labels[:, None])).sum(-1)  # [N]
+        for i, r in enumerate(rank.tolist()):
+            ranks[i].append(r)
+    return ranks
+
+
+def head_top1(ranks: list[list[int]], num_heads: int) -> list[list[int]]:
+    """``[[hits, guesses]]`` per head from :func:`head_ranks`."""
+    return [[sum(1 for r in ranks if len(r) > k and r[k] == 0), sum(1 for r in ranks if len(r) > k)]
+            for k in range(num_heads)]
+
+
+def simulated_tau(ranks: list[list[int]], paths, prompt_length: int, length: int) -> float:
+    """τ of greedy decoding to ``length`` tokens with a static tree of rank ``paths`` verified whole at every step,
+    from the teacher-forced ranks (exact for greedy: each step keeps the longest prefix of the true tokens' rank
+    path that is in the tree, and the heads read the states the target gives the kept text)."""
+    tree = set(map(tuple, paths))
+    verified, forwards = prompt_length + 1, 1  # the prompt's forward gives the first token
+    while verified < length:
+        r = ranks[verified - 2 - (prompt_length - 1)]
+        depth = 0
+        while depth < min(len(r), length - verified - 1) and tuple(r[: depth + 1]) in tree:
+            depth += 1
+        verified += depth + 1
+        forwards += 1
+    return (length - prompt_length) / forwards
 
 
 def main(argv=None) -> None:
@@ -96,7 +124,12 @@ def main(argv=None) -> None:
         record = {"category": prompt.category, "question_id": prompt.question_id, "greedy_s": greedy_s,
                   "new_tokens": greedy.shape[1] - ids.shape[1]}
         if medusa is not None:
-            record["head_top1"] = head_top1(model, medusa.heads, greedy, ids.shape[1])
+            ranks = head_ranks(model, medusa.heads, greedy, ids.shape[1])
+            record["head_top1"] = head_top1(ranks, medusa.heads.config.num_heads)
+            record["simulated_tau"] = {str(n): simulated_tau(ranks, medusa.tree.paths[:n], ids.shape[1],
+                                                             greedy.shape[1]) for n in (1, 2, 4, 8, 16, 32, 64)}
+            record["simulated_tau"]["chain"] = simulated_tau(ranks, [(0,) * d for d in range(1, 5)], ids.shape[1],
+                                                             greedy.shape[1])
         for budget in budgets:
             stopping = StoppingCriteriaList([MaxLengthCriteria(max_length),
                                              EosTokenCriteria(model.generation_config.eos_token_id)])
@@ -130,6 +163,10 @@ def main(argv=None) -> None:
         hits = [sum(r["head_top1"][k][0] for r in results) for k in range(medusa.heads.config.num_heads)]
         seen = [sum(r["head_top1"][k][1] for r in results) for k in range(medusa.heads.config.num_heads)]
         print("Medusa head top-1 on greedy's output:", [f"{h / max(n, 1):.3f}" for h, n in zip(hits, seen)])
+        tokens = sum(r["new_tokens"] for r in results)
+        print("simulated τ (static tree of the first n calibrated paths, verified whole):",
+              {n: round(tokens / sum(r["new_tokens"] / r["simulated_tau"][n] for r in results), 3)
+               for n in results[0]["simulated_tau"]})
     print("identical:", sum(all(r[b]["identical"] for b in budgets) for r in results), "/", len(results))
 
 
