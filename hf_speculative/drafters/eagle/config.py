@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ... import compat
+from ..saved_config import SavedConfig
 
 FORMAT_NAME = "hf_speculative.eagle"
 
 
 @dataclasses.dataclass
-class EagleConfig:
+class EagleConfig(SavedConfig):
     """Shape of an EAGLE drafter and how it attaches to its target.
 
     Args:
@@ -42,6 +41,8 @@ class EagleConfig:
             token's exit state (the output of layer ``k - 1`` through the target's final norm) instead
             of the previous position's features. An EAGLE-3-shaped network with ``target_layers = [k - 1]``.
     """
+
+    FORMAT: ClassVar[str] = FORMAT_NAME
 
     version: int
     hidden_size: int
@@ -165,22 +166,6 @@ class EagleConfig:
                 f"This {kind} (trained for {self.target or 'an unnamed target'}) does not fit the target {name!r}: "
                 + "; ".join(problems) + f". Use a {kind} trained for this model (`hf-speculative train-eagle --target ...{flag}`)."
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT_NAME, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EagleConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known - {"format"})
-        if unknown:
-            raise ValueError(f"EagleConfig: unknown fields {unknown}; was this file written by a newer hf_speculative?")
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / "config.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
 
 
 def default_target_layers(num_layers: int) -> list[int]:

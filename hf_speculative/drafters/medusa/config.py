@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ... import compat
+from ..saved_config import SavedConfig
 
 FORMAT_NAME = "hf_speculative.medusa"
 LM_HEADS = ("per_head", "shared", "target")
 
 
 @dataclasses.dataclass
-class MedusaConfig:
+class MedusaConfig(SavedConfig):
     """Shape of a set of Medusa heads and how they attach to their target.
 
     Head ``k`` (0-based) reads the target's last hidden state ``h_t`` (the final norm's output, the
@@ -35,6 +34,8 @@ class MedusaConfig:
         target (`str`, *optional*): what the heads were trained for (a registry name or path).
         target_num_layers (`int`, *optional*): the target's depth, checked on attach.
     """
+
+    FORMAT: ClassVar[str] = FORMAT_NAME
 
     num_heads: int
     hidden_size: int
@@ -82,19 +83,3 @@ class MedusaConfig:
             raise ValueError(f"These Medusa heads (trained for {self.target or 'an unnamed target'}) do not fit the "
                              f"target {name!r}: " + "; ".join(problems) + ". Use heads trained for this model "
                              "(`hf-speculative train-medusa --target ...`).")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT_NAME, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MedusaConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known - {"format"})
-        if unknown:
-            raise ValueError(f"MedusaConfig: unknown fields {unknown}; was this file written by a newer hf_speculative?")
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / "config.json"
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        return path
