@@ -35,21 +35,19 @@ ALWAYS = "+always"
 @contextlib.contextmanager
 def _free_verification(model: Any):
     """Within: the batch loop's cost model of ``model`` says verification costs nothing (always draft)."""
-    from .. import batch_costs
+    from ..batch_costs import BatchCostModel
+    from ..state import state_of
 
-    always = batch_costs.BatchCostModel()
+    always = BatchCostModel()
     always.fix(overhead=1.0, per_token=1e-9)
-    with batch_costs._LOCK:
-        saved = batch_costs._MODELS.get(model)
-        batch_costs._MODELS[model] = always
+    state = state_of(model)
+    with state.lock:
+        saved, state.batch_costs = state.batch_costs, always
     try:
         yield
     finally:
-        with batch_costs._LOCK:
-            if saved is None:
-                batch_costs._MODELS.pop(model, None)
-            else:
-                batch_costs._MODELS[model] = saved
+        with state.lock:
+            state.batch_costs = saved
 
 
 def _left_pad(rows: list[torch.Tensor], pad: int) -> dict[str, torch.Tensor]:
