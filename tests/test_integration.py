@@ -279,7 +279,7 @@ def llama():
 
 def test_error_batch_size_two_with_a_drafter_batches_do_not_support(llama):
     ids = torch.tensor([PROMPT, PROMPT])  # (batches themselves: tests/test_batch.py)
-    with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.PromptLookup\(\) and hfs.DraftModel"):
+    with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.PromptLookup\(\), hfs.DraftModel\(...\) and hfs.Eagle"):
         llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
                        candidate_generator=hfs.EarlyExit(exit_layer=1))
 
