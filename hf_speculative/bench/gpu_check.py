@@ -12,8 +12,9 @@ Steps (``--steps``, default all), each writing under ``--out``:
 - ``e2e``: end-to-end decoding on a random-weight config, every method timed in the same run (warm-up, then
   the median of ``--repeats``): transformers' greedy (eager, and static cache + compile), transformers' assisted
   loop and prompt lookup, and hf_speculative's loop (eager and compiled), with :class:`SyntheticDrafter` drafts
-  of one acceptance for both loops, so their tau is equal and their speed difference is the loop's:
-  ``e2e.json``.
+  of one acceptance for both loops, so their tau is equal and their speed difference is the loop's; and an
+  EAGLE-3 tree of 32 nodes from a random drafter of the config's shape, eager and compiled (its features from
+  the compiled forward's outputs), for the machinery's cost: ``e2e.json``.
 - ``project``: ``hf-speculative project`` of the benchmark JSONLs given with ``--bench`` onto each profile.
 
 Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
@@ -112,6 +113,16 @@ def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str],
     return summary
 
 
+def _random_eagle(model: torch.nn.Module) -> torch.nn.Module:
+    """An EAGLE-3 drafter shaped for ``model`` (its full vocabulary), random weights, on its device and dtype."""
+    from ..drafters.eagle.config import EagleConfig
+    from ..drafters.eagle.model import EagleDraftModel
+
+    weight = model.get_input_embeddings().weight
+    net = EagleDraftModel(EagleConfig.for_target(model.config, version=3))
+    return net.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
+
+
 def _free(device: str) -> None:
     import gc
 
@@ -155,6 +166,7 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
     synthetic = SyntheticDrafter(reference[0], num_tokens=num_tokens, acceptance=acceptance, vocab_size=vocab)
     hfs.enable(model)
     tree = hfs.DynamicTree(nodes=32, depth=8, top_k=4)
+    eagle = hfs.Eagle(_random_eagle(model), tree=tree, adaptive=False)  # the machinery's cost (it drafts at random)
     methods: dict[str, Callable[[], Any]] = {
         "transformers greedy (eager)": lambda: type(model).generate(model, **base),
         "transformers greedy (static cache, compiled)": lambda: type(model).generate(
@@ -166,9 +178,11 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
         "hf_speculative loop, compiled (synthetic drafter)": "compiled-synthetic",
         "hf_speculative loop, compiled (prompt lookup)": "compiled-lookup",
         "hf_speculative loop, compiled (lookup tree 32)": "compiled-tree",
+        "hf_speculative loop (EAGLE tree 32, random drafter)": lambda: model.generate(**base, candidate_generator=eagle),
+        "hf_speculative loop, compiled (EAGLE tree 32, random drafter)": "compiled-eagle",
     }
     compiled = {"compiled-synthetic": synthetic, "compiled-lookup": hfs.PromptLookup(num_tokens=num_tokens, adaptive=False),
-                "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False)}
+                "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False), "compiled-eagle": eagle}
     results: dict[str, Any] = {"config": config, "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": prompt_tokens,
                                "new_tokens": new_tokens, "acceptance": acceptance, "num_tokens": num_tokens,
                                "repeats": repeats, "compile": compile_mode, "methods": {}}
@@ -176,7 +190,8 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
         try:
             if isinstance(fn, str):
                 strategy = compiled[fn]
-                hfs.enable(model, compile=compile_mode, static_budget=32 if fn == "compiled-tree" else num_tokens)
+                hfs.enable(model, compile=compile_mode,
+                           static_budget=32 if fn in ("compiled-tree", "compiled-eagle") else num_tokens)
                 fn = (lambda s: lambda: model.generate(**base, candidate_generator=s))(strategy)
             else:
                 hfs.enable(model, compile=False)
