@@ -45,7 +45,7 @@ def prefill(models: dict, context: int, seed: int = 0) -> dict:
     caches = {}
     for layout, model in models.items():
         caches[layout] = DynamicCache()
-        model(ids, **{compat.CACHE_KWARG: caches[layout]}, use_cache=True)
+        model(ids, **{compat.cache_kwarg(): caches[layout]}, use_cache=True)
     return caches
 
 
@@ -73,7 +73,7 @@ def forward_seconds(models: dict, caches: dict, tokens: list[int], repeats: int)
     ids = {k: torch.randint(100, 20000, (1, k), generator=torch.Generator().manual_seed(k)) for k in tokens}
 
     def forward(k: int, layout: str) -> None:
-        models[layout](ids[k], **{compat.CACHE_KWARG: caches[layout]}, use_cache=True)
+        models[layout](ids[k], **{compat.cache_kwarg(): caches[layout]}, use_cache=True)
 
     def crop(k: int, layout: str) -> None:
         caches[layout].crop(-k)  # back to the context: every forward sees the same cache length

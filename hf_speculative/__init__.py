@@ -5,8 +5,9 @@
     out = model.generate(**inputs, candidate_generator=hfs.PromptLookup())
     print(hfs.last_stats(model).summary())
 
-Importing the package loads only what ``enable`` / ``generate`` need (torch, transformers' generation
-utilities, :mod:`.base`, :mod:`.integration`, :mod:`.stats`). The drafters, the CPU layouts and the
+Importing the package loads only what ``enable`` / ``generate`` need (torch, a few of transformers' generation
+modules, :mod:`.base`, :mod:`.integration`, :mod:`.stats`); transformers' ``generation.utils``, which imports
+accelerate when it is installed, loads on first use. The drafters, the CPU layouts and the
 model registry load on first use of their name (``hfs.Eagle``, ``from hf_speculative import Eagle``):
 EAGLE alone pulls in transformers' Llama modelling, and the registry the POSIX file lock. The command
 line, the demo app and training are never imported from here (they need extras: see

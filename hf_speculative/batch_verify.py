@@ -119,7 +119,7 @@ class BatchVerifier:
         ids = torch.cat([pending, tokens], dim=-1)                                   # [B, m + n]
         keep = compat.logits_to_keep_kwargs(self.model, 1 + n)
         out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                         **{compat.CACHE_KWARG: self.cache}, **keep)
+                         **{compat.cache_kwarg(): self.cache}, **keep)
         self.cache = compat.output_cache(out)
         self._before = (self.slots, self.positions, self.lengths)
         self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)

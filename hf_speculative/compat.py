@@ -23,12 +23,19 @@ SUPPORTS_CUSTOM_GENERATE_CALLABLE = TRANSFORMERS_VERSION >= Version("4.57.0")
 # satisfies a stopping criterion (`is_done_candidate`); it only crops at EOS and max_length.
 HAS_IS_DONE_CANDIDATE_RULE = TRANSFORMERS_VERSION < Version("5.18.0")
 
-# 5.24 renamed the KV cache argument `past_key_values` to `cache` everywhere: model and layer forwards,
-# `generate()`, the loop's `model_kwargs`, the mask builders (the old name is deprecated, with a warning;
-# outputs keep `.past_key_values` as an alias). Read from the signature, which follows the rename.
-CACHE_KWARG = ("cache" if "cache" in inspect.signature(
-    getattr(transformers.GenerationMixin, "prepare_inputs_for_generation", lambda past_key_values: None)).parameters
-    else "past_key_values")
+
+@functools.cache
+def cache_kwarg() -> str:
+    """The KV cache argument's name: 5.24 renamed ``past_key_values`` to ``cache`` everywhere (model and layer
+    forwards, ``generate()``, the loop's ``model_kwargs``, the mask builders; the old name is deprecated, with a
+    warning; outputs keep ``.past_key_values`` as an alias). Read from the signature, which follows the rename, on
+    first use: ``transformers.GenerationMixin`` imports accelerate when it is installed, which ``import
+    hf_speculative`` leaves for later."""
+    from transformers.generation.utils import GenerationMixin
+
+    method = getattr(GenerationMixin, "prepare_inputs_for_generation", lambda past_key_values: None)
+    return "cache" if "cache" in inspect.signature(method).parameters else "past_key_values"
+
 
 # Cache implementations that assisted decoding cannot roll back.
 UNSUPPORTED_CACHE_IMPLEMENTATIONS = ("static", "hybrid", "sliding_window", "offloaded_static", "offloaded_hybrid",
@@ -209,13 +216,13 @@ def target_cache(model_kwargs: Any) -> Any:
     """The cache object the assisted loop will use for the target (``None`` if not built yet)."""
     if not isinstance(model_kwargs, dict):
         return None
-    return model_kwargs.get(CACHE_KWARG)
+    return model_kwargs.get(cache_kwarg())
 
 
 def output_cache(outputs: Any) -> Any:
     """The cache a forward returned: ``outputs.cache`` from 5.24 (where ``.past_key_values`` is only a
     backward-compatible alias), ``outputs.past_key_values`` before."""
-    return getattr(outputs, CACHE_KWARG)
+    return getattr(outputs, cache_kwarg())
 
 
 def user_cache(kwargs: dict) -> Any:

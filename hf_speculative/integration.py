@@ -187,8 +187,8 @@ def speculative_generate(
     _check_batch(input_ids, strategy)
     seed = None if sampling_seed is None else check_seed(sampling_seed)
     logits_processor = seeded_processors(logits_processor, generation_config, seed)
-    if compat.CACHE_KWARG in model_kwargs:
-        model_kwargs[compat.CACHE_KWARG] = compat.rollbackable_cache(model_kwargs[compat.CACHE_KWARG])
+    if compat.cache_kwarg() in model_kwargs:
+        model_kwargs[compat.cache_kwarg()] = compat.rollbackable_cache(model_kwargs[compat.cache_kwarg()])
     with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
         call.stopping_criteria = stopping_criteria
         if _batched(input_ids):  # B > 1: the batch loop (batch_loop.py)

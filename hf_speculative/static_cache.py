@@ -144,7 +144,7 @@ class StaticVerifier:
         compat.set_static_length(self.cache, start)
         mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill_(~seen, self._minimum)
         kwargs = dict(input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None],
-                      use_cache=True, **{compat.CACHE_KWARG: self.cache})
+                      use_cache=True, **{compat.cache_kwarg(): self.cache})
         if self.takes_position:  # versions whose static layers write at cache_position
             kwargs["cache_position"] = torch.arange(start, start + ids.numel(), device=self.device)
         if keep:

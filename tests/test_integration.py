@@ -327,7 +327,7 @@ def test_static_cache_runs_in_our_loop_and_other_fixed_caches_are_refused(llama)
                            candidate_generator=hfs.PromptLookup())
 
 
-@pytest.mark.parametrize("name", sorted({"past_key_values", compat.CACHE_KWARG}))
+@pytest.mark.parametrize("name", sorted({"past_key_values", compat.cache_kwarg()}))
 @pytest.mark.parametrize("drafter_name", ["early-exit", "prompt-lookup-fixed"])
 def test_a_cache_the_caller_passes(llama, name, drafter_name):
     """A ``DynamicCache`` passed to ``generate()`` (``cache=`` from transformers 5.24, ``past_key_values=``

@@ -2,7 +2,8 @@
 
 ``import hf_speculative`` loads the library only: no command line, app, training, model registry,
 optional extra or POSIX-only module (the package must import on Windows), and the drafters load on
-first use (EAGLE pulls in transformers' Llama modelling). transformers itself may import some of those
+first use (EAGLE pulls in transformers' Llama modelling; transformers' ``generation.utils``, and with it
+accelerate, is read on the first call). transformers itself may import some of those
 (accelerate, tqdm) when they are installed, so the imports are compared with a baseline process that
 imports the same transformers modules and nothing of ours. Layering: the command line never imports
 the app, and the app never imports the command line or the benchmark. The optional pieces, when their
@@ -27,7 +28,8 @@ POSIX_ONLY = ("fcntl", "resource", "termios", "pwd", "grp")
 # ours (and the one transformers module) that `import hf_speculative` must leave for later
 LAZY = ("hf_speculative.app", "hf_speculative.cli", "hf_speculative.training", "hf_speculative.models",
         "hf_speculative.bench", "hf_speculative.drafters.eagle", "hf_speculative.cpu_layout",
-        "hf_speculative.cpu_kernel", "transformers.models.llama.modeling_llama")
+        "hf_speculative.cpu_kernel", "transformers.models.llama.modeling_llama",
+        "transformers.generation.utils")  # (it imports accelerate when installed: compat.cache_kwarg reads it on use)
 
 
 def _modules_after(code: str) -> list[str]:

@@ -47,7 +47,7 @@ def branch(parents: list[int], node: int) -> list[int]:
 def reference(model, ids: list[int]):
     """Logits ``[T, V]`` and the full-attention cache of one plain causal forward over ``ids``."""
     cache = compat.new_dynamic_cache()
-    out = model(input_ids=torch.tensor([ids]), use_cache=True, **{compat.CACHE_KWARG: cache})
+    out = model(input_ids=torch.tensor([ids]), use_cache=True, **{compat.cache_kwarg(): cache})
     return out.logits[0], cache
 
 
@@ -99,7 +99,7 @@ def test_tree_forward_equals_each_branch_alone(name):
     tree = DraftTree(tokens, torch.tensor(PARENTS))
     cache = compat.new_dynamic_cache()
     with torch.no_grad():
-        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.CACHE_KWARG: cache})
+        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.cache_kwarg(): cache})
         logits = forward_tree(model, cache, PROMPT[-1], tree)  # [1 + n, V]
         assert compat.cache_length(cache) == len(PROMPT) + tree.size
         root_logits, _ = reference(model, PROMPT)
@@ -118,7 +118,7 @@ def test_kept_cache_equals_one_built_from_scratch(name, path):
     tree = DraftTree(torch.randint(4, 96, (len(PARENTS),)), torch.tensor(PARENTS))
     cache = compat.new_dynamic_cache()
     with torch.no_grad():
-        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.CACHE_KWARG: cache})
+        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.cache_kwarg(): cache})
         forward_tree(model, cache, PROMPT[-1], tree)
         keep_path(cache, len(PROMPT) - 1, tree, path)
         _, expected = reference(model, PROMPT + tree.path_tokens(path))
@@ -155,10 +155,10 @@ def test_first_forward_prefills_the_prompt_with_the_tree(name):
     tree = DraftTree(torch.randint(4, 96, (len(PARENTS),)), torch.tensor(PARENTS))
     with torch.no_grad():
         split = compat.new_dynamic_cache()
-        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.CACHE_KWARG: split})
+        model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.cache_kwarg(): split})
         expected = forward_tree(model, split, PROMPT[-1], tree)
         joint = compat.new_dynamic_cache()
-        model(input_ids=torch.tensor([PROMPT[:3]]), use_cache=True, **{compat.CACHE_KWARG: joint})
+        model(input_ids=torch.tensor([PROMPT[:3]]), use_cache=True, **{compat.cache_kwarg(): joint})
         got = forward_tree(model, joint, torch.tensor(PROMPT[3:]), tree)
         empty = compat.new_dynamic_cache()
         whole = forward_tree(model, empty, torch.tensor(PROMPT), tree)  # nothing cached before
@@ -183,7 +183,7 @@ def test_chains_take_the_models_own_causal_path(name):
         out = model(input_ids=torch.tensor([PROMPT + [20, 30, 40, 50]]),
                     position_ids=position_ids(as_tree, len(PROMPT) - 1, len(PROMPT) - 1),
                     attention_mask=verify.tree_masks(model, as_tree, len(PROMPT) - 1, torch.float32, len(PROMPT) - 1),
-                    use_cache=True, **{compat.CACHE_KWARG: masked})
+                    use_cache=True, **{compat.cache_kwarg(): masked})
         expected, _ = reference(model, PROMPT + [20, 30, 40, 50])
     torch.testing.assert_close(got, expected[-5:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.logits[0, -5:], expected[-5:], atol=1e-5, rtol=1e-5)

@@ -132,7 +132,7 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
         for context in settings.contexts if settings.compile is None else ():
             cache = compat.new_dynamic_cache()
             prompt = torch.randint(3, vocab, (1, context - 1), generator=generator).to(device)
-            model(input_ids=prompt, use_cache=True, **{compat.CACHE_KWARG: cache})
+            model(input_ids=prompt, use_cache=True, **{compat.cache_kwarg(): cache})
             row = seconds.setdefault(str(context), {})
             for shape in settings.shapes:
                 for n in settings.sizes:

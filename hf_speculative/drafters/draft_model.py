@@ -135,7 +135,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
         start = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=device)
-        out = self.drafter(input_ids=ids, **{compat.CACHE_KWARG: self.cache}, use_cache=True, **self._keep_last)
+        out = self.drafter(input_ids=ids, **{compat.cache_kwarg(): self.cache}, use_cache=True, **self._keep_last)
         self.cache = compat.output_cache(out)
         self.fed.extend(tokens)
         if len(tokens) == 1:

@@ -173,7 +173,7 @@ class LayerSubset:
         if self._cache_position:
             kwargs["cache_position"] = torch.tensor([position], device=device)
         return dict(input_ids=torch.tensor([[token]], device=device), position_ids=torch.tensor([[position]], device=device),
-                    attention_mask=attention_mask, use_cache=True, **{compat.CACHE_KWARG: cache}, **kwargs)
+                    attention_mask=attention_mask, use_cache=True, **{compat.cache_kwarg(): cache}, **kwargs)
 
     def rollback(self, cache: Any, num_tokens: int) -> None:
         """Remove the last ``num_tokens`` entries the view wrote (its layers only)."""

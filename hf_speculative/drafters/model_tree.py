@@ -47,7 +47,7 @@ def model_tree_expander(model: torch.nn.Module, cache: Any, logits_of: Callable[
                  else masks[:, :, -k:])  # the frontier's rows
         positions = position_ids(fed, prefix_length)[:, -k:]  # [1, k]
         out = model(input_ids=fed.tokens[-k:][None], position_ids=positions, attention_mask=masks, use_cache=True,
-                    **{compat.CACHE_KWARG: cache}, **compat.logits_to_keep_kwargs(model, k))
+                    **{compat.cache_kwarg(): cache}, **compat.logits_to_keep_kwargs(model, k))
         return torch.log_softmax(logits_of(out.logits[0, -k:]).float(), dim=-1)  # [k, V]
 
     def crop() -> None:

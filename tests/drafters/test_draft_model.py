@@ -61,7 +61,7 @@ def check_synced(generator, drafter, verified: list[int]):
     assert generator.fed == verified[: len(generator.fed)]
     probe = copy.deepcopy(cache)
     with torch.no_grad():
-        out = drafter(input_ids=torch.tensor([verified[len(generator.fed):]]), **{compat.CACHE_KWARG: probe}, use_cache=True)
+        out = drafter(input_ids=torch.tensor([verified[len(generator.fed):]]), **{compat.cache_kwarg(): probe}, use_cache=True)
     torch.testing.assert_close(out.logits[0, -1].float(), fresh_logits(drafter, verified), atol=1e-5, rtol=1e-4)
 
 

@@ -57,7 +57,7 @@ def test_expansions_equal_plain_forwards_along_each_branch(arch):
     verified = torch.tensor([PROMPT + [20, 21, 22]])  # longer than the tiny models' sliding window (8)
     cache = compat.new_dynamic_cache()
     with torch.no_grad():
-        draft(input_ids=verified, use_cache=True, **{compat.CACHE_KWARG: cache})
+        draft(input_ids=verified, use_cache=True, **{compat.cache_kwarg(): cache})
 
         def logits_of(logits):
             return logits.float()

@@ -105,7 +105,7 @@ def test_the_view_reproduces_the_model_past_the_sliding_window(arch):
     with torch.no_grad():
         # the cache an assisted loop runs on: 5.x sliding layers that record their past, 4.x full layers
         start = None if compat.IS_TRANSFORMERS_5 else compat.new_dynamic_cache()
-        prefill = model(input_ids=ids[:, :20], **{compat.CACHE_KWARG: start}, use_cache=True)
+        prefill = model(input_ids=ids[:, :20], **{compat.cache_kwarg(): start}, use_cache=True)
         cache = compat.output_cache(prefill)
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()
