@@ -149,10 +149,9 @@ class BatchOutputs:
     def _stacked(self, per_row: list[list[torch.Tensor]] | None, total: int) -> tuple | None:
         if per_row is None:
             return None
-        vocab = next((r[0].shape[-1] for r in per_row if r), 0)
-        gap = torch.full((vocab,), float("-inf"))
-        return tuple(torch.stack([r[t] if t < len(r) else gap.to(r[0].device if r else gap.device)
-                                  for r in per_row]) for t in range(total - self.length))
+        first = next((r[0] for r in per_row if r), torch.zeros(0))
+        gap = torch.full_like(first, float("-inf"))  # [V]: a row that had finished
+        return tuple(torch.stack([r[t] if t < len(r) else gap for r in per_row]) for t in range(total - self.length))
 
 
 def forward_columns(pending_mask: torch.Tensor, nodes: int) -> torch.Tensor:

@@ -30,7 +30,6 @@ class ChainDrafter:
 
     def __init__(self, generator: SpeculativeCandidateGenerator):
         self.generator = generator
-        self._proposed = 0
         self._tree = False
         self._asked = False  # whether the loop asked for this step's draft
         self._observed_at = 0.0
@@ -60,14 +59,14 @@ class ChainDrafter:
         if not self._asked:  # the loop verified without asking (no room left): nothing of ours in it, and the
             # forward ran since the last observe
             self._tree, self._verify_started = False, self._observed_at
-        # what was verified: the draft, or its first nodes (a batch step's width), or nothing
-        self._proposed, self._asked = tree.size, False
+        self._asked = False
         gen.last_verify_s = time.perf_counter() - self._verify_started
         gen.last_scores = scores[None]  # [1, 1 + k, V], as transformers' loop hands them over
         if self._tree:
             gen.observe_tree(sequence, tree, verdict)
         else:
-            gen.on_verified(sequence, verdict.num_accepted, self._proposed)
+            # what was verified: the draft, or its first nodes (a batch step's width cuts it), or nothing
+            gen.on_verified(sequence, verdict.num_accepted, tree.size)
         self._observed_at = time.perf_counter()
 
     def close(self) -> None:

@@ -41,8 +41,7 @@ def use_profile(model: torch.nn.Module, profile: str | Path | dict, *, context: 
         raise ValueError(f"use_profile: the profile was measured on {measured_on or 'an unnamed device'} and the model "
                          f"is on {device}; profile it on this device: `hf-speculative profile --model ... --device "
                          f"{device.type}`.")
-    contexts = sorted(int(c) for c in data["relative"])
-    at = contexts[0] if context is None else min(contexts, key=lambda c: abs(c - context))
+    at = profiling.nearest_context(data["relative"], context)
     largest = min(max(int(n) for by_shape in data["relative"].values() for sizes in by_shape.values() for n in sizes),
                   MAX_VERIFY_TOKENS)
     ratios = [1.0]
@@ -50,10 +49,10 @@ def use_profile(model: torch.nn.Module, profile: str | Path | dict, *, context: 
         ratios.append(max(ratios[-1], profiling.relative_cost(data, n, context=at, shape=shape)))
     verify_costs_for(model, largest).fix(ratios)
     batches = []
-    by_batch = (data.get("batch_seconds") or {}).get(str(min((int(c) for c in data.get("batch_seconds") or {}),
-                                                             key=lambda c: abs(c - at), default=at)))
-    if by_batch:
+    if data.get("batch_seconds"):
+        by_batch = data["batch_seconds"][str(profiling.nearest_context(data["batch_seconds"], at))]
         batch_costs_for(model).load({(int(b), 1 + int(n)): float(s) for b, sizes in by_batch.items()
                                      for n, s in sizes.items()})
         batches = sorted(int(b) for b in by_batch)
     return {"context": at, "ratios": ratios, "batches": batches}
+

@@ -47,11 +47,11 @@ class StatesFeed:
     def wanted(self) -> bool:
         return bool(self.taps)
 
-    def publish(self, hidden_states: tuple[torch.Tensor, ...], padding: int = 0) -> None:
+    def publish(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
         """``hidden_states``: the forward's (embeddings, layer 0's output, ..., the final norm's output), each
-        `[B, T, H]`; the last ``padding`` positions are padding (a static step's), left out."""
+        `[B, T, H]`; a static step's padding positions (``PADDING_ROWS``) are left out, as the hooks leave them."""
         for tap in self.taps:
-            tap.receive(hidden_states, padding)
+            tap.receive(hidden_states)
 
 
 _FEED: contextvars.ContextVar[StatesFeed | None] = contextvars.ContextVar("hf_speculative_states_feed", default=None)
@@ -106,8 +106,9 @@ class FeatureTap:
             return
         self._handles = [m.register_forward_hook(self._hook(i)) for i, m in enumerate(modules)]
 
-    def receive(self, hidden_states: tuple[torch.Tensor, ...], padding: int) -> None:
+    def receive(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
         """Record a forward's states published by the call's :class:`StatesFeed` (copies: see there)."""
+        padding = PADDING_ROWS.get()
         for captured, index in zip(self._captured, self._indices):
             states = hidden_states[index].detach()  # [B, T, H]
             captured.append(states[:, : states.shape[1] - padding].clone())

@@ -110,9 +110,9 @@ class StaticVerifier:
         seen = (self._columns <= start).expand(q, -1).clone()  # [Q, K] the prefix and the root, for every row
         if n:
             seen[1: 1 + n, start + 1: start + 1 + n] = tree.ancestors().to(self.device)
-        padding = PADDING_ROWS.set(self.budget - n)  # (for hooks)
+        padding = PADDING_ROWS.set(self.budget - n)  # what reads the target's states leaves them out
         try:
-            logits = self._run(self.step_forward, tokens, positions, seen, start, padding=self.budget - n)  # [Q, V]
+            logits = self._run(self.step_forward, tokens, positions, seen, start)  # [Q, V]
         finally:
             PADDING_ROWS.reset(padding)
         return logits[: 1 + n].clone()  # a CUDA graph's output is overwritten by its next replay
@@ -140,7 +140,7 @@ class StaticVerifier:
         self.length = start + m
 
     def _run(self, forward: Any, ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, start: int,
-             keep: int = 0, padding: int = 0) -> torch.Tensor:
+             keep: int = 0) -> torch.Tensor:
         compat.set_static_length(self.cache, start)
         mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill_(~seen, self._minimum)
         kwargs = dict(input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None],
@@ -155,7 +155,7 @@ class StaticVerifier:
         with torch.no_grad():
             out = forward(**kwargs)
         if feed is not None:
-            feed.publish(out.hidden_states, padding)
+            feed.publish(out.hidden_states)
         return out.logits[0]  # [Q, V]
 
 

@@ -266,12 +266,18 @@ def load(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def nearest_context(by_context: dict[str, Any], context: int | None) -> int:
+    """The measured context (a key of ``by_context``, e.g. a profile's ``relative``) nearest to ``context``; the
+    smallest if ``None``."""
+    contexts = sorted(int(c) for c in by_context)
+    return contexts[0] if context is None else min(contexts, key=lambda c: abs(c - context))
+
+
 def relative_cost(result: dict[str, Any], n: int, *, context: int | None = None, shape: str = "tree") -> float:
     """Cost of verifying ``n`` draft tokens in one-token forwards, interpolated between measured sizes, at
     the measured context nearest to ``context`` (the first one if ``None``)."""
-    contexts = sorted(int(c) for c in result["relative"])
-    at = contexts[0] if context is None else min(contexts, key=lambda c: abs(c - context))
-    by_size = result["relative"][str(at)].get(shape) or result["relative"][str(at)]["chain"]
+    at = result["relative"][str(nearest_context(result["relative"], context))]
+    by_size = at.get(shape) or at["chain"]
     sizes = sorted(int(s) for s in by_size)
     if n <= sizes[0]:
         return float(by_size[str(sizes[0])])

@@ -97,8 +97,7 @@ def load_profile(path: str | os.PathLike) -> dict[str, Any]:
 
 # -- the model ----------------------------------------------------------------------------------
 def _nearest(profile: Mapping[str, Any], context: int) -> str:
-    contexts = sorted(int(c) for c in profile["relative"])
-    return str(min(contexts, key=lambda c: abs(c - context)))
+    return str(profiling.nearest_context(profile["relative"], context))
 
 
 def forward_seconds(profile: Mapping[str, Any], context: int) -> float:

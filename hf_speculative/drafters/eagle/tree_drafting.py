@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 
 from ...tree import ROOT
-from ...tree_shapes import grow_static  # noqa: F401 (drafters' shared static-tree filling, imported from here too)
 from .model import DraftKVCache, EagleDraftModel
 
 
