@@ -42,6 +42,8 @@ class ModelState:
         static_cache (`tuple`, *optional*): ``((capacity, device, dtype), StaticCache, Lock)``, the static
             cache calls share (``static_cache.StaticVerifier``), the lock held by the call using it.
         compiled (`tuple`, *optional*): ``(mode, compiled forward)`` (``static_cache.compiled_forward``).
+        draft_graph (`tuple`, *optional*): ``(drafter, (capacity, mode, vocab), DraftStep, compiled step, Lock)``:
+            the fixed-shape EAGLE drafting step that compiled calls share (``drafters.eagle.static_drafting``).
         compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
         lock (`threading.RLock`): held by updates that read and then write the slots above.
     """
@@ -56,6 +58,7 @@ class ModelState:
     last_stats: threading.local = dataclasses.field(default_factory=threading.local)
     static_cache: Any = None
     compiled: Any = None
+    draft_graph: Any = None
     compile_mode: str | None = None
     static_budget: int | None = None
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)

@@ -238,9 +238,16 @@ def verifier_for(model: torch.nn.Module, strategy: Any, static: bool, max_length
     if budget < needed:
         raise StaticCacheError(f"hfs.enable(model, static_budget={budget}) is smaller than the {needed} draft nodes "
                                f"{type(strategy).__name__} proposes per step; raise static_budget or draft less.")
-    forward = None
-    if mode is not None:
-        device = model.get_input_embeddings().weight.device
-        forward = compiled_forward(model, ("reduce-overhead" if device.type == "cuda" else "default")
-                                   if mode == "auto" else mode)
+    mode = compiled_mode(model)
+    forward = None if mode is None else compiled_forward(model, mode)
     return StaticVerifier(model, budget, capacity_for(max_length, budget), forward)
+
+
+def compiled_mode(model: torch.nn.Module) -> str | None:
+    """The ``torch.compile`` mode of ``model``'s calls (``hfs.enable(model, compile=...)``; ``True`` is
+    ``"reduce-overhead"``, CUDA graphs, on a GPU and ``"default"`` elsewhere), ``None`` when not compiled."""
+    mode = state_of(model).compile_mode
+    if mode != "auto":
+        return mode
+    device = model.get_input_embeddings().weight.device
+    return "reduce-overhead" if device.type == "cuda" else "default"

@@ -12,6 +12,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import static_cache
+from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.state import forget, state_of
 from hf_speculative.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import (EOS, AdversaryStrategy, OracleCandidateGenerator, build_model, char_tokenizer,
@@ -201,6 +202,7 @@ def test_compiled_targets_feed_drafters_from_their_outputs(arch, monkeypatch):
         return forward
 
     monkeypatch.setattr(static_cache, "compiled_forward", compiled)
+    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: step)  # (tests/drafters/eagle)
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     for name, strategy in feature_drafters(model).items():
         hfs.enable(model, compile=False)
@@ -233,7 +235,8 @@ def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monk
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_verification_equals_greedy(arch):
-    """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call."""
+    """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call; EAGLE drafts
+    with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py)."""
     model = hfs.enable(build_model(arch, layers=4), compile=True)
     try:
         expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
@@ -245,6 +248,8 @@ def test_compiled_verification_equals_greedy(arch):
             out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
             assert out.tolist() == expected.tolist()
         assert state_of(model).compiled[0] == "default"
+        drafter, (_, mode, _), step, compiled, _ = state_of(model).draft_graph  # EAGLE's drafting compiled too
+        assert mode == "default" and compiled is not step and isinstance(drafter, torch.nn.Module)
     finally:
         hfs.enable(model, compile=False)
         forget(model)

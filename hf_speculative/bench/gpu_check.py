@@ -146,6 +146,18 @@ def _timed(fn: Callable[[], Any], device: str, repeats: int) -> tuple[float, Any
     return statistics.median(times), result
 
 
+def _step_times(stats: Any) -> dict[str, float]:
+    """Median milliseconds of a drafting step (the steps that drafted) and of a verification step."""
+    steps = stats.steps()
+    drafting = [s for s, n in zip(steps["draft_s"], steps["drafted"]) if n]
+    times = {}
+    if drafting:
+        times["draft_ms_per_step"] = round(1e3 * statistics.median(drafting), 3)
+    if steps["verify_s"]:
+        times["verify_ms_per_step"] = round(1e3 * statistics.median(steps["verify_s"]), 3)
+    return times
+
+
 def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_tokens: int, new_tokens: int,
             acceptance: float, num_tokens: int, repeats: int, compile_mode: str) -> dict[str, Any]:
     import hf_speculative as hfs
@@ -200,7 +212,7 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
             row = {"seconds": round(seconds, 4), "tokens_per_s": round(new_tokens / seconds, 2),
                    "identical": bool(torch.equal(output, reference))}
             if stats is not None:
-                row.update(tau=round(stats.tau, 3), target_forwards=stats.target_forwards)
+                row.update(tau=round(stats.tau, 3), target_forwards=stats.target_forwards, **_step_times(stats))
         except Exception:  # noqa: BLE001
             row = {"error": traceback.format_exc()[-2000:]}
         results["methods"][label] = row
@@ -253,13 +265,15 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
         lines += [f"## End to end: {e2e['config']} (random weights, {e2e['dtype']}), {e2e['prompt_tokens']} prompt + "
                   f"{e2e['new_tokens']} new tokens, synthetic acceptance {e2e['acceptance']}, drafts of "
                   f"{e2e['num_tokens']}, median of {e2e['repeats']}", "",
-                  "| method | s | tokens/s | tau | speedup vs eager greedy | identical |", "|---|---|---|---|---|---|"]
+                  "| method | s | tokens/s | tau | speedup vs eager greedy | drafting ms/step | verification ms/step | "
+                  "identical |", "|---|---|---|---|---|---|---|---|"]
         for label, row in e2e["methods"].items():
             if "error" in row:
-                lines.append(f"| {label} | error: {row['error'].strip().splitlines()[-1][:120]} | | | | |")
+                lines.append(f"| {label} | error: {row['error'].strip().splitlines()[-1][:120]} | | | | | | |")
             else:
                 lines.append(f"| {label} | {row['seconds']} | {row['tokens_per_s']} | {row.get('tau', '')} | "
-                             f"{row.get('speedup_vs_eager_greedy', '')} | {row['identical']} |")
+                             f"{row.get('speedup_vs_eager_greedy', '')} | {row.get('draft_ms_per_step', '')} | "
+                             f"{row.get('verify_ms_per_step', '')} | {row['identical']} |")
         lines.append("")
     for key, text in report.get("project", {}).items():
         lines += [f"## Projection {key}", "", text, ""]

@@ -57,6 +57,8 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
     # (4.57.6's prompt lookup fails on torch 2.13's isin here)
     taus = {row["tau"] for label, row in methods.items() if "synthetic" in label and "tau" in row}
     assert len(taus) == 1  # the same drafts, the same acceptance, in every loop
+    eagle = {label: row for label, row in ours.items() if "EAGLE" in label}
+    assert len(eagle) == 2 and all(row["draft_ms_per_step"] > 0 < row["verify_ms_per_step"] for row in eagle.values())
     if bench.exists():
         assert report["project"] and not any(text.startswith("error") for text in report["project"].values())
     assert (out / "summary.md").read_text().startswith("# gpu-check")

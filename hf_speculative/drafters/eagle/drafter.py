@@ -28,6 +28,7 @@ from ...tree import DraftTree, Verdict
 from ...tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
 from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
 from .model import DraftKVCache, EagleDraftModel
+from .static_drafting import frontier_width, open_static
 from .tree_drafting import tree_expander
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -156,6 +157,22 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
                                      draft_steps=lambda m: tree_depth(config.tree, m), chain=config.adaptive)
         self._asked = 0  # the last choice of the budget: nodes, 0, or TreeBudget.CHAIN
+        self.graphs = self._open_static(ctx, nodes)
+
+    def _open_static(self, ctx: CallContext, nodes: int):
+        """Fixed-shape drafting (``static_drafting``) when the target is compiled, else ``None`` (eager drafting)."""
+        from ...static_cache import compiled_mode
+
+        mode = compiled_mode(ctx.target)
+        if mode is None:
+            return None
+        shape = self.config.tree
+        depth = 0 if shape is None else shape.depth
+        width = 1 if shape is None else frontier_width(shape)
+        catch_width = max(self.config.num_tokens, depth) + 1  # a step keeps at most its draft's depth, plus one
+        return open_static(ctx.target, self.net, mode, target_ids=self._target_ids, vocab_size=ctx.vocab_size,
+                           max_length=ctx.max_length, catch_width=catch_width, width=width,
+                           speculative=catch_width + max(self.config.num_tokens, depth * width))
 
     def _draft_price(self) -> float:
         # until measured: one layer against a whole model
@@ -165,35 +182,43 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         """Logits over the target's vocabulary `[V]` (float32) for the last position of ``hidden``."""
         return self._to_target_vocab(self.net.draft_logits(hidden[0, -1], self.head), self._target_ids)
 
-    def _catch_up(self, input_ids: torch.LongTensor) -> torch.Tensor:
-        """Feed the verified pairs; the drafter's output hidden state for position ``L - 2``."""
+    def _catch_up(self, input_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the verified pairs; the drafter's output hidden state for position ``L - 2`` `[H]` and its logits
+        over the target's vocabulary `[V]` (what it predicts for the token after the root)."""
         length = input_ids.shape[1]
-        self.cache.crop(self.n_true)  # drop the entries written from predicted features
         tokens = input_ids[:, self.n_true + 1 : length]  # [1, P]
-        positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
-        hidden = self.net(self.embed(tokens), self.features.pop(), positions, self.cache, fused=True)  # [1, P, H]
+        if self.graphs is not None:
+            hidden, logits = self.graphs.catch_up(tokens[0], self.features.pop()[0], self.n_true)
+        else:
+            self.cache.crop(self.n_true)  # drop the entries written from predicted features
+            positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
+            out = self.net(self.embed(tokens), self.features.pop(), positions, self.cache, fused=True)  # [1, P, H]
+            hidden, logits = out[0, -1], self._logits(out)
         self.n_true = length - 1
-        return hidden[:, -1:]
+        return hidden, logits
 
     @torch.no_grad()
     def propose(self, input_ids, max_tokens):
         if self.features.lost or self.features.pending is None or not self.policy.begin():
             return None, None  # before the prefill there are no features yet
-        hidden = self._catch_up(input_ids)
+        hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
 
         def step(token: int) -> torch.Tensor:
             nonlocal hidden, position
             start = time.perf_counter()
-            ids = torch.tensor([[token]], device=input_ids.device)
-            pos = torch.tensor([[position]], device=input_ids.device)
-            hidden = self.net(self.embed(ids), hidden, pos, self.cache, fused=False)  # [1, 1, H]
+            if self.graphs is not None:
+                hidden, logits = self.graphs.chain_step(token, hidden, position)
+            else:
+                ids = torch.tensor([[token]], device=input_ids.device)
+                pos = torch.tensor([[position]], device=input_ids.device)
+                out = self.net(self.embed(ids), hidden[None, None], pos, self.cache, fused=False)  # [1, 1, H]
+                hidden, logits = out[0, -1], self._logits(out)
             position += 1
-            logits = self._logits(hidden)
             record_draft_step(self.net, time.perf_counter() - start)
             return logits
 
-        tokens = draft_chain(self.policy, self.ctx, input_ids, self._logits(hidden), max_tokens, step)
+        tokens = draft_chain(self.policy, self.ctx, input_ids, logits, max_tokens, step)
         return chain_candidates(self.policy, tokens)
 
     def on_verified(self, input_ids, num_accepted, num_proposed):
@@ -219,10 +244,13 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         if nodes == 0:
             return DraftTree.empty(input_ids.device)
         start = time.perf_counter()
-        hidden = self._catch_up(input_ids)  # [1, 1, H]: predicts the root's children
-        root = torch.log_softmax(self._logits(hidden).float(), dim=-1)  # [V]
-        expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden[0, -1],
-                               lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
+        hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
+        root = torch.log_softmax(logits.float(), dim=-1)  # [V]
+        if self.graphs is not None:
+            expand = self.graphs.tree_expander(self.n_true, input_ids.shape[1] - 1, hidden)
+        else:
+            expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
+                                   lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
         tree = grow_tree(shape, root, expand, nodes, max_depth)
         steps = drafter_levels(tree)
         record_draft_step(self.net, (time.perf_counter() - start) / steps)
@@ -245,3 +273,5 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
     def close(self):
         self.features.close()
         self.cache = DraftKVCache()
+        if self.graphs is not None:
+            self.graphs.close()

@@ -1,0 +1,188 @@
+"""EAGLE drafting at fixed shapes under ``hfs.enable(model, compile=...)``: the same drafts as eager drafting, step
+for step (chains, dynamic and static trees, EAGLE-1 and EAGLE-3), every forward at one of three widths but the
+long backlogs, which run eagerly on the same cache; the compiled step is shared by the calls that fit it, one at
+a time. The fixed-shape path runs uncompiled here; the slow test in tests/test_static_cache.py compiles it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import hf_speculative as hfs
+from hf_speculative import static_cache
+from hf_speculative.drafters.eagle import static_drafting
+from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
+from hf_speculative.drafters.policy import TreeBudget
+from hf_speculative.state import forget, state_of
+from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from tests.conftest import build_model, fit_eagle, prompt_inputs, random_eagle, stock_generate
+
+NEW = 40
+SHAPES = {"chain": None, "dynamic": DynamicTree(nodes=8, depth=4, top_k=3),
+          "static": StaticTree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1)])}
+
+
+@pytest.fixture(scope="module", params=[("llama", 3), ("qwen2", 3), ("llama", 1)], ids=lambda p: f"{p[0]}-eagle{p[1]}")
+def trained(request):
+    arch, version = request.param
+    target = hfs.enable(build_model(arch, layers=4, init=0.3).requires_grad_(False))
+    text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=NEW, eos_token_id=None)
+    net, _, _ = fit_eagle(target, version, text, iterations=200, unroll=3)
+    yield target, net.eval().requires_grad_(False), text
+    forget(target)
+
+
+@pytest.fixture
+def uncompiled(monkeypatch):
+    """compile= takes the fixed-shape paths, without torch.compile; records the width of every drafter forward."""
+    widths = []
+    forward = static_drafting.DraftStep.forward
+
+    def recording(self, tokens, *args, **kwargs):
+        widths.append(tokens.shape[1])
+        return forward(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(static_cache, "compiled_forward", lambda target, mode: target)
+    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: step)
+    monkeypatch.setattr(static_drafting.DraftStep, "forward", recording)
+    return widths
+
+
+def record_drafts(monkeypatch) -> list:
+    drafts = []
+    for name in ("propose", "propose_tree"):
+        original = getattr(EagleCandidateGenerator, name)
+
+        def recording(self, *args, _original=original, **kwargs):
+            out = _original(self, *args, **kwargs)
+            tree = out[0] if isinstance(out, tuple) else out
+            drafts.append(None if tree is None else
+                          (tree.tokens.tolist(), tree.parents.tolist()) if hasattr(tree, "parents") else tree.tolist())
+            return out
+
+        monkeypatch.setattr(EagleCandidateGenerator, name, recording)
+    return drafts
+
+
+def generate(target, strategy, compile: bool):
+    hfs.enable(target, compile=compile)
+    try:
+        out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=NEW, eos_token_id=None,
+                              candidate_generator=strategy, cache_implementation="static")
+    finally:
+        hfs.enable(target, compile=False)
+    stats = hfs.last_stats(target)
+    return out, (stats.drafted_tokens, stats.accepted_tokens)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fixed_shape_drafting_drafts_what_eager_drafting_drafts(trained, shape, uncompiled, monkeypatch):
+    target, net, text = trained
+    strategy = hfs.Eagle(net, tree=SHAPES[shape], adaptive=False, num_tokens=5, confidence_threshold=0.0)
+    drafts = record_drafts(monkeypatch)
+    eager, eager_counts = generate(target, strategy, compile=False)
+    eager_drafts, widths_eager = list(drafts), list(uncompiled)
+    drafts.clear()
+    fixed, fixed_counts = generate(target, strategy, compile=True)
+    assert eager.tolist() == fixed.tolist() == text.tolist()
+    assert widths_eager == []  # without compile= the drafter runs eagerly, as before
+    assert drafts == eager_drafts and fixed_counts == eager_counts
+    assert fixed_counts[1] >= 10, fixed_counts  # a drafter that keeps tokens: the feature alignment is tested
+    catch_width = 6  # num_tokens + 1
+    width = {"chain": 1, "dynamic": 3, "static": 2}[shape]
+    prompt = prompt_inputs()["input_ids"].shape[1]  # pairs (f_t, x_{t+1}) up to the prefill's own token
+    assert uncompiled[0] == prompt  # the prompt's backlog, eagerly at its own length
+    assert set(uncompiled[1:]) <= {catch_width, width, 1}, uncompiled
+    assert catch_width in uncompiled[1:] and width in uncompiled[1:]
+
+
+def test_backlogs_after_steps_without_a_draft_run_eagerly_on_the_same_cache(trained, uncompiled, monkeypatch):
+    """A step whose budget is 0 drafts nothing; the next catch-up feeds both steps' pairs. Wider than the padded
+    catch-up, it runs at its own width on the same cache, and the drafts stay those of eager drafting."""
+    target, net, text = trained
+    choices = []
+
+    def every_third_step_plain(self):
+        choices.append(0 if len(choices) % 3 == 1 else self.nodes)
+        return choices[-1]
+
+    monkeypatch.setattr(TreeBudget, "choose", every_third_step_plain)
+    strategy = hfs.Eagle(net, tree=DynamicTree(nodes=6, depth=2, top_k=2), adaptive=False)
+    drafts = record_drafts(monkeypatch)
+    eager, eager_counts = generate(target, strategy, compile=False)
+    eager_drafts = list(drafts)
+    drafts.clear()
+    choices.clear()
+    fixed, fixed_counts = generate(target, strategy, compile=True)
+    assert eager.tolist() == fixed.tolist() == text.tolist()
+    assert drafts == eager_drafts and fixed_counts == eager_counts and fixed_counts[1] > 0
+    catch_width = 3  # depth + 1
+    assert any(w > catch_width and w != uncompiled[0] for w in uncompiled[1:]), uncompiled  # eager backlogs ran
+
+
+def test_compiled_calls_share_one_step_one_call_at_a_time(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: compiled.append(step) or step)
+    target = build_model("llama", layers=4)
+    net, other = random_eagle(target), random_eagle(target, seed=8)
+
+    def open_(drafter=net, max_length=100):
+        return static_drafting.open_static(target, drafter, "default", target_ids=None, vocab_size=64,
+                                           max_length=max_length, catch_width=9, width=3, speculative=30)
+
+    first = open_()
+    assert first.capacity == 256 and first.run is compiled[0]
+    busy = open_()  # the shared step is in use: a private one at the same shapes, uncompiled
+    assert busy.step is not first.step and busy.run is busy.step and len(compiled) == 1
+    first.close()
+    again = open_()
+    assert again.step is first.step and len(compiled) == 1  # the same graph
+    again.close()
+    longer = open_(max_length=300)  # another capacity: another step (its shapes differ)
+    assert longer.capacity == 512 and longer.step is not first.step and len(compiled) == 2
+    longer.close()
+    swapped = open_(drafter=other, max_length=300)  # another drafter
+    assert swapped.step.net is other and len(compiled) == 3
+    swapped.close()
+    forget(target)
+    assert state_of(target).draft_graph is None
+
+
+def test_fixed_shape_drafting_refuses_to_write_past_its_cache():
+    target = build_model("llama", layers=4)
+    drafting = static_drafting.StaticDrafting(
+        static_drafting.DraftStep(random_eagle(target), target.get_input_embeddings(), target.get_output_embeddings(),
+                                  None, 64, capacity=8), None, catch_width=4, width=2)
+    drafting.length = 8
+    with pytest.raises(RuntimeError, match="full at 8"):
+        drafting.chain_step(1, torch.zeros(target.config.hidden_size), 8)
+
+
+def test_concurrent_compiled_calls_each_draft_their_own(trained, uncompiled):
+    """Two threads generate at once with compile=: one borrows the shared step, the other drafts on its own; both
+    give greedy's text and the drafts of a call alone."""
+    target, net, text = trained
+    strategy = hfs.Eagle(net, tree=SHAPES["dynamic"], adaptive=False)
+    hfs.enable(target, compile=True)
+    results, errors = [None, None], []
+    barrier = threading.Barrier(2)
+
+    def call(i):
+        try:
+            barrier.wait()
+            results[i] = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=NEW, eos_token_id=None,
+                                         candidate_generator=strategy).tolist()
+        except Exception as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    try:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        hfs.enable(target, compile=False)
+    assert not errors and results[0] == results[1] == text.tolist()
