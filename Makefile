@@ -65,10 +65,14 @@ GPU_CHECK_OUT ?= gpu-check
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 GPU_BENCH ?= $(wildcard benchmarks/results/projection_bench_*.jsonl)
 GPU_STEPS ?=
+# Real weights (the `real` step): a model folder, e.g. joined from parts with `python -m tools.carry join`, and a drafter.
+GPU_MODEL ?=
+GPU_DRAFTER ?=
 gpu-check:
 	$(GPU_PY) -c "import hf_speculative" 2>/dev/null || $(GPU_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(GPU_PY) -m hf_speculative.bench.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
-		$(foreach bench,$(GPU_BENCH),--bench $(bench))
+		$(foreach bench,$(GPU_BENCH),--bench $(bench)) $(if $(GPU_MODEL),--real-model $(GPU_MODEL)) \
+		$(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER))
 
 # The documentation site (mkdocs-material, offline): docs/ -> site/; the test suite builds it too.
 docs: install

@@ -5,8 +5,9 @@ must be rolled back and a static cache cannot be cropped. Our loop never crops i
 verified positions itself, every forward writes from there (the static layers' ``cumulative_length``, or
 ``cache_position`` on versions that take it), and every mask hides everything past it::
 
-    capacity K  = prompt + max_new_tokens + budget + 1, rounded up to 256 (calls of similar lengths
-                  share one cache, hence one mask width and one compiled graph)
+    capacity K  = prompt + max_new_tokens + budget + 1, rounded up to 256, or the model's held cache when
+                  it is at least that large (calls share one cache, hence one mask width and one compiled
+                  graph per budget: torch.compile's recompile limit, 8 shapes, is not spent on lengths)
     prefill       the prompt but its last token, eagerly, once per call
     every step    [1, 1 + budget] tokens: the root, the tree's n nodes, then budget - n padding tokens
                   mask [1, 1, 1 + budget, K]: the tree's visibility over the prefix; padding rows see the
@@ -69,18 +70,19 @@ class StaticVerifier:
     Args:
         model (`PreTrainedModel`): the target (full attention, SDPA or eager).
         budget (`int`): the most draft nodes a step verifies; every step is padded to it.
-        capacity (`int`): positions of the static cache (``capacity_for(max_length, budget)``).
+        capacity (`int`): positions the call needs (``capacity_for(max_length, budget)``); the model's held
+            static cache is used when it has at least as many, and :attr:`capacity` is then its size.
         forward (*callable*, *optional*): the target's forward to run the steps with (a compiled one), else
             the model itself.
     """
 
     def __init__(self, model: torch.nn.Module, budget: int, capacity: int, forward: Any = None):
         check_static(model)
-        self.model, self.budget, self.capacity = model, int(budget), int(capacity)
+        self.model, self.budget = model, int(budget)
         self.step_forward = model if forward is None else forward
         weight = model.get_input_embeddings().weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.cache, self._release = _borrow_cache(model, self.capacity, self.device, self.dtype)
+        self.cache, self._release, self.capacity = _borrow_cache(model, int(capacity), self.device, self.dtype)
         self.takes_position = "cache_position" in compat.forward_params(type(model))
         self.length = 0  # positions holding verified tokens
         self._minimum = torch.finfo(self.dtype).min
@@ -161,19 +163,21 @@ class StaticVerifier:
 
 # -- the static cache a model keeps between calls ---------------------------------------------------
 def _borrow_cache(model: torch.nn.Module, capacity: int, device: torch.device, dtype: torch.dtype):
-    """The model's static cache when it is free and the right size (one cache, one compiled graph), else a new
-    one for this call alone. Returns ``(cache, release)``."""
+    """The model's static cache when it is free and holds at least ``capacity`` positions (one cache, one compiled
+    graph), else a new one: it replaces the held one when that one is free (so the held cache only grows), and is
+    this call's alone when another call holds it. Returns ``(cache, release, its capacity)``."""
     state = state_of(model)
     with state.lock:
         held = state.static_cache
-        if held is not None and held[0] == (capacity, device, dtype) and held[2].acquire(blocking=False):
-            return held[1], held[2].release
+        if held is not None and held[0][1:] == (device, dtype) and held[0][0] >= capacity \
+                and held[2].acquire(blocking=False):
+            return held[1], held[2].release, held[0][0]
         if held is None or not held[2].locked():
             cache, lock = compat.new_static_cache(model, capacity), threading.Lock()
             lock.acquire()
             state.static_cache = ((capacity, device, dtype), cache, lock)
-            return cache, lock.release
-    return compat.new_static_cache(model, capacity), None  # another call holds the model's cache
+            return cache, lock.release, capacity
+    return compat.new_static_cache(model, capacity), None, capacity  # another call holds the model's cache
 
 
 def compiled_forward(model: torch.nn.Module, mode: str) -> Any:

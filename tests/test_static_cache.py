@@ -111,6 +111,13 @@ def test_the_static_cache_is_shared_between_calls_and_not_between_concurrent_one
     assert state_of(model).static_cache[1] is first  # same size: the same cache (and compiled graph)
     capacity = state_of(model).static_cache[0][0]
     assert capacity % static_cache.CAPACITY_STEP == 0 and capacity >= expected.shape[1] + TREE.nodes + 1
+    longer = static_generate(model, hfs.PromptLookup(tree=TREE, adaptive=False), max_new_tokens=capacity)
+    assert longer.tolist() == stock_generate(model, **prompt_inputs(), do_sample=False,
+                                             max_new_tokens=capacity).tolist()
+    grown = state_of(model).static_cache
+    assert grown[1] is not first and grown[0][0] > capacity  # a longer call: a larger cache replaces the held one
+    static_generate(model, hfs.PromptLookup(tree=TREE, adaptive=False), max_new_tokens=20)
+    assert state_of(model).static_cache[1] is grown[1]  # and shorter calls use it (no graph per length)
 
     results, barrier = [], threading.Barrier(3)
 

@@ -16,6 +16,8 @@ Steps (``--steps``, default all), each writing under ``--out``:
   EAGLE-3 tree of 32 nodes from a random drafter of the config's shape, eager and compiled (its features from
   the compiled forward's outputs), for the machinery's cost: ``e2e.json``.
 - ``project``: ``hf-speculative project`` of the benchmark JSONLs given with ``--bench`` onto each profile.
+- ``real`` (with ``--real-model``): real weights end to end on Spec-Bench prompts, greedy against prompt lookup and
+  EAGLE chains and trees, eager and compiled (:mod:`hf_speculative.bench.real_e2e`): ``real_e2e.json``.
 
 Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
 this package (``pip install --no-deps --no-build-isolation -e .``).
@@ -37,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-STEPS = ("tests", "profile", "e2e", "project")
+STEPS = ("tests", "profile", "e2e", "project", "real")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -277,6 +279,10 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
         lines.append("")
     for key, text in report.get("project", {}).items():
         lines += [f"## Projection {key}", "", text, ""]
+    if "real" in report:
+        from .real_e2e import summary_lines
+
+        lines += summary_lines(report["real"])
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -292,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=None, help="profile configs (default: llama-3.1-8b on cuda)")
     parser.add_argument("--e2e-config", default=None)
     parser.add_argument("--bench", type=Path, action="append", default=[], help="benchmark JSONL to project")
+    parser.add_argument("--real-model", type=Path, default=None,
+                        help="the real step's model folder (on a lent GPU: carried in parts, tools/carry.py)")
+    parser.add_argument("--real-drafter", default=None, help="the real step's EAGLE drafter: a shipped name or a folder")
+    parser.add_argument("--real-per-category", type=int, default=2)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --tiny for a quick run).")
@@ -330,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
     if "project" in steps and args.bench:
         report["project"] = run_projections(args.out, args.bench)
+        save()
+    if "real" in steps and args.real_model is not None:
+        from .real_e2e import run_real
+
+        report["real"] = run_real(args.real_model, args.device, dtype, drafter=args.real_drafter,
+                                  per_category=args.real_per_category, new_tokens=24 if tiny else 128,
+                                  repeats=1 if tiny else 3)
+        (args.out / "real_e2e.json").write_text(json.dumps(report["real"], indent=1) + "\n")
         save()
     log("summary:", args.out / "summary.md")
     failed = [k for k, v in report.get("tests", {}).items() if v["returncode"] != 0]

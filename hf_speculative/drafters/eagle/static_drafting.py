@@ -199,22 +199,23 @@ def open_static(target: nn.Module, net: EagleDraftModel, mode: str, *, target_id
                 vocab_size: int, max_length: int, catch_width: int, width: int, speculative: int) -> StaticDrafting:
     """This call's fixed-shape drafting for ``net`` drafting for ``target`` under ``torch.compile`` mode ``mode``.
 
-    The compiled step is kept in the target's state and shared by the calls that fit it (same drafter, capacity
-    and mode), one at a time; a call that finds it busy drafts on a step of its own at the same shapes, uncompiled.
+    The compiled step is kept in the target's state and shared by the calls that fit it (same drafter and mode, a
+    cache at least as large: its graphs are not rebuilt for every length), one at a time; a call that finds it
+    busy drafts on a step of its own at the same shapes, uncompiled.
     """
-    capacity = capacity_for(max_length, max(speculative, catch_width))
+    capacity = capacity_for(max_length, speculative)
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
-    key = (capacity, mode, vocab_size)
     state = state_of(target)
     with state.lock:
         held = state.draft_graph
-        if held is not None and held[0] is net and held[1] == key and held[4].acquire(blocking=False):
+        if held is not None and held[0] is net and held[1][1:] == (mode, vocab_size) and held[1][0] >= capacity \
+                and held[4].acquire(blocking=False):
             return StaticDrafting(held[2], held[3], catch_width, width, held[4].release)
         if held is None or not held[4].locked():
             step = DraftStep(net, embed, head, target_ids, vocab_size, capacity)
             lock = threading.Lock()
             lock.acquire()
-            state.draft_graph = (net, key, step, compile_step(step, mode), lock)
+            state.draft_graph = (net, (capacity, mode, vocab_size), step, compile_step(step, mode), lock)
             return StaticDrafting(step, state.draft_graph[3], catch_width, width, lock.release)
     step = DraftStep(net, embed, head, target_ids, vocab_size, capacity)  # another call holds the shared one
     return StaticDrafting(step, step, catch_width, width)

@@ -140,9 +140,12 @@ def test_compiled_calls_share_one_step_one_call_at_a_time(monkeypatch):
     again = open_()
     assert again.step is first.step and len(compiled) == 1  # the same graph
     again.close()
-    longer = open_(max_length=300)  # another capacity: another step (its shapes differ)
+    longer = open_(max_length=300)  # more than the held step's cache: a larger one replaces it
     assert longer.capacity == 512 and longer.step is not first.step and len(compiled) == 2
     longer.close()
+    shorter = open_(max_length=100)  # fits the larger cache: the same step, no graph built for its length
+    assert shorter.step is longer.step and shorter.capacity == 512 and len(compiled) == 2
+    shorter.close()
     swapped = open_(drafter=other, max_length=300)  # another drafter
     assert swapped.step.net is other and len(compiled) == 3
     swapped.close()
