@@ -12,7 +12,8 @@ verified positions itself, every forward writes from there (the static layers' `
     every step    [1, 1 + budget] tokens: the root, the tree's n nodes, then budget - n padding tokens
                   mask [1, 1, 1 + budget, K]: the tree's visibility over the prefix; padding rows see the
                   prefix and the root only, and nothing ever sees a position >= the verified length
-                  except its own tree's nodes
+                  except its own tree's nodes. A step without a draft (the cost model chose none) runs
+                  at [1, 1]: a second graph, so that not drafting costs one plain forward
     keep path     the accepted nodes' keys and values move next to the root, in place (the cache's
                   addresses stay fixed, which CUDA graphs need); length = prefix + 1 + len(path)
 
@@ -86,7 +87,6 @@ class StaticVerifier:
         self.takes_position = "cache_position" in compat.forward_params(type(model))
         self.length = 0  # positions holding verified tokens
         self._minimum = torch.finfo(self.dtype).min
-        self._rows = torch.arange(1 + self.budget, device=self.device)  # [Q]
         self._columns = torch.arange(self.capacity, device=self.device)  # [K]
         # a compiled forward hands the hidden states that drafters read (EAGLE, Medusa) as outputs: no hooks in it
         self.feed = StatesFeed() if forward is not None else None
@@ -104,7 +104,8 @@ class StaticVerifier:
         if self.length + 1 + self.budget > self.capacity:
             raise StaticCacheError(f"the static cache ({self.capacity} positions) is full at {self.length}; this "
                                    f"is a bug in hf_speculative's capacity rule: please report it.")
-        start, q = self.length, 1 + self.budget
+        width = self.budget if n else 0  # a plain step is not padded: its own graph, one token
+        start, q = self.length, 1 + width
         tokens = torch.full((q,), int(uncached[-1]), dtype=torch.long, device=self.device)  # [Q] padding: the root
         tokens[1: 1 + n] = tree.tokens.to(self.device)
         positions = torch.full((q,), start, dtype=torch.long, device=self.device)  # [Q]
@@ -112,7 +113,7 @@ class StaticVerifier:
         seen = (self._columns <= start).expand(q, -1).clone()  # [Q, K] the prefix and the root, for every row
         if n:
             seen[1: 1 + n, start + 1: start + 1 + n] = tree.ancestors().to(self.device)
-        padding = PADDING_ROWS.set(self.budget - n)  # what reads the target's states leaves them out
+        padding = PADDING_ROWS.set(width - n)  # what reads the target's states leaves them out
         try:
             logits = self._run(self.step_forward, tokens, positions, seen, start)  # [Q, V]
         finally:

@@ -133,7 +133,7 @@ def test_the_static_cache_is_shared_between_calls_and_not_between_concurrent_one
     assert results == [expected.tolist()] * 3
 
 
-def test_static_verifier_pads_every_step_to_one_shape():
+def test_static_verifier_pads_every_draft_to_one_shape_and_runs_plain_steps_at_one_token():
     model = build_model("llama")
     verifier = static_cache.StaticVerifier(model, budget=8, capacity=256)
     shapes = []
@@ -146,11 +146,14 @@ def test_static_verifier_pads_every_step_to_one_shape():
         verifier.forward(torch.tensor([3, 5, 6, 7]), DraftTree.chain([8, 9]))  # prefill, then the step
         verifier.keep(3, DraftTree.chain([8, 9]), [0])
         verifier.forward(torch.tensor([9]), DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])))
+        verifier.keep(5, DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])), [])
+        plain = verifier.forward(torch.tensor([4]), DraftTree.empty())  # no draft: one token, its own shape
     finally:
         model.forward = original
         verifier.close()
-    assert shapes == [((1, 3), (1, 1, 3, 256)), ((1, 9), (1, 1, 9, 256)), ((1, 9), (1, 1, 9, 256))]
-    assert verifier.length == 5
+    assert shapes == [((1, 3), (1, 1, 3, 256)), ((1, 9), (1, 1, 9, 256)), ((1, 9), (1, 1, 9, 256)),
+                      ((1, 1), (1, 1, 1, 256))]
+    assert verifier.length == 6 and plain.shape == (1, model.config.vocab_size)
 
 
 def test_models_and_drafters_a_static_cache_cannot_serve_are_refused():
