@@ -63,7 +63,7 @@ DEVICE ?= cuda
 TINY ?=
 GPU_CHECK_OUT ?= gpu-check
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
-GPU_BENCH ?= $(wildcard benchmarks/results/projection_bench_*.jsonl)
+GPU_BENCH ?= $(wildcard benchmarks/results/projection_bench_*.jsonl benchmarks/results/eagle_tree32_fixed_smollm2.jsonl)
 GPU_STEPS ?=
 # Real weights (the `real` step): a model folder, e.g. joined from parts with `python -m tools.carry join`, and a drafter.
 GPU_MODEL ?=

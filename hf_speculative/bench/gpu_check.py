@@ -115,13 +115,18 @@ def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str],
     return summary
 
 
+DRAFT_VOCAB = 32000  # the reduced vocabulary of the published EAGLE-3 drafters (Llama-3.1-8B's: 32k of 128k)
+
+
 def _random_eagle(model: torch.nn.Module) -> torch.nn.Module:
-    """An EAGLE-3 drafter shaped for ``model`` (its full vocabulary), random weights, on its device and dtype."""
+    """An EAGLE-3 drafter shaped for ``model`` (a 32k draft vocabulary, as published ones have), random weights, on
+    its device and dtype."""
     from ..drafters.eagle.config import EagleConfig
     from ..drafters.eagle.model import EagleDraftModel
 
     weight = model.get_input_embeddings().weight
-    net = EagleDraftModel(EagleConfig.for_target(model.config, version=3))
+    vocab = int(model.config.vocab_size)
+    net = EagleDraftModel(EagleConfig.for_target(model.config, version=3, draft_vocab_size=min(DRAFT_VOCAB, vocab)))
     return net.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
 
 
@@ -180,7 +185,9 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
     synthetic = SyntheticDrafter(reference[0], num_tokens=num_tokens, acceptance=acceptance, vocab_size=vocab)
     hfs.enable(model)
     tree = hfs.DynamicTree(nodes=32, depth=8, top_k=4)
-    eagle = hfs.Eagle(_random_eagle(model), tree=tree, adaptive=False)  # the machinery's cost (it drafts at random)
+    drafter = _random_eagle(model)  # the machinery's cost: it drafts at random, the whole tree or chain every step
+    eagle = hfs.Eagle(drafter, tree=tree, adaptive=False)
+    eagle_chain = hfs.Eagle(drafter, num_tokens=num_tokens, adaptive=False, confidence_threshold=0.0)
     methods: dict[str, Callable[[], Any]] = {
         "transformers greedy (eager)": lambda: type(model).generate(model, **base),
         "transformers greedy (static cache, compiled)": lambda: type(model).generate(
@@ -194,9 +201,12 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
         "hf_speculative loop, compiled (lookup tree 32)": "compiled-tree",
         "hf_speculative loop (EAGLE tree 32, random drafter)": lambda: model.generate(**base, candidate_generator=eagle),
         "hf_speculative loop, compiled (EAGLE tree 32, random drafter)": "compiled-eagle",
+        "hf_speculative loop (EAGLE chain, random drafter)": lambda: model.generate(**base, candidate_generator=eagle_chain),
+        "hf_speculative loop, compiled (EAGLE chain, random drafter)": "compiled-eagle-chain",
     }
     compiled = {"compiled-synthetic": synthetic, "compiled-lookup": hfs.PromptLookup(num_tokens=num_tokens, adaptive=False),
-                "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False), "compiled-eagle": eagle}
+                "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False), "compiled-eagle": eagle,
+                "compiled-eagle-chain": eagle_chain}
     results: dict[str, Any] = {"config": config, "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": prompt_tokens,
                                "new_tokens": new_tokens, "acceptance": acceptance, "num_tokens": num_tokens,
                                "repeats": repeats, "compile": compile_mode, "methods": {}}
@@ -230,21 +240,46 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
 
 
 # -- projection and summary ----------------------------------------------------------------------------
-def run_projections(out: Path, benches: list[Path]) -> dict[str, Any]:
+MEASURED_DRAFTING = {"eagle-tree": "hf_speculative loop, compiled (EAGLE tree 32, random drafter)",
+                     "eagle": "hf_speculative loop, compiled (EAGLE chain, random drafter)"}
+
+
+def measured_drafting(e2e: dict[str, Any]) -> dict[str, float]:
+    """EAGLE's drafting cost per step on this device, in one-token forwards: e2e's compiled random-drafter runs
+    (every step drafts its whole tree of 32 or chain of ``num_tokens``: an upper bound for adaptive drafting) over
+    the compiled greedy's seconds per token, by benchmark method name. Empty when e2e did not time them."""
+    greedy = e2e.get("methods", {}).get("transformers greedy (static cache, compiled)", {})
+    if "seconds" not in greedy:
+        return {}
+    per_token_ms = 1e3 * greedy["seconds"] / e2e["new_tokens"]
+    costs = {}
+    for method, label in MEASURED_DRAFTING.items():
+        row = e2e["methods"].get(label, {})
+        if "draft_ms_per_step" in row:
+            costs[method] = round(row["draft_ms_per_step"] / per_token_ms, 4)
+    return costs
+
+
+def run_projections(out: Path, benches: list[Path], drafting: dict[str, float] | None = None) -> dict[str, Any]:
+    """Each benchmark onto each profile; with ``drafting`` (:func:`measured_drafting`), once more with those
+    drafting costs for the EAGLE methods (``...@drafting-measured``; the other methods keep the benchmark's own)."""
     from . import projection
 
     results = {}
     for bench in benches:
         records = projection.load_benchmark(bench)
         for path in sorted(out.glob("profile_*.json")):
-            key = f"{bench.stem}@{path.stem}"
-            try:
-                result = projection.project(records, projection.load_profile(path))
-                projection.save(result, out / f"projection_{key}.json")
-                results[key] = projection.format_markdown(result)
-            except Exception as err:  # noqa: BLE001
-                results[key] = f"error: {err}"
-            log("project", key)
+            for suffix, cost in (("", None), ("@drafting-measured", drafting)):
+                if suffix and not cost:
+                    continue
+                key = f"{bench.stem}@{path.stem}{suffix}"
+                try:
+                    result = projection.project(records, projection.load_profile(path), draft_cost=cost)
+                    projection.save(result, out / f"projection_{key}.json")
+                    results[key] = projection.format_markdown(result)
+                except Exception as err:  # noqa: BLE001
+                    results[key] = f"error: {err}"
+                log("project", key)
     return results
 
 
@@ -277,6 +312,10 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
                              f"{row.get('speedup_vs_eager_greedy', '')} | {row.get('draft_ms_per_step', '')} | "
                              f"{row.get('verify_ms_per_step', '')} | {row['identical']} |")
         lines.append("")
+    if report.get("drafting_measured"):
+        lines += ["## EAGLE's drafting measured here", "", "One-token forwards per step (e2e's compiled random-drafter "
+                  "runs, whole tree or chain every step), used by the `@drafting-measured` projections: "
+                  + ", ".join(f"{m}: {c}" for m, c in report["drafting_measured"].items()), ""]
     for key, text in report.get("project", {}).items():
         lines += [f"## Projection {key}", "", text, ""]
     if "real" in report:
@@ -339,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                                 num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode)
         save()
     if "project" in steps and args.bench:
-        report["project"] = run_projections(args.out, args.bench)
+        report["drafting_measured"] = measured_drafting(report.get("e2e", {}))
+        report["project"] = run_projections(args.out, args.bench, report["drafting_measured"])
         save()
     if "real" in steps and args.real_model is not None:
         from .real_e2e import run_real

@@ -37,6 +37,17 @@ def test_synthetic_drafts_depend_only_on_positions():
         SyntheticDrafter(reference, acceptance=1.5)
 
 
+def test_eagle_drafting_costs_come_from_the_compiled_e2e_rows_in_one_token_forwards():
+    from hf_speculative.bench.gpu_check import MEASURED_DRAFTING, measured_drafting
+
+    e2e = {"new_tokens": 100, "methods": {
+        "transformers greedy (static cache, compiled)": {"seconds": 1.0},  # 10 ms a token
+        MEASURED_DRAFTING["eagle-tree"]: {"seconds": 2.0, "draft_ms_per_step": 2.5},
+        MEASURED_DRAFTING["eagle"]: {"error": "..."}}}
+    assert measured_drafting(e2e) == {"eagle-tree": 0.25}
+    assert measured_drafting({"new_tokens": 100, "methods": {}}) == {} == measured_drafting({})
+
+
 @pytest.mark.slow
 def test_make_gpu_check_on_the_cpu(tmp_path):
     out = tmp_path / "gc"
@@ -58,7 +69,10 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
     taus = {row["tau"] for label, row in methods.items() if "synthetic" in label and "tau" in row}
     assert len(taus) == 1  # the same drafts, the same acceptance, in every loop
     eagle = {label: row for label, row in ours.items() if "EAGLE" in label}
-    assert len(eagle) == 2 and all(row["draft_ms_per_step"] > 0 < row["verify_ms_per_step"] for row in eagle.values())
+    assert len(eagle) == 4 and all(row["draft_ms_per_step"] > 0 < row["verify_ms_per_step"] for row in eagle.values())
     if bench.exists():
         assert report["project"] and not any(text.startswith("error") for text in report["project"].values())
+        assert set(report["drafting_measured"]) == {"eagle", "eagle-tree"}  # EAGLE's drafting, timed in e2e
+        assert all(cost > 0 for cost in report["drafting_measured"].values())
+        assert any(key.endswith("@drafting-measured") for key in report["project"])
     assert (out / "summary.md").read_text().startswith("# gpu-check")
