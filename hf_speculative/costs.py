@@ -12,7 +12,9 @@ and carry over from call to call, as do the measured seconds of a drafter's step
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from typing import Any, Iterator
 
 from .options import check_verify_tokens
 from .state import state_of
@@ -63,6 +65,13 @@ class VerifyCostModel:
             new = old + self._smoothing * (min(seconds, 2.0 * old) - old)
         self._seconds[k], self._timings[k] = new, count + 1
 
+    def observe_step(self, k: int, seconds: float) -> None:
+        """A tree step's timing: ``k`` nodes verified (0: the step drafted nothing). Here a step without a draft
+        is left out: on the dynamic cache the plain forward's cost is extrapolated from the drafts' (and in a
+        batch a row's step times the batch's forward). :class:`PaddedCostModel` measures it."""
+        if k:
+            self.observe(k, seconds)
+
     def _measured(self, k: int) -> float | None:
         return self._seconds[k] if self._timings[k] >= 2 else None
 
@@ -105,6 +114,47 @@ class VerifyCostModel:
         return self._prior[k]
 
 
+class PaddedCostModel(VerifyCostModel):
+    """The costs of a static-cache verifier that pads every draft to ``budget`` nodes (``static_cache``): any draft
+    costs the padded forward, a step without one a plain forward. Only those two are measured; every ``k >= 1``
+    reads the padded one, so a draft of 1 is never priced below what its forward costs."""
+
+    def __init__(self, budget: int):
+        super().__init__(budget)
+
+    def _padded(self, k: int) -> int:
+        return 0 if k <= 0 else self.max_tokens
+
+    def observe(self, k: int, seconds: float) -> None:
+        super().observe(self._padded(k), seconds)
+
+    def observe_step(self, k: int, seconds: float) -> None:
+        self.observe(k, seconds)  # a step without a draft is the one other shape: the plain forward
+
+    def seconds(self, k: int) -> float | None:
+        return super().seconds(self._padded(k))
+
+    def ratio(self, k: int) -> float:
+        return super().ratio(self._padded(k))
+
+
+# While a call's drafter is opened on a static-cache verifier: ``(padded budget, compiled)`` (its costs are a
+# PaddedCostModel's, one per key).
+STATIC_BUDGET: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar(
+    "hf_speculative_static_budget", default=None)
+
+
+@contextlib.contextmanager
+def padded_verification(key: tuple[int, bool] | None) -> Iterator[None]:
+    """Inside: :func:`verify_costs_for` gives the cost model of verification padded to ``key = (budget, compiled)``
+    (``None``: the dynamic cache's)."""
+    token = STATIC_BUDGET.set(key)
+    try:
+        yield
+    finally:
+        STATIC_BUDGET.reset(token)
+
+
 def verify_costs_for(target: Any, max_tokens: int) -> VerifyCostModel:
     """The cost model of ``target``'s verifying forwards, shared by all calls on that model.
 
@@ -118,6 +168,10 @@ def verify_costs_for(target: Any, max_tokens: int) -> VerifyCostModel:
     if target is None:  # a generator built by hand, outside a generate() call
         return VerifyCostModel(max_tokens)
     state = state_of(target)
+    key = STATIC_BUDGET.get()
+    if key is not None:  # padded static verification: its own costs, per budget and mode, never mixed with these
+        with state.lock:
+            return state.padded_costs.setdefault(key, PaddedCostModel(key[0]))
     with state.lock:
         model = state.verify_costs
         if model is None or model.max_tokens < max_tokens:
@@ -134,6 +188,7 @@ def forget_costs(target: Any) -> None:
     state = state_of(target)
     with state.lock:
         state.verify_costs = None
+        state.padded_costs = {}
 
 
 def record_draft_step(drafter: Any, seconds: float) -> None:

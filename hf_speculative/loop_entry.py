@@ -19,6 +19,7 @@ from .base import CallContext, DraftStrategy, ExternalCandidateGenerator
 from .chains import ChainDrafter
 from .features import states_feed
 from .loop import run
+from .costs import padded_verification
 from .static_cache import verifier_for
 
 _NOT_MODEL_KWARGS = ("inputs_tensor", "assistant_model", "assistant_tokenizer", "tokenizer")
@@ -58,7 +59,9 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     verifier = verifier_for(model, strategy, getattr(call, "static", False), max_length)
     try:
         # under compile the drafters that read the target's states get them from the verifier, not from hooks
-        with states_feed(None if verifier is None else verifier.feed):
+        # ... and price their drafts at the padded forward's cost
+        with states_feed(None if verifier is None else verifier.feed), \
+                padded_verification(None if verifier is None else verifier.cost_key):
             generator = (strategy.open(ctx) if isinstance(strategy, DraftStrategy)
                          else ExternalCandidateGenerator(ctx, strategy))
     except BaseException:

@@ -26,6 +26,8 @@ class ModelState:
     Attributes:
         verify_costs (`VerifyCostModel`, *optional*): measured costs of its verifying forwards
             (``costs.verify_costs_for``).
+        padded_costs (`dict[tuple[int, bool], PaddedCostModel]`): those of its static-cache verification, by
+            padded budget and whether the forward is compiled.
         batch_costs (`BatchCostModel`, *optional*): measured costs of its forwards over batches
             (``batch_costs.batch_costs_for``).
         draft_step_s (`float`, *optional*): smoothed seconds of one drafting step, for a model that
@@ -49,6 +51,7 @@ class ModelState:
     """
 
     verify_costs: Any = None
+    padded_costs: dict = dataclasses.field(default_factory=dict)
     batch_costs: Any = None
     draft_step_s: float | None = None
     views: dict = dataclasses.field(default_factory=dict)

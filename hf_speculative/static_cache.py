@@ -90,6 +90,8 @@ class StaticVerifier:
         self._columns = torch.arange(self.capacity, device=self.device)  # [K]
         # a compiled forward hands the hidden states that drafters read (EAGLE, Medusa) as outputs: no hooks in it
         self.feed = StatesFeed() if forward is not None else None
+        # the drafters' cost model (costs.PaddedCostModel): by budget, compiled or not (their costs differ)
+        self.cost_key = (self.budget, forward is not None)
 
     # -- the two steps the loop calls --------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:

@@ -121,3 +121,46 @@ def test_draft_price_is_given_then_measured_then_the_prior():
     record_draft_step(drafter, 0.03)  # smoothed: 0.01 + 0.3 * (0.03 - 0.01)
     assert draft_price(drafter, costs, None, prior=0.5) == pytest.approx(0.016 / 0.1)
     assert draft_price(torch.nn.Linear(2, 2), costs, None, prior=0.5) == 0.5  # per drafter
+
+
+# -- padded static verification -------------------------------------------------------------------
+def test_padded_costs_price_every_draft_at_the_padded_forward():
+    from hf_speculative.costs import PaddedCostModel
+
+    model = PaddedCostModel(16)
+    for _ in range(2):
+        model.observe_step(3, 2.0)  # a 3-node tree: verified in the forward padded to 16
+        model.observe_step(0, 1.0)  # a step without a draft: the plain forward
+    assert model.ratio(0) == 1.0
+    assert model.ratio(1) == model.ratio(3) == model.ratio(16) == pytest.approx(2.0)
+    assert model.seconds(0) == pytest.approx(1.0) and model.seconds(7) == pytest.approx(2.0)
+    dynamic = VerifyCostModel(16)
+    for _ in range(2):
+        dynamic.observe_step(0, 1.0)  # the dynamic cache leaves steps without a draft out, as before
+    assert dynamic.seconds(0) is None
+
+
+def test_static_calls_keep_their_costs_apart_from_the_dynamic_cache_s():
+    import hf_speculative as hfs
+    from hf_speculative.costs import PaddedCostModel, padded_verification
+    from hf_speculative.state import state_of
+    from hf_speculative.tree_shapes import DynamicTree
+    from tests.conftest import build_model, prompt_inputs
+
+    target = hfs.enable(build_model("llama"))
+    with padded_verification((8, True)):
+        compiled = verify_costs_for(target, 8)
+    with padded_verification((8, False)):
+        static = verify_costs_for(target, 4)
+    assert isinstance(compiled, PaddedCostModel) and isinstance(static, PaddedCostModel) and compiled is not static
+    assert verify_costs_for(target, 8) is not compiled and not isinstance(verify_costs_for(target, 8), PaddedCostModel)
+    dynamic = verify_costs_for(target, 8)
+    before = list(dynamic._timings)
+    strategy = hfs.PromptLookup(tree=DynamicTree(nodes=8, depth=4, top_k=3), adaptive=False)
+    target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy,
+                    cache_implementation="static")
+    assert dynamic._timings == before  # the static call's padded timings did not reach the dynamic cache's costs
+    padded = state_of(target).padded_costs[(8, False)]
+    assert padded is static and padded._timings[0] > 0 and sum(padded._timings) > padded._timings[0]
+    forget_costs(target)
+    assert state_of(target).padded_costs == {}

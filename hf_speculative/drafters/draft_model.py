@@ -209,8 +209,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
             self.on_verified(input_ids, verdict.num_accepted, tree.size)
             self.budget.verified_chain(tree.size, verdict.num_accepted)
             return
-        if self.after_prefill and tree.size:
-            self.verify_costs.observe(tree.size, self.last_verify_s)
+        if self.after_prefill:
+            self.verify_costs.observe_step(tree.size, self.last_verify_s)
         if tree.size:
             self.budget.verified(self._asked, verdict.num_accepted)
 

@@ -213,9 +213,9 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
                          torch.tensor(parents, dtype=torch.long, device=device))
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        if self.after_prefill:
+            self.costs.observe_step(tree.size, self.last_verify_s)
         if tree.size:
-            if self.after_prefill:
-                self.costs.observe(tree.size, self.last_verify_s)
             self.budget.verified(self._asked, verdict.num_accepted)
         verified, levels, columns = self._step
         self._step = (0, 0, 0)

@@ -145,7 +145,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         return lookup_tree(self.matches, nodes, min(shape.depth, max_depth))
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        if self.after_prefill and tree.size:
-            self.costs.observe(tree.size, self.last_verify_s)
+        if self.after_prefill:
+            self.costs.observe_step(tree.size, self.last_verify_s)
         if tree.size:
             self.budget.verified(self._asked, verdict.num_accepted)

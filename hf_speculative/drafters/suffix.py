@@ -180,9 +180,9 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
         self._sequence = input_ids
+        if self.after_prefill:
+            self.costs.observe_step(tree.size, self.last_verify_s)
         if tree.size:
-            if self.after_prefill:
-                self.costs.observe(tree.size, self.last_verify_s)
             self._learn(verdict.num_accepted)
 
     def propose(self, input_ids: torch.LongTensor, max_tokens: int):

@@ -39,8 +39,9 @@ def test_the_real_step_runs_every_arm_on_every_prompt(chat_checkpoint, chat_mode
         assert "error" not in arm, (label, arm)
         assert arm["prompts"] == arm["identical"] == prompts, label
         assert arm["vs transformers greedy (eager)"] > 0 and arm["tokens_per_s"] > 0
-    for label in ("EAGLE tree 32 (eager)", "EAGLE tree 32, compiled"):
-        assert arms[label]["tau"] >= 1 and arms[label]["draft_ms_per_step"] > 0 < arms[label]["verify_ms_per_step"]
+    assert arms["EAGLE tree 32 (eager)"]["draft_ms_per_step"] > 0  # (its cost model is the fixed one above)
+    for label in ("EAGLE tree 32 (eager)", "EAGLE tree 32, compiled"):  # (the compiled one's measures padded steps)
+        assert arms[label]["tau"] >= 1 and arms[label]["verify_ms_per_step"] > 0
     table = "\n".join(real_e2e.summary_lines(real))
     assert "| EAGLE tree 32, compiled |" in table and f"| {prompts}/{prompts} |" in table
 

@@ -262,8 +262,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             self.budget.verified_chain(tree.size, verdict.num_accepted)
             return
         self.follow_tree(input_ids, tree, verdict)
-        if self.after_prefill and tree.size:
-            self.verify_costs.observe(tree.size, self.last_verify_s)
+        if self.after_prefill:
+            self.verify_costs.observe_step(tree.size, self.last_verify_s)
         if tree.size:
             self.budget.verified(self._asked, verdict.num_accepted)
 

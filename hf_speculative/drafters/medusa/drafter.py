@@ -228,8 +228,8 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
 
     def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
         self.follow_tree(input_ids, tree, verdict)
-        if self.after_prefill and tree.size:
-            self.verify_costs.observe(tree.size, self.last_verify_s)
+        if self.after_prefill:
+            self.verify_costs.observe_step(tree.size, self.last_verify_s)
         if self._asked:
             self.budget.verified(self._asked, verdict.num_accepted)
 

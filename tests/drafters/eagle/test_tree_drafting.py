@@ -96,9 +96,9 @@ def test_top_branch_is_the_chain_and_children_follow_their_branch(trained):
     assert [int(tree.tokens[i]) for i in (0, 2, 4)] == chain
     gen = _opened(target, net, None, verified)  # by hand: one drafter step after the runner-up token
     with torch.no_grad():
-        hidden = gen._catch_up(verified)
-        step = net(gen.embed(tree.tokens[1:2][None]), hidden, torch.tensor([[verified.shape[1] - 1]]), gen.cache,
-                   fused=False)
+        hidden, _ = gen._catch_up(verified)  # [H]
+        step = net(gen.embed(tree.tokens[1:2][None]), hidden[None, None], torch.tensor([[verified.shape[1] - 1]]),
+                   gen.cache, fused=False)
     assert int(tree.tokens[3]) == int(gen._logits(step).argmax())
     gen.close()
 
@@ -121,7 +121,7 @@ def test_expansions_equal_chain_steps_along_each_branch(version):
     gen = _opened(target, net, None, verified)
     root_position = verified.shape[1] - 1
     with torch.no_grad():
-        hidden = gen._catch_up(verified)  # [1, 1, H]
+        hidden = gen._catch_up(verified)[0][None, None]  # [1, 1, H]
         n_true = gen.n_true
 
         def logits_of(h):
