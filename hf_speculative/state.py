@@ -48,6 +48,8 @@ class ModelState:
             the fixed-shape EAGLE drafting step that compiled calls share (``drafters.eagle.static_drafting``).
         compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
         lock (`threading.RLock`): held by updates that read and then write the slots above.
+        forward_turn (`threading.Lock`): held by a compiled call's forward, so that concurrent calls take turns
+            (``static_cache.StaticVerifier``).
     """
 
     verify_costs: Any = None
@@ -65,6 +67,7 @@ class ModelState:
     compile_mode: str | None = None
     static_budget: int | None = None
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
+    forward_turn: Any = dataclasses.field(default_factory=threading.Lock, repr=False)
 
 
 _STATES: "weakref.WeakKeyDictionary[Any, ModelState]" = weakref.WeakKeyDictionary()

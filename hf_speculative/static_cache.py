@@ -24,6 +24,7 @@ build the target's verifying forward once: the padding costs little on a GPU, wh
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Sequence
 
@@ -92,6 +93,9 @@ class StaticVerifier:
         self.feed = StatesFeed() if forward is not None else None
         # the drafters' cost model (costs.PaddedCostModel): by budget, compiled or not (their costs differ)
         self.cost_key = (self.budget, forward is not None)
+        # compiled calls on one model run their forwards one at a time: CUDA graphs replay from fixed buffers, and
+        # transformers 4 records the hidden states a compiled forward returns with hooks shared by every thread
+        self._turn = state_of(model).forward_turn if forward is not None else contextlib.nullcontext()
 
     # -- the two steps the loop calls --------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
@@ -117,10 +121,11 @@ class StaticVerifier:
             seen[1: 1 + n, start + 1: start + 1 + n] = tree.ancestors().to(self.device)
         padding = PADDING_ROWS.set(width - n)  # what reads the target's states leaves them out
         try:
-            logits = self._run(self.step_forward, tokens, positions, seen, start)  # [Q, V]
+            with self._turn:
+                # a CUDA graph's output is overwritten by its next replay, another call's too: copied in turn
+                return self._run(self.step_forward, tokens, positions, seen, start)[: 1 + n].clone()  # [1 + n, V]
         finally:
             PADDING_ROWS.reset(padding)
-        return logits[: 1 + n].clone()  # a CUDA graph's output is overwritten by its next replay
 
     def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         """Keep the root and ``path``'s nodes after the ``prefix_length`` verified positions."""
@@ -141,7 +146,8 @@ class StaticVerifier:
             raise StaticCacheError(f"a prompt of {m + 1} tokens does not fit the static cache ({self.capacity}).")
         positions = torch.arange(start, start + m, device=self.device)  # [m]
         seen = self._columns[None, :] <= positions[:, None]  # [m, K] causal
-        self._run(self.model, ids, positions, seen, start, keep=1)
+        with self._turn:
+            self._run(self.model, ids, positions, seen, start, keep=1)
         self.length = start + m
 
     def _run(self, forward: Any, ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, start: int,
