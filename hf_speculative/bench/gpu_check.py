@@ -283,6 +283,16 @@ def run_projections(out: Path, benches: list[Path], drafting: dict[str, float] |
     return results
 
 
+def table_lines(columns: list[str], rows: list[tuple[str, list[Any] | str]]) -> list[str]:
+    """A markdown table of ``rows``, each a label and its cells, or an error's text (its last line is shown)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for label, cells in rows:
+        if isinstance(cells, str):
+            cells = [f"error: {cells.strip().splitlines()[-1][:120]}"] + [""] * (len(columns) - 2)
+        lines.append("| " + " | ".join([label, *map(str, cells)]) + " |")
+    return lines
+
+
 def write_summary(out: Path, report: dict[str, Any]) -> Path:
     lines = ["# gpu-check", "", "```", json.dumps(report.get("environment", {}), indent=1), "```", ""]
     if "tests" in report:
@@ -301,16 +311,13 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
         e2e = report["e2e"]
         lines += [f"## End to end: {e2e['config']} (random weights, {e2e['dtype']}), {e2e['prompt_tokens']} prompt + "
                   f"{e2e['new_tokens']} new tokens, synthetic acceptance {e2e['acceptance']}, drafts of "
-                  f"{e2e['num_tokens']}, median of {e2e['repeats']}", "",
-                  "| method | s | tokens/s | tau | speedup vs eager greedy | drafting ms/step | verification ms/step | "
-                  "identical |", "|---|---|---|---|---|---|---|---|"]
-        for label, row in e2e["methods"].items():
-            if "error" in row:
-                lines.append(f"| {label} | error: {row['error'].strip().splitlines()[-1][:120]} | | | | | | |")
-            else:
-                lines.append(f"| {label} | {row['seconds']} | {row['tokens_per_s']} | {row.get('tau', '')} | "
-                             f"{row.get('speedup_vs_eager_greedy', '')} | {row.get('draft_ms_per_step', '')} | "
-                             f"{row.get('verify_ms_per_step', '')} | {row['identical']} |")
+                  f"{e2e['num_tokens']}, median of {e2e['repeats']}", ""]
+        keys = ("seconds", "tokens_per_s", "tau", "speedup_vs_eager_greedy", "draft_ms_per_step", "verify_ms_per_step",
+                "identical")
+        lines += table_lines(["method", "s", "tokens/s", "tau", "speedup vs eager greedy", "drafting ms/step",
+                              "verification ms/step", "identical"],
+                             [(label, row["error"] if "error" in row else [row.get(k, "") for k in keys])
+                              for label, row in e2e["methods"].items()])
         lines.append("")
     if report.get("drafting_measured"):
         lines += ["## EAGLE's drafting measured here", "", "One-token forwards per step (e2e's compiled random-drafter "

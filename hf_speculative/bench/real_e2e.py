@@ -139,17 +139,14 @@ def _summarize(rows: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
 
 def summary_lines(real: dict[str, Any]) -> list[str]:
     """The ``real`` step's table for ``summary.md``."""
-    lines = [f"## Real weights: {real['model']} ({real['dtype']}), drafter {real['drafter']}, {real['per_category']} "
-             f"Spec-Bench prompts per category, {real['new_tokens']} new tokens, median of {real['repeats']}", "",
-             "| arm | tokens/s | vs eager greedy | vs static-cache greedy | τ | drafting ms/step | verification ms/step "
-             "| identical |", "|---|---|---|---|---|---|---|---|"]
-    for label, arm in real["arms"].items():
-        if "error" in arm:
-            lines.append(f"| {label} | error: {arm['error'].strip().splitlines()[-1][:120]} | | | | | | |")
-            continue
-        lines.append(f"| {label} | {arm['tokens_per_s']} | {arm.get('vs transformers greedy (eager)', '')} | "
-                     f"{arm.get('vs transformers greedy (static cache)', '')} | {arm.get('tau', '')} | "
-                     f"{arm.get('draft_ms_per_step', '')} | {arm.get('verify_ms_per_step', '')} | "
-                     f"{arm['identical']}/{arm['prompts']} |")
-    return lines + [""]
+    from .gpu_check import table_lines
 
+    keys = ("tokens_per_s", "vs transformers greedy (eager)", "vs transformers greedy (static cache)", "tau",
+            "draft_ms_per_step", "verify_ms_per_step")
+    rows = [(label, arm["error"] if "error" in arm else [*(arm.get(k, "") for k in keys),
+                                                         f"{arm['identical']}/{arm['prompts']}"])
+            for label, arm in real["arms"].items()]
+    return [f"## Real weights: {real['model']} ({real['dtype']}), drafter {real['drafter']}, {real['per_category']} "
+            f"Spec-Bench prompts per category, {real['new_tokens']} new tokens, median of {real['repeats']}", "",
+            *table_lines(["arm", "tokens/s", "vs eager greedy", "vs static-cache greedy", "τ", "drafting ms/step",
+                          "verification ms/step", "identical"], rows), ""]
