@@ -164,6 +164,8 @@ class StaticVerifier:
         if feed is not None:
             kwargs["output_hidden_states"] = True  # (the compiled graph returns them)
         with torch.no_grad():
+            if forward is not self.model:
+                new_replay(self.device)
             out = forward(**kwargs)
         if feed is not None:
             feed.publish(out.hidden_states)
@@ -187,6 +189,14 @@ def _borrow_cache(model: torch.nn.Module, capacity: int, device: torch.device, d
             state.static_cache = ((capacity, device, dtype), cache, lock)
             return cache, lock.release, capacity
     return compat.new_static_cache(model, capacity), None, capacity  # another call holds the model's cache
+
+
+def new_replay(device: torch.device) -> None:
+    """Before a compiled call on CUDA: the outputs of earlier replays are copied already, so CUDA-graph trees may
+    start from the root (the target's verify graph and EAGLE's drafter graphs alternate a varying number of times
+    a step: each call a root, one recorded graph per shape, instead of one per sequence of calls)."""
+    if device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 def compiled_forward(model: torch.nn.Module, mode: str) -> Any:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ...base import to_target_vocab
+from ...static_cache import new_replay
 from ...state import state_of
 from ...tree import ROOT
 from .model import EagleDraftModel
@@ -140,6 +141,8 @@ class StaticDrafting:
         slots, mask, positions, pick = (t.to(self.device, non_blocking=True) for t in (slots, mask, positions, pick))
         tokens = torch.nn.functional.pad(tokens.to(self.device), (0, pad))[None]  # [1, W]
         hidden = torch.nn.functional.pad(hidden, (0, 0, 0, pad))[None]  # [1, W, F]
+        if run is not self.step:
+            new_replay(self.device)
         out, logits = run(tokens, hidden, positions[None], slots, mask, pick, fused)
         self.length = start + rows
         return out[0, :rows].clone(), logits.clone()  # [rows, H], [R, V]

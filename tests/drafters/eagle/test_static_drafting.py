@@ -189,3 +189,24 @@ def test_concurrent_compiled_calls_each_draft_their_own(trained, uncompiled):
     finally:
         hfs.enable(target, compile=False)
     assert not errors and results[0] == results[1] == text.tolist()
+
+
+def test_every_compiled_call_starts_a_fresh_cuda_graph_replay(trained, monkeypatch):
+    """On CUDA every compiled call (the target's verify forward, each drafter step) is preceded by
+    ``cudagraph_mark_step_begin``: its inputs' outputs were copied already, so each call is a root of the CUDA-graph
+    trees (one graph per shape, whatever the number of drafter steps between two verifications)."""
+    target, net, text = trained
+    marks, calls = [], []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    static_cache.new_replay(torch.device("cuda"))
+    static_cache.new_replay(torch.device("cpu"))
+    assert marks == [1]
+    forget(target)  # the drafter step earlier tests compiled (uncompiled) is dropped: this test's compiles it
+    replays = []
+    monkeypatch.setattr(static_cache, "new_replay", lambda device: replays.append("target"))
+    monkeypatch.setattr(static_drafting, "new_replay", lambda device: replays.append("drafter"))
+    monkeypatch.setattr(static_cache, "compiled_forward", lambda model, mode: lambda **kw: calls.append(1) or model(**kw))
+    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: lambda *a: calls.append(1) or step(*a))
+    out, (drafted, _) = generate(target, hfs.Eagle(net, tree=SHAPES["dynamic"], adaptive=False), compile=True)
+    assert out.tolist() == text.tolist() and drafted > 0
+    assert len(replays) == len(calls) and {"target", "drafter"} <= set(replays)
