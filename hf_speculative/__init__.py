@@ -5,12 +5,11 @@
     out = model.generate(**inputs, candidate_generator=hfs.PromptLookup())
     print(hfs.last_stats(model).summary())
 
-Importing the package loads only what ``enable`` / ``generate`` need (torch, a few of transformers' generation
-modules, :mod:`.base`, :mod:`.integration`, :mod:`.stats`); transformers' ``generation.utils``, which imports
-accelerate when it is installed, loads on first use. The drafters, the CPU layouts and the
-model registry load on first use of their name (``hfs.Eagle``, ``from hf_speculative import Eagle``):
-EAGLE alone pulls in transformers' Llama modelling, and the registry the POSIX file lock. The command
-line, the demo app and training are never imported from here (they need extras: see
+Importing the package loads nothing heavy, not even torch: every public name loads its module on first use
+(``hfs.enable`` loads torch, transformers and the loop; ``hfs.Eagle`` or ``from hf_speculative import Eagle``
+the EAGLE drafter, with transformers' Llama modelling; ``hfs.load_model`` the registry, with the POSIX file
+lock). transformers' ``generation.utils``, which imports accelerate when it is installed, loads on the first
+call. The command line, the demo app and training are never imported from here (they need extras: see
 :mod:`hf_speculative.extras`).
 """
 
@@ -19,14 +18,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from .integration import disable, enable, is_enabled, last_stats, speculative_generate
-from .stats import SpeculativeStats
-
 __version__ = "0.1.0"
 
 # public name -> (module relative to this package, attribute in it; None: the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "CallContext": (".base", "CallContext"),
+    "DraftStrategy": (".base", "DraftStrategy"),
+    "SpeculativeCandidateGenerator": (".base", "SpeculativeCandidateGenerator"),
+    "SpeculativeStats": (".stats", "SpeculativeStats"),
+    "disable": (".integration", "disable"),
+    "enable": (".integration", "enable"),
+    "is_enabled": (".integration", "is_enabled"),
+    "last_stats": (".integration", "last_stats"),
+    "speculative_generate": (".integration", "speculative_generate"),
     "DraftModel": (".drafters.draft_model", "DraftModel"),
     "DraftTree": (".tree", "DraftTree"),
     "DynamicTree": (".tree_shapes", "DynamicTree"),
@@ -46,21 +50,11 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "use_profile": (".cost_profile", "use_profile"),
 }
 
-__all__ = sorted([
-    "CallContext",
-    "DraftStrategy",
-    "SpeculativeCandidateGenerator",
-    "SpeculativeStats",
-    "disable",
-    "enable",
-    "is_enabled",
-    "last_stats",
-    "speculative_generate",
-    *_LAZY,
-])
+__all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from . import models
+    from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
     from .cost_profile import use_profile
     from .cpu_layout import optimize_for_cpu
     from .drafters.draft_model import DraftModel
@@ -71,8 +65,10 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .drafters.prompt_lookup import PromptLookup
     from .drafters.self_speculative import EarlyExit, LayerSkip
     from .drafters.suffix import SuffixDecoding
+    from .integration import disable, enable, is_enabled, last_stats, speculative_generate
     from .models import load_model
     from .state import forget
+    from .stats import SpeculativeStats
     from .tree import DraftTree
     from .tree_shapes import DynamicTree, StaticTree
 

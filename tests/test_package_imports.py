@@ -1,10 +1,11 @@
 """What importing hf_speculative costs, and which parts may import which.
 
-``import hf_speculative`` loads the library only: no command line, app, training, model registry,
-optional extra or POSIX-only module (the package must import on Windows), and the drafters load on
+``import hf_speculative`` loads nothing heavy, not torch, transformers nor a POSIX-only module (the package
+must import on Windows; torch itself imports fcntl). Its first use (``hfs.enable``) loads the library only: no
+command line, app, training, model registry, optional extra or POSIX-only module, and the drafters load on
 first use (EAGLE pulls in transformers' Llama modelling; transformers' ``generation.utils``, and with it
 accelerate, is read on the first call). transformers itself may import some of those
-(accelerate, tqdm) when they are installed, so the imports are compared with a baseline process that
+(accelerate, tqdm) when they are installed, so those imports are compared with a baseline process that
 imports the same transformers modules and nothing of ours. Layering: the command line never imports
 the app, and the app never imports the command line or the benchmark. The optional pieces, when their
 extra is missing, say which ``pip install`` to run; the registry's file lock works without fcntl.
@@ -53,14 +54,21 @@ def _baseline(modules: list[str]) -> list[str]:
                           "    with contextlib.suppress(ImportError): importlib.import_module(m)")
 
 
-def test_import_loads_no_extra_no_posix_module_and_nothing_lazy():
+def test_import_loads_neither_torch_nor_transformers_nor_a_posix_module():
     ours = _modules_after("import hf_speculative")
+    heavy = [m for m in ours if m.split(".")[0] in ("torch", "transformers", *POSIX_ONLY, *OPTIONAL)]
+    assert not heavy, f"import hf_speculative imported {heavy[:10]}"
+    assert [m for m in ours if m.startswith("hf_speculative")] == ["hf_speculative"]
+
+
+def test_first_use_loads_no_extra_no_posix_module_and_nothing_lazy():
+    ours = _modules_after("import hf_speculative\nhf_speculative.enable")
     loaded_lazy = [m for m in ours if m.startswith(LAZY)]
-    assert not loaded_lazy, f"import hf_speculative imported {loaded_lazy}"
+    assert not loaded_lazy, f"hf_speculative.enable imported {loaded_lazy}"
     added = _top_level(ours) - _top_level(_baseline(ours))
     assert "hf_speculative" in added, "the comparison found nothing of ours"
     forbidden = sorted(added & set(OPTIONAL + POSIX_ONLY))
-    assert not forbidden, f"import hf_speculative imported {forbidden} (transformers alone does not)"
+    assert not forbidden, f"hf_speculative.enable imported {forbidden} (transformers alone does not)"
 
 
 def test_lazy_names_resolve_and_stay_public():
