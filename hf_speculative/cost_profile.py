@@ -55,4 +55,3 @@ def use_profile(model: torch.nn.Module, profile: str | Path | dict, *, context: 
                                      for n, s in sizes.items()})
         batches = sorted(int(b) for b in by_batch)
     return {"context": at, "ratios": ratios, "batches": batches}
-
