@@ -117,10 +117,7 @@ class VerifyCostModel:
 class PaddedCostModel(VerifyCostModel):
     """The costs of a static-cache verifier that pads every draft to ``budget`` nodes (``static_cache``): any draft
     costs the padded forward, a step without one a plain forward. Only those two are measured; every ``k >= 1``
-    reads the padded one, so a draft of 1 is never priced below what its forward costs."""
-
-    def __init__(self, budget: int):
-        super().__init__(budget)
+    reads the padded one, so a draft of 1 is never priced below what its forward costs. ``PaddedCostModel(budget)``."""
 
     def _padded(self, k: int) -> int:
         return 0 if k <= 0 else self.max_tokens

@@ -17,9 +17,9 @@ import torch
 from . import compat
 from .base import CallContext, DraftStrategy, ExternalCandidateGenerator
 from .chains import ChainDrafter
+from .costs import padded_verification
 from .features import states_feed
 from .loop import run
-from .costs import padded_verification
 from .static_cache import verifier_for
 
 _NOT_MODEL_KWARGS = ("inputs_tensor", "assistant_model", "assistant_tokenizer", "tokenizer")

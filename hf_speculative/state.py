@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,7 +44,7 @@ class ModelState:
         static_cache (`tuple`, *optional*): ``((capacity, device, dtype), StaticCache, Lock)``, the static
             cache calls share (``static_cache.StaticVerifier``), the lock held by the call using it.
         compiled (`tuple`, *optional*): ``(mode, compiled forward)`` (``static_cache.compiled_forward``).
-        draft_graph (`tuple`, *optional*): ``(drafter, (capacity, mode, vocab), DraftStep, compiled step, Lock)``:
+        draft_graph (`tuple`, *optional*): ``((drafter, capacity, mode, vocab), (DraftStep, compiled step), Lock)``:
             the fixed-shape EAGLE drafting step that compiled calls share (``drafters.eagle.static_drafting``).
         compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
         lock (`threading.RLock`): held by updates that read and then write the slots above.
@@ -81,6 +81,26 @@ def state_of(model: Any) -> ModelState:
         if state is None:
             state = _STATES[model] = ModelState()
         return state
+
+
+def borrow(model: Any, slot: str, key: tuple, fits: Callable[[tuple], bool],
+           make: Callable[[bool], Any]) -> tuple[tuple, Any, Callable[[], None] | None]:
+    """What calls share one at a time, held in ``state_of(model).<slot>`` as ``(key, value, Lock)`` (a static cache,
+    a compiled drafter step): the held value when ``fits(its key)`` and no call holds it; else a new one,
+    ``make(shared)``, which replaces the held one for ``key`` when no call holds that (this call then holds the new
+    one), or is this call's alone (``shared`` False). Returns ``(its key, the value, release)``; ``release`` gives
+    a shared value back, ``None`` for one of the call's own."""
+    state = state_of(model)
+    with state.lock:
+        held = getattr(state, slot)
+        if held is not None and fits(held[0]) and held[2].acquire(blocking=False):
+            return held[0], held[1], held[2].release
+        if held is None or not held[2].locked():
+            lock = threading.Lock()
+            lock.acquire()
+            setattr(state, slot, (key, make(True), lock))
+            return key, getattr(state, slot)[1], lock.release
+    return key, make(False), None  # another call holds the shared one
 
 
 def all_states() -> list[ModelState]:

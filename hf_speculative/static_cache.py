@@ -25,7 +25,6 @@ build the target's verifying forward once: the padding costs little on a GPU, wh
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any, Sequence
 
 import torch
@@ -33,7 +32,7 @@ import torch
 from . import compat
 from .options import MAX_TREE_NODES as MAX_BUDGET
 from .options import check_int
-from .state import state_of
+from .state import borrow, state_of
 from .tree import DraftTree
 from .features import StatesFeed
 from .verify import PADDING_ROWS, check_tree_attention
@@ -177,18 +176,10 @@ def _borrow_cache(model: torch.nn.Module, capacity: int, device: torch.device, d
     """The model's static cache when it is free and holds at least ``capacity`` positions (one cache, one compiled
     graph), else a new one: it replaces the held one when that one is free (so the held cache only grows), and is
     this call's alone when another call holds it. Returns ``(cache, release, its capacity)``."""
-    state = state_of(model)
-    with state.lock:
-        held = state.static_cache
-        if held is not None and held[0][1:] == (device, dtype) and held[0][0] >= capacity \
-                and held[2].acquire(blocking=False):
-            return held[1], held[2].release, held[0][0]
-        if held is None or not held[2].locked():
-            cache, lock = compat.new_static_cache(model, capacity), threading.Lock()
-            lock.acquire()
-            state.static_cache = ((capacity, device, dtype), cache, lock)
-            return cache, lock.release, capacity
-    return compat.new_static_cache(model, capacity), None, capacity  # another call holds the model's cache
+    key, cache, release = borrow(model, "static_cache", (capacity, device, dtype),
+                                 fits=lambda held: held[1:] == (device, dtype) and held[0] >= capacity,
+                                 make=lambda shared: compat.new_static_cache(model, capacity))
+    return cache, release, key[0]
 
 
 def new_replay(device: torch.device) -> None:

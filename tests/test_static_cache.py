@@ -258,7 +258,7 @@ def test_compiled_verification_equals_greedy(arch):
             out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
             assert out.tolist() == expected.tolist()
         assert state_of(model).compiled[0] == "default"
-        drafter, (_, mode, _), step, compiled, _ = state_of(model).draft_graph  # EAGLE's drafting compiled too
+        (drafter, _, mode, _), (step, compiled), _ = state_of(model).draft_graph  # EAGLE's drafting compiled too
         assert mode == "default" and compiled is not step and isinstance(drafter, torch.nn.Module)
     finally:
         hfs.enable(model, compile=False)

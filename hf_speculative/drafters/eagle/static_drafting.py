@@ -21,7 +21,6 @@ vocabulary width. Outputs are copied before use: a CUDA graph's outputs are over
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import torch
@@ -29,7 +28,7 @@ from torch import nn
 
 from ...base import to_target_vocab
 from ...static_cache import new_replay
-from ...state import state_of
+from ...state import borrow
 from ...tree import ROOT
 from .model import EagleDraftModel
 
@@ -207,21 +206,16 @@ def open_static(target: nn.Module, net: EagleDraftModel, mode: str, *, target_id
     busy drafts on a step of its own at the same shapes, uncompiled.
     """
     capacity = capacity_for(max_length, speculative)
-    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
-    state = state_of(target)
-    with state.lock:
-        held = state.draft_graph
-        if held is not None and held[0] is net and held[1][1:] == (mode, vocab_size) and held[1][0] >= capacity \
-                and held[4].acquire(blocking=False):
-            return StaticDrafting(held[2], held[3], catch_width, width, held[4].release)
-        if held is None or not held[4].locked():
-            step = DraftStep(net, embed, head, target_ids, vocab_size, capacity)
-            lock = threading.Lock()
-            lock.acquire()
-            state.draft_graph = (net, (capacity, mode, vocab_size), step, compile_step(step, mode), lock)
-            return StaticDrafting(step, state.draft_graph[3], catch_width, width, lock.release)
-    step = DraftStep(net, embed, head, target_ids, vocab_size, capacity)  # another call holds the shared one
-    return StaticDrafting(step, step, catch_width, width)
+
+    def make(shared: bool) -> tuple[DraftStep, Callable]:
+        step = DraftStep(net, target.get_input_embeddings(), target.get_output_embeddings(), target_ids, vocab_size,
+                         capacity)
+        return step, compile_step(step, mode) if shared else step
+
+    _, (step, run), release = borrow(
+        target, "draft_graph", (net, capacity, mode, vocab_size), make=make,
+        fits=lambda held: held[0] is net and held[2:] == (mode, vocab_size) and held[1] >= capacity)
+    return StaticDrafting(step, run, catch_width, width, release)
 
 
 def frontier_width(shape: Any) -> int:
