@@ -29,8 +29,8 @@ from torch import nn
 from ...base import to_target_vocab
 from ...static_cache import new_replay
 from ...state import borrow
-from ...tree import ROOT
 from .model import EagleDraftModel
+from .tree_drafting import Branches
 
 CAPACITY_STEP = 256  # like the target's static cache: calls of similar lengths share one cache and one graph
 
@@ -167,26 +167,17 @@ class StaticDrafting:
     def tree_expander(self, n_true: int, root_position: int, root_hidden: torch.Tensor):
         """The static twin of :func:`~hf_speculative.drafters.eagle.tree_drafting.tree_expander`: an
         ``expand(frontier, tokens, parents) -> [k, V]`` log-probabilities, one padded forward per depth."""
-        hidden_of: dict[int, torch.Tensor] = {ROOT: root_hidden}
-        slot_of: dict[int, int] = {}
-        depth_of: dict[int, int] = {ROOT: -1}
-        ancestors: dict[int, list[int]] = {ROOT: []}
+        branches = Branches(root_hidden)
 
         def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
             k, past = len(frontier), self.length
-            for node, parent in zip(frontier, parents):
-                depth_of[node] = depth_of[parent] + 1
-                ancestors[node] = ancestors[parent] + ([slot_of[parent]] if parent != ROOT else [])
+            ancestors, positions, hidden_in = branches.enter(frontier, parents, root_position)  # ..., [k, H]
             seen = (self._columns < n_true).expand(k, -1).clone()  # [k, C]
-            for i, node in enumerate(frontier):
-                seen[i, ancestors[node]] = True
-            hidden_in = torch.stack([hidden_of[p] for p in parents])  # [k, H]
-            positions = torch.tensor([root_position + depth_of[n] for n in frontier])  # [k]
-            out, logits = self._forward(k, self.width, tokens, hidden_in, positions, seen,
+            for i, slots in enumerate(ancestors):
+                seen[i, slots] = True
+            out, logits = self._forward(k, self.width, tokens, hidden_in, torch.tensor(positions), seen,
                                         torch.arange(max(k, self.width)), fused=False)
-            for i, node in enumerate(frontier):
-                hidden_of[node] = out[i]
-                slot_of[node] = past + i
+            branches.expanded(frontier, out, past)
             return torch.log_softmax(logits[:k], dim=-1)  # [k, V]
 
         return expand

@@ -17,6 +17,33 @@ from ...tree import ROOT
 from .model import DraftKVCache, EagleDraftModel
 
 
+class Branches:
+    """What one step's expansions know of the nodes drafted so far: each expanded node's drafter output, cache
+    slot and depth, and the cache slots of its expanded ancestors (shared with the fixed-shape expander,
+    ``static_drafting``)."""
+
+    def __init__(self, root_hidden: torch.Tensor):
+        self.hidden_of: dict[int, torch.Tensor] = {ROOT: root_hidden}  # node -> drafter output at the node
+        self.slot_of: dict[int, int] = {}  # expanded node -> its entry in the drafter's cache
+        self.depth_of: dict[int, int] = {ROOT: -1}
+        self.ancestors: dict[int, list[int]] = {ROOT: []}  # node -> cache slots of its expanded ancestors
+
+    def enter(self, frontier: list[int], parents: list[int], root_position: int):
+        """Place the frontier under its parents. Returns each node's ancestors' slots, its position, and the
+        parents' outputs ``[k, H]`` (the drafter's input beside the nodes' tokens)."""
+        for node, parent in zip(frontier, parents):
+            self.depth_of[node] = self.depth_of[parent] + 1
+            self.ancestors[node] = self.ancestors[parent] + ([self.slot_of[parent]] if parent != ROOT else [])
+        return ([self.ancestors[n] for n in frontier], [root_position + self.depth_of[n] for n in frontier],
+                torch.stack([self.hidden_of[p] for p in parents]))
+
+    def expanded(self, frontier: list[int], out: torch.Tensor, past: int) -> None:
+        """The frontier's outputs ``[k, H]``, written to the cache from slot ``past`` on."""
+        for i, node in enumerate(frontier):
+            self.hidden_of[node] = out[i]
+            self.slot_of[node] = past + i
+
+
 def tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCache, n_true: int, root_position: int,
                   root_hidden: torch.Tensor, logits_of: Callable[[torch.Tensor], torch.Tensor]):
     """An ``expand(frontier, tokens, parents) -> [k, V] log-probabilities`` over ``net``'s cache.
@@ -25,28 +52,20 @@ def tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCa
     verified token); ``root_hidden`` `[H]` the drafter's output predicting the root's children;
     ``logits_of`` maps output hidden states ``[k, H]`` to logits over the target's vocabulary ``[k, V]``.
     """
-    hidden_of: dict[int, torch.Tensor] = {ROOT: root_hidden}  # node -> drafter output at the node
-    slot_of: dict[int, int] = {}  # expanded node -> its entry in the drafter's cache
-    depth_of: dict[int, int] = {ROOT: -1}
-    ancestors: dict[int, list[int]] = {ROOT: []}  # expanded node -> cache slots of its expanded ancestors
+    branches = Branches(root_hidden)
 
     def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
         device = root_hidden.device
         k, past = len(frontier), cache.length
-        for node, parent in zip(frontier, parents):
-            depth_of[node] = depth_of[parent] + 1
-            ancestors[node] = ancestors[parent] + ([slot_of[parent]] if parent != ROOT else [])
+        ancestors, positions, hidden_in = branches.enter(frontier, parents, root_position)
         mask = torch.zeros(k, past + k, dtype=torch.bool, device=device)  # [k, past + k]
         mask[:, :n_true] = True
-        for i, node in enumerate(frontier):
-            mask[i, ancestors[node]] = True
+        for i, slots in enumerate(ancestors):
+            mask[i, slots] = True
             mask[i, past + i] = True
-        hidden_in = torch.stack([hidden_of[p] for p in parents])[None]  # [1, k, H]
-        positions = torch.tensor([[root_position + depth_of[n] for n in frontier]], device=device)  # [1, k]
-        out = net(embed(tokens.to(device)[None]), hidden_in, positions, cache, fused=False, attn_mask=mask)  # [1, k, H]
-        for i, node in enumerate(frontier):
-            hidden_of[node] = out[0, i]
-            slot_of[node] = past + i
+        positions = torch.tensor([positions], device=device)  # [1, k]
+        out = net(embed(tokens.to(device)[None]), hidden_in[None], positions, cache, fused=False, attn_mask=mask)
+        branches.expanded(frontier, out[0], past)  # out: [1, k, H]
         return torch.log_softmax(logits_of(out[0]).float(), dim=-1)  # [k, V]
 
     return expand
