@@ -8,7 +8,7 @@ TRANSFORMERS_SPEC ?= transformers>=4.45,<6
 PY := $(VENV)/bin/python
 # What each target installs (setup.cfg's extras): the demo app alone, or everything the test suite
 # exercises. One stamp per set, so a second `make demo` / `make test` installs nothing.
-DEMO_EXTRAS := app,registry
+DEMO_EXTRAS := app,registry,cli
 TEST_EXTRAS := dev,docs,app,app-test,train,registry,cli,kernel
 VENV_STAMP := $(VENV)/.hf_speculative-venv
 DEMO_STAMP := $(VENV)/.hf_speculative-demo

@@ -14,7 +14,7 @@ from types import ModuleType
 # extra -> the distributions it adds (setup.cfg's [options.extras_require] says the same; a test keeps them in step)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("accelerate", "tqdm"),
-    "registry": ("gguf", "tqdm"),
+    "registry": ("gguf", "accelerate", "tqdm"),
     "cli": ("typer", "rich", "tqdm"),
     "kernel": ("ninja",),
     "app": ("gradio", "matplotlib"),

