@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo demo test test-fast compare bench clean docs docs-serve gpu-check
+.PHONY: install install-demo demo test test-fast fresh-check compare bench clean docs docs-serve gpu-check
 
 # The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
 $(VENV_STAMP):
@@ -51,8 +51,15 @@ test: install
 	$(PY) -m hf_speculative models fetch $(MODEL)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The smoke suite: every registered method, the app and the command line once each (tests/test_smoke.py).
 test-fast: install
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m hf_speculative models fetch $(MODEL)
+	$(PY) -m pytest -m smoke $(PYTEST_ARGS)
+
+# A newcomer's first hour from nothing (CI runs it too): `make demo` and the Spaces path, each in a fresh venv
+# with an empty model cache, serve the app and answer one request (tools/ci/fresh_machine.sh; ~1.5 GB a venv).
+fresh-check:
+	tools/ci/fresh_machine.sh both
 
 # Everything about a GPU in one command (hf_speculative/bench/gpu_check.py, docs/gpu.md): the device test battery,
 # verification profiles of the shipped real-size configs with random weights (eager and compiled), end-to-end
