@@ -44,7 +44,8 @@ SLIDING_WINDOW = 8
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
 DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
             "early-exit-adapter", "layer-skip", "layer-skip-auto", "hybrid", "oracle", "adversary",
-            "lookup-tree", "eagle-tree", "hybrid-tree", "draft-model-tree")
+            "lookup-tree", "eagle-tree", "hybrid-tree", "draft-model-tree", "medusa", "medusa-tree", "suffix",
+            "lookahead")
 _UNSET = object()
 
 
@@ -283,6 +284,16 @@ def make_drafter(name: str, target, reference):
         return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, tree=hfs.DynamicTree(nodes=6, depth=4, top_k=2),
                                            adaptive=False),
                           make_drafter("eagle-tree", target, reference))
+    if name in ("medusa", "medusa-tree"):  # random heads; the tree is 3 wide at the top so side branches win too
+        from tests.drafters.medusa.conftest import random_heads
+
+        tree = hfs.StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]) if name == "medusa-tree" else None
+        return hfs.Medusa(random_heads(target), tree=tree, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    # no history across calls: every test's drafts come from its own call's text alone
+    if name == "suffix":
+        return hfs.SuffixDecoding(history_tokens=0, adaptive=False)
+    if name == "lookahead":
+        return hfs.Lookahead(adaptive=False)
     if name == "oracle":
         return OracleCandidateGenerator(reference, num_tokens=6)
     if name == "adversary":
