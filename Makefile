@@ -45,6 +45,7 @@ install-demo: $(DEMO_STAMP)
 DEMO_ARGS ?= --threads 1
 demo: install-demo
 	$(PY) -c "from hf_speculative.models import fetch; fetch('$(MODEL)')"
+	@echo "The command line is in the venv: $(VENV)/bin/hf-speculative --help (or: source $(VENV)/bin/activate)"
 	$(PY) app.py --model $(MODEL) $(DEMO_ARGS)
 
 test: install
