@@ -1,9 +1,9 @@
 """The ``hf-speculative`` command line (typer; the [cli] extra).
 
-Commands: ``models list`` / ``models fetch`` / ``models verify``, ``compare``, ``bench``, ``bench-report``,
-``profile``, ``project`` and the training commands. Each command is a plain function registered on
-:data:`app` (or a sub-app such as :data:`models_app`), so adding one is one decorated function;
-``compare`` and ``bench`` share their options through :func:`hf_speculative.cli_options.run_options`.
+Commands: ``models list`` / ``models fetch`` / ``models verify``, ``methods``, ``compare``, ``showcase``,
+``bench``, ``bench-report``, ``profile``, ``project`` and the training commands. Each command is a plain
+function registered on :data:`app` (or a sub-app such as :data:`models_app`), so adding one is one decorated
+function; ``compare`` and ``bench`` share their options through :func:`hf_speculative.cli_options.run_options`.
 Heavy imports (the models, the benchmark runner, the drafters) happen inside the commands, so ``--help``
 stays fast.
 """
@@ -16,10 +16,12 @@ from typing import Annotated, Any, NoReturn, Optional
 
 from .bench.report import format_value
 from .bench.spec_bench import DATASET, SPEC_BENCH_CATEGORIES
-from .cli_options import JsonOpt, ReferenceOpt, RunOptions, run_options
+from .cli_options import (AdapterOpt, DraftOpt, EagleOpt, ExitLayerOpt, JsonOpt, OptionOpt, ReferenceOpt,
+                          RunOptions, parse_option_pairs, run_options)
 from .extras import require
 from .methods import available_methods
 from .prompting import DEFAULT_EXAMPLE, EXAMPLES
+from .stats import format_acceptance
 
 _CLI = "The hf-speculative command line"
 typer = require("typer", "cli", _CLI)
@@ -37,6 +39,20 @@ models_app = typer.Typer(help="The offline model registry.", no_args_is_help=Tru
 app.add_typer(models_app, name="models")
 
 DEFAULT_PROMPT = EXAMPLES[DEFAULT_EXAMPLE]  # the demo app's code-editing example
+SHOWCASE_PROMPT = """\
+Write this shopping list out again in full, one item per line.
+
+- 2 kg of apples
+- 1 litre of milk
+- a loaf of whole-grain bread
+- 6 free-range eggs
+- 200 g of cheddar cheese
+- a bunch of bananas
+- 500 g of pasta
+- a jar of tomato sauce"""
+"""``hf-speculative showcase``'s prompt: a task whose answer the default model (smollm2-135m-instruct) really copies
+from the prompt, so prompt lookup's drafts are accepted (a small model asked to "copy this sentence" often does
+not copy it)."""
 METHOD_NAMES = ", ".join(available_methods())  # for --help
 SHIPPED_DATASET = "hf_speculative/" + DATASET.relative_to(Path(__file__).resolve().parent).as_posix()  # for --help
 
@@ -61,6 +77,11 @@ def _err() -> Console:
     return Console(stderr=True)
 
 
+def _progress(line: str) -> None:
+    """One line of progress on stderr (stdout stays the result: the tables, or the JSON)."""
+    _err().print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     _err().print(f"[bold red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -71,14 +92,17 @@ def _split(values: list[str] | str | None) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def _methods(names: list[str], draft_model: str | None, reference: str | None = None) -> list[Any]:
-    """Resolve method names (clear errors for unknown ones and for a missing --draft-model)."""
-    from .methods import get_method
+def _methods(names: list[str], draft_model: str | None, reference: str | None = None,
+             options: dict | None = None) -> list[Any]:
+    """Resolve method names (clear errors for unknown ones, for options none of them reads, with the close match,
+    and for a missing --draft-model)."""
+    from .methods import check_options, get_method
 
     try:
         specs = [get_method(n) for n in names]
         if reference:
             get_method(reference)
+        check_options(specs, options)
     except ValueError as err:
         _fail(str(err))
     if not specs:
@@ -95,6 +119,7 @@ def _load(name: str | None) -> tuple[Any, Any, str]:
     from . import models
 
     name = name or models.DEFAULT_MODEL
+    _progress(f"loading {name}…")
     try:
         model, tokenizer = models.load_model(name)
     except (models.RegistryError, OSError, ValueError) as err:
@@ -116,15 +141,31 @@ def models_list(as_json: JsonOpt = False) -> None:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
     table = Table(title="hf_speculative models")
-    table.add_column("name", no_wrap=True)
+    longest = max((len(str(row["name"])) for row in rows), default=0)
+    # whole names where the terminal leaves the other columns room, else folded like them (rich would otherwise
+    # squeeze those to nothing)
+    table.add_column("name", overflow="fold", no_wrap=Console().width >= longest + 50)
     for column in ("params", "license", "cached", "description"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long word folds onto the next line, never cut to "…"
     for row in rows:
         params = row.get("params")
         params = f"{params / 1e6:.0f}M" if isinstance(params, (int, float)) else str(params or "")
         cached = "yes" if row.get("cached") else "no"
         table.add_row(str(row["name"]), params, str(row.get("license", "")), cached, str(row.get("description", "")))
-    Console().print(table)
+    _print_full_width(table)
+
+
+def _print_full_width(renderable: Any) -> None:
+    """Print ``renderable`` to stdout: in a terminal, to its width; otherwise (a pipe, a file) as wide as it needs
+    (rich would otherwise assume 80 columns and wrap or fold every row)."""
+    console = Console()
+    if not console.is_terminal:
+        from rich.measure import Measurement
+
+        wide = Console(width=10_000)
+        needed = Measurement.get(wide, wide.options, renderable).maximum
+        console = Console(width=max(console.width, needed))
+    console.print(renderable)
 
 
 @models_app.command("fetch")
@@ -177,23 +218,98 @@ def models_verify(
         raise typer.Exit(1)
 
 
+# -- methods ----------------------------------------------------------------------------------
+@app.command("methods")
+def list_methods(
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Also say whether each method runs on this model (registry name or local folder), and why "
+                        "not; checked by building each method's drafter for it, without generating.")] = None,
+    draft_model: DraftOpt = None,
+    exit_layer: ExitLayerOpt = None,
+    eagle: EagleOpt = None,
+    adapter: AdapterOpt = None,
+    option: OptionOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the decoding methods, one line each; with --model, whether each runs on that model (and why not).
+
+    The methods are those of the registry (hf_speculative.methods) that compare, showcase and bench run."""
+    from .methods import check_options, get_method, problem_on
+
+    specs = [get_method(name) for name in available_methods()]
+    problems: dict[str, str | None] = {}
+    if model is not None:
+        given = {"draft_model": draft_model, "exit_layer": exit_layer, "eagle": eagle, "adapter": adapter}
+        options = {**{k: v for k, v in given.items() if v is not None}, **parse_option_pairs(option)}
+        try:
+            check_options(specs, options)
+        except ValueError as err:
+            _fail(str(err))
+        target, tokenizer, model = _load(model)
+        _progress(f"checking the {len(specs)} methods on {model}…")
+        problems = {spec.name: problem_on(spec, target, tokenizer, options) for spec in specs}
+    if as_json:
+        rows = [{"method": s.name, "kind": s.kind, "label": s.label, "description": s.description,
+                 "options": s.option_names} for s in specs]
+        if model is not None:
+            for row in rows:
+                row.update(model=model, runs=problems[row["method"]] is None, why_not=problems[row["method"]])
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    width = max(len(s.name) for s in specs)
+    if model is not None:
+        typer.echo(f"methods on {model} (yes: builds and passes its checks for this model; no: why not)")
+    for spec in specs:
+        if model is None:
+            typer.echo(f"{spec.name:<{width}}  {spec.description}")
+        else:
+            problem = problems[spec.name]
+            verdict = f"yes  {spec.description}" if problem is None else f"no   {problem}"
+            typer.echo(f"{spec.name:<{width}}  {verdict}")
+
+
 # -- compare ----------------------------------------------------------------------------------
+CompareMethodOpt = Annotated[
+    list[str],
+    typer.Option("--method", "--methods", help=f"Method to compare with greedy: repeat it or give a comma list "
+                 f"(--method a --method b, --methods a,b). One of: {METHOD_NAMES}."),
+]
+
+
 @app.command()
 @run_options
 def compare(
     run: RunOptions,
-    method: Annotated[
-        list[str],
-        typer.Option("--method", help=f"Method to compare with greedy (repeatable), one of: {METHOD_NAMES}."),
-    ] = ["prompt-lookup"],  # noqa: B006
+    method: CompareMethodOpt = ["prompt-lookup"],  # noqa: B006
     prompt: Annotated[
         Optional[str], typer.Option("--prompt", help="Prompt text (default: a code-editing request).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run plain greedy then each --method on one prompt; show outputs, tokens/s, tau and speedups."""
+    _compare(run, method, prompt if prompt is not None else DEFAULT_PROMPT, as_json)
+
+
+@app.command()
+@run_options
+def showcase(
+    run: RunOptions,
+    method: CompareMethodOpt = ["prompt-lookup"],  # noqa: B006
+    as_json: JsonOpt = False,
+) -> None:
+    """compare on a prompt that the default model answers by copying it: prompt lookup's drafts get accepted.
+
+    The prompt asks to write a shopping list out again; the answer reuses the prompt's text, which is where
+    prompt lookup pays off. Same options and output as compare (no --prompt)."""
+    _progress("prompt: " + SHOWCASE_PROMPT.splitlines()[0] + " (a shopping list of 8 items)")
+    _compare(run, method, SHOWCASE_PROMPT, as_json)
+
+
+def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> None:
+    """``compare`` and ``showcase``: greedy, then each method, on ``text``."""
     _apply_sdpa_gqa(run.sdpa_gqa)
-    specs = _methods(_split(method), run.draft_model)
+    names = _split(method)
+    specs = _methods(names, run.draft_model, options=parse_option_pairs(run.option))
     import torch
 
     from .bench.runner import environment
@@ -204,17 +320,23 @@ def compare(
     _apply_cpu_layout(target, run.cpu_layout)
     options = run.method_options()
     torch.set_num_threads(run.threads)
-    text = prompt if prompt is not None else DEFAULT_PROMPT
     input_ids = encode_prompt(tokenizer, text, run.chat_template)
     specs = [get_method("greedy")] + [s for s in specs if s.name != "greedy"]
     max_new_tokens = run.max_new_tokens
+    warm = min(max_new_tokens, 16)
+    runs = []
     try:
         for spec in specs:  # warm-up
-            run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=min(max_new_tokens, 16))
-        runs = [
-            run_method(s, target, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens) for s in specs
-        ]
-    except ValueError as err:
+            _progress(f"warming up {spec.name} ({warm} tokens)…")
+            run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=warm)
+        for number, spec in enumerate(specs, 1):
+            step = f"[{number}/{len(specs)}] {spec.name}"
+            _progress(f"{step}: generating up to {max_new_tokens} tokens…")
+            done = run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens)
+            tau = "" if done.tau is None else f", tau {done.tau:.2f}"
+            _progress(f"{step}: done, {done.new_tokens} tokens in {done.seconds:.2f} s{tau}")
+            runs.append(done)
+    except ValueError as err:  # the options' errors (OptionTypeError is a ValueError too)
         _fail(str(err))
     greedy = runs[0]
     results = [
@@ -226,6 +348,7 @@ def compare(
             "tokens_per_s": done.tokens_per_s,
             "tau": done.tau,
             "acceptance_rate": done.acceptance_rate,
+            "drafted": done.drafted,
             "target_forwards": done.target_forwards,
             "speedup": done.tokens_per_s / greedy.tokens_per_s if greedy.tokens_per_s else None,
             "identical_to_greedy": done.output_ids == greedy.output_ids,
@@ -264,7 +387,7 @@ def _print_comparison(results: list[dict], title: str) -> None:
             f"{res['tokens_per_s']:.2f}",
             format_value(res["speedup"], "{:.2f}×"),
             format_value(res["tau"], "{:.2f}"),
-            format_value(res["acceptance_rate"], "{:.0%}"),
+            format_acceptance(res["acceptance_rate"], res.get("drafted")),
             "yes" if res["identical_to_greedy"] else "[red]NO[/]",
         )
     console.print(table)
@@ -276,9 +399,10 @@ def _print_comparison(results: list[dict], title: str) -> None:
 def bench(
     run: RunOptions,
     methods: Annotated[
-        str,
-        typer.Option("--methods", help=f"Comma-separated methods; greedy always runs. Known: {METHOD_NAMES}."),
-    ] = "prompt-lookup,hf-prompt-lookup",
+        list[str],
+        typer.Option("--methods", "--method", help="Methods to benchmark; greedy always runs. A comma list or "
+                     f"repeated (--methods a,b or --method a --method b). Known: {METHOD_NAMES}."),
+    ] = ["prompt-lookup", "hf-prompt-lookup"],  # noqa: B006
     dataset: Annotated[
         Path,
         typer.Option("--dataset", show_default=False, help="A Spec-Bench question.jsonl. Default: "
@@ -294,8 +418,13 @@ def bench(
         int, typer.Option("--repeats", min=1, help="Runs per (prompt, method); the median time is kept.")
     ] = 1,
     out: Annotated[
-        Path, typer.Option("--out", help="jsonl file to append results to; the report goes next to it (.md).")
+        Path, typer.Option("--out", help="jsonl file of this run's results (replaced; see --append); this run's "
+                                         "report goes next to it (.md).")
     ] = Path("results.jsonl"),
+    append: Annotated[bool, typer.Option(
+        "--append", help="Add this run's results to the end of --out instead of replacing it (the printed report "
+                         "still shows this run only; `hf-speculative bench-report FILE` reports every run in it).")]
+    = False,
     reference: ReferenceOpt = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     batch_size: Annotated[
@@ -304,16 +433,17 @@ def bench(
                      "batches against transformers' batched greedy (hf_speculative's methods; see docs/batching.md)."),
     ] = None,
 ) -> None:
-    """Benchmark methods against greedy on Spec-Bench prompts (jsonl + markdown report)."""
+    """Benchmark methods against greedy on Spec-Bench prompts (jsonl + markdown report of this run)."""
     _apply_sdpa_gqa(run.sdpa_gqa)
     if batch_size is not None:
-        return _bench_batches(run, methods, dataset, categories, per_category, repeats, out, progress, batch_size)
-    from .bench.report import format_report, write_report
+        return _bench_batches(run, methods, dataset, categories, per_category, repeats, out, progress, batch_size,
+                              append)
+    from .bench.report import write_report
     from .bench.runner import run_bench
     from .bench.spec_bench import load_prompts
 
     names = _split(methods)
-    _methods(names, run.draft_model, reference)
+    _methods(names, run.draft_model, reference, parse_option_pairs(run.option))
     if not Path(dataset).is_file():
         _fail(f"dataset not found: {dataset} (use --dataset PATH)")
     try:
@@ -336,16 +466,18 @@ def bench(
             repeats=repeats,
             chat_template=run.chat_template,
             progress=progress,
+            append=append,
         )
     except ValueError as err:
         _fail(str(err))
-    _, md_path = write_report(out, reference)
-    typer.echo(format_report(records, reference))
-    _err().print(f"results appended to {out}; report of the whole file written to {md_path}", soft_wrap=True)
+    text, md_path = write_report(out, reference, records=records)
+    typer.echo(text)
+    _err().print(f"results {'appended to' if append else 'written to'} {out}; this run's report written to {md_path}",
+                 soft_wrap=True)
 
 
-def _bench_batches(run: RunOptions, methods: str, dataset: Path, categories: str, per_category: int, repeats: int,
-                   out: Path, progress: bool, batch_size: str) -> None:
+def _bench_batches(run: RunOptions, methods: list[str], dataset: Path, categories: str, per_category: int,
+                   repeats: int, out: Path, progress: bool, batch_size: str, append: bool) -> None:
     """``bench --batch-size``: hf_speculative.bench.batch (throughput per batch size)."""
     from .bench.batch import format_summary, run_batch_bench, summarize
     from .bench.spec_bench import load_prompts
@@ -360,10 +492,14 @@ def _bench_batches(run: RunOptions, methods: str, dataset: Path, categories: str
         prompts = load_prompts(dataset, _split(categories) or None, per_category or None)
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         _fail(f"cannot read {dataset}: {err}")
+    names = _split(methods)
+    _methods(names, run.draft_model, options=parse_option_pairs(run.option))
     target, tokenizer, model_name = _load(run.model)
     _apply_cpu_layout(target, run.cpu_layout)
+    if not append:
+        Path(out).unlink(missing_ok=True)  # run_batch_bench appends: a run writes its own file unless --append
     try:
-        records = run_batch_bench(target, tokenizer, _split(methods), prompts, batch_sizes=sizes, out=out,
+        records = run_batch_bench(target, tokenizer, names, prompts, batch_sizes=sizes, out=out,
                                   model_name=model_name, options=run.method_options(),
                                   max_new_tokens=run.max_new_tokens, threads=run.threads, repeats=repeats,
                                   chat_template=run.chat_template, progress=progress)
@@ -373,7 +509,8 @@ def _bench_batches(run: RunOptions, methods: str, dataset: Path, categories: str
     md_path = Path(out).with_suffix(".md")
     md_path.write_text(table + "\n", encoding="utf-8")
     typer.echo(table)
-    _err().print(f"results appended to {out}; this run's table written to {md_path}", soft_wrap=True)
+    _err().print(f"results {'appended to' if append else 'written to'} {out}; this run's table written to {md_path}",
+                 soft_wrap=True)
 
 
 @app.command("bench-report")

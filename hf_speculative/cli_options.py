@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 from typing import Annotated, Any, Callable, Optional
 
 from .extras import require
@@ -59,6 +60,45 @@ AdaptiveOpt = Annotated[
                  help="Tree methods: choose each step's tree size from the measured verification cost (default), or "
                  "always draft the whole --tree-nodes (to measure tau by budget)."),
 ]
+
+
+def _check_pairs(values: Optional[list[str]]) -> Optional[list[str]]:
+    for value in values or []:
+        key, equals, _ = value.partition("=")
+        if not equals or not key.strip():
+            raise typer.BadParameter(f"{value!r}: give KEY=VALUE, e.g. --option num_tokens=4")
+    return values
+
+
+OptionOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--option", metavar="KEY=VALUE", callback=_check_pairs,
+                 help="Any method option as KEY=VALUE (repeatable), e.g. --option num_tokens=4 or --option "
+                 "medusa=PATH; `hf-speculative methods` lists the methods, their options are those of "
+                 "hf_speculative.methods. A name no method given reads is refused with the close match."),
+]
+
+
+def parse_option_pairs(values: Optional[list[str]]) -> dict[str, Any]:
+    """``["num_tokens=4", "adaptive=false", "skip=4,6,9"]`` -> ``{"num_tokens": 4, "adaptive": False, "skip":
+    "4,6,9"}``: a value is read as JSON (numbers, true/false, null) when it is JSON, else kept as text; dashes in
+    a key become underscores (``num-tokens`` is ``num_tokens``)."""
+    options: dict[str, Any] = {}
+    for value in values or []:
+        key, _, text = value.partition("=")
+        lowered = text.strip().lower()
+        words = {"true": True, "false": False, "none": None, "null": None}
+        if lowered in words:
+            parsed: Any = words[lowered]
+        else:
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = text
+        options[key.strip().replace("-", "_")] = parsed
+    return options
+
+
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate per prompt (at most).")]
 ThreadsOpt = Annotated[
     int, typer.Option("--threads", min=1, help="torch CPU threads (1 is fastest and steadiest on CPU).")
@@ -110,12 +150,15 @@ class RunOptions:
     adaptive: Optional[bool] = None
     sdpa_gqa: bool = False
     cpu_layout: str = "none"
+    option: Optional[list[str]] = None
 
     def method_options(self) -> dict[str, Any]:
-        """The options the methods read (:mod:`hf_speculative.methods`), the ones given only."""
+        """The options the methods read (:mod:`hf_speculative.methods`), the ones given only: the named flags,
+        then each ``--option KEY=VALUE`` (which wins over a flag of the same name)."""
         names = ("draft_model", "num_tokens", "max_ngram", "exit_layer", "eagle", "skip", "calibration_file",
                  "adapter", "tree_nodes", "adaptive")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        given = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {**given, **parse_option_pairs(self.option)}
 
 
 _ALIASES = {
@@ -123,7 +166,7 @@ _ALIASES = {
     "draft_model": DraftOpt, "num_tokens": NumTokensOpt, "max_ngram": MaxNgramOpt, "exit_layer": ExitLayerOpt,
     "eagle": EagleOpt, "skip": SkipOpt, "calibration_file": CalibrationOpt, "adapter": AdapterOpt,
     "tree_nodes": TreeNodesOpt, "adaptive": AdaptiveOpt,
-    "sdpa_gqa": GqaOpt, "cpu_layout": LayoutOpt,
+    "sdpa_gqa": GqaOpt, "cpu_layout": LayoutOpt, "option": OptionOpt,
 }
 _SHARED = [
     inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default,

@@ -142,8 +142,23 @@ def is_enabled(model: torch.nn.Module) -> bool:
 
 
 def last_stats(model: torch.nn.Module) -> SpeculativeStats | None:
-    """Statistics of the last speculative ``generate()`` call on ``model`` in this thread."""
-    return getattr(state_of(model).last_stats, "stats", None)
+    """Statistics of the last speculative ``generate()`` call on ``model`` in this thread.
+
+    Returns ``None`` for an enabled model that has made no speculative call yet in this thread (none at all, only
+    plain calls without a ``candidate_generator``, or none since ``hf_speculative.state.forget(model)``).
+
+    Raises:
+        RuntimeError: ``model`` was never enabled (and made no ``custom_generate=hfs.speculative_generate`` call),
+            so its calls cannot have recorded statistics: call ``hfs.enable(model)`` first.
+    """
+    stats = getattr(state_of(model).last_stats, "stats", None)
+    if stats is None and not is_enabled(model):
+        raise RuntimeError(
+            f"hfs.last_stats(model): this {type(model).__name__} is not enabled, so its generate() calls record no "
+            "statistics. Call hfs.enable(model) before generate(..., candidate_generator=...), or generate with "
+            "custom_generate=hfs.speculative_generate."
+        )
+    return stats
 
 
 def speculative_generate(

@@ -18,11 +18,16 @@ way for every kind of method:
   ``config.num_hidden_layers`` of the base model while drafting, so a forward that runs while the
   layer count is lowered is a drafting forward and is not counted.
 - ``"hfs"`` (``hf_speculative`` strategies): the figures come from ``hf_speculative.last_stats``.
+
+The options a caller passes are checked by name (:func:`check_options`): a typo such as ``num_token`` is an
+error naming the close match, not a keyword silently ignored. :func:`problem_on` says whether a method can run
+on a given model, and why not, without generating (``hf-speculative methods --model NAME``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import time
 from typing import Any, Callable, Literal
 
@@ -51,7 +56,9 @@ class MethodSpec:
             only the keys listed in :attr:`options` and may cache resolved values in it (a draft
             model loaded from its registry name).
         options (`dict[str, Any]`): the options the method reads, with their defaults (``None``:
-            the underlying strategy's own default).
+            the underlying strategy's own default); the forms of the app and the CLI offer them.
+        unlisted_options (`tuple[str, ...]`): options the method also reads that no form offers (e.g. a folder
+            of trained Medusa heads); :func:`check_options` accepts them like :attr:`options`.
     """
 
     name: str
@@ -60,10 +67,16 @@ class MethodSpec:
     kind: MethodKind
     build: BuildFn
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    unlisted_options: tuple[str, ...] = ()
 
     @property
     def needs_draft_model(self) -> bool:
         return "draft_model" in self.options
+
+    @property
+    def option_names(self) -> list[str]:
+        """Every option the method reads: :attr:`options`, then :attr:`unlisted_options`."""
+        return list(dict.fromkeys([*self.options, *self.unlisted_options]))
 
     def option(self, options: dict | None, key: str) -> Any:
         """The value of option ``key`` for this method: the user's if given, else the default."""
@@ -82,11 +95,47 @@ def register_method(spec: MethodSpec, *, replace: bool = False) -> MethodSpec:
 
 
 def get_method(name: str) -> MethodSpec:
-    """The registered method called ``name``; raises `ValueError` listing the known names."""
+    """The registered method called ``name``; raises `ValueError` listing the known names (and the close match,
+    for a typo such as ``prompt_lookup``)."""
     try:
         return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(available_methods())}") from None
+    except (KeyError, TypeError):
+        close = difflib.get_close_matches(str(name), available_methods(), n=1)
+        hint = f"; did you mean {close[0]!r}? Known" if close else "; known"
+        raise ValueError(f"unknown method {name!r}{hint} methods: {', '.join(available_methods())}") from None
+
+
+def check_options(methods: list[MethodSpec | str], options: dict | None, *, shared: bool = False) -> None:
+    """Refuse an option that none of ``methods`` reads, naming the close match: ``unknown option 'num_token' for
+    prompt-lookup; did you mean 'num_tokens'?``. Keys that start with ``_`` (the caches the builders keep in
+    ``options``) are not options.
+
+    Args:
+        methods: the methods the options are given to (specs or names).
+        options (`dict`, *optional*): option name -> value.
+        shared (`bool`): the dict is shared with other methods' runs (the CLI and the benchmark pass one dict to
+            every method they run): accept, too, a key that any registered method reads.
+
+    Raises:
+        ValueError: an unknown option; the message names the methods, the close match if any and their options.
+    """
+    specs = [get_method(m) if isinstance(m, str) else m for m in methods]
+    known = list(dict.fromkeys(key for spec in specs for key in spec.option_names))
+    everywhere = list(dict.fromkeys(key for spec in _REGISTRY.values() for key in spec.option_names))
+    for key in options or {}:
+        if (isinstance(key, str) and key.startswith("_")) or key in known or (shared and key in everywhere):
+            continue
+        key = str(key)
+        names = ", ".join(spec.name for spec in specs) or "no method"
+        readers = [spec.name for spec in _REGISTRY.values() if key in spec.option_names]
+        their = f"options of {names}: {', '.join(known) or 'none'}"
+        if readers:
+            raise ValueError(f"option {key!r} is not read by {names} ({their}); {', '.join(readers)} read it")
+        message = f"unknown option {key!r} for {names}"
+        close = difflib.get_close_matches(key, known, n=1) or difflib.get_close_matches(key, everywhere, n=1)
+        if close:
+            message += f"; did you mean {close[0]!r}?"
+        raise ValueError(f"{message} ({their})")
 
 
 def available_methods() -> list[str]:
@@ -185,6 +234,7 @@ def run_method(
 
     spec = get_method(spec) if isinstance(spec, str) else spec
     options = {} if options is None else options
+    check_options([spec], options, shared=True)
     input_ids = input_ids.to(model.device)
     if spec.kind == "hfs":
         hfs.enable(model)  # idempotent
@@ -223,6 +273,49 @@ def run_method(
         run.extra = dict(stats.extra) or None
         run.steps = stats.steps()
     return run
+
+
+def problem_on(spec: MethodSpec | str, model: Any, tokenizer: Any = None, options: dict | None = None) -> str | None:
+    """Why ``spec`` cannot run on ``model`` with ``options`` (``None``: nothing found), without generating: the
+    method builds its drafter for the model (a trained drafter must ship for it or be given, a draft model must be
+    given) and the drafter checks itself against the model (``validate_target``: layers, vocabulary, features);
+    transformers' early exit needs fewer exit layers than the model has. What only a call finds out (a model whose
+    architecture the loop does not support) is not checked here.
+
+    Args:
+        spec (`MethodSpec` or `str`): the method or its registry name.
+        model, tokenizer: the loaded target and its tokenizer.
+        options (`dict`, *optional*): method options, as :func:`run_method` takes them (a draft model named by
+            ``draft_model`` is loaded and cached in it).
+
+    Returns:
+        `str` or `None`: the reason, in words that name the option to give.
+    """
+    spec = get_method(spec) if isinstance(spec, str) else spec
+    options = {} if options is None else options
+    check_options([spec], options, shared=True)
+    if spec.needs_draft_model and options.get("draft_model") is None:
+        return "needs a draft model: a smaller model with the same tokenizer (--draft-model NAME, option draft_model)"
+    try:
+        extra = spec.build(model, tokenizer, options)
+        strategy = extra.get("candidate_generator")
+        if strategy is not None and hasattr(strategy, "validate_target"):
+            strategy.validate_target(model)
+        exit_layer = extra.get("assistant_early_exit")
+        layers = _layer_count(model)
+        if exit_layer is not None and layers is not None and exit_layer >= layers:
+            return (f"exit_layer {exit_layer} must be below the model's {layers} layers "
+                    f"(--exit-layer N, option exit_layer)")
+    except (ValueError, TypeError, RuntimeError, OSError) as err:  # OptionTypeError is a ValueError too
+        return str(err) or type(err).__name__
+    return None
+
+
+def _layer_count(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    return layers if isinstance(layers, int) else None
 
 
 def pad_token_id(model: Any, tokenizer: Any) -> int | None:
@@ -605,6 +698,7 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_medusa,
             {"num_tokens": None},
+            unlisted_options=("medusa",),  # a folder of trained heads (default: the ones shipped for the model)
         ),
         MethodSpec(
             "medusa-tree",
@@ -614,6 +708,7 @@ def _register_builtin_methods() -> None:
             "hfs",
             _build_medusa_tree,
             {"num_tokens": None, "tree_nodes": 16, "adaptive": True},
+            unlisted_options=("medusa",),
         ),
     ):
         register_method(spec, replace=True)

@@ -108,11 +108,27 @@ class SpeculativeStats:
         return out
 
     def summary(self) -> str:
+        """One line: tokens, seconds, tokens/s, tau, acceptance (``no drafts`` when the drafter proposed nothing,
+        rather than a misleading 0%) and target forwards."""
         return (
             f"{self.method}: {self.new_tokens} tokens in {self.total_time_s:.2f}s "
             f"({self.tokens_per_second:.1f} tok/s), tau={self.tau:.2f}, "
-            f"acceptance={self.acceptance_rate:.0%}, target forwards={self.target_forwards}"
+            f"acceptance={format_acceptance(self.acceptance_rate, self.drafted_tokens)}, "
+            f"target forwards={self.target_forwards}"
         )
+
+
+NO_DRAFTS = "no drafts"
+"""How an acceptance rate is shown when nothing was drafted (0 of 0 is no rate at all, not 0%)."""
+
+
+def format_acceptance(rate: float | None, drafted: int | None, unknown: str = "–") -> str:
+    """An acceptance rate for people: ``"62%"``; :data:`NO_DRAFTS` when ``drafted`` is 0 (the drafter proposed
+    nothing); ``unknown`` when the rate is not known (``rate`` ``None``: a method that does not report its drafts,
+    such as transformers' own). The one place the CLI, the benchmark report and ``summary()`` format it."""
+    if drafted == 0:
+        return NO_DRAFTS
+    return unknown if rate is None else f"{rate:.0%}"
 
 
 class Stopwatch:

@@ -323,3 +323,165 @@ def test_profile_random_weights_writes_a_loadable_profile(cli, tmp_path):
 def test_profile_bad_options_name_the_fix(cli, args, message):
     result = cli("profile", *args)
     assert result.exit_code == 2 and message in result.output
+
+
+# -- issue 42: the command line as a newcomer meets it ------------------------------------------------------------
+def _methods_of(result) -> list[str]:
+    return [r["method"] for r in json.loads(result.stdout)["results"]]
+
+
+def test_compare_and_bench_take_both_method_spellings(cli, chat_checkpoint, dataset, tmp_path):
+    """--method / --methods, repeated or comma lists, in both commands."""
+    common = ("--model", chat_checkpoint, "--max-new-tokens", "3", "--json")
+    for spelling in (("--methods", "prompt-lookup,hf-prompt-lookup"), ("--method", "prompt-lookup,hf-prompt-lookup"),
+                     ("--methods", "prompt-lookup", "--methods", "hf-prompt-lookup")):
+        result = cli("compare", *spelling, *common)
+        assert result.exit_code == 0, result.output
+        assert _methods_of(result) == ["greedy", "prompt-lookup", "hf-prompt-lookup"], spelling
+    out = tmp_path / "b.jsonl"
+    result = cli("bench", "--model", chat_checkpoint, "--method", "prompt-lookup", "--method", "hf-prompt-lookup",
+                 "--dataset", dataset, "--categories", "rag", "--per-category", "1", "--max-new-tokens", "3", "--out",
+                 out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["method"] for line in out.read_text().splitlines()] == [
+        "greedy", "prompt-lookup", "hf-prompt-lookup"]
+
+
+def test_methods_command_lists_the_registry(cli, monkeypatch):
+    from hf_speculative import methods
+
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
+    methods.register_method(methods.MethodSpec("test-only", "Test", "Registered by the test.", "baseline",
+                                               lambda m, t, o: {}))
+    result = cli("methods")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == methods.available_methods()  # one line each, the registry's
+    assert lines[-1].split(None, 1)[1] == "Registered by the test."
+    assert any(line.startswith("prompt-lookup ") and "prompt lookup" in line for line in lines)
+    rows = json.loads(cli("methods", "--json").stdout)
+    assert rows[1]["method"] == "prompt-lookup" and rows[1]["options"] == ["num_tokens", "max_ngram"]
+
+
+def test_methods_command_says_which_run_on_a_model(cli, chat_checkpoint):
+    result = cli("methods", "--model", chat_checkpoint)
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert lines["prompt-lookup"].split()[1] == "yes" and lines["greedy"].split()[1] == "yes"
+    assert lines["draft-model"].split()[1] == "no" and "--draft-model NAME" in lines["draft-model"]
+    assert lines["eagle"].split()[1] == "no" and "no EAGLE drafter ships for" in lines["eagle"]
+    assert "exit_layer 8 must be below the model's 2 layers" in lines["hf-early-exit"]
+    rows = {r["method"]: r for r in json.loads(cli("methods", "--model", chat_checkpoint, "--exit-layer", "1",
+                                                   "--draft-model", chat_checkpoint, "--json").stdout)}
+    assert rows["hf-early-exit"]["runs"] and rows["draft-model"]["runs"] and rows["prompt-lookup"]["why_not"] is None
+    assert not rows["eagle"]["runs"] and "--eagle PATH" in rows["eagle"]["why_not"]
+    result = cli("methods", "--model", chat_checkpoint, "--option", "num_token=2")
+    assert result.exit_code == 2 and "unknown option 'num_token'" in result.output and "'num_tokens'" in result.output
+
+
+def test_compare_shows_progress_per_method(cli, chat_checkpoint):
+    result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "3", "--json")
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # stdout stays the result alone
+    lines = result.stderr.splitlines()
+    expected = ["[1/2] greedy: generating", "[1/2] greedy: done, 3 tokens", "[2/2] prompt-lookup: generating",
+                "[2/2] prompt-lookup: done, 3 tokens"]
+    at = [next(i for i, line in enumerate(lines) if line.startswith(start)) for start in expected]
+    assert at == sorted(at), lines  # each method's start, then its end, in order
+    assert any(line.startswith("loading ") for line in lines[: at[0]])
+
+
+def test_compare_table_says_no_drafts(capsys, monkeypatch):
+    from hf_speculative.cli import _print_comparison
+
+    monkeypatch.setenv("COLUMNS", "200")
+    base = {"text": "x", "new_tokens": 3, "tokens_per_s": 1.0, "speedup": 1.0, "tau": 1.0, "identical_to_greedy": True}
+    _print_comparison([{**base, "method": "greedy", "acceptance_rate": None, "drafted": None},
+                       {**base, "method": "prompt-lookup", "acceptance_rate": 0.0, "drafted": 0},
+                       {**base, "method": "suffix", "acceptance_rate": 0.5, "drafted": 4}], "title")
+    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.count("│") > 2}
+    assert "no drafts" in rows["prompt-lookup"] and "0%" not in rows["prompt-lookup"]
+    assert "50%" in rows["suffix"] and "–" in rows["greedy"]
+
+
+def test_showcase_runs_compare_on_its_own_prompt(cli, chat_checkpoint):
+    from hf_speculative.cli import SHOWCASE_PROMPT
+
+    result = cli("showcase", "--model", chat_checkpoint, "--max-new-tokens", "3", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["prompt"] == SHOWCASE_PROMPT and _methods_of(result) == ["greedy", "prompt-lookup"]
+
+
+@pytest.mark.integration
+def test_showcase_pays_off_on_the_default_model(cli):
+    """The showcase's point: the default model copies the list, so prompt lookup's drafts are accepted (tau well
+    above 1; the getting-started's "Copy this sentence" prompt gave 1.0, the model did not copy)."""
+    result = cli("showcase", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["model"] == registry.DEFAULT_MODEL
+    greedy, lookup = payload["results"]
+    assert lookup["method"] == "prompt-lookup" and lookup["identical_to_greedy"]
+    assert "- 500 g of pasta" in lookup["text"] and lookup["tau"] > 1.8, lookup
+
+
+def test_bench_writes_this_run_only_unless_append(cli, chat_checkpoint, dataset, tmp_path):
+    out = tmp_path / "results.jsonl"
+    args = ("bench", "--model", chat_checkpoint, "--methods", "prompt-lookup", "--dataset", dataset, "--categories",
+            "rag", "--per-category", "1", "--max-new-tokens", "3", "--out", out, "--no-progress")
+
+    def runs_in(text):
+        return [line for line in text.splitlines() if line.startswith("## ")]
+
+    first = cli(*args)
+    second = cli(*args)
+    assert first.exit_code == 0 and second.exit_code == 0, second.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2 and len({r["run_id"] for r in records}) == 1  # the second run replaced the first
+    assert len(runs_in(second.stdout)) == 1 and len(runs_in(out.with_suffix(".md").read_text())) == 1
+    third = cli(*args, "--append")
+    assert third.exit_code == 0, third.output
+    assert len(out.read_text().splitlines()) == 4  # appended to the second run's
+    assert len(runs_in(third.stdout)) == 1  # the report: this run's rows only
+    assert "appended to" in third.stderr and "this run's report" in third.stderr
+
+
+def test_models_list_does_not_truncate(cli, monkeypatch):
+    name = "a-registry-model-with-a-long-name-" + "x" * 40
+    description = "Supercalifragilisticexpialidocious-Model-9000-Instruct-Extended (a long description of it)"
+    rows = [{"name": name, "description": description, "params": 1e6, "license": "Apache-2.0", "cached": False}]
+    monkeypatch.setattr(registry, "list_models", lambda: rows)
+    narrow = {**ENV, "COLUMNS": "80"}
+    result = CliRunner().invoke(app, ["models", "list"], env=narrow)  # not a terminal: as wide as the table needs
+    assert result.exit_code == 0, result.output
+    assert name in result.stdout and description in result.stdout and "…" not in result.stdout
+    result = CliRunner().invoke(app, ["models", "list"], env={**narrow, "TTY_COMPATIBLE": "1"})  # a terminal
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout  # folded onto more lines, never cut
+    cells = "".join(line.split("│")[1].strip() for line in result.stdout.splitlines() if line.count("│") > 2)
+    assert name in cells
+
+
+def test_a_typo_in_an_option_names_the_close_match(cli, chat_checkpoint, dataset):
+    result = cli("compare", "--option", "num_token=3")
+    assert result.exit_code == 2
+    assert "unknown option 'num_token' for prompt-lookup; did you mean 'num_tokens'?" in result.output
+    result = cli("bench", "--methods", "hf-prompt-lookup", "--option", "max-ngrams=2", "--dataset", dataset)
+    assert result.exit_code == 2 and "did you mean 'max_ngram'?" in result.output
+    result = cli("compare", "--method", "prompt_lookup")
+    assert result.exit_code == 2 and "did you mean 'prompt-lookup'?" in result.output
+    result = cli("compare", "--option", "num_tokens")
+    assert result.exit_code == 2 and "give KEY=VALUE" in result.output
+    result = cli("compare", "--model", chat_checkpoint, "--option", "num_tokens=2", "--option", "max-ngram=1",
+                 "--max-new-tokens", "3", "--json")
+    assert result.exit_code == 0, result.output
+
+
+def test_option_values_are_read_as_json_or_text():
+    from hf_speculative.cli_options import RunOptions, parse_option_pairs
+
+    assert parse_option_pairs(["num_tokens=4", "adaptive=false", "skip=4,6,9", "eagle=./x", "draft-model=None"]) == {
+        "num_tokens": 4, "adaptive": False, "skip": "4,6,9", "eagle": "./x", "draft_model": None}
+    assert RunOptions(num_tokens=3, option=["num_tokens=5", "medusa=h"]).method_options() == {"num_tokens": 5,
+                                                                                              "medusa": "h"}

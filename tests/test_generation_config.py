@@ -173,7 +173,8 @@ def test_a_model_that_is_not_enabled_ignores_its_default():
     ref = stock_generate(model, **prompt_inputs(), **GREEDY)
     model.generation_config.candidate_generator = drafting()
     assert model.generate(**prompt_inputs(), **GREEDY).tolist() == ref.tolist()
-    assert hfs.last_stats(model) is None
+    with pytest.raises(RuntimeError, match="not enabled"):  # nothing was recorded: last_stats says why
+        hfs.last_stats(model)
 
 
 def test_custom_generate_route_reads_the_config():

@@ -226,3 +226,57 @@ def test_tree_methods_run_in_our_loop_and_equal_greedy(target, tmp_path, monkeyp
     assert not any(member.adaptive for member in fixed.strategies) and tree.adaptive
     with pytest.raises(ValueError, match="tree_nodes"):
         get_method("eagle-tree").build(target, None, {**options, "tree_nodes": 65})
+
+
+# -- options checked by name, close matches, and which methods run on a model (issue 42) -------------------------
+def test_a_typo_in_an_option_names_the_close_match(target):
+    from hf_speculative.methods import check_options
+
+    message = r"unknown option 'num_token' for prompt-lookup; did you mean 'num_tokens'\? \(options of prompt-lookup: "
+    with pytest.raises(ValueError, match=message):
+        check_options(["prompt-lookup"], {"num_token": 3})
+    with pytest.raises(ValueError, match=message):  # was silently ignored: the run drafted with the default
+        run_method("prompt-lookup", target, None, PROMPT, options={"num_token": 3}, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"unknown option 'bogus' for greedy \(options of greedy: none\)"):
+        check_options(["greedy"], {"bogus": 1})
+
+
+def test_options_shared_by_several_methods(target):
+    """The CLI and the benchmark pass one dict to every method: a key another method reads is fine there, and refused
+    when the methods are asked about strictly."""
+    from hf_speculative.methods import check_options
+
+    options = {"max_ngram": 2, "_eagle_strategies": {}}  # "_..." keys are the builders' caches, not options
+    check_options(["draft-model"], options, shared=True)
+    run_method("greedy", target, None, PROMPT, options=options, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"option 'max_ngram' is not read by draft-model \(options of draft-model: "
+                                         r"draft_model, num_tokens\); prompt-lookup, .*hf-prompt-lookup.* read it"):
+        check_options(["draft-model"], options)
+    check_options(["prompt-lookup", "draft-model"], options)
+    check_options(["medusa", "medusa-tree"], {"medusa": "heads/"})  # read, though no form offers it
+    assert get_method("medusa").option_names == ["num_tokens", "medusa"]
+
+
+def test_a_typo_in_a_method_name_names_the_close_match():
+    with pytest.raises(ValueError, match=r"unknown method 'prompt_lookup'; did you mean 'prompt-lookup'\? Known "
+                                         r"methods: greedy, prompt-lookup"):
+        get_method("prompt_lookup")
+
+
+def test_problem_on_a_model_says_why_not(target, draft):
+    from hf_speculative.methods import problem_on
+
+    assert problem_on("greedy", target) is None and problem_on("prompt-lookup", target) is None
+    assert problem_on("hf-prompt-lookup", target) is None and problem_on("suffix", target) is None
+    assert "needs a draft model" in problem_on("draft-model", target) and "--draft-model" in problem_on("hf-assisted",
+                                                                                                       target)
+    assert problem_on("draft-model", target, None, {"draft_model": draft}) is None
+    assert "no EAGLE drafter ships for" in problem_on("eagle", target)  # a random model: nothing ships for it
+    assert "no Medusa heads" in problem_on("medusa", target)
+    assert problem_on("hf-early-exit", target) == ("exit_layer 8 must be below the model's 4 layers (--exit-layer N, "
+                                                   "option exit_layer)")
+    assert problem_on("hf-early-exit", target, None, {"exit_layer": 2}) is None
+    assert "exit_layer" in problem_on("early-exit", target)  # EarlyExit's own check of its 8 layers on 4
+    assert problem_on("early-exit", target, None, {"exit_layer": 2}) is None
+    with pytest.raises(ValueError, match="did you mean 'exit_layer'"):
+        problem_on("early-exit", target, None, {"exit_layers": 2})

@@ -12,6 +12,7 @@ import json
 from collections import Counter
 
 import pytest
+import torch
 
 import hf_speculative as hfs
 from tests.conftest import (
@@ -225,3 +226,46 @@ def test_per_step_records_of_both_routes(model, tree):
     assert sum(steps["verify_s"]) == pytest.approx(stats.verify_time_s, abs=1e-4)
     if tree is not None:
         assert max(steps["drafted"]) <= 6
+
+
+# -- what a newcomer reads: "no drafts", and last_stats of a model that was never enabled (issue 42) ------------
+def test_summary_says_no_drafts_when_nothing_was_drafted():
+    from hf_speculative.stats import format_acceptance
+
+    idle = hfs.SpeculativeStats(method="prompt-lookup", new_tokens=5, target_forwards=5)
+    assert "acceptance=no drafts" in idle.summary() and "0%" not in idle.summary()
+    rejected = hfs.SpeculativeStats(method="m", new_tokens=5, target_forwards=5, drafted_tokens=8)
+    assert "acceptance=0%" in rejected.summary()  # drafts that were all rejected: a real 0%
+    assert format_acceptance(0.0, 0) == "no drafts" and format_acceptance(0.75, 4) == "75%"
+    assert format_acceptance(None, None) == "–"  # a method that does not report its drafts
+
+
+def test_summary_of_a_call_where_the_drafter_found_nothing(model):
+    """A two-token prompt and one new token: prompt lookup finds nothing to draft from."""
+    model.generate(input_ids=torch.tensor([[3, 4]]), attention_mask=torch.ones(1, 2, dtype=torch.long),
+                   do_sample=False, max_new_tokens=1, candidate_generator=hfs.PromptLookup())
+    stats = hfs.last_stats(model)
+    assert stats.drafted_tokens == 0 and "acceptance=no drafts" in stats.summary()
+
+
+def test_last_stats_of_a_model_never_enabled_names_the_fix():
+    plain = build_model("llama")
+    with pytest.raises(RuntimeError, match=r"not enabled.*Call hfs\.enable\(model\) before generate"):
+        hfs.last_stats(plain)
+    enabled = hfs.enable(build_model("llama"))
+    assert hfs.last_stats(enabled) is None  # enabled, no speculative call yet: documented None
+    enabled.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8, candidate_generator=hfs.PromptLookup())
+    stats = hfs.last_stats(enabled)
+    hfs.disable(enabled)
+    assert hfs.last_stats(enabled) is stats  # what it recorded while enabled stays readable
+
+
+def test_last_stats_after_the_custom_generate_route_without_enable():
+    from hf_speculative import compat
+
+    if not compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE:
+        pytest.skip("custom_generate=<callable> needs transformers >= 4.57")
+    model = build_model("llama")
+    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8, custom_generate=hfs.speculative_generate,
+                   candidate_generator=hfs.PromptLookup())
+    assert hfs.last_stats(model).method == "prompt-lookup"  # it recorded statistics: no error

@@ -11,7 +11,8 @@ Per method:
 - **speedup**: aggregate tokens/s over greedy's aggregate tokens/s in the same run;
 - **median speedup**: median over prompts of (method tokens/s / greedy tokens/s on that prompt);
 - **tau**: total new tokens / total target forwards (records where forwards were counted);
-- **acceptance**: total accepted / total drafted tokens (methods that report them);
+- **acceptance**: total accepted / total drafted tokens (methods that report them; ``no drafts`` when such a
+  method drafted nothing, ``–`` when the method does not report them);
 - **identical**: how many outputs equal greedy's token for token, e.g. ``10/10``;
 - **vs <ref>** (with ``reference``): aggregate tokens/s over the reference method's.
 """
@@ -23,6 +24,8 @@ import os
 import statistics
 from pathlib import Path
 from typing import Any, Iterable
+
+from ..stats import format_acceptance
 
 BASELINE = "greedy"
 OVERALL = "overall"
@@ -52,7 +55,8 @@ def summarize(records: list[dict], reference: str | None = None) -> list[dict]:
 
     Returns:
         `list[dict]` with keys method, prompts, new_tokens, seconds, tokens_per_s, speedup,
-        median_speedup, tau, acceptance_rate, identical, vs_reference (``None`` where unknown).
+        median_speedup, tau, acceptance_rate, drafted, identical, vs_reference (``None`` where unknown;
+        ``drafted``, the tokens drafted in all, is ``None`` for methods that do not report it).
     """
     by_method: dict[str, list[dict]] = {}
     for r in records:
@@ -71,6 +75,7 @@ def summarize(records: list[dict], reference: str | None = None) -> list[dict]:
                 ratios.append(r["tokens_per_s"] / g["tokens_per_s"])
         counted = [r for r in rs if r.get("target_forwards")]
         drafted = sum(r.get("drafted") or 0 for r in rs)
+        reported = any(r.get("drafted") is not None for r in rs)
         rows.append(
             {
                 "method": method,
@@ -82,6 +87,7 @@ def summarize(records: list[dict], reference: str | None = None) -> list[dict]:
                 "median_speedup": statistics.median(ratios) if ratios else None,
                 "tau": _ratio(sum(r["new_tokens"] for r in counted), sum(r["target_forwards"] for r in counted)),
                 "acceptance_rate": _ratio(sum(r.get("accepted") or 0 for r in rs), drafted),
+                "drafted": drafted if reported else None,
                 "identical": sum(bool(r.get("identical_to_greedy")) for r in rs),
                 "vs_reference": _ratio(tps, ref_tps),
             }
@@ -108,7 +114,7 @@ def markdown_table(rows: list[dict], reference: str | None = None) -> str:
             format_value(row["speedup"], "{:.2f}×"),
             format_value(row["median_speedup"], "{:.2f}×"),
             format_value(row["tau"], "{:.2f}"),
-            format_value(row["acceptance_rate"], "{:.0%}"),
+            format_acceptance(row["acceptance_rate"], row.get("drafted")),
             f"{row['identical']}/{row['prompts']}",
         ]
         if reference:
@@ -144,14 +150,20 @@ def format_report(records: list[dict], reference: str | None = None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def write_report(path: str | os.PathLike, reference: str | None = None) -> tuple[str, Path]:
+def write_report(path: str | os.PathLike, reference: str | None = None,
+                 records: list[dict] | None = None) -> tuple[str, Path]:
     """Make the report of the jsonl ``path`` and write it next to it as ``.md``.
+
+    Args:
+        path: the benchmark jsonl.
+        reference (`str`, *optional*): add a "vs METHOD" column.
+        records (`list[dict]`, *optional*): report these records (one run's) instead of the whole file.
 
     Returns:
         `tuple[str, Path]`: the markdown text and the path it was written to.
     """
     path = Path(path)
-    text = format_report(load_records(path), reference)
+    text = format_report(load_records(path) if records is None else records, reference)
     md_path = path.with_suffix(".md")
     md_path.write_text(text, encoding="utf-8")
     return text, md_path

@@ -98,19 +98,22 @@ def run_bench(
     repeats: int = 1,
     chat_template: bool = True,
     progress: bool = True,
+    append: bool = False,
 ) -> list[dict]:
-    """Benchmark ``methods`` against plain greedy on ``prompts``; append one JSON line per run to ``out``.
+    """Benchmark ``methods`` against plain greedy on ``prompts``; write one JSON line per (prompt, method) to ``out``.
 
     Args:
         model, tokenizer: the target model and its tokenizer.
         methods: method names or specs; greedy is always run first (added if missing).
         prompts (`list[Prompt]`): from :func:`load_prompts`.
-        out: the jsonl file to append to (created with its folder if needed).
+        out: the jsonl file to write (created with its folder if needed; replaced unless ``append``).
         model_name (`str`): stored in each record.
         options (`dict`, *optional*): method options (``num_tokens``, ``draft_model``...).
         max_new_tokens (`int`), threads (`int`), repeats (`int`): see the module docstring.
         chat_template (`bool`): apply the tokenizer's chat template to the prompts.
         progress (`bool`): show a tqdm bar.
+        append (`bool`): add the records to the end of ``out`` instead of replacing it (each run's records carry
+            their own ``run_id``, and the report shows runs apart).
 
     Returns:
         `list[dict]`: the records written, in order.
@@ -140,7 +143,7 @@ def run_bench(
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     bar = tqdm(total=len(prompts) * len(specs) * repeats, disable=not progress, desc="bench", unit="gen")
-    with open(out, "a", encoding="utf-8") as f:
+    with open(out, "a" if append else "w", encoding="utf-8") as f:
         for prompt, input_ids in zip(prompts, encoded):
             runs: dict[str, list[MethodRun]] = {s.name: [] for s in specs}
             for _ in range(repeats):

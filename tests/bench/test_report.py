@@ -119,3 +119,25 @@ def test_runs_are_reported_separately():
     assert "### overall" not in second  # a run with one category has no separate overall table
     assert "| pl | 1 | 20.00 | 2.00× | 2.00× |" in second  # the second run's greedy is its own baseline
     assert format_report([]) == "No benchmark records.\n"
+
+
+def test_a_method_that_drafted_nothing_shows_no_drafts():
+    """0 accepted of 0 drafted is no rate at all: "no drafts", not 0% (and "–" stays for methods that do not
+    report their drafts)."""
+    records = [rec("greedy", "a", 1, 10, 1.0, forwards=10), rec("pl", "a", 1, 10, 1.0, forwards=10, drafted=0,
+                                                                 accepted=0), rec("hf", "a", 1, 10, 1.0, forwards=10)]
+    rows = rows_by_method(records)
+    assert rows["pl"]["drafted"] == 0 and rows["hf"]["drafted"] is None and rows["greedy"]["drafted"] is None
+    table = markdown_table(summarize(records))
+    assert "| pl | 1 | 10.00 | 1.00× | 1.00× | 1.00 | no drafts | 1/1 |" in table
+    assert "| hf | 1 | 10.00 | 1.00× | 1.00× | 1.00 | – | 1/1 |" in table
+
+
+def test_write_report_of_given_records_only(jsonl):
+    """``bench`` reports its own run, not every run the file holds."""
+    second = [dict(r, run_id="r2") for r in RECORDS[:3]]
+    with open(jsonl, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in second))
+    text, md_path = write_report(jsonl, records=second)
+    assert "(run r2)" in text and "(run r1)" not in text and md_path.read_text() == text
+    assert "(run r1)" in write_report(jsonl)[0]  # the whole file, as `bench-report FILE` makes it

@@ -91,3 +91,15 @@ def test_run_bench_with_hfs_prompt_lookup(tmp_path, two_prompts, chat_model, cha
     others = [r for r in records if r["method"] != "prompt-lookup"]
     assert all("steps" not in r for r in others)  # greedy and transformers' methods are not observed per step
     assert [r.get("shape") for r in others] == ["chain" if r["method"] == "hf-prompt-lookup" else None for r in others]
+
+
+def test_a_run_replaces_the_file_unless_append(tmp_path, two_prompts, chat_model, chat_tokenizer):
+    out = tmp_path / "r.jsonl"
+    kwargs = dict(out=out, max_new_tokens=3, progress=False)
+    first = run_bench(chat_model, chat_tokenizer, ["greedy"], load_prompts(two_prompts, ["rag"]), **kwargs)
+    second = run_bench(chat_model, chat_tokenizer, ["greedy"], load_prompts(two_prompts, ["rag"]), **kwargs)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == second  # the first run's rows are gone
+    third = run_bench(chat_model, chat_tokenizer, ["greedy"], load_prompts(two_prompts, ["rag"]), append=True,
+                      **kwargs)
+    assert [json.loads(line) for line in out.read_text().splitlines()] == second + third
+    assert len(first) == len(second) == len(third) == 1
