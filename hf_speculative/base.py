@@ -17,6 +17,7 @@ implements :meth:`~SpeculativeCandidateGenerator.propose`:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import os
 import time
@@ -78,6 +79,18 @@ class DraftStrategy:
     # "features" (hidden states, through forward hooks: not in a compiled forward), "cache" (drafts with the
     # target's own layers over its dynamic KV cache: not on a static cache). See static_cache.check_strategy.
     reads_target: str = "outputs"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DraftStrategy":
+        # a mistyped option (PromptLookup(num_token=3)) names the close match, not dataclasses' bare TypeError
+        if kwargs and dataclasses.is_dataclass(cls):
+            known = [f.name for f in dataclasses.fields(cls) if f.init]
+            for key in kwargs:
+                if key not in known:
+                    close = difflib.get_close_matches(key, known, n=1)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    raise TypeError(f"{cls.__name__}() got an unknown option {key!r}: {hint}"
+                                    f"its options are {', '.join(known)}.")
+        return super().__new__(cls)
 
     def open(self, ctx: CallContext) -> "SpeculativeCandidateGenerator":  # pragma: no cover - abstract
         raise NotImplementedError
