@@ -40,25 +40,44 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="let visitors also type local folders and Hub ids for the model, draft model, EAGLE "
                         "drafter and exit adapter (default: only the registry's models, --model and the shipped "
                         "drafters). For a local run: refused on a Space (SPACE_ID) and with a --host beyond localhost")
+    parser.add_argument("--allow-downloads", action="store_true",
+                        help="let visitors pick registry models that are not on this server's disk, which it then "
+                        "downloads and converts (default: only models already downloaded are served, the others "
+                        "shown disabled). Refused on a Space (SPACE_ID)")
     return parser.parse_args(argv)
+
+
+def _fetch_default(model: str) -> None:
+    """The operator's own model, fetched before the app serves (a registry name not on disk yet): the one
+    download the app makes without ``--allow-downloads``, at start, never for a visitor."""
+    from hf_speculative.models import REGISTRY, fetch, is_cached
+
+    if model in REGISTRY and not is_cached(model):
+        print(f"fetching {model} before serving (hf-speculative models fetch {model}) …", flush=True)
+        fetch(model)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Build the app and serve it until interrupted, printing the local URL."""
     args = _parse_args(argv)
+    from hf_speculative.app.offer import check_downloads
     from hf_speculative.app.request import check_exposure
+    from hf_speculative.models import DEFAULT_MODEL
 
     try:
         check_exposure(args.allow_local_paths, args.host)
+        check_downloads(args.allow_downloads)
     except ValueError as err:
         raise SystemExit(f"app.py: {err}") from None
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    kwargs: dict[str, Any] = {"max_queue": args.max_queue, "allow_local_paths": args.allow_local_paths}
+    kwargs: dict[str, Any] = {"max_queue": args.max_queue, "allow_local_paths": args.allow_local_paths,
+                              "allow_downloads": args.allow_downloads}
     if args.model:
         kwargs["default_model"] = args.model
+    _fetch_default(args.model or DEFAULT_MODEL)
     demo = build_app(**kwargs)
     _, local_url, _ = demo.launch(server_name=args.host, server_port=args.port, prevent_thread_lock=True)
     print(f"hf_speculative demo running at {local_url}  (Ctrl+C to stop)", flush=True)

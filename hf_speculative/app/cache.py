@@ -17,6 +17,7 @@ import dataclasses
 import gc
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +26,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 Loader = Callable[..., tuple[Any, Any]]
+RETRY_AFTER_S = 300.0
+"""A model that failed to load is not tried again for this long (its error is raised again at once)."""
 
 
 def default_device() -> torch.device:
@@ -71,6 +74,7 @@ class ModelCache:
         self._lock = threading.RLock()
         self._target: LoadedModel | None = None
         self._drafts: dict[str, Any] = {}
+        self._failed: dict[str, tuple[float, BaseException]] = {}  # name -> (when, error) of a failed load
         self.loads = 0  # how many targets were loaded (tests check that a second request reuses one)
 
     # -- public ---------------------------------------------------------------------------------
@@ -134,12 +138,24 @@ class ModelCache:
 
     # -- helpers --------------------------------------------------------------------------------
     def _load(self, name: str) -> tuple[Any, Any]:
+        """Load ``name``; a load that failed less than :data:`RETRY_AFTER_S` ago fails again at once with the same
+        error (a model that cannot be fetched or converted is not tried again by every visitor who picks it)."""
+        failed = self._failed.get(name)
+        if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER_S:
+            ago = time.monotonic() - failed[0]
+            raise RuntimeError(f"{str(failed[1]).rstrip('.') or type(failed[1]).__name__} (this load failed {ago:.0f} s "
+                               f"ago; it is tried again {RETRY_AFTER_S / 60:g} minutes after a failure)") from failed[1]
         loader = self._loader
         if loader is None:
             from ..models import load_model as loader
         device = None if self.device.type == "cpu" else self.device
         logger.info("loading %s on %s", name, self.device)
-        model, tokenizer = loader(name, device=device)
+        try:
+            model, tokenizer = loader(name, device=device)
+        except Exception as err:
+            self._failed[name] = (time.monotonic(), err)
+            raise
+        self._failed.pop(name, None)
         return model.eval(), tokenizer
 
 

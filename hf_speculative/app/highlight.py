@@ -29,6 +29,12 @@ PANE_CSS = """
 .hfs-target { background: transparent; }
 .hfs-legend .hfs-target { border-bottom: 1px dotted #64748b; }
 .hfs-error { color: #991b1b; white-space: pre-wrap; }
+.hfs-note { font-size: 0.82em; color: #92400e; background: #fef3c7; border-radius: 4px; padding: 1px 6px;
+            margin-bottom: 6px; display: inline-block; }
+.hfs-off { font-size: 0.85em; color: #64748b; margin: 2px 0 6px; }
+.hfs-off-title { font-weight: 600; margin-bottom: 2px; }
+.hfs-off-item { display: inline-block; margin-right: 14px; opacity: 0.75; cursor: not-allowed; }
+.hfs-off-item input { cursor: not-allowed; }
 """
 """Styles of the panes (given to each pane's ``gr.HTML(css_template=...)``)."""
 
@@ -134,6 +140,7 @@ def render_pane(
     segments: list[Segment] | None = None,
     badge: tuple[str, str] | None = None,
     error: str | None = None,
+    note: str = "",
 ) -> str:
     """The HTML of one output pane.
 
@@ -147,6 +154,7 @@ def render_pane(
         segments (`list[Segment]`): the text so far.
         badge (`tuple[str, str]`, *optional*): ``(kind, text)`` with kind ``"yes"``, ``"no"`` or ``"info"``.
         error (`str`, *optional*): a message shown instead of the text.
+        note (`str`): why the method ran as it did (e.g. calibrating), shown under the figures.
     """
     badge_html = ""
     if badge is not None:
@@ -160,12 +168,13 @@ def render_pane(
         f'<div class="hfs-pane" data-method="{html.escape(method)}" data-status="{status}">'
         f'<div class="hfs-head"><span class="hfs-order">{order}</span><b>{html.escape(label)}</b>'
         f'<span class="hfs-status">{html.escape(status_text or status)}</span>{badge_html}</div>'
-        f'<div class="hfs-figures">{html.escape(figures)}</div>{body}</div>'
+        f'<div class="hfs-figures">{html.escape(figures)}</div>'
+        f'{f"<div class=hfs-note>{html.escape(note)}</div>" if note else ""}{body}</div>'
     )
 
 
 LEGEND_HTML = (
-    '<div class="hfs-legend">Highlighting: <span class="hfs-draft">accepted draft tokens</span> '
-    '<span class="hfs-target">tokens the target produced itself</span> (one per target forward). '
-    "τ = new tokens per target forward; speedup = tokens/s against greedy.</div>"
+    '<div class="hfs-legend"><span class="hfs-draft">Highlighted text</span>: draft tokens the target accepted. '
+    '<span class="hfs-target">Plain text</span>: tokens the target produced itself (one per target forward). '
+    "τ = new tokens per target forward; speedup = tokens/s against the baseline (the first pane).</div>"
 )

@@ -89,6 +89,9 @@ class Sources:
         adapters (`tuple[str, ...]`): shipped exit adapters (``shipped_adapters()``).
         allow_local_paths (`bool`): also accept any folder or Hub id (the operator's
             ``--allow-local-paths``; refused on a Space and beyond localhost, see ``ui.build_app``).
+        allow_downloads (`bool`): registry models not on the server's disk may be picked, and are then
+            downloaded (the operator's ``--allow-downloads``; refused on a Space). Without it a request
+            for one is refused at once (:mod:`.offer`).
 
     Names are compared as strings and nothing else: whether some file exists never changes an answer.
     """
@@ -97,15 +100,17 @@ class Sources:
     eagle: tuple[str, ...] = ()
     adapters: tuple[str, ...] = ()
     allow_local_paths: bool = False
+    allow_downloads: bool = False
 
     @classmethod
-    def offered(cls, default_model: str, *, allow_local_paths: bool = False) -> "Sources":
+    def offered(cls, default_model: str, *, allow_local_paths: bool = False,
+                allow_downloads: bool = False) -> "Sources":
         from ..drafters.eagle.drafter import pretrained_names
         from ..drafters.exit_adapter import shipped_adapters
         from ..models import REGISTRY
 
         return cls(tuple(dict.fromkeys([default_model, *REGISTRY])), tuple(pretrained_names()),
-                   tuple(shipped_adapters()), allow_local_paths)
+                   tuple(shipped_adapters()), allow_local_paths, allow_downloads)
 
     def for_key(self, key: str) -> tuple[str, ...]:
         """The names offered for option ``key`` (``draft_model``, ``eagle``, ``adapter``)."""
@@ -238,6 +243,7 @@ def parse_request(
     if not prompt.strip():
         raise AppError("The prompt is empty: type a prompt or pick one of the examples.")
     model = _name(model, "Model", sources.models, sources) or default_model
+    _on_disk(model, "Model", sources)
     picked = _methods(methods)
     max_new = _whole(max_new_tokens, "Max new tokens", 1, max_new_tokens_limit)
     sample = _flag(sampling, "Sample")
@@ -298,7 +304,10 @@ def _option_value(slot: OptionSlot, value: Any, sources: Sources) -> Any:
     if slot.widget == "bool":
         return _flag(value, label)
     if slot.widget in ("model", "drafter"):
-        return _name(value, label, sources.for_key(slot.key), sources)
+        name = _name(value, label, sources.for_key(slot.key), sources)
+        if slot.widget == "model" and name is not None:
+            _on_disk(name, label, sources)
+        return name
     if slot.widget == "layers":
         return _layers(value, label)
     # an option of a kind this module does not know (a future method's): text, passed on only where
@@ -372,6 +381,17 @@ def _name(value: Any, field: str, offered: tuple[str, ...], sources: Sources) ->
     if sources.allow_local_paths and len(name) <= MAX_NAME_CHARS and "\x00" not in name:
         return name
     raise AppError(f"{field} {_short(name)} is not offered here; pick one of: {', '.join(offered) or 'none'}.")
+
+
+def _on_disk(name: str, field: str, sources: Sources) -> None:
+    """Refuse a registry model that is not on the server's disk (unless the operator allows downloads):
+    answered at once, nothing downloaded."""
+    from .offer import model_problem, served_models
+
+    problem = model_problem(name, sources)
+    if problem:
+        served = served_models(sources)[0]
+        raise AppError(f"{field} {_short(name)} is {problem}; pick one of: {', '.join(served) or 'none'}.")
 
 
 def _layers(value: Any, field: str) -> str:

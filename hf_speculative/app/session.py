@@ -7,15 +7,17 @@ the visitor may ask for all of them at once instead.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any, Iterator
 
+from ..base import DraftStrategy
 from ..methods import get_method, pad_token_id
 from ..prompting import encode_prompt
 from .cache import LoadedModel, ModelCache
 from .highlight import SourcedText
-from .request import AppError, CompareRequest
+from .request import AppError, CompareRequest, Sources
 from .streaming import MethodTrace, describe_error, generate_into
 
 THREAD_PREFIX = "hfs-app-generate"
@@ -29,20 +31,30 @@ class Comparison:
         request (`CompareRequest`): what to run.
         cache (`ModelCache`): where draft models come from.
         max_prompt_tokens (`int`): longest prompt accepted, in tokens (chat template included).
+        sources (`Sources`, *optional*): what the app offers (draft models on disk, shipped drafters); default:
+            the registry's models and ``loaded``'s name.
+
+    Every method is prepared here, before anything runs: its options resolved (a blank draft model is the first
+    model on disk that shares the target's tokenizer), its strategy built and checked against the target. A
+    method that cannot run on this model refuses the whole request with a message saying why.
 
     Raises:
-        AppError: the prompt is too long for this demo or for the model's context.
+        AppError: the prompt is too long for this demo or for the model's context, or a method cannot run.
     """
 
-    def __init__(self, loaded: LoadedModel, request: CompareRequest, cache: ModelCache, max_prompt_tokens: int):
+    def __init__(self, loaded: LoadedModel, request: CompareRequest, cache: ModelCache, max_prompt_tokens: int,
+                 sources: Sources | None = None):
         self.loaded, self.request, self.cache = loaded, request, cache
+        self.sources = sources or Sources.offered(loaded.name)
         self.input_ids = encode_prompt(loaded.tokenizer, request.prompt).to(loaded.model.device)
         self._check_length(max_prompt_tokens)
         self._check_layers()
         self.traces = [MethodTrace(get_method(name), request.max_new_tokens) for name in request.methods]
+        self._extras = self._prepare()
         self.texts = [SourcedText(loaded.tokenizer) for _ in self.traces]
         self._rendered_blocks = [0] * len(self.traces)
         self.cancel_event = threading.Event()
+        self.stopped = False  # the visitor pressed Stop (or left)
         self._threads: list[threading.Thread] = []
 
     @property
@@ -70,8 +82,11 @@ class Comparison:
             if self.cancel_event.is_set():
                 return
 
-    def cancel(self, wait: float = 5.0) -> None:
-        """Stop the running generations (each at its next token block) and wait up to ``wait`` seconds."""
+    def cancel(self, wait: float = 5.0, *, stopped: bool = False) -> None:
+        """Stop the running generations (each at its next token block) and wait up to ``wait`` seconds.
+        ``stopped``: the visitor asked for it (the page then says "Stopped")."""
+        if stopped and not self.finished:
+            self.stopped = True
         self.cancel_event.set()
         deadline = time.monotonic() + wait
         for t in self._threads:
@@ -79,6 +94,11 @@ class Comparison:
         for trace in self.traces:
             if trace.status == "waiting":
                 trace.status = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """Every method ended (done, failed or stopped)."""
+        return all(t.status in ("done", "error", "cancelled") for t in self.traces)
 
     def _start(self, index: int) -> threading.Thread:
         trace = self.traces[index]
@@ -89,35 +109,83 @@ class Comparison:
         return thread
 
     def _generate(self, trace: MethodTrace) -> None:
-        import hf_speculative as hfs
-
         if self.cancel_event.is_set():
             trace.status = "cancelled"
             return
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
-        try:
-            options = self._resolve_options(trace.spec)
-            if trace.spec.kind == "hfs":
-                hfs.enable(model)  # idempotent, per instance
-            extra = trace.spec.build(model, tokenizer, options)
-        except Exception as err:  # noqa: BLE001 - a drafter that does not fit: shown in its pane
-            trace.error, trace.status = describe_error(err), "error"
-            return
-        generate_into(trace, model, self.input_ids, extra, cancel=self.cancel_event,
+        generate_into(trace, model, self.input_ids, self._extras[self.traces.index(trace)], cancel=self.cancel_event,
                       pad_token_id=pad_token_id(model, tokenizer), sampling=self.request.sampling)
 
+    # -- preparing ----------------------------------------------------------------------------------
+    def _prepare(self) -> list[dict]:
+        """Each method's ``generate()`` kwargs, built and checked against the target before anything runs."""
+        from .offer import method_problem
+
+        extras, problems = [], []
+        name = self.loaded.name
+        for trace in self.traces:
+            spec = trace.spec
+            problem = None if spec.kind == "baseline" else method_problem(
+                spec.name, name, self.sources, self._layer_count(), self.request.options.get(spec.name, {}))
+            if problem is None:
+                try:
+                    extras.append(self._build(spec))
+                    continue
+                except AppError as err:
+                    problem = str(err)
+                except Exception as err:  # noqa: BLE001 - a drafter that does not fit this model
+                    problem = describe_error(err)
+            extras.append({})
+            problems.append(f"{spec.label} cannot run on {name}: {problem.rstrip('.')}.")
+        if problems:
+            raise AppError(" ".join(problems) + " Untick it, or pick another model.")
+        return extras
+
+    def _build(self, spec: Any) -> dict:
+        import hf_speculative as hfs
+
+        model, tokenizer = self.loaded.model, self.loaded.tokenizer
+        options = self._resolve_options(spec)
+        if spec.kind == "hfs":
+            hfs.enable(model)  # idempotent, per instance
+        extra = dict(spec.build(model, tokenizer, options))
+        strategy = extra.get("candidate_generator")
+        if isinstance(strategy, DraftStrategy):
+            extra["candidate_generator"] = strategy = private(strategy)
+            strategy.validate_target(model)
+        if extra.get("assistant_model") is not None:  # transformers' assisted generation: same vocabulary
+            from ..drafters.draft_model import check_same_vocabulary
+
+            check_same_vocabulary(model, extra["assistant_model"], tokenizer, None)
+        return extra
+
+    def _layer_count(self) -> int | None:
+        config = self.loaded.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        total = getattr(config, "num_hidden_layers", None)
+        return total if isinstance(total, int) else None
+
     def _resolve_options(self, spec: Any) -> dict:
-        """The method's options, with a draft model name replaced by the cached model, and LayerSkip's
-        calibration kept in the package's cache under the model's fingerprint."""
+        """The method's options, with a draft model name replaced by the cached model (blank: the first model
+        on this server that shares the target's tokenizer), and LayerSkip's calibration kept in the package's
+        cache under the model's fingerprint."""
+        from .offer import draft_models
+
         options = dict(self.request.options.get(spec.name, {}))
         if "calibration_file" in spec.options and spec.option(options, "skip") == "auto":
             options["calibration_file"] = str(self.cache.calibration_file(self.loaded))
+        if "draft_model" in spec.options and options.get("draft_model") is None:
+            candidates = draft_models(self.loaded.name, self.sources)
+            if not candidates:
+                raise AppError("it needs a draft model: pick one in the method's options (a smaller model with the "
+                               "same tokenizer)")
+            options["draft_model"] = candidates[0]
         draft = options.get("draft_model")
         if isinstance(draft, str):
             try:
                 options["draft_model"] = self.cache.draft(draft)
             except Exception as err:  # noqa: BLE001
-                raise AppError(f"cannot load draft model {draft!r}: {describe_error(err)}") from err
+                raise AppError(f"cannot load the draft model {draft!r}: {describe_error(err)}") from err
         return options
 
     # -- text -------------------------------------------------------------------------------------
@@ -175,12 +243,15 @@ class Comparison:
         total = getattr(config, "num_hidden_layers", None)
         if not isinstance(total, int):
             return
-        for name, options in self.request.options.items():
-            label = get_method(name).label
-            exit_layer = options.get("exit_layer")
+        for name in self.request.methods:
+            options, spec = self.request.options.get(name, {}), get_method(name)
+            label = spec.label
+            exit_layer = spec.option(options, "exit_layer") if "exit_layer" in spec.options else None
             if exit_layer is not None and not 1 <= exit_layer < total:
+                default = "" if options.get("exit_layer") is not None else " (the method's default: set exit_layer " \
+                                                                            "in its options)"
                 raise AppError(f"{label}: exit_layer must be from 1 to {total - 1} for {self.loaded.name!r} "
-                               f"({total} layers), got {exit_layer}.")
+                               f"({total} layers), got {exit_layer}{default}.")
             skip = options.get("skip")
             if isinstance(skip, str) and skip != "auto":
                 indices = [int(i) for i in skip.split(",")]
@@ -196,6 +267,16 @@ class Comparison:
         if isinstance(context, int) and n + self.request.max_new_tokens > context:
             raise AppError(f"The prompt ({n:,} tokens) plus {self.request.max_new_tokens} new tokens exceed the "
                            f"model's context of {context:,} tokens.")
+
+
+def private(strategy: DraftStrategy) -> DraftStrategy:
+    """``strategy`` without state shared across calls that a visitor could read another visitor's answers from:
+    SuffixDecoding's history of the model's earlier outputs (``history_tokens``) is off, so that a visitor's τ
+    and target forwards depend only on their own prompt. Strategies without such state are returned as they are."""
+    if dataclasses.is_dataclass(strategy) and getattr(strategy, "history_tokens", 0) and \
+            getattr(strategy, "history_file", None) is None:
+        return dataclasses.replace(strategy, history_tokens=0)
+    return strategy
 
 
 def _json_keys(value: Any) -> Any:

@@ -7,7 +7,11 @@ token the target chose itself. So the streamer alone gives, for *every* kind of 
 target forwards (blocks), the accepted length of each step (block size - 1) and which tokens were
 drafted; ``hf_speculative.last_stats`` agrees with it after the call (the tests check this). The
 number of *proposed* tokens (for the acceptance rate) is only known to ``hf_speculative`` strategies:
-:class:`ObservedStrategy` reads it live from the per-call statistics.
+the streamer reads it live from the call's own statistics object, which
+:func:`hf_speculative.integration.active_call` hands out inside the call (the streamer runs in the
+generation thread). The strategy goes to ``generate()`` as built, unwrapped: the app's call takes the
+route the library takes for it (a tree strategy runs in hf_speculative's own loop), and the streamer
+records which route that was (:attr:`MethodTrace.route`).
 
 Stopping: the streamer raises :class:`GenerationCancelled` from ``put()`` once the run is cancelled
 (the visitor left or pressed Stop), which ends ``generate()`` at its next token block without
@@ -24,7 +28,6 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from ..base import DraftStrategy
 from ..methods import MethodSpec
 
 
@@ -50,6 +53,7 @@ class MethodTrace:
     seconds: float | None = None  # wall time of the whole generate() call
     error: str | None = None
     live_stats: Any = None  # hf_speculative's per-call SpeculativeStats while it runs
+    route: str | None = None  # "ours" (hf_speculative's own loop), "assisted" (transformers'), "plain" (no drafter)
     final_stats: Any = None  # hfs.last_stats(model) after the call (hfs methods)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
 
@@ -127,9 +131,10 @@ class TokenStreamer(BaseStreamer):
     the page's thread so that it does not count in the method's timing.
     """
 
-    def __init__(self, trace: MethodTrace, cancel: threading.Event):
+    def __init__(self, trace: MethodTrace, cancel: threading.Event, model: Any = None):
         self.trace = trace
         self.cancel = cancel
+        self.model = model
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
@@ -137,30 +142,26 @@ class TokenStreamer(BaseStreamer):
             raise GenerationCancelled()
         if not self._prompt_seen:  # generate() streams the prompt first
             self._prompt_seen = True
+            self._observe_call()
             return
         self.trace.add_block([int(t) for t in value.reshape(-1).tolist()], time.perf_counter())
 
+    def _observe_call(self) -> None:
+        """The call's statistics object and route, read inside ``generate()`` (this thread's call)."""
+        if self.model is None:
+            return
+        from ..integration import active_call
+
+        call = active_call(self.model)
+        if call is None:  # greedy, or transformers' own drafters: no hf_speculative call
+            self.trace.route = "plain" if self.trace.spec.kind == "baseline" else "assisted"
+            return
+        self.trace.live_stats = call.stats
+        # our loop's route keeps the streamer on the call (transformers does not hand it a custom_generate)
+        self.trace.route = "ours" if call.streamer is self else "assisted"
+
     def end(self) -> None:
         pass
-
-
-class ObservedStrategy(DraftStrategy):
-    """Wraps an ``hf_speculative`` strategy to expose each call's live statistics to a trace.
-
-    Everything is delegated to the wrapped strategy; :meth:`open` only records ``ctx.stats`` first.
-    """
-
-    def __init__(self, inner: DraftStrategy, trace: MethodTrace):
-        self.inner = inner
-        self.trace = trace
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def validate_target(self, target: torch.nn.Module) -> None:
-        self.inner.validate_target(target)
-
-    def open(self, ctx: Any) -> Any:
-        self.trace.live_stats = ctx.stats
-        return self.inner.open(ctx)
 
 
 def generate_into(
@@ -187,15 +188,11 @@ def generate_into(
     """
     import hf_speculative as hfs
 
-    extra = dict(extra)
-    strategy = extra.get("candidate_generator")
-    if isinstance(strategy, DraftStrategy):
-        extra["candidate_generator"] = ObservedStrategy(strategy, trace)
     kwargs: dict[str, Any] = dict(
         attention_mask=torch.ones_like(input_ids),
         max_new_tokens=trace.max_new_tokens,
         pad_token_id=pad_token_id,
-        streamer=TokenStreamer(trace, cancel),
+        streamer=TokenStreamer(trace, cancel, model),
     )
     if sampling:
         # every method (the baseline and transformers' own included) draws with the seed's noise on an enabled

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import inspect
 import logging
-import re
 from typing import Any, Iterator
 
 from ..extras import require
@@ -13,6 +13,7 @@ from ..models import DEFAULT_MODEL, REGISTRY
 from .cache import ModelCache, describe_device
 from .examples import EXAMPLES
 from .highlight import LEGEND_HTML, PANE_CSS, render_pane
+from .offer import check_downloads, draft_models, method_problems, served_models, trained_sources
 from .plots import comparison_figure
 from .request import (
     MAX_PANES,
@@ -36,11 +37,15 @@ logger = logging.getLogger(__name__)
 
 INTRO_HTML = """\
 <h1>⚡ hf_speculative: speculative decoding, side by side</h1>
-<p>Plain greedy decoding runs first, then each method you pick, on the same model and prompt. Every output
-streams live; <span class="hfs-draft">highlighted</span> text came from drafts the target accepted, the rest
-the target produced itself (one token per target forward). Under greedy decoding every method must give
-exactly greedy's text: the badge under each pane says whether it did.</p>
+<p>Plain decoding (greedy, or plain sampling when <i>Sample</i> is ticked) runs first, then each method you pick,
+on the same model and prompt. Every output streams live; <span class="hfs-draft">highlighted</span> text came
+from drafts the target accepted, the rest the target produced itself (one token per target forward). Every
+method must give exactly the plain decoding's text (under sampling: the same sample for the same seed): the
+badge under each pane says whether it did.</p>
 """
+
+MAX_UPLOAD = 0
+"""Bytes a visitor may upload: the app has no file input, so gradio's upload route takes nothing."""
 
 
 def build_app(
@@ -54,12 +59,14 @@ def build_app(
     max_new_tokens_limit: int = 512,
     default_max_new_tokens: int = 128,
     allow_local_paths: bool = False,
+    allow_downloads: bool = False,
 ) -> gr.Blocks:
     """Build the demo's Blocks (models load on the first request, not here).
 
     Visitors pick the model, draft models, EAGLE drafters and exit adapters from lists: the registry's
-    models and ``default_model``, the shipped drafters. Every value the ``/compare`` API receives is
-    checked on the server (:func:`~hf_speculative.app.request.parse_request`).
+    models on the server's disk and ``default_model``, the shipped drafters. Every value the ``/compare`` API
+    receives is checked on the server (:func:`~hf_speculative.app.request.parse_request`), and every method's
+    prerequisites before anything runs (:class:`~hf_speculative.app.session.Comparison`).
 
     Args:
         cache (`ModelCache`, *optional*): shared model cache (a fresh one on the default device if omitted).
@@ -75,20 +82,28 @@ def build_app(
         allow_local_paths (`bool`): let visitors also type any local folder or Hub id (``app.py
             --allow-local-paths``), for a local run only: refused on a Space (``SPACE_ID``), and
             ``launch()`` refuses a host beyond localhost or a share link.
+        allow_downloads (`bool`): let visitors pick registry models that are not on the server's disk, which
+            the server then downloads and converts (``app.py --allow-downloads``); refused on a Space. Without
+            it only models already on disk are served, the others shown disabled.
 
     Returns:
-        `gr.Blocks` with its queue configured; call ``.launch()`` on it.
+        `gr.Blocks` with its queue configured; call ``.launch()`` on it (uploads are refused: the app has no
+        file input, and its ``launch()`` sets gradio's ``max_file_size`` to 0 unless given).
 
     Raises:
-        ValueError: ``allow_local_paths`` on a Space.
+        ValueError: ``allow_local_paths`` or ``allow_downloads`` on a Space.
     """
     check_exposure(allow_local_paths)
+    check_downloads(allow_downloads)
     cache = cache or ModelCache()
-    sources = Sources.offered(default_model, allow_local_paths=allow_local_paths)
+    sources = Sources.offered(default_model, allow_local_paths=allow_local_paths, allow_downloads=allow_downloads)
     on_gpu = cache.device.type == "cuda"
     slots = option_slots()
-    choices = selectable_methods()
-    ticked = [m for m in (default_methods or ["prompt-lookup", "hf-prompt-lookup"]) if m in choices] or choices[:1]
+    served, unserved = served_models(sources)
+    runnable, disabled = _method_choices(default_model, sources)
+    wanted = default_methods or ["prompt-lookup", "hf-prompt-lookup"]
+    ticked = [m for m in wanted if m in runnable][: MAX_PANES - 1] or runnable[:1]
+    running: dict[str, Comparison] = {}  # session -> its comparison in progress (for Stop)
 
     # analytics off: no calls home from a demo that may run offline or on a visitor-facing Space
     with gr.Blocks(title="hf_speculative: speculative decoding demo", analytics_enabled=False) as demo:
@@ -101,25 +116,28 @@ def build_app(
                 gr.Examples(examples=[[text] for text in EXAMPLES.values()], inputs=[prompt],
                             example_labels=list(EXAMPLES), label="Examples")
             with gr.Column(scale=2):
-                model = gr.Dropdown(choices=list(sources.models), value=default_model,
-                                    allow_custom_value=allow_local_paths, label="Model",
-                                    info="registry name, local folder or Hub id" if allow_local_paths else
-                                    "models offered by this app", elem_id="hfs-model")
-                methods = gr.CheckboxGroup(choices=[(get_method(m).label, m) for m in choices], value=ticked,
-                                           label=f"Methods (greedy always runs first; up to {MAX_PANES - 1})",
+                model = gr.Dropdown(choices=served, value=default_model, allow_custom_value=allow_local_paths,
+                                    label="Model", info="registry name, local folder or Hub id" if allow_local_paths
+                                    else "the models on this server", elem_id="hfs-model")
+                gr.HTML(_unavailable_html("Not offered", unserved), css_template=PANE_CSS,
+                        elem_id="hfs-models-off", visible=bool(unserved))
+                methods = gr.CheckboxGroup(choices=_labelled(runnable), value=ticked,
+                                           label=f"Methods (plain decoding always runs first; up to {MAX_PANES - 1})",
                                            elem_id="hfs-methods")
+                methods_off = gr.HTML(_unavailable_html("Cannot run on this model", disabled), css_template=PANE_CSS,
+                                      elem_id="hfs-methods-off", visible=bool(disabled))
                 max_new = gr.Slider(1, max_new_tokens_limit, value=default_max_new_tokens, step=1,
                                     label="Max new tokens")
                 with gr.Row():
-                    sampling = gr.Checkbox(value=False, label="Sample (else greedy)")
+                    sampling = gr.Checkbox(value=False, label="Sample (else greedy)", elem_id="hfs-sample")
                     temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.7, step=0.05, label="Temperature")
                     seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed")
                 concurrent = gr.Checkbox(value=False, interactive=on_gpu, label="Run methods at the same time",
                                          info="GPU only; on CPU methods run one after another for fair timings")
-        option_inputs = _option_inputs(slots, sources)
+        groups, option_inputs, draft_inputs = _option_inputs(slots, sources, default_model, ticked)
         with gr.Row():
             run_btn = gr.Button("Generate and compare", variant="primary", elem_id="hfs-run")
-            stop_btn = gr.Button("Stop", variant="stop", elem_id="hfs-stop")
+            stop_btn = gr.Button("Stop", variant="secondary", interactive=False, elem_id="hfs-stop")
         status = gr.Markdown("Ready.", elem_id="hfs-status")
         gr.HTML(LEGEND_HTML, css_template=PANE_CSS)
         with gr.Row(equal_height=False):
@@ -128,16 +146,36 @@ def build_app(
         with gr.Accordion("Raw results (JSON)", open=False):
             results = gr.JSON(label="results", elem_id="hfs-results")
 
-        def compare(prompt, model, methods, max_new_tokens, sample, temperature, seed, concurrent,
-                    *option_values) -> Iterator[tuple]:
-            yield from _run_comparison(
-                cache, slots, default_model, max_new_tokens_limit, max_prompt_tokens,
-                (prompt, model, methods, max_new_tokens, sample, temperature, seed, concurrent, list(option_values)),
-                sources=sources, on_gpu=on_gpu,
-            )
+        def compare(request: gr.Request, prompt, model, methods, max_new_tokens, sample, temperature, seed,
+                    concurrent, *option_values) -> Iterator[tuple]:
+            session = getattr(request, "session_hash", None) or ""
+            try:
+                yield from _run_comparison(
+                    cache, slots, default_model, max_new_tokens_limit, max_prompt_tokens,
+                    (prompt, model, methods, max_new_tokens, sample, temperature, seed, concurrent, list(option_values)),
+                    sources=sources, on_gpu=on_gpu, register=lambda comparison: running.__setitem__(session, comparison),
+                )
+            finally:
+                running.pop(session, None)
 
         compare.__signature__ = _api_signature(compare, slots)  # named API parameters for the options
 
+        def stop(request: gr.Request) -> tuple:
+            comparison = running.get(getattr(request, "session_hash", None) or "")
+            if comparison is None:
+                return ("**Stopped.**", *[gr.skip()] * MAX_PANES, gr.skip(), gr.skip(), _stop_button(False))
+            comparison.cancel(stopped=True)
+            comparison.refresh_texts(final=True)
+            return (*_outputs(_stopped_status(comparison), comparison, plot=_figure(comparison),
+                              results=comparison.results()), _stop_button(False))
+
+        ui = {"api_visibility": "private", "concurrency_limit": None}  # page-only helpers, never queued behind a run
+        model.change(lambda name, picked: _on_model(name, picked, sources), inputs=[model, methods],
+                     outputs=[methods, methods_off, *draft_inputs], **ui)
+        methods.input(_at_most, inputs=[methods], outputs=[methods], **ui)
+        methods.change(lambda picked: [gr.update(visible=name in (picked or [])) for name in groups],
+                       inputs=[methods], outputs=list(groups.values()), **ui)
+        run_btn.click(lambda: _stop_button(True), outputs=[stop_btn], **ui)
         event = run_btn.click(
             compare,
             inputs=[prompt, model, methods, max_new, sampling, temperature, seed, concurrent, *option_inputs],
@@ -147,22 +185,95 @@ def build_app(
             # gets the app's own messages, not the components' checks (some of which raise on NaN or text)
             preprocess=False,
         )
-        stop_btn.click(None, cancels=[event])
+        event.then(lambda: _stop_button(False), outputs=[stop_btn], **ui)
+        stop_btn.click(stop, outputs=[status, *panes, plot, results, stop_btn], cancels=[event], **ui)
     demo.queue(max_size=max_queue, default_concurrency_limit=concurrency_limit or (2 if on_gpu else 1))
-    if allow_local_paths:
-        _guard_launch(demo)
+    _guard_launch(demo, allow_local_paths)
     return demo
 
 
-def _guard_launch(demo: gr.Blocks) -> None:
-    """Make ``demo.launch()`` refuse a host beyond localhost or a share link (``allow_local_paths``)."""
+def _stop_button(active: bool) -> Any:
+    """Stop: red and pressable while a comparison runs, grey and disabled while idle."""
+    return gr.update(variant="stop" if active else "secondary", interactive=active)
+
+
+def _guard_launch(demo: gr.Blocks, allow_local_paths: bool) -> None:
+    """Make ``demo.launch()`` refuse uploads (``max_file_size=0`` unless given: the app has no file input) and,
+    with ``allow_local_paths``, a host beyond localhost or a share link."""
     launch = demo.launch
 
     def guarded_launch(*args: Any, **kwargs: Any) -> Any:
-        check_exposure(True, kwargs.get("server_name"), bool(kwargs.get("share")))
+        if allow_local_paths:
+            check_exposure(True, kwargs.get("server_name"), bool(kwargs.get("share")))
+        kwargs.setdefault("max_file_size", MAX_UPLOAD)
         return launch(*args, **kwargs)
 
     demo.launch = guarded_launch
+
+
+def _labelled(names: list[str]) -> list[tuple[str, str]]:
+    return [(get_method(m).label, m) for m in names]
+
+
+def _method_choices(model: str, sources: Sources) -> tuple[list[str], dict[str, str]]:
+    """``(methods that can run on model, {method: why not})``."""
+    problems = method_problems(model, sources) if model else {}
+    return [m for m in selectable_methods() if m not in problems], problems
+
+
+def _unavailable_html(title: str, problems: dict[str, str]) -> str:
+    """Disabled checkboxes, one per name that cannot be picked, each with its reason (a reason shared by all of
+    them is said once, in the title)."""
+    if not problems:
+        return ""
+    shared = len(problems) > 1 and len(set(problems.values())) == 1
+    if shared:
+        title = f"{title}: {next(iter(problems.values()))}"
+    rows = "".join(
+        f'<label class="hfs-off-item" data-name="{html.escape(name)}" title="{html.escape(reason)}">'
+        f'<input type="checkbox" disabled> <b>{html.escape(get_method(name).label if _is_method(name) else name)}</b>'
+        f'{"" if shared else ": " + html.escape(reason)}</label>'
+        for name, reason in problems.items())
+    return f'<div class="hfs-off"><div class="hfs-off-title">{html.escape(title)}</div>{rows}</div>'
+
+
+def _is_method(name: str) -> bool:
+    try:
+        get_method(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _on_model(name: Any, picked: Any, sources: Sources) -> list:
+    """A model was chosen: its runnable methods (the ticked ones that still run stay ticked), the disabled ones
+    with their reasons, and the draft models that share its tokenizer."""
+    name = name if isinstance(name, str) else ""
+    runnable, disabled = _method_choices(name, sources)
+    kept = [m for m in (picked or []) if m in runnable][: MAX_PANES - 1]
+    drafts = _draft_choices(name, sources)
+    return [gr.update(choices=_labelled(runnable), value=kept),
+            gr.update(value=_unavailable_html(f"Cannot run on {name}", disabled), visible=bool(disabled)),
+            *[gr.update(choices=drafts, value=None) for _ in range(_draft_slot_count())]]
+
+
+def _at_most(picked: Any) -> Any:
+    """Keep at most three ticked methods: a fourth tick is undone at once, with a message."""
+    picked = list(picked or [])
+    if len(picked) <= MAX_PANES - 1:
+        return gr.skip()
+    gr.Warning(f"At most {MAX_PANES - 1} methods run beside plain decoding: untick one before ticking another.")
+    return gr.update(value=picked[: MAX_PANES - 1])
+
+
+def _draft_choices(model: str, sources: Sources) -> list[str]:
+    if sources.allow_local_paths:
+        return [m for m in served_models(sources)[0] if m != model]
+    return draft_models(model, sources) if model else []
+
+
+def _draft_slot_count() -> int:
+    return sum(1 for slot in option_slots() if slot.widget == "model")
 
 
 def _api_signature(fn: Any, slots: list[OptionSlot]) -> inspect.Signature:
@@ -184,43 +295,58 @@ def _versions() -> str:
     return f"torch {torch.__version__} · transformers {transformers.__version__} · gradio {gr.__version__}"
 
 
-def _option_inputs(slots: list[OptionSlot], sources: Sources) -> list[gr.components.Component]:
-    """One input per method option, grouped by method in an accordion."""
-    inputs = []
-    with gr.Accordion("Method options", open=False):
+def _option_inputs(slots: list[OptionSlot], sources: Sources, default_model: str,
+                   ticked: list[str]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """One input per method option, in one group per method, shown only while the method is ticked.
+    Returns ``({method: group}, inputs in slot order, the draft model inputs)``."""
+    groups, inputs, drafts = {}, [], []
+    with gr.Accordion("Method options (of the ticked methods; blank: the method's default)", open=False,
+                      elem_id="hfs-options"):
         for name in dict.fromkeys(slot.method for slot in slots):
             spec = get_method(name)
-            gr.Markdown(f"**{spec.label}**: {spec.description}")
-            with gr.Row():
-                for slot in (s for s in slots if s.method == name):
-                    inputs.append(_option_input(slot, sources))
-    return inputs
+            with gr.Group(visible=name in ticked, elem_id=f"hfs-options-{_identifier(name)}") as group:
+                gr.Markdown(f"**{spec.label}**: {spec.description}")
+                with gr.Row():
+                    for slot in (s for s in slots if s.method == name):
+                        component = _option_input(slot, sources, default_model)
+                        inputs.append(component)
+                        if slot.widget == "model":
+                            drafts.append(component)
+            groups[name] = group
+    return groups, inputs, drafts
 
 
-def _option_input(slot: OptionSlot, sources: Sources) -> gr.components.Component:
+def _option_input(slot: OptionSlot, sources: Sources, default_model: str) -> gr.components.Component:
     label, info = f"{slot.key}", slot.help or None
-    if slot.widget in ("model", "drafter"):
+    if slot.widget == "model":
+        return gr.Dropdown(choices=_draft_choices(default_model, sources), value=slot.default,
+                           allow_custom_value=sources.allow_local_paths, label=label, info=info)
+    if slot.widget == "drafter":
         return gr.Dropdown(choices=list(sources.for_key(slot.key)), value=slot.default,
                            allow_custom_value=sources.allow_local_paths, label=label, info=info)
-    if slot.widget in ("integer", "number"):
-        return gr.Number(value=slot.default, precision=0 if slot.widget == "integer" else None, label=label, info=info)
     if slot.widget == "bool":
         return gr.Checkbox(value=bool(slot.default), label=label, info=info)
-    return gr.Textbox(value=None if slot.default is None else str(slot.default), label=label, info=info)
+    # numbers too: blank (None) is the method's default, shown empty with the placeholder "default" (gradio's
+    # Number shows 0 for an empty value); the server checks the text as a number (request.parse_request)
+    return gr.Textbox(value=None if slot.default is None else str(slot.default), label=label, info=info,
+                      placeholder="default", max_lines=1)
 
 
 # -- one request ---------------------------------------------------------------------------------
 def _run_comparison(cache, slots, default_model, max_new_limit, max_prompt_tokens, form, *,
-                    sources: Sources | None = None, on_gpu: bool = False) -> Iterator[tuple]:
-    """The event handler's body: validate, load, run, and yield the page's outputs as they change."""
+                    sources: Sources | None = None, on_gpu: bool = False,
+                    register: Any = None) -> Iterator[tuple]:
+    """The event handler's body: validate, load, prepare every method, run, and yield the page's outputs as they
+    change. ``register(comparison)`` is called once the comparison is ready (the page's Stop finds it so)."""
     *values, option_values = form
+    sources = sources or Sources.offered(default_model)
     try:
         request = parse_request(*values, option_values, slots=slots, default_model=default_model,
                                 max_new_tokens_limit=max_new_limit, sources=sources)
         request.concurrent = request.concurrent and on_gpu
-        yield _outputs(f"Loading **{request.model}** …", None, plot=None, results=None)
+        yield _outputs(f"Loading **{request.model}** and preparing the methods …", None, plot=None, results=None)
         loaded = _load(cache, request.model)
-        comparison = Comparison(loaded, request, cache, max_prompt_tokens)
+        comparison = Comparison(loaded, request, cache, max_prompt_tokens, sources)
     except AppError as err:
         gr.Warning(str(err))
         yield _outputs(f"**⚠️ {err}**", None, results={"error": str(err)})
@@ -231,6 +357,8 @@ def _run_comparison(cache, slots, default_model, max_new_limit, max_prompt_token
         gr.Warning(message)
         yield _outputs(f"**⚠️ {message}**", None, results={"error": message})
         return
+    if register is not None:
+        register(comparison)
     try:
         for running in comparison.run():
             yield _outputs(_running_status(comparison, running), comparison)
@@ -243,8 +371,8 @@ def _run_comparison(cache, slots, default_model, max_new_limit, max_prompt_token
     for trace in comparison.traces:
         if trace.status == "error":
             gr.Warning(f"{trace.spec.label}: {trace.error}")
-    yield _outputs(_final_status(comparison), comparison, plot=comparison_figure(comparison.traces),
-                   results=comparison.results())
+    status = _stopped_status(comparison) if comparison.stopped else _final_status(comparison)
+    yield _outputs(status, comparison, plot=_figure(comparison), results=comparison.results())
 
 
 def _load(cache: ModelCache, name: str) -> Any:
@@ -265,23 +393,83 @@ def _outputs(status: str, comparison: Comparison | None, *, plot: Any = gr.skip(
     return (status, *panes, plot, results)
 
 
+def _figure(comparison: Comparison) -> Any:
+    return comparison_figure(comparison.traces, [_label(comparison, i).removesuffix(" (baseline)")
+                                                 for i in range(len(comparison.traces))])
+
+
+def _label(comparison: Comparison, index: int) -> str:
+    """A pane's title: the baseline is plain sampling when the request samples, else greedy."""
+    trace = comparison.traces[index]
+    if index == 0:
+        return ("Plain sampling" if comparison.request.sampling else trace.spec.label) + " (baseline)"
+    return trace.spec.label
+
+
 def _pane_html(comparison: Comparison, index: int) -> str:
     trace, text = comparison.traces[index], comparison.texts[index]
     return render_pane(
-        order=index + 1, method=trace.spec.name, label=trace.spec.label + (" (baseline)" if index == 0 else ""),
+        order=index + 1, method=trace.spec.name, label=_label(comparison, index),
         status=trace.status, status_text=_pane_status(trace), figures=_figures(comparison, trace), segments=text.segments,
-        badge=_badge(comparison, trace, index), error=trace.error,
+        badge=_badge(comparison, trace, index), error=trace.error, note=pane_note(trace),
     )
 
 
 def _pane_status(trace: MethodTrace) -> str:
     if trace.status == "done":
         return f"done in {trace.seconds:.2f} s"
+    if trace.status == "cancelled":
+        return f"stopped after {trace.new_tokens} tokens" if trace.started is not None else "stopped before it ran"
     return {"running": "running…", "waiting": "waiting"}.get(trace.status, trace.status)
 
 
+def pane_note(trace: MethodTrace) -> str:
+    """Why a method ran as it did when that is not a bug, read from its statistics: calibrating (LayerSkip's
+    first call on a model), drafting nothing, or drafting rarely (the cost model judged drafts not worth their
+    verification on this device)."""
+    stats = trace.final_stats or trace.live_stats
+    if stats is None or trace.status == "waiting":
+        return ""
+    for info in stats.extra.values():  # the self-speculative drafters say how they chose their layers
+        if not isinstance(info, dict):
+            continue
+        source, drafting = info.get("source"), info.get("drafting")
+        if source == "waiting":
+            return (f"calibrating (first call on this model): drafts start after {info.get('calibration_tokens')} "
+                    "generated tokens, once it has measured which layers to skip")
+        idle = "no set of skipped layers pays for its verification on this device, so it drafts nothing"
+        if source == "calibrated":
+            seconds = info.get("calibration_s")
+            took = f", {seconds:.0f} s of this call" if isinstance(seconds, (int, float)) else ""
+            return (f"calibrating (first call on this model{took}): it measured which layers to skip; "
+                    + (idle if drafting is False else "later calls draft from the start"))
+        if drafting is False:
+            return f"no drafts: {idle}"
+    if trace.status not in ("done", "cancelled") or stats.target_forwards <= 1:
+        return ""
+    if stats.drafted_tokens == 0:
+        if _drafts_from_a_model(trace.spec.name):
+            return "no drafts: verification too dear on this device (the cost model found no draft worth it)"
+        return "no drafts: nothing in the text matched well enough to pay for a verification on this device"
+    drafted = stats.steps()["drafted"]
+    drafting_steps = sum(1 for n in drafted if n)
+    # (a lookup method drafts where the text repeats itself: few drafts there is the text, not the cost model)
+    if drafting_steps * 4 < len(drafted) and _drafts_from_a_model(trace.spec.name):
+        return (f"few drafts: it drafted at {drafting_steps} of {len(drafted)} target forwards ({stats.accepted_tokens} "
+                f"of {stats.drafted_tokens} draft tokens accepted); the cost model judged more drafts not worth "
+                "their verification on this device")
+    return ""
+
+
+def _drafts_from_a_model(method: str) -> bool:
+    """The method drafts with a network (the target's layers, a draft model, a trained drafter), so it always has
+    a draft to offer: drafting nothing means the cost model judged none worth its verification."""
+    spec = get_method(method)
+    return bool(trained_sources(method)) or bool({"exit_layer", "skip", "draft_model"} & set(spec.options))
+
+
 def _figures(comparison: Comparison, trace: MethodTrace) -> str:
-    if trace.status == "waiting" or (trace.status == "error" and not trace.ids):
+    if trace.status == "waiting" or (trace.status in ("error", "cancelled") and not trace.ids):
         return ""
     speedup, tau, rate = comparison.speedup(trace), trace.tau, trace.acceptance_rate
     return " · ".join([
@@ -301,15 +489,28 @@ def _badge(comparison: Comparison, trace: MethodTrace, index: int) -> tuple[str,
     if same is None:
         return None
     # under sampling every pane draws with the request's seed (streaming.generate_into): one seed, one text
-    what = "greedy's sample" if comparison.request.sampling else "greedy"
+    what = "plain sampling" if comparison.request.sampling else "greedy"
     return ("yes", f"identical to {what} ✓") if same else ("no", f"differs from {what} ✗")
 
 
 def _running_status(comparison: Comparison, running: int) -> str:
-    trace = comparison.traces[running]
-    mode = "all at once" if comparison.request.concurrent else "one after another, greedy first"
-    return (f"Running **{running + 1}/{len(comparison.traces)}: {trace.spec.label}** on "
+    mode = "all at once" if comparison.request.concurrent else "one after another, the baseline first"
+    return (f"Running **{running + 1}/{len(comparison.traces)}: {_label(comparison, running)}** on "
             f"{describe_device(comparison.loaded.device)} ({mode}) · prompt {comparison.prompt_tokens} tokens")
+
+
+def _stopped_status(comparison: Comparison) -> str:
+    """The status after the visitor pressed Stop: what ran to the end, what was cut, what never ran."""
+    done = [t for t in comparison.traces if t.status == "done"]
+    cut = [t for t in comparison.traces if t.status == "cancelled" and t.started is not None]
+    never = [t for t in comparison.traces if t.status == "cancelled" and t.started is None]
+    text = f"**Stopped.** {len(done)}/{len(comparison.traces)} methods finished on **{comparison.loaded.name}**"
+    if cut:
+        text += " · cut short: " + ", ".join(f"{_label(comparison, comparison.traces.index(t))} "
+                                             f"({t.new_tokens} tokens)" for t in cut)
+    if never:
+        text += " · not run: " + ", ".join(_label(comparison, comparison.traces.index(t)) for t in never)
+    return text
 
 
 def _final_status(comparison: Comparison) -> str:
@@ -317,6 +518,9 @@ def _final_status(comparison: Comparison) -> str:
     failed = [t.spec.label for t in comparison.traces if t.status == "error"]
     text = (f"Done: {len(done)}/{len(comparison.traces)} methods on **{comparison.loaded.name}** "
             f"({describe_device(comparison.loaded.device)}) · prompt {comparison.prompt_tokens} tokens")
+    if comparison.request.sampling:
+        text += (f" · sampling at temperature {comparison.request.sampling['temperature']:g}, "
+                 f"seed {comparison.request.sampling['seed']}")
     if failed:
         text += f" · **⚠️ failed: {', '.join(failed)}** (see the pane)"
     if any(t.status == "cancelled" for t in comparison.traces):

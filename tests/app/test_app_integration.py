@@ -28,14 +28,14 @@ def test_default_model_prompt_lookup_matches_greedy_with_consistent_figures():
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         out = Client(url, verbose=False).predict(
-            *compare_args(EXAMPLES["code editing"], hfs.models.DEFAULT_MODEL, ["prompt-lookup"], max_new_tokens=48),
+            *compare_args(EXAMPLES["summarization"], hfs.models.DEFAULT_MODEL, ["prompt-lookup"], max_new_tokens=48),
             api_name="/compare")
     finally:
         demo.close()
     greedy, lookup = out[-1]["methods"]
     assert out[0].startswith("Done: 2/2") and greedy["new_tokens"] == 48
     loaded = cache.get(hfs.models.DEFAULT_MODEL)
-    ids = encode_prompt(loaded.tokenizer, EXAMPLES["code editing"])
+    ids = encode_prompt(loaded.tokenizer, EXAMPLES["summarization"])
     with torch.inference_mode():
         reference = type(loaded.model).generate(loaded.model, ids, attention_mask=torch.ones_like(ids),
                                                 max_new_tokens=48, do_sample=False)

@@ -114,10 +114,60 @@ def test_closing_the_page_stops_the_generation(browser_page, tiny_chat_dir):
         assert len(forwards) < 250
 
 
+def test_options_show_for_ticked_methods_only_blank_means_default_and_three_at_most(browser_page, served_app):
+    page = browser_page
+    open_app(page, served_app[0])
+    page.locator("#hfs-options").click()  # the accordion
+    shown = page.locator("#hfs-options-prompt_lookup").first  # gradio 6 nests two divs with a Group's id
+    shown.wait_for(state="visible", timeout=10_000)
+    assert page.locator("#hfs-options-eagle").first.is_hidden(), "options of methods not ticked are hidden"
+    fields = shown.locator("input[type=text], textarea")
+    assert fields.count() == 2 and all(fields.nth(i).input_value() == "" for i in range(2)), "blank, not 0"
+    assert all(fields.nth(i).get_attribute("placeholder") == "default" for i in range(2))
+    methods = page.locator("#hfs-methods")
+    methods.get_by_label("EAGLE (hfs)", exact=True).check()
+    page.locator("#hfs-options-eagle").first.wait_for(state="visible", timeout=10_000)
+    methods.get_by_label("SuffixDecoding (hfs)", exact=True).click()  # a fourth: undone at once, with a message
+    assert wait_until(lambda: methods.locator("input:checked").count() == 3
+                      and not methods.get_by_label("SuffixDecoding (hfs)", exact=True).is_checked(), 10)
+    page.get_by_text("At most 3 methods").first.wait_for(timeout=10_000)
+    # a method the model cannot run is not tickable, and says why
+    off = page.locator("#hfs-methods-off .hfs-off-item", has_text="Medusa (hfs)").first
+    assert off.locator("input").is_disabled() and "no trained set of Medusa heads ships for tiny-chat" in (
+        off.get_attribute("title"))
+    assert methods.get_by_label("Medusa (hfs)", exact=True).count() == 0
+
+
+def test_stop_says_stopped_in_the_status_and_the_panes(browser_page, tiny_chat_dir):
+    page = browser_page
+    with slow_app(tiny_chat_dir) as (url, forwards):
+        open_app(page, url)
+        stop = page.locator("#hfs-stop")
+        assert stop.is_disabled() and "stop" not in (stop.get_attribute("class") or "").split(), "grey while idle"
+        page.locator("#hfs-prompt textarea").fill(TINY_PROMPT)
+        page.locator("#hfs-run").click()
+        assert wait_until(lambda: len(forwards) > 5, 60), page.locator("#hfs-status").inner_text()
+        assert wait_until(lambda: stop.is_enabled(), 10) and "stop" in stop.get_attribute("class").split()
+        stop.click()
+        page.locator("#hfs-status").filter(has_text="Stopped.").wait_for(timeout=30_000)
+        status = page.locator("#hfs-status").inner_text()
+        assert "Running" not in status and "cut short: Greedy (baseline)" in status, status
+        assert "not run: Prompt lookup (transformers)" in status, status
+        greedy, other = page.locator("#hfs-pane-0 .hfs-pane"), page.locator("#hfs-pane-1 .hfs-pane")
+        assert greedy.get_attribute("data-status") == "cancelled" and "stopped after" in greedy.inner_text()
+        assert other.get_attribute("data-status") == "cancelled" and "stopped before it ran" in other.inner_text()
+        assert "waiting" not in other.inner_text()
+        assert wait_until(lambda: stop.is_disabled(), 10), "grey again once stopped"
+        assert wait_until(lambda: not generation_threads(), 5)
+
+
+SHOTS = ("app-first-load.png", "app-run.png", "app-stopped.png", "app-sampling.png")
+
+
 @pytest.mark.integration
 def test_default_model_in_the_browser(browser_page, tmp_path):
-    """The page on the real default model (smollm2-135m-instruct), code editing example; the screenshot
-    is the one the docs show (copy it from the test's tmp dir)."""
+    """The page on the real default model (smollm2-135m-instruct): first load, a run, a stopped run and a sampling
+    run. The screenshots are the ones the docs show: set ``HFS_APP_SCREENSHOTS`` to a folder to keep them there."""
     from hf_speculative.app.cache import ModelCache
     from hf_speculative.app.examples import EXAMPLES
     from hf_speculative.app.ui import build_app
@@ -125,14 +175,40 @@ def test_default_model_in_the_browser(browser_page, tmp_path):
 
     demo = build_app(ModelCache(), default_max_new_tokens=96)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    shots = {name: tmp_path / name for name in SHOTS}
     try:
         page = browser_page
-        status = run_comparison(page, url, EXAMPLES["code editing"], timeout_s=240)
+        open_app(page, url)
+        assert page.locator("#hfs-methods-off").get_by_text("Draft model (hfs)").count() == 1
+        page.screenshot(path=str(shots["app-first-load.png"]), full_page=True)
+
+        status = run_comparison(page, url, EXAMPLES["answer from a context"], timeout_s=240)
         assert "smollm2-135m-instruct" in status and "Done: 3/3" in status, status
         texts = check_page(page, ["prompt-lookup", "hf-prompt-lookup"])
-        assert "def " in texts["greedy"]  # the 135M model answers with code (not always the right rename)
-        page.screenshot(path=str(tmp_path / "app-smollm2.png"), full_page=True)
-        if os.environ.get("HFS_APP_SCREENSHOT"):
-            shutil.copy(tmp_path / "app-smollm2.png", os.environ["HFS_APP_SCREENSHOT"])
+        assert "330" in texts["greedy"], texts["greedy"]  # a sensible answer: the height from the context
+        page.screenshot(path=str(shots["app-run.png"]), full_page=True)
+
+        page.locator("#hfs-prompt textarea").fill(EXAMPLES["story (try sampling)"])
+        page.locator("#hfs-run").click()
+        page.locator("#hfs-pane-1 .hfs-pane[data-status=running]").wait_for(timeout=120_000)
+        page.wait_for_timeout(1500)
+        page.locator("#hfs-stop").click()
+        page.locator("#hfs-status").filter(has_text="Stopped.").wait_for(timeout=60_000)
+        page.screenshot(path=str(shots["app-stopped.png"]), full_page=True)
+
+        page.locator("#hfs-sample input").check()
+        page.locator("#hfs-run").click()
+        page.wait_for_function(
+            "() => { const t = document.querySelector('#hfs-status')?.innerText || '';"
+            " return t.includes('Done:') || t.includes('⚠️'); }", timeout=240_000)
+        assert "Done: 3/3" in page.locator("#hfs-status").inner_text()
+        first = page.locator("#hfs-pane-0 .hfs-pane")
+        assert "Plain sampling (baseline)" in first.inner_text() and "Greedy" not in first.inner_text()
+        assert "identical to plain sampling" in page.locator("#hfs-pane-1 .hfs-badge").inner_text()
+        page.locator("#hfs-plot img").first.wait_for(state="visible", timeout=30_000)
+        page.screenshot(path=str(shots["app-sampling.png"]), full_page=True)
+        if os.environ.get("HFS_APP_SCREENSHOTS"):
+            for name, path in shots.items():
+                shutil.copy(path, Path(os.environ["HFS_APP_SCREENSHOTS"]) / name)
     finally:
         demo.close()

@@ -88,3 +88,21 @@ def test_layer_skip_calibration_lives_under_the_model_fingerprint(tmp_path):
 
 def test_device_description():
     assert describe_device(torch.device("cpu")).startswith("CPU (")
+
+
+def test_a_failed_load_is_remembered_not_retried_by_every_visitor(monkeypatch):
+    from hf_speculative.app import cache as cache_module
+
+    loader = _Loader()
+    cache = ModelCache(loader, device=torch.device("cpu"), warmup=False)
+    with pytest.raises(OSError, match="no such model"):
+        cache.get("broken")
+    with pytest.raises(RuntimeError, match=r"no such model \(this load failed \d+ s ago; it is tried again 5 minutes"):
+        cache.get("broken")
+    with pytest.raises(RuntimeError, match="no such model"):
+        cache.draft("broken")
+    assert loader.calls == ["broken"], "tried once"
+    monkeypatch.setattr(cache_module, "RETRY_AFTER_S", 0.0)
+    with pytest.raises(OSError):
+        cache.get("broken")
+    assert loader.calls == ["broken", "broken"], "tried again once the time has passed"

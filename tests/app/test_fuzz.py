@@ -180,7 +180,10 @@ def test_names_are_chosen_from_lists_whatever_exists_on_disk(tmp_path):
     assert offered.models[0] == "/operator/model" and "smollm2-135m-instruct" in offered.models
     request = _parse(form({"model": "smollm2-135m-instruct", "eagle__eagle": offered.eagle[0],
                            "early_exit_adapter__adapter": offered.adapters[0], "draft_model__draft_model": "/operator/model",
-                           "methods": ["eagle", "early-exit-adapter", "draft-model"]}), default_model="/operator/model")
+                           "methods": ["eagle", "early-exit-adapter", "draft-model"]}), default_model="/operator/model",
+                     # the registry model passes as a name whether or not it is on this disk (test_visitors.py checks
+                     # that one not on disk is then refused, without --allow-downloads)
+                     sources=Sources.offered("/operator/model", allow_downloads=True))
     assert request.model == "smollm2-135m-instruct"
     assert request.options == {"eagle": {"eagle": offered.eagle[0]}, "early-exit-adapter": {"adapter": offered.adapters[0]},
                                "draft-model": {"draft_model": "/operator/model"}}

@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from hf_speculative.app.request import selectable_methods
+from hf_speculative.methods import get_method
 from hf_speculative.bench.runner import encode_prompt
 from tests.app.conftest import TINY_PROMPT, compare_args, generation_threads, slow_app, wait_until
 
-# Methods that must run on the tiny model (others, e.g. eagle without a trained drafter, must fail cleanly).
-MUST_RUN = {"prompt-lookup", "draft-model", "hf-prompt-lookup", "hf-assisted", "hf-early-exit"}
+# Methods that must run on the tiny model; the others (trained drafters shipped for other models) must be refused
+# before anything runs, with the reason.
+MUST_RUN = {"prompt-lookup", "draft-model", "early-exit", "layer-skip", "hf-prompt-lookup", "hf-assisted",
+            "hf-early-exit", "suffix", "lookahead"}
 
 
 def _value(output):
@@ -38,9 +41,18 @@ def _compare(client, *args, **kwargs):
 
 def test_every_method_streams_greedy_text_with_consistent_figures(client, tiny_chat_dir):
     names = selectable_methods()
-    by_method, panes, greedy_tps = {}, {}, {}
-    for start in range(0, len(names), 3):  # greedy + three methods per page
-        group = names[start:start + 3]
+    by_method, panes, greedy_tps, refused = {}, {}, {}, {}
+    for name in names:  # each alone first: a method that cannot run is refused before anything runs
+        out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), [name], options=_options_for(tiny_chat_dir))
+        if not out[0].startswith("Done:"):
+            refused[name] = out[0]
+    assert MUST_RUN & set(refused) == set(), refused
+    for name, status in refused.items():
+        assert f"{get_method(name).label} cannot run on" in status and "ships for tiny-chat" in status, status
+        assert "Traceback" not in status and "--" not in status, "in words for a web page, not the command line's"
+    runnable = [n for n in names if n not in refused]
+    for start in range(0, len(runnable), 3):  # greedy + three methods per page
+        group = runnable[start:start + 3]
         out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), group, options=_options_for(tiny_chat_dir))
         status, pane_outputs, results = out[0], out[1:5], out[-1]
         assert status.startswith("Done:"), status
@@ -51,14 +63,10 @@ def test_every_method_streams_greedy_text_with_consistent_figures(client, tiny_c
     greedy = by_method["greedy"]
     assert greedy["status"] == "done" and greedy["new_tokens"] > 0 and greedy["tau"] == 1.0
     assert greedy["target_forwards"] == greedy["new_tokens"]
-    for name in names:
+    for name in runnable:
         record, pane = by_method[name], panes[name]
         assert f'data-method="{name}"' in pane
-        if record["status"] == "error":
-            assert name not in MUST_RUN, f"{name} failed: {record['error']}"
-            assert record["error"] and "Traceback" not in record["error"] and 'class="hfs-error"' in pane
-            continue
-        assert record["status"] == "done"
+        assert record["status"] == "done", record["error"]
         assert record["output_ids"] == greedy["output_ids"] and record["text"] == greedy["text"]
         assert record["identical_to_baseline"] is True and 'data-identical="yes"' in pane
         assert _pane_text(pane) == record["text"]
@@ -76,7 +84,6 @@ def test_every_method_streams_greedy_text_with_consistent_figures(client, tiny_c
             assert record["acceptance_rate"] == pytest.approx(stats["acceptance_rate"]) or not stats["drafted_tokens"]
     assert by_method["prompt-lookup"]["accepted_tokens"] > 0, "the repetitive prompt must give accepted drafts"
     assert 'class="hfs-draft"' in panes["prompt-lookup"]
-    assert MUST_RUN & set(names) == {n for n in names if by_method[n]["status"] == "done"} & MUST_RUN
 
 
 def test_the_baseline_is_transformers_greedy(client, served_app, tiny_chat_dir):
@@ -122,17 +129,22 @@ def test_bad_requests_show_a_message_and_the_app_keeps_serving(client, tiny_chat
     assert again[0].startswith("Done: 2/2")
 
 
-def test_a_drafter_that_does_not_fit_fails_in_its_pane_only(client, tiny_chat_dir, other_vocab_dir):
+def test_a_drafter_that_does_not_fit_is_refused_before_anything_runs(client, served_app, tiny_chat_dir,
+                                                                     other_vocab_dir):
     options = {("draft-model", "draft_model"): str(other_vocab_dir), ("hf-assisted", "draft_model"): str(other_vocab_dir)}
-    out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["draft-model", "hf-assisted", "prompt-lookup"],
-                   options=options, max_new_tokens=8)
-    records = {m["method"]: m for m in out[-1]["methods"]}
-    assert "failed: Draft model (hfs)" in out[0]
-    for name in ("draft-model", "hf-assisted"):
-        assert records[name]["status"] == "error", records[name]
-        assert "Traceback" not in records[name]["error"]
-    assert "vocab" in records["draft-model"]["error"].lower()
-    assert records["prompt-lookup"]["status"] == "done" and records["prompt-lookup"]["identical_to_baseline"]
+    forwards = []
+    handle = served_app[2].get(str(tiny_chat_dir)).model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        out = _compare(client, TINY_PROMPT, str(tiny_chat_dir), ["draft-model", "hf-assisted", "prompt-lookup"],
+                       options=options, max_new_tokens=8)
+    finally:
+        handle.remove()
+    status = out[0]
+    assert status.startswith("**⚠️") and out[-1] == {"error": status.strip("*⚠️ ")}, status
+    for label in ("Draft model (hfs) cannot run on", "Assisted (transformers) cannot run on"):
+        assert label in status, status
+    assert "tokenizers" in status.lower() and "Traceback" not in status
+    assert forwards == [], "nothing ran: not even greedy"
 
 
 def test_queue_is_bounded_with_a_concurrency_limit(served_app):
