@@ -87,6 +87,8 @@ class MethodTrace:
 
     @property
     def accepted_tokens(self) -> int:
+        if self.final_stats is not None:  # exact: a path cut by EOS or a stop string streams no bonus token
+            return int(self.final_stats.accepted_tokens)
         return sum(self.accepted_lengths)
 
     @property
