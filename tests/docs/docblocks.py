@@ -6,7 +6,8 @@ Every block is one of:
 - a ``python`` block: executed; the python blocks of a page run in order in one namespace, so a
   block may use what an earlier block of the same page defined;
 - a shell block (``bash``/``sh``/``shell``/``console``) whose every command is ``hf-speculative ...``
-  or ``python -m hf_speculative ...``: each command is run (typer's CliRunner), in page order;
+  or ``python -m hf_speculative ...`` (also spelt ``.venv/bin/hf-speculative`` / ``.venv/bin/python -m
+  hf_speculative``, as after ``make demo``): each command is run (typer's CliRunner), in page order;
 - anything else (``pip install``, ``accelerate launch`` on many GPUs, a file's contents, ...): it
   must say why it is not run, with an HTML comment on the line before its fence::
 
@@ -40,6 +41,9 @@ SPEC_BENCH = ROOT / "hf_speculative" / "bench" / "data" / "spec_bench" / "questi
 ALL_MODELS = "HF_SPECULATIVE_DOCS_ALL_MODELS"
 
 PYTHON = {"python", "py"}
+# the command line as the docs spell it: installed, or in the .venv that `make demo` / `make test` build
+CONSOLE_SCRIPTS = {"hf-speculative", ".venv/bin/hf-speculative"}
+PYTHONS = {"python", ".venv/bin/python"}
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
 _MARKER = re.compile(r"^\s*<!--\s*(?P<kind>not-run|needs)\s*:(?P<value>.*?)-->\s*$")
@@ -80,9 +84,9 @@ class Block:
         """The hf-speculative arguments of every command, or None if some command is something else."""
         out = []
         for argv in self.commands:
-            if argv[0] == "hf-speculative":
+            if argv[0] in CONSOLE_SCRIPTS:
                 out.append(argv[1:])
-            elif argv[:3] == ["python", "-m", "hf_speculative"]:
+            elif argv[0] in PYTHONS and argv[1:3] == ["-m", "hf_speculative"]:
                 out.append(argv[3:])
             else:
                 return None

@@ -48,7 +48,8 @@ def test_the_parser_sees_markers_and_commands(tmp_path, monkeypatch):
     page.write_text(
         "Text\n\n```python\nx = 1\n```\n\n<!-- not-run: needs 8 GPUs -->\n```bash\naccelerate launch x\n```\n\n"
         "<!-- needs: gpu, transformers>=4.57 -->\n\n```bash\nhf-speculative compare \\\n  --model m  # the model\n"
-        "python -m hf_speculative models list\n```\n\n```text\nout\n```\n"
+        "python -m hf_speculative models list\n.venv/bin/hf-speculative models verify\n"
+        ".venv/bin/python -m hf_speculative --help\n```\n\n```text\nout\n```\n"
     )
     monkeypatch.setattr("docblocks.ROOT", tmp_path)
     blocks = parse(page)
@@ -56,7 +57,7 @@ def test_the_parser_sees_markers_and_commands(tmp_path, monkeypatch):
     assert [b.marker for b in blocks] == [None, "not-run", "needs", None]
     assert blocks[1].value == "needs 8 GPUs" and not blocks[1].executable
     assert blocks[2].requirements == ["gpu", "transformers>=4.57"]
-    assert blocks[2].cli_args == [["compare", "--model", "m"], ["models", "list"]]
+    assert blocks[2].cli_args == [["compare", "--model", "m"], ["models", "list"], ["models", "verify"], ["--help"]]
     assert blocks[0].executable and not blocks[3].executable
 
 

@@ -48,7 +48,11 @@ def site(tmp_path_factory) -> Path:
         cwd=ROOT, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    BUILD_LOG.append(proc.stdout + proc.stderr)
     return out
+
+
+BUILD_LOG: list[str] = []  # the build's output, for the tests that read its messages
 
 
 def test_site_builds_strictly_offline(site):
@@ -76,3 +80,19 @@ def test_api_reference_is_rendered_from_docstrings(site):
     for needle in ("PromptLookup", "DraftModel", "Eagle", "num_tokens", "confidence_threshold"):
         assert needle in text
     assert "N-gram lookup over the prompt and the generated text" in text
+
+
+def test_signatures_are_formatted(site):
+    """mkdocstrings formats the API reference's separate signatures with Ruff (or Black); without either
+    it says so, at INFO level, which --strict lets through: the [docs] extra must bring one."""
+    assert "Formatting signatures requires" not in BUILD_LOG[-1], (
+        "mkdocstrings found neither Ruff nor Black: add ruff to setup.cfg's [docs] extra")
+
+
+def test_code_and_tables_stay_inside_the_column(site):
+    """docs/stylesheets/extra.css (code wraps, wide tables scroll inside the column) is on every page."""
+    css = site / "stylesheets" / "extra.css"
+    assert css.is_file()
+    assert "pre-wrap" in css.read_text(encoding="utf-8")
+    for html in (site / "index.html", site / "troubleshooting" / "index.html"):
+        assert "stylesheets/extra.css" in html.read_text(encoding="utf-8"), html

@@ -3,8 +3,8 @@
 The package's source is parsed (``ast``) for message sites: ``raise SomeError("...")``, the CLI's
 ``_fail("...")``, ``typer.BadParameter("...")``, ``logger.warning("...")`` and ``warnings.warn("...")``.
 Each message becomes a template, its literal text with ``{…}`` where values are formatted in.
-Sites whose message is not literal (``_fail(str(err))``, re-raises) pass on a message raised, and
-covered, elsewhere.
+Sites whose message is not literal (``_fail(str(err))``, re-raises), or whose literal text is shorter than
+a quote may be (``f"{where}.members: {error}"``), pass on a message raised, and covered, elsewhere.
 
 The page quotes messages in its ``###`` headings, as code spans: a distinctive fragment, with ``…``
 for the parts that vary (``DraftModel(num_tokens=…): must be >= 1.``). A site is covered when one
@@ -14,7 +14,9 @@ matches any message (the message changed or went away) fails it too.
 
 An entry is one or more ``###`` headings followed by its text, which says ``Cause:`` and then
 ``Fix:``. A few entries quote a message of transformers itself that users of the package meet (a
-heading ending in ``(transformers)``); each is reproduced here, so that it stays the real text.
+heading ending in ``(transformers)``); each is reproduced or found in transformers' source here, so
+that it stays the real text. Set-up entries may quote pip or the shell (a heading ending in ``(pip)``
+or ``(shell)``): those messages are neither the package's nor checked against it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ PAGE = DOCS / "troubleshooting.md"
 HOLE = "{…}"
 MIN_QUOTE = 12  # characters of literal text a quote needs to be distinctive
 FOREIGN = " (transformers)"  # a heading quoting transformers' own message ends so
+OUTSIDE = (" (pip)", " (shell)")  # headings quoting pip or the shell (setting up), checked against nothing
 _MESSAGE_CALLS = {"_fail", "BadParameter", "warning", "warn", "error", "exception"}
 # helpers that raise a message their caller writes, passed by keyword
 _MESSAGE_KEYWORDS = {"find_folder": "missing"}
@@ -85,6 +88,25 @@ def _resolve(arg: ast.AST, site: ast.AST, scopes: list[ast.AST]) -> ast.AST:
     return max(values, key=lambda v: v.lineno) if values else arg
 
 
+def _message_template(arg: ast.AST, site: ast.AST, scopes: list[ast.AST]) -> str | None:
+    """The template of a message argument: a variable resolved as in :func:`_resolve`, and in an f-string
+    the variables formatted into it that hold a message of their own (``raise Error(f"{message} ({known})")``
+    after ``message = f"unknown option {key!r} ..."``) replaced by their templates."""
+    node = _resolve(arg, site, scopes)
+    if not isinstance(node, ast.JoinedStr):
+        return _template(node)
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(value.value)
+            continue
+        inner = value.value if isinstance(value, ast.FormattedValue) else None
+        resolved = _resolve(inner, site, scopes) if isinstance(inner, ast.Name) else None
+        text = _template(resolved) if resolved is not None and resolved is not inner else None
+        parts.append(text if text is not None else HOLE)
+    return "".join(parts)
+
+
 def _call_name(node: ast.Call) -> str:
     func = node.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
@@ -109,9 +131,9 @@ def message_sites(package: Path = PACKAGE, root: Path = ROOT) -> list[Site]:
                 call, kind = ast.Call(func=node.func, args=[keyword.value], keywords=[]), _call_name(node)
             else:
                 continue
-            template = _template(_resolve(call.args[0], node, scopes))
-            if template is None or not template.replace(HOLE, "").strip():
-                continue
+            template = _message_template(call.args[0], node, scopes)
+            if template is None or len(template.replace(HOLE, "").strip()) < MIN_QUOTE:
+                continue  # a message formatted from others (``f"{where}: {error}"``) passes theirs on
             sites.append(Site(str(path.relative_to(root)), node.lineno, kind, template))
     return sorted(sites, key=lambda site: (site.path, site.line))
 
@@ -135,7 +157,9 @@ def page_quotes(page: Path = PAGE, foreign: bool = False) -> list[str]:
     ``foreign=True`` those of the headings that quote transformers."""
     quotes = []
     for line in page.read_text(encoding="utf-8").splitlines():
-        if re.match(r"^#{3,4} ", line) and line.rstrip().endswith(FOREIGN) == foreign:
+        if not re.match(r"^#{3,4} ", line) or line.rstrip().endswith(OUTSIDE):
+            continue
+        if line.rstrip().endswith(FOREIGN) == foreign:
             quotes.extend(_heading_quotes(line))
     return quotes
 
@@ -214,15 +238,43 @@ def test_forgetting_enable_is_the_first_entry_quoting_transformers_own_words():
     with pytest.raises(ValueError) as raised:
         model.generate(**prompt_inputs(), max_new_tokens=4, candidate_generator=hfs.PromptLookup())
     assert [q for q in foreign if _matches(q, str(raised.value))] == foreign[:1], str(raised.value)
-    assert len(foreign) == 1, "a new (transformers) entry needs its own reproduction in this test"
+    assert foreign[1:] == list(TRANSFORMERS_SOURCES), "a new (transformers) entry needs its own check in this test"
+
+
+# transformers' messages quoted by the page after the first: the module whose source raises each, and the
+# transformers versions that have it
+TRANSFORMERS_SOURCES = {
+    "accelerate is required when loading a GGUF file": ("transformers.modeling_utils", "5"),
+}
+
+
+def test_other_transformers_messages_are_transformers_own_words():
+    """Messages of transformers that the package cannot easily provoke (accelerate missing while reading a
+    GGUF file) are looked up in transformers' own source, where the installed version raises them."""
+    import importlib
+    import inspect
+
+    import transformers
+    from packaging.version import Version
+
+    checked = 0
+    for quote, (module, since) in TRANSFORMERS_SOURCES.items():
+        if Version(transformers.__version__) < Version(since):
+            continue
+        source = inspect.getsource(importlib.import_module(module))
+        assert _matches(quote, source), f"{module} of transformers {transformers.__version__} no longer says {quote!r}"
+        checked += 1
+    if not checked:
+        pytest.skip(f"transformers {transformers.__version__} raises none of these messages")
 
 
 def test_entries_are_parsed_with_their_headings(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# T\n\n## A\n\n### `first message`\n\n### `second message`\n\nCause: x\n\nFix: y\n\n"
-                    "## B\n\n### `third message` (transformers)\n\nonly text\n")
+                    "## B\n\n### `third message` (transformers)\n\nonly text\n\n"
+                    "### `fourth: command not found` (shell)\n\nCause: x\n\nFix: y\n")
     entries = page_entries(page)
-    assert [len(e.headings) for e in entries] == [2, 1]
+    assert [len(e.headings) for e in entries] == [2, 1, 1]
     assert "Fix: y" in entries[0].text and entries[1].text.strip() == "only text"
     assert page_quotes(page) == ["first message", "second message"]
     assert page_quotes(page, foreign=True) == ["third message"]
@@ -244,11 +296,14 @@ def test_templates_and_matching(tmp_path):
         "    raise KeyError(message)\n"
         "def h(name):\n"
         "    return find_folder(name, DIR, missing=f'No widget at {name!r}: give a folder.')\n"
+        "def k(key, known):\n"
+        "    message = f'unknown option {key!r}'\n"
+        "    raise ValueError(f'{message} ({known})')\n"
     )
     sites = message_sites(tmp_path / "pkg", root=tmp_path)
     assert [s.template for s in sites] == ["Thing(n={…}): must be >= 1.", "pip failed (exit {…}) for {…}",
                                            "cannot load model {…}: {…}", "Cannot read {…}; it is corrupt.",
-                                           "No widget at {…}: give a folder."]
+                                           "No widget at {…}: give a folder.", "unknown option {…} ({…})"]
     assert _matches("Thing(n=…): must be >= 1.", sites[0].template)
     assert not _matches("Other(n=…): must be >= 1.", sites[0].template)
     assert _matches("pip failed (exit …) for", sites[1].template)
