@@ -24,26 +24,158 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
-__all__ = ["sha256_file", "stat_key", "settled", "check_files", "read_trust", "write_json_atomic", "drafter_trust_file"]
+__all__ = ["sha256_file", "stat_key", "settled", "check_files", "read_trust", "write_json_atomic", "drafter_trust_file",
+           "FileRefused", "confined", "open_regular", "read_capped", "read_json_capped", "MAX_JSON_BYTES",
+           "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
 
 _CHUNK = 8 << 20
+MAX_JSON_BYTES = 4 << 20  # a config.json, manifest, weights index or calibration file read from disk
+MAX_HASHED_BYTES = 64 << 30  # a file hashed against a digest (a drafter's weights): read at most this much
+MAX_NAME_CHARS = 1024  # a relative file name in a spec or a manifest
 TRUST_VERSION = 1
 SETTLE_NS = 2_000_000_000  # a file changed more recently than this is hashed, not trusted (see above)
 
 
-def sha256_file(path: Path, update: Callable[[int], Any] | None = None) -> str:
-    """Hex sha256 of the file at `path`; `update(n)` is called with each chunk's size (a progress bar)."""
+class FileRefused(ValueError):
+    """A file that is not read: outside its folder, not a regular file (a device such as ``/dev/zero``, a FIFO,
+    a socket, a folder) or over its size cap. The message names the field that named the file."""
+
+
+def confined(folder: str | os.PathLike, name: Any, what: str) -> Path:
+    """``folder / name``, resolved, when ``name`` is a plain relative name inside ``folder``: a non-empty string
+    of at most ``MAX_NAME_CHARS`` characters, not absolute, no ``..``, no ``~``, no backslash or NUL, and no
+    symlink on the way that leads out of ``folder``. ``what`` names the field in the error.
+
+    Raises:
+        FileRefused: anything else (nothing is opened or stat'ed outside ``folder``).
+    """
+    relative = check_relative_name(name, what, folder)
+    root = Path(folder).resolve()
+    resolved = (root / relative).resolve()
+    if not _inside(resolved, _link_root(root)):
+        raise FileRefused(f"{what}: {name[:200]!r} is a symlink that leads out of the folder {root} (to {resolved}); "
+                          f"{_FIX.format(folder=root)}, as a real file rather than a link.")
+    return resolved
+
+
+_FIX = ("name a file inside the folder by its relative name (e.g. \"config.json\"); copy the file into {folder} "
+        "if it lives elsewhere")
+
+
+def check_relative_name(name: Any, what: str, folder: Any = "the model's folder") -> PurePosixPath:
+    """``name`` as a relative path when it is a plain relative name (see :func:`confined`), without looking
+    at any file; else :class:`FileRefused` naming ``what``."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
+        shown = repr(name)[:60] if isinstance(name, str) else type(name).__name__
+        raise FileRefused(f"{what}: must be a relative file name of 1 to {MAX_NAME_CHARS} characters, got {shown}; "
+                          f"{_FIX.format(folder=folder)}.")
+    relative = PurePosixPath(name)
+    if ("\\" in name or "\x00" in name or relative.is_absolute() or Path(name).is_absolute() or name.startswith("~")
+            or ".." in relative.parts):
+        raise FileRefused(f"{what}: {name[:200]!r} leaves the folder (an absolute path, '..', '~' or a backslash); "
+                          f"{_FIX.format(folder=folder)}.")
+    return relative
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _link_root(root: Path) -> Path:
+    """Where symlinks of ``root`` may lead: ``root`` itself, or for a snapshot of the Hugging Face Hub cache
+    (``models--org--name/snapshots/<revision>/...``, whose files are links to ``../../blobs/``) that repository's
+    folder in the cache."""
+    parts = root.parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith("models--"):
+            return Path(*parts[:i])
+    return root
+
+
+def _not_regular(path: Path, st: os.stat_result, what: str) -> FileRefused:
+    kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+            "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "not a regular file")
+    return FileRefused(f"{what}: {path} is {kind}, not a regular file, so it is not read; name a regular file.")
+
+
+def open_regular(path: str | os.PathLike, what: str) -> tuple[int, os.stat_result]:
+    """An open descriptor (read-only) of the regular file at ``path`` and its stat. A device, FIFO, socket or
+    folder is refused before it is opened, and again after (opened non-blocking, so a FIFO swapped in
+    meanwhile cannot hang the open). The caller closes the descriptor.
+
+    Raises:
+        FileRefused: not a regular file. OSError: it cannot be opened.
+    """
+    path = Path(path)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st, what)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _too_big(path: Path, size: int | str, cap: int, what: str) -> FileRefused:
+    return FileRefused(f"{what}: {path} has {size} bytes, over the limit of {cap} bytes for this file, so it is not "
+                       "read (see docs/hosting.md); use a smaller file.")
+
+
+def read_capped(path: str | os.PathLike, cap: int, what: str) -> bytes:
+    """The bytes of the regular file at ``path``, refused when it holds more than ``cap`` bytes: its size is
+    checked before reading, and at most ``cap + 1`` bytes are read anyway (a file that grows meanwhile)."""
+    path = Path(path)
+    fd, st = open_regular(path, what)
+    with os.fdopen(fd, "rb") as handle:
+        if st.st_size > cap:
+            raise _too_big(path, st.st_size, cap, what)
+        data = handle.read(cap + 1)
+    if len(data) > cap:
+        raise _too_big(path, f"more than {cap}", cap, what)
+    return data
+
+
+def read_json_capped(path: str | os.PathLike, what: str, cap: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value in the regular file at ``path`` (at most ``cap`` bytes); a file that is not JSON (or
+    nests too deep, or holds an integer of more than 4300 digits) is a :class:`FileRefused` naming ``what``."""
+    data = read_capped(path, cap, what)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise FileRefused(f"{what}: {path} is not valid JSON ({type(error).__name__}: {str(error)[:200]}); replace it "
+                          "with the file that was saved.") from None
+
+
+def sha256_file(path: Path, update: Callable[[int], Any] | None = None, *, cap: int = MAX_HASHED_BYTES,
+                what: str | None = None) -> str:
+    """Hex sha256 of the regular file at `path` (at most `cap` bytes, else :class:`FileRefused`); `update(n)` is
+    called with each chunk's size (a progress bar)."""
+    what = what or str(path)
+    fd, st = open_regular(path, what)
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > cap:
+            raise _too_big(Path(path), st.st_size, cap, what)
+        left = cap + 1
+        while left > 0 and (chunk := f.read(min(_CHUNK, left))):
+            left -= len(chunk)
             digest.update(chunk)
             if update is not None:
                 update(len(chunk))
+    if left <= 0:
+        raise _too_big(Path(path), f"more than {cap}", cap, what)
     return digest.hexdigest()
 
 
@@ -64,12 +196,12 @@ def read_trust(trust_file: Path | None, folder: Path) -> dict[str, list]:
     if trust_file is None:
         return {}
     try:
-        data = json.loads(trust_file.read_text(encoding="utf-8"))
+        data = read_json_capped(trust_file, "the trust record")
         if data.get("version") != TRUST_VERSION or data.get("folder") != str(folder):
             return {}
         files = data.get("files")
         return files if isinstance(files, dict) else {}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # FileRefused is a ValueError
         return {}
 
 
@@ -116,7 +248,11 @@ def check_files(folder: Path, expected: Mapping[str, str], trust_file: Path | No
     hashed = False
     for name, want in sorted(expected.items()):
         want = want.lower()
-        path = folder / name
+        try:  # a name from a manifest is a relative name inside the folder: nothing outside it is opened
+            path = confined(folder, name, "a file listed in the manifest")
+        except FileRefused:
+            problems.append((str(name)[:200], "is not a relative name inside the folder (it is not read)"))
+            continue
         try:
             before = os.stat(path)
         except OSError:
@@ -129,7 +265,7 @@ def check_files(folder: Path, expected: Mapping[str, str], trust_file: Path | No
         try:
             got = sha256_file(path)
             after = os.stat(path)
-        except OSError as e:
+        except (OSError, FileRefused) as e:
             problems.append((name, f"cannot be read ({e})"))
             continue
         hashed = True

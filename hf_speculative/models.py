@@ -631,19 +631,33 @@ def _hub_id(name: str) -> str:
                         f"local model folder, or check the network (HF_ENDPOINT, HTTPS_PROXY).")
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: Any = None) -> tuple[Any, Any]:
+def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: Any = None,
+               verify: bool = False) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer from a registry name, a local folder or a Hub id.
+
+    A registry model's files are checked against its marker before loading, whether it is named by its
+    registry name or by its cache folder's path (hashed once, then trusted while unchanged on disk; see
+    the module docstring). A local folder's ``generation_config.json`` is read first under the bounds of a
+    spec (``hf_speculative.spec.check_bounds``), so a hostile one is refused with the field named.
 
     Args:
         name_or_path: registry name (fetched on first use), local folder or Hub id.
         dtype: torch dtype or its name (`"bfloat16"`, `"auto"`); default float32 on CPU, the stored
             dtype elsewhere.
         device: where to move the model (default: stay on CPU).
+        verify: re-hash every file of a local folder against its manifest before loading (a registry cache
+            entry's marker ``hf_speculative.json``, or a ``sha256sums.json`` of ``{"sha256": {file: digest}}``);
+            a folder with neither is refused.
 
     Returns:
         `(model, tokenizer)`, the model in eval mode.
+
+    Raises:
+        RegistryError: the folder's files differ from its manifest (or ``verify`` without one).
+        hf_speculative.spec.SpecError: a ``generation_config.json`` beyond the bounds of a spec.
     """
     path = resolve(name_or_path)  # first: an unusable name fails before torch and transformers are imported
+    _check_folder(Path(path), verify)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -662,3 +676,111 @@ def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: 
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
+
+
+FOLDER_MANIFEST = "sha256sums.json"  # {"sha256": {relative file name: hex digest}}, as a drafter folder's
+
+
+def registry_entry(folder: Path) -> str | None:
+    """The registry name whose cache folder ``folder`` is (any transformers major version's), or ``None``."""
+    try:
+        resolved = folder.resolve()
+        models_dir = (cache_dir() / "models").resolve()
+    except OSError:
+        return None
+    if resolved.parent.parent == models_dir and resolved.parent.name in REGISTRY and (resolved / MARKER).is_file():
+        return resolved.parent.name
+    return None
+
+
+def _check_folder(folder: Path, verify: bool) -> None:
+    """What :func:`load_model` checks of a local folder before transformers reads it: a registry cache entry
+    against its marker (every file re-hashed with ``verify``), any other folder against its manifest with
+    ``verify``; its generation_config.json against the bounds of a spec."""
+    if not folder.is_dir():
+        if verify:
+            raise RegistryError(f"load_model(verify=True) checks a local folder against its manifest; {str(folder)!r} "
+                                "is not a local folder (a Hub id has none). Download it to a folder first.")
+        return
+    if registry_entry(folder) is not None:
+        _check_entry(folder.resolve(), "full" if verify else "trusted")
+    elif verify:
+        if (folder / MARKER).is_file():
+            _check_entry(folder, "full")
+        elif (folder / FOLDER_MANIFEST).is_file():
+            _check_manifest(folder)
+        else:
+            raise RegistryError(f"load_model({str(folder)!r}, verify=True): the folder has no manifest ({MARKER} of a "
+                                f"registry model, or {FOLDER_MANIFEST} with {{\"sha256\": {{file: digest}}}}), so "
+                                "there is nothing to verify against. Write one where the folder is made, or load "
+                                "without verify=True.")
+    check_generation_config(folder)
+
+
+def _check_manifest(folder: Path) -> None:
+    try:
+        digests = integrity.read_json_capped(folder / FOLDER_MANIFEST, FOLDER_MANIFEST)["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RegistryError(f"{folder / FOLDER_MANIFEST} is not a readable manifest ({error}); it must hold "
+                            "{\"sha256\": {file name: hex digest}}.") from None
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise RegistryError(f"{folder / FOLDER_MANIFEST}: its 'sha256' must map file names to hex digests.")
+    problems = integrity.check_files(folder, digests, None, full=True)
+    if problems:
+        (rel, what), more = problems[0], problems[1:]
+        others = f" (and {len(more)} more: {', '.join(r for r, _ in more)})" if more else ""
+        raise RegistryError(f"The model folder {folder} failed its integrity check: {rel} {what}{others}, unlike its "
+                            f"{FOLDER_MANIFEST}. Copy or download the folder again.")
+
+
+class _HugeInt:
+    """An integer literal too long to read (JSON readers refuse over 4300 digits), kept to name its field."""
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _parse_int(text: str) -> Any:
+    return _HugeInt(len(text)) if len(text) > 64 else int(text)
+
+
+def check_generation_config(folder: Path) -> None:
+    """Read ``folder/generation_config.json`` as transformers will, but bounded: a regular file of at most
+    ``spec.MAX_GENERATION_CONFIG_BYTES`` (1 MiB), JSON that Python can read, and a ``candidate_generator`` spec within the
+    bounds of ``spec.check_bounds``; a ``SpecError`` naming the field otherwise (transformers' own reader would
+    raise a bare ``ValueError`` or ``RecursionError`` from inside ``from_pretrained``)."""
+    from . import spec
+
+    path = folder / "generation_config.json"
+    if not os.path.lexists(path):
+        return
+    where = f"{path}"
+    huge = False
+    try:
+        text = integrity.read_capped(path, spec.MAX_GENERATION_CONFIG_BYTES, where)
+        try:
+            data = json.loads(text)
+        except ValueError as error:  # an over-long integer: read again, keeping it to name its field
+            if "digits" not in str(error):
+                raise
+            data, huge = json.loads(text, parse_int=_parse_int), True
+    except integrity.FileRefused as error:
+        raise spec.SpecError(str(error)) from None
+    except RecursionError:
+        raise spec.SpecError(f"{where}: nested deeper than a JSON reader can follow (a spec nests at most "
+                             f"{spec.MAX_SPEC_DEPTH} levels); replace the file with one written by save_pretrained.") \
+            from None
+    except ValueError as error:
+        raise spec.SpecError(f"{where} is not valid JSON ({str(error)[:200]}).") from None
+    stack = [(data, "generation_config")] if huge else []
+    while stack:  # name the field of the over-long integer
+        item, at = stack.pop()
+        if isinstance(item, _HugeInt):
+            raise spec.SpecError(f"{at}: an integer of {item.digits} digits, over the {spec.MAX_SPEC_INT_BITS}-bit bound "
+                                 "of a spec (no setting is that large); use the documented range of the option.")
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+    if isinstance(data, dict) and spec.FIELD in data:
+        spec.check_bounds(data[spec.FIELD])

@@ -15,12 +15,14 @@ both, as the spec loader and the app do.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
 import operator
 import os
 import reprlib
+import stat
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -49,6 +51,50 @@ class OptionError(ValueError):
 class OptionTypeError(OptionError, TypeError):
     """An option of the wrong type (a float or a string for an integer, ...): a ``TypeError`` that
     ``except ValueError`` catches too."""
+
+
+class CheckedOnAssignment:
+    """Base of the strategies (dataclasses): a field assigned after construction is checked as a constructor
+    argument would be (``__post_init__`` runs again over every field), and a refused value leaves the strategy
+    as it was, so a strategy is never in a state its constructor would refuse (``pl.max_ngram = 10**5`` raises
+    the constructor's error). A strategy read from a spec forgets that spec once changed (it serializes anew)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        post = cls.__dict__.get("__post_init__")
+        if post is None or getattr(post, "_checks_fields", False):
+            return
+
+        @functools.wraps(post)
+        def checked_post_init(self, *args: Any, **kw: Any) -> Any:
+            state = self.__dict__
+            depth = state.get("_hfs_checking", 0)
+            state["_hfs_checking"] = depth + 1
+            try:
+                return post(self, *args, **kw)
+            finally:
+                state["_hfs_checking"] = depth
+                if depth == 0:
+                    state["_hfs_ready"] = True
+
+        checked_post_init._checks_fields = True
+        cls.__post_init__ = checked_post_init
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        state = self.__dict__
+        fields = getattr(type(self), "__dataclass_fields__", {})
+        if not state.get("_hfs_ready") or state.get("_hfs_checking") or name not in fields:
+            object.__setattr__(self, name, value)
+            return
+        before = dict(state)
+        object.__setattr__(self, name, value)
+        try:
+            self.__post_init__()
+        except BaseException:
+            state.clear()
+            state.update(before)
+            raise
+        state.pop("_hf_speculative_spec", None)
 
 
 def shown(value: Any) -> str:
@@ -89,7 +135,10 @@ def check_int(owner: str, name: str, value: Any, low: int, high: int) -> int:
 def check_number(owner: str, name: str, value: Any, low: float, high: float, *, below_high: bool = False) -> float:
     """``value`` as a finite ``float`` in ``[low, high]`` (``[low, high)`` with ``below_high``)."""
     real = isinstance(value, numbers.Real) and not _is_bool(value)
-    number = float(value) if real else math.nan
+    try:
+        number = float(value) if real else math.nan
+    except OverflowError:  # an integer beyond any float: out of range
+        number = math.nan
     inside = low <= number < high if below_high else low <= number <= high  # False for NaN
     if not inside:
         error = OptionError if real else OptionTypeError
@@ -105,9 +154,18 @@ def check_bool(owner: str, name: str, value: Any) -> bool:
 
 
 def check_optional_path(owner: str, name: str, value: Any) -> str | os.PathLike | None:
-    """``value`` if it is a file path (``str`` or ``os.PathLike``) or ``None``."""
+    """``value`` if it is a file path (``str`` or ``os.PathLike``) or ``None``; a path that exists must be a
+    regular file (not a device such as ``/dev/zero``, a FIFO or a folder: they are never read)."""
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise OptionTypeError(f"{owner}({name}={shown(value)}): must be a file path (str or os.PathLike) or None.")
+    if value is not None:
+        try:
+            mode = os.stat(value).st_mode
+        except (OSError, ValueError):  # not there yet (it is written later), or a name the OS refuses
+            return value
+        if not stat.S_ISREG(mode):
+            raise OptionError(f"{owner}({name}={shown(value)}): must be a regular file (or a path that does not exist "
+                              "yet), not a device, FIFO, socket or folder.")
     return value
 
 

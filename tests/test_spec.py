@@ -183,15 +183,19 @@ def test_a_draft_model_without_a_name_is_refused(tmp_path):
         model.save_pretrained(tmp_path)
 
 
-def test_a_draft_model_outside_the_folder_is_saved_by_its_path(tmp_path):
+def test_a_draft_model_outside_the_folder_is_copied_into_it(tmp_path):
+    """A spec loads a draft model only from inside the model's folder (or a cached registry name): one loaded
+    from elsewhere is saved into ``draft-model/`` and named relatively."""
     model = hfs.enable(build_model("llama"))
     sibling_model(model).save_pretrained(tmp_path / "elsewhere")
     draft = AutoModelForCausalLM.from_pretrained(tmp_path / "elsewhere").eval()
     model.generation_config.candidate_generator = hfs.DraftModel(draft, **FIXED)
     model.save_pretrained(tmp_path / "model")
-    assert saved_spec(tmp_path / "model")["path"] == str((tmp_path / "elsewhere").resolve())
+    assert saved_spec(tmp_path / "model")["path"] == "draft-model"
+    assert (tmp_path / "model" / "draft-model" / "config.json").is_file()
     restored = reload(tmp_path / "model").generation_config.candidate_generator
-    assert restored.model.name_or_path == str((tmp_path / "elsewhere").resolve())
+    assert restored.model.name_or_path == str((tmp_path / "model" / "draft-model").resolve())
+    assert all(torch.equal(a, b) for a, b in zip(restored.model.state_dict().values(), draft.state_dict().values()))
 
 
 def test_a_strategy_without_a_spec_is_refused(tmp_path):

@@ -14,7 +14,7 @@ from .. import compat
 from ..accept import chain_candidates, draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import draft_price, record_draft_step, verify_costs_for
-from ..options import shown
+from ..options import CheckedOnAssignment, shown
 from ..state import state_of
 from ..tree import DraftTree, Verdict
 from ..tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
@@ -23,7 +23,7 @@ from .policy import ChainLengthPolicy, TreeBudget, check_chain_options
 
 
 @dataclasses.dataclass(eq=False)
-class DraftModel(DraftStrategy):
+class DraftModel(CheckedOnAssignment, DraftStrategy):
     """Draft with a smaller model that shares the target's tokenizer.
 
     The drafter keeps its own KV cache for the whole call and rolls it back to the verified

@@ -65,6 +65,7 @@ def load_adapter(source: str | os.PathLike | EagleDraftModel, *, sha256: dict[st
 
         path = checkpoints.find_folder(
             source, SHIPPED_DIR,
+            owner="EarlyExit", argument="adapter",
             missing=f"No exit adapter at {str(source)!r}: give the folder written by `hf-speculative train-eagle --exit-layer K "
             f"--out DIR` (config.json + model.safetensors), or a shipped name {shipped_adapters()}.")
         net = checkpoints.load_drafter(path, sha256=sha256).requires_grad_(False)

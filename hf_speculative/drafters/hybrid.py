@@ -26,11 +26,12 @@ import torch
 
 from .. import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ..options import CheckedOnAssignment
 from ..tree import DraftTree, Verdict
 
 
 @dataclasses.dataclass(eq=False, init=False)
-class Hybrid(DraftStrategy):
+class Hybrid(CheckedOnAssignment, DraftStrategy):
     """Draft with the first of ``strategies`` that proposes something at each step.
 
     Put the cheap ones first: a member is asked only when all members before it drafted nothing,

@@ -80,14 +80,20 @@ class SkipCalibration:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SkipCalibration":
+        from ..integrity import MAX_JSON_BYTES, read_capped
+
+        try:  # a regular file of at most MAX_JSON_BYTES (FileRefused, a ValueError, names the option otherwise)
+            text = read_capped(path, MAX_JSON_BYTES, f"LayerSkip(calibration_file={os.fspath(path)!r})")
+        except OSError as error:
+            raise ValueError(f"{os.fspath(path)!r} is not a readable LayerSkip calibration ({error}); delete it to "
+                             "calibrate again, or pass skip=[...] explicitly.") from error
         try:
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-            if data.pop("format", None) != FORMAT:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
                 raise ValueError(f"format is not {FORMAT!r}")
             data.pop("source", None)
             return cls(**data, source="file")
-        except (OSError, ValueError, TypeError) as error:
+        except (ValueError, TypeError, RecursionError) as error:
             raise ValueError(f"{os.fspath(path)!r} is not a readable LayerSkip calibration ({error}); delete it to "
                              "calibrate again, or pass skip=[...] explicitly.") from error
 

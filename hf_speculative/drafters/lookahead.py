@@ -35,9 +35,10 @@ import torch
 from .. import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
+from ..options import CheckedOnAssignment
 from ..tree import ROOT, DraftTree, Verdict
 from ..tree_shapes import DynamicTree
-from .policy import TreeBudget
+from .policy import TreeBudget, check_input_ids
 
 MAX_POOL_KEYS = 1_000_000
 
@@ -81,7 +82,7 @@ class NgramPool:
 
 
 @dataclasses.dataclass
-class Lookahead(DraftStrategy):
+class Lookahead(CheckedOnAssignment, DraftStrategy):
     """Lookahead decoding: a Jacobi window and an n-gram pool verified in one tree per target forward.
 
     Runs in hf_speculative's own tree loop (greedy or seeded sampling, lossless either way).
@@ -155,6 +156,7 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
         self._step: tuple[int, int, int] = (0, 0, 0)  # (verification nodes, levels, columns) of the last tree
 
     def _index(self, input_ids: torch.LongTensor) -> None:
+        check_input_ids("Lookahead", input_ids, min_length=1)
         self.tokens += input_ids[0, len(self.tokens):].tolist()
         tokens, n = self.tokens, self.config.ngram
         if not self.levels and self.config.window:

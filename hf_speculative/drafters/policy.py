@@ -52,6 +52,18 @@ def best_length(costs: VerifyCostModel, rate: float, max_tokens: int) -> int:
     return best_k
 
 
+def check_input_ids(owner: str, input_ids, *, min_length: int = 0) -> None:
+    """A clear ``ValueError`` unless ``input_ids`` is a 2-D ``[batch, length]`` tensor of token ids with at least
+    ``min_length`` tokens (a 3-D tensor or an empty prompt would otherwise fail deep inside a drafter)."""
+    shape = tuple(getattr(input_ids, "shape", ()))
+    if len(shape) != 2:
+        raise ValueError(f"{owner}: input_ids must be a 2-D tensor [batch, length] of token ids, got shape {shape}; "
+                         "pass the tokenizer's input_ids as they are (e.g. tokenizer(text, return_tensors='pt')).")
+    if shape[1] < min_length:
+        raise ValueError(f"{owner}: the prompt is empty (input_ids of shape {shape}), and it drafts from the prompt's "
+                         "tokens; give at least one token (e.g. the tokenizer's bos_token_id).")
+
+
 def check_chain_options(strategy) -> None:
     """The checks every chain drafter's options share (``num_tokens``, ``confidence_threshold``,
     ``adaptive``, ``draft_cost``), with the strategy's class name in the message (see ``options``)."""

@@ -12,14 +12,15 @@ import torch
 from .. import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
+from ..options import CheckedOnAssignment
 from ..tree import DraftTree, Verdict
 from ..tree_shapes import DynamicTree
 from .lookup_tree import MultiNgramIndex, lookup_tree
-from .policy import AcceptanceEstimate, TreeBudget, best_length
+from .policy import AcceptanceEstimate, TreeBudget, best_length, check_input_ids
 
 
 @dataclasses.dataclass
-class PromptLookup(DraftStrategy):
+class PromptLookup(CheckedOnAssignment, DraftStrategy):
     """N-gram lookup over the prompt and the generated text.
 
     Better than transformers' ``prompt_lookup_num_tokens``: the longest n-gram first and its *most
@@ -110,6 +111,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
             self.budget = TreeBudget(self.costs, config.tree.nodes, config.adaptive)
 
     def propose(self, input_ids, max_tokens):
+        check_input_ids("PromptLookup", input_ids)
         self.index.extend(input_ids[0, len(self.index.tokens) :].tolist())
         self._matched_n = None
         match = self.index.lookup()
@@ -138,6 +140,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         shape = self.config.tree
         if shape is None:
             return None
+        check_input_ids("PromptLookup", input_ids)
         self.matches.extend(input_ids[0, len(self.matches.tokens):].tolist())
         nodes = self._asked = self.budget.choose()
         if nodes == 0:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from .. import options
+from ..options import CheckedOnAssignment
 from ..base import CallContext, DraftStrategy
 from ..costs import verify_costs_for
 from .layer_calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
@@ -26,7 +27,7 @@ from .layer_view import check_structure, layer_subset, num_layers
 from .policy import check_chain_options
 
 
-class _SelfSpeculative(DraftStrategy):
+class _SelfSpeculative(CheckedOnAssignment, DraftStrategy):
     """What EarlyExit and LayerSkip share (each declares its own fields, in its own order)."""
 
     reads_target: ClassVar[str] = "cache"  # drafts with the target's layers over its dynamic cache

@@ -25,17 +25,19 @@ import torch
 from .. import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..costs import verify_costs_for
+from ..options import CheckedOnAssignment
 from ..tree import ROOT, DraftTree, Verdict
 from ..tree_shapes import DynamicTree
-from .suffix_history import SuffixHistory, history_for
+from .suffix_history import HISTORY_NODE_BYTES, SuffixHistory, history_for
 from .suffix_tree import SuffixTrie, best_speculation
 
 MAX_HISTORY_TOKENS = 10_000_000  # the history's trie holds up to ``max_depth`` nodes per token
+MAX_HISTORY_NODES = 1 << 24  # ``history_tokens * max_depth``: the nodes the history's trie may reach
 MAX_CONTEXT_TOKENS = 10_000_000
 
 
 @dataclasses.dataclass
-class SuffixDecoding(DraftStrategy):
+class SuffixDecoding(CheckedOnAssignment, DraftStrategy):
     """Draft trees from suffix tries over the call's text and the model's earlier outputs (SuffixDecoding).
 
     Runs in hf_speculative's own tree loop (greedy or seeded sampling, lossless either way).
@@ -50,9 +52,12 @@ class SuffixDecoding(DraftStrategy):
         min_token_prob (`float`, defaults to 0.1): a node's path probability (product of the frequency ratios
             down its path) must reach this to be drafted (0-1).
         history_tokens (`int`, defaults to 100_000): tokens of the model's earlier outputs kept per model in this
-            process (0: no history, only the call's own text).
-        history_file (`str`, *optional*): a JSON file the history is loaded from when first used (if it exists)
-            and written to after every call.
+            process (0: no history, only the call's own text); ``history_tokens * max_depth`` is at most
+            ``MAX_HISTORY_NODES`` (16.7M), and the history's trie is kept under ``MAX_HISTORY_BYTES`` (1 GiB,
+            estimated), the oldest outputs forgotten first.
+        history_file (`str`, *optional*): a JSON file the history is loaded from when first used (if it exists;
+            a regular file of at most 64 MiB) and written to after every call. In a saved spec, a name inside the
+            model's folder (the file is then kept in hf_speculative's cache; see docs/hosting.md).
         context_tokens (`int`, defaults to 65_536): the call's own trie indexes its last ``context_tokens``
             tokens (prompt and output); older ones are forgotten as the text grows.
         adaptive (`bool`, defaults to `True`): verify the first ``n`` nodes (best first) that maximise
@@ -83,6 +88,12 @@ class SuffixDecoding(DraftStrategy):
         self.context_tokens = options.check_int(owner, "context_tokens", self.context_tokens, self.max_depth,
                                                 MAX_CONTEXT_TOKENS)
         self.adaptive = options.check_bool(owner, "adaptive", self.adaptive)
+        if self.history_tokens * self.max_depth > MAX_HISTORY_NODES:
+            raise options.OptionError(
+                f"SuffixDecoding(history_tokens={self.history_tokens}, max_depth={self.max_depth}): the history's trie "
+                f"could reach history_tokens * max_depth = {self.history_tokens * self.max_depth:,} nodes (about "
+                f"{HISTORY_NODE_BYTES} bytes each), over the bound of {MAX_HISTORY_NODES:,}; lower history_tokens "
+                f"(at most {MAX_HISTORY_NODES // self.max_depth:,} at this depth) or max_depth.")
         if self.history_file is not None and self.history_tokens == 0:
             raise options.OptionError(f"SuffixDecoding(history_file={options.shown(self.history_file)}, "
                                       f"history_tokens=0): a history file needs a history; give history_tokens > 0 "

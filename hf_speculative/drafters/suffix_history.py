@@ -18,29 +18,45 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from .. import integrity
 from .suffix_tree import SuffixTrie, best_speculation
 
 FORMAT = "hf_speculative.suffix_history"
+MAX_HISTORY_BYTES = 1 << 30  # a history's trie is kept under this many bytes (estimated): oldest outputs go first
+HISTORY_NODE_BYTES = 320  # what one trie node costs, an upper estimate (measured: about 300 bytes in CPython 3.11)
+MAX_HISTORY_FILE_BYTES = 64 << 20  # a history file is refused above this size, before it is read
 
 
 class SuffixHistory:
     """The outputs one model generated, oldest first, in one suffix trie. Thread-safe.
 
+    Two bounds, the oldest outputs forgotten first to keep both: ``max_tokens`` tokens, and a byte budget
+    (``max_bytes``, default ``MAX_HISTORY_BYTES``) on the trie's estimated size (``HISTORY_NODE_BYTES`` per node).
+
     Args:
         depth (`int`): the trie's depth (``SuffixDecoding.max_depth``).
         max_tokens (`int`): tokens kept; older outputs are forgotten.
-        path (`str`, *optional*): a JSON file the outputs are loaded from (if it exists) and saved to.
+        path (`str`, *optional*): a JSON file the outputs are loaded from (if it exists) and saved to; a regular
+            file of at most ``MAX_HISTORY_FILE_BYTES``.
+        max_bytes (`int`, *optional*): the byte budget.
     """
 
-    def __init__(self, depth: int, max_tokens: int, path: str | os.PathLike | None = None):
+    def __init__(self, depth: int, max_tokens: int, path: str | os.PathLike | None = None,
+                 max_bytes: int | None = None):
         self.trie = SuffixTrie(depth)
         self.max_tokens = max_tokens
+        self.max_bytes = MAX_HISTORY_BYTES if max_bytes is None else max_bytes
         self.path = None if path is None else Path(path)
         self.outputs: deque[list[int]] = deque()
         self.tokens = 0
         self.lock = threading.Lock()
-        if self.path is not None and self.path.exists():
+        if self.path is not None and os.path.lexists(self.path):
             self._load()
+
+    @property
+    def bytes(self) -> int:
+        """The trie's estimated size: ``HISTORY_NODE_BYTES`` per live node."""
+        return self.trie.nodes * HISTORY_NODE_BYTES
 
     def add(self, output: list[int]) -> None:
         """Remember one output (its last ``max_tokens`` tokens), forget the oldest ones beyond the bound, and
@@ -50,13 +66,15 @@ class SuffixHistory:
                 self._save()
 
     def _insert(self, output: list[int]) -> bool:
-        output = [int(t) for t in output[-self.max_tokens:]] if self.max_tokens else []
+        # at most the tokens whose nodes fit the byte budget (each adds up to ``depth`` nodes)
+        keep = min(self.max_tokens, self.max_bytes // (HISTORY_NODE_BYTES * self.trie.depth))
+        output = [int(t) for t in output[-keep:]] if keep else []
         if not output:
             return False
         self.outputs.append(output)
         self.trie.add(output)
         self.tokens += len(output)
-        while self.tokens > self.max_tokens:
+        while self.outputs and (self.tokens > self.max_tokens or self.bytes > self.max_bytes):
             oldest = self.outputs.popleft()
             self.trie.remove(oldest)
             self.tokens -= len(oldest)
@@ -84,10 +102,13 @@ class SuffixHistory:
             raise
 
     def _load(self) -> None:
+        what = f"SuffixDecoding(history_file={str(self.path)!r})"
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError) as error:
-            problem = str(error)
+            data = json.loads(integrity.read_capped(self.path, MAX_HISTORY_FILE_BYTES, what))
+        except integrity.FileRefused:
+            raise
+        except (OSError, ValueError, RecursionError) as error:
+            problem = str(error)[:200]
         else:
             outputs = data.get("outputs") if isinstance(data, dict) and data.get("format") == FORMAT else None
             valid = isinstance(outputs, list) and all(
@@ -97,7 +118,13 @@ class SuffixHistory:
         if problem is not None:
             raise ValueError(f"SuffixDecoding(history_file={str(self.path)!r}): cannot read it as a suffix "
                              f"history ({problem}); pass a file written by SuffixDecoding, or a new path.")
-        for output in outputs:
+        newest, tokens = [], 0
+        for output in reversed(outputs):  # only the newest outputs within the bound are indexed
+            if tokens >= self.max_tokens:
+                break
+            newest.append(output)
+            tokens += len(output)
+        for output in reversed(newest):
             self._insert(output)
 
 

@@ -225,20 +225,29 @@ def test_real_model_equals_greedy_and_learns_from_its_history():
     assert forwards[1] < forwards[0]
 
 
-def test_saved_in_a_generation_config(tmp_path):
+def test_saved_in_a_generation_config(tmp_path, monkeypatch):
+    """The history file is copied beside the saved model and named relatively; loading the spec reads it from
+    there and keeps it, read and written, in hf_speculative's cache (never where an absolute path would point)."""
     import json
 
     from hf_speculative import spec
 
+    monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path / "cache"))
     model = hfs.enable(build_model("llama"))
     strategy = hfs.SuffixDecoding(max_nodes=12, spec_factor=2.0, history_file=tmp_path / "history.json")
+    strategy.history(model).add([5, 6, 7, 5, 6, 7])  # written to tmp_path/history.json
     model.generation_config.candidate_generator = strategy
     model.save_pretrained(tmp_path / "model")
     written = json.loads((tmp_path / "model" / "generation_config.json").read_text())["candidate_generator"]
-    assert written == {"method": "suffix", "options": spec.options_of(strategy)}
-    assert written["options"]["history_file"] == str(tmp_path / "history.json")
+    assert written == {"method": "suffix", "options": {**spec.options_of(strategy), "history_file": "suffix-history.json"}}
+    assert (tmp_path / "model" / "suffix-history.json").read_bytes() == (tmp_path / "history.json").read_bytes()
     restored = spec.from_spec(written, model, tmp_path / "model")
-    assert type(restored) is hfs.SuffixDecoding and spec.options_of(restored) == spec.options_of(strategy)
+    assert type(restored) is hfs.SuffixDecoding
+    kept = restored.history_file
+    assert kept.startswith(str(tmp_path / "cache" / "spec-files")) and kept.endswith(".json")
+    assert {k: v for k, v in spec.options_of(restored).items() if k != "history_file"} == \
+        {k: v for k, v in spec.options_of(strategy).items() if k != "history_file"}
+    assert list(restored.history(build_model("llama")).outputs) == [[5, 6, 7, 5, 6, 7]]
 
 
 @pytest.mark.slow

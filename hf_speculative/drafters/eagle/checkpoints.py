@@ -37,13 +37,14 @@ All four projects store ``d2t`` as an offset: target id = draft id + d2t[draft i
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 
-from ...spec import file_sha256
+from ... import integrity, options
 from .config import EagleConfig
 from .formats import NATIVE, SAFEAILAB1, CheckpointError, detect, read, write
 from .model import EagleDraftModel
@@ -62,14 +63,20 @@ def shipped_names(shipped_dir: Path) -> list[str]:
     return sorted(p.name for p in shipped_dir.iterdir() if (p / "config.json").exists())
 
 
-def find_folder(source: str | Path, shipped_dir: Path, missing: str) -> Path:
+def find_folder(source: str | Path, shipped_dir: Path, missing: str, owner: str = "from_pretrained",
+                argument: str = "path_or_name") -> Path:
     """``source`` if it is a folder, else the shipped network of that name under ``shipped_dir``. A shipped
     network (by name or by path) must carry its manifest: :func:`check_manifest` with ``required``.
 
     Raises:
         FileNotFoundError: ``missing``, the caller's message saying what to give instead.
+        TypeError: ``source`` is not a path or a name (``owner(argument=...)`` in the message).
         CheckpointError: a shipped network without a readable manifest.
     """
+    if not isinstance(source, (str, Path)) and not hasattr(source, "__fspath__"):
+        names = shipped_names(shipped_dir)
+        raise options.OptionTypeError(f"{owner}({argument}={options.shown(source)}): must be a folder (str or "
+                                      f"os.PathLike) or the name of a shipped network ({', '.join(names) or 'none'}).")
     path = Path(source)
     if not path.is_dir():
         if str(source) not in shipped_names(shipped_dir):
@@ -95,7 +102,21 @@ def save_pretrained(model: EagleDraftModel, directory: str | Path, *, metadata: 
     return directory
 
 
+def check_weights_file(path: Path) -> None:
+    """A weights file is a regular file under ``integrity.MAX_HASHED_BYTES`` (a FIFO or a device in a drafter
+    folder would hang the reader or never end), else a CheckpointError."""
+    try:
+        fd, st = integrity.open_regular(path, f"the weights file {path.name}")
+        os.close(fd)
+        if st.st_size > integrity.MAX_HASHED_BYTES:
+            raise integrity.FileRefused(f"the weights file {path} has {st.st_size} bytes, over the limit of "
+                                        f"{integrity.MAX_HASHED_BYTES}.")
+    except integrity.FileRefused as error:
+        raise CheckpointError(str(error)) from None
+
+
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    check_weights_file(path)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -120,12 +141,18 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
             continue
         if not name.endswith(".index.json"):
             return _read_file(path)
-        weight_map = json.loads(path.read_text())["weight_map"]
+        weight_map = _read_json(path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{path}: its weight_map must map weight names to shard file names.")
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
-            if not (directory / shard).exists():
+            try:  # a shard is a file of this folder: nothing outside it is read
+                shard_path = integrity.confined(directory, shard, f"{path} weight_map")
+            except integrity.FileRefused as error:
+                raise CheckpointError(str(error)) from None
+            if not shard_path.exists():
                 raise CheckpointError(f"{path} lists the shard {shard}, which is not in {directory}.")
-            state.update(_read_file(directory / shard))
+            state.update(_read_file(shard_path))
         return state
     raise CheckpointError(f"No weights in {directory}: expected one of {', '.join(WEIGHT_FILES)}.")
 
@@ -169,14 +196,54 @@ def _checkpoint_dir(path: str | Path) -> Path:
     return directory
 
 
-def _read_config(config_path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> Any:
+    """A JSON file of a drafter folder: a regular file of at most ``integrity.MAX_JSON_BYTES``."""
     try:
-        cfg = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{config_path} is not valid JSON ({error}).") from error
+        return integrity.read_json_capped(path, path.name)
+    except integrity.FileRefused as error:
+        raise CheckpointError(str(error)) from None
+
+
+def _read_config(config_path: Path) -> dict[str, Any]:
+    cfg = _read_json(config_path)
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{config_path} holds a {type(cfg).__name__}, not a config object.")
     return cfg
+
+
+def check_digests(directory: Path, sha256: Any) -> None:
+    """Check the files of ``directory`` against ``sha256`` (``{relative name: hex digest}``): names inside the
+    folder only, regular files only (see ``integrity``)."""
+    if sha256 is None:
+        return
+    if not isinstance(sha256, dict):
+        raise CheckpointError(f"sha256={options.shown(sha256)}: must map file names to hex sha256 digests.")
+    for name, want in sha256.items():
+        if not isinstance(want, str) or len(want) != 64 or any(c not in "0123456789abcdefABCDEF" for c in want):
+            raise CheckpointError(f"sha256[{options.shown(name)}]={options.shown(want)}: not a hex sha256 digest "
+                                  "(64 hex digits).")
+        try:
+            path = integrity.confined(directory, name, "sha256")
+            got = integrity.sha256_file(path, what=f"sha256[{name!r}]")
+        except integrity.FileRefused as error:
+            raise CheckpointError(str(error)) from None
+        if got != want.lower():
+            raise CheckpointError(f"sha256 of {path} is {got}, expected {want.lower()}: the file is "
+                                  "damaged or not the published one. Download it again.")
+
+
+def checked_read(read_config: Any, config_path: Path, fmt: str) -> Any:
+    """``read_config()`` (a format reader, then the config's checks), its errors as CheckpointErrors naming the
+    config file: a field of the wrong type or beyond its bound, an unknown activation or rope type."""
+    try:
+        return read_config()
+    except CheckpointError as error:
+        raise CheckpointError(f"{config_path} ({fmt}): {error}") from None
+    except KeyError as error:
+        raise CheckpointError(f"{config_path} ({fmt}) lacks the field {error}, which that format always has.") from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as error:
+        raise CheckpointError(f"{config_path} ({fmt}): {error} Use the config.json that was saved with these "
+                              "weights.") from None
 
 
 def network_kind(path: str | Path) -> tuple[int, int | None]:
@@ -188,6 +255,7 @@ def network_kind(path: str | Path) -> tuple[int, int | None]:
     if single.exists():
         from safetensors import safe_open
 
+        check_weights_file(single)
         try:
             with safe_open(str(single), framework="pt") as handle:  # the header only
                 names = set(handle.keys())
@@ -222,22 +290,14 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     directory = _checkpoint_dir(path)
     config_path = directory / "config.json"
     check_manifest(directory)
-    for name, want in (sha256 or {}).items():
-        got = file_sha256(directory / name)
-        if got != want.lower():
-            raise CheckpointError(f"sha256 of {directory / name} is {got}, expected {want.lower()}: the file is "
-                                  "damaged or not the published one. Download it again.")
+    check_digests(directory, sha256)
     cfg = _read_config(config_path)
     state = _read_weights(directory)
     fmt = detect(cfg, set(state))
-    try:
-        config, state = read(fmt, cfg, state, target_config)
-    except KeyError as error:
-        message = f"{config_path} ({fmt}) lacks the field {error}, which that format always has."
-        raise CheckpointError(message) from error
-    validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})")
-    if target_config is not None:
+    config, state = checked_read(lambda: read(fmt, cfg, state, target_config), config_path, fmt)
+    if target_config is not None:  # first: cheap, and its message names both sides
         _check_target_config(config, target_config)
+    checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})"), config_path, fmt)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     return config, state, fmt
@@ -265,9 +325,9 @@ def check_manifest(directory: str | Path, *, full: bool = False, required: bool 
                                   "the installation is incomplete. Reinstall hf-speculative.")
         return 0
     try:
-        digests = json.loads(manifest.read_text())["sha256"]
+        digests = integrity.read_json_capped(manifest, MANIFEST)["sha256"]
         problem = "its 'sha256' does not map file names to hex digests"
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:  # FileRefused (a device, too big) is a ValueError
         digests, problem = None, f"{type(error).__name__}: {error}"
     if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
         raise CheckpointError(f"{manifest} is not a readable sha256 manifest ({problem}). Reinstall hf-speculative, "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from ... import compat
+from ... import compat, options
+from .. import saved_config as bounds
 from ..saved_config import SavedConfig
 
 FORMAT_NAME = "hf_speculative.eagle"
@@ -68,8 +69,9 @@ class EagleConfig(SavedConfig):
     exit_layer: int | None = None
 
     def __post_init__(self):
-        if self.version not in (1, 3):
-            raise ValueError(f"EagleConfig(version={self.version!r}): must be 1 (EAGLE-1/2) or 3 (EAGLE-3).")
+        if self.version not in (1, 3) or isinstance(self.version, bool):
+            raise ValueError(f"EagleConfig(version={options.shown(self.version)}): must be 1 (EAGLE-1/2) or 3 (EAGLE-3).")
+        self._check_fields()
         if self.exit_layer is not None:
             if self.version != 3 or int(self.exit_layer) < 1:
                 raise ValueError(f"EagleConfig(exit_layer={self.exit_layer!r}): an exit adapter is EAGLE-3 shaped "
@@ -104,6 +106,45 @@ class EagleConfig(SavedConfig):
             raise ValueError("EagleConfig: EAGLE-1 reads the target's final hidden state; target_layers must be empty.")
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"EagleConfig: draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size}).")
+
+    def _check_fields(self) -> None:
+        """Every field's type and documented bound (``saved_config``), before anything is built from them: a
+        config.json is untrusted input. Errors name the field: ``EagleConfig(hidden_size='x'): must be ...``."""
+        owner = "EagleConfig"
+        sizes = {"hidden_size": bounds.MAX_HIDDEN_SIZE, "intermediate_size": bounds.MAX_INTERMEDIATE_SIZE,
+                 "num_attention_heads": bounds.MAX_ATTENTION_HEADS, "num_key_value_heads": bounds.MAX_ATTENTION_HEADS,
+                 "vocab_size": bounds.MAX_VOCAB_SIZE, "max_position_embeddings": bounds.MAX_POSITIONS}
+        optional = {"head_dim": bounds.MAX_HEAD_DIM, "draft_vocab_size": bounds.MAX_VOCAB_SIZE,
+                    "target_num_layers": bounds.MAX_TARGET_LAYERS, "exit_layer": bounds.MAX_TARGET_LAYERS}
+        for name, high in sizes.items():
+            setattr(self, name, bounds.check_size(owner, name, getattr(self, name), high))
+        for name, high in optional.items():
+            if getattr(self, name) is not None:
+                setattr(self, name, bounds.check_size(owner, name, getattr(self, name), high))
+        if not isinstance(self.target_layers, (list, tuple)) or len(self.target_layers) > 3:
+            raise options.OptionError(f"{owner}(target_layers={options.shown(self.target_layers)}): must be a list of "
+                                      "at most three layer indices.")
+        self.target_layers = [bounds.check_size(owner, "target_layers", i, bounds.MAX_TARGET_LAYERS - 1, low=0)
+                              for i in self.target_layers]
+        self.rms_norm_eps = options.check_number(owner, "rms_norm_eps", self.rms_norm_eps, 0.0, 1.0)
+        self.rope_theta = options.check_number(owner, "rope_theta", self.rope_theta, 1.0, 1e12)
+        for name in ("attention_bias", "mlp_bias", "fc_bias", "input_layernorm", "norm_before_residual"):
+            setattr(self, name, options.check_bool(owner, name, getattr(self, name)))
+        for name in ("target",):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or len(value) > 4096):
+                raise options.OptionTypeError(f"{owner}({name}={options.shown(value)}): must be a short string or null.")
+        from transformers.activations import ACT2FN
+
+        bounds.check_choice(owner, "hidden_act", self.hidden_act, ACT2FN.keys())
+        if self.rope_scaling is not None:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            if not isinstance(self.rope_scaling, dict) or len(self.rope_scaling) > 32:
+                raise options.OptionTypeError(f"{owner}(rope_scaling={options.shown(self.rope_scaling)}): must be an "
+                                              "object of rope settings (rope_type, factor, ...) or null.")
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+            bounds.check_choice(owner, "rope_scaling.rope_type", kind, {"default", *ROPE_INIT_FUNCTIONS})
 
     @property
     def feature_size(self) -> int:

@@ -22,7 +22,7 @@ from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...costs import draft_price, record_draft_step, verify_costs_for
 from ...cpu_layout import follow_layout
 from ...features import VerifiedFeatures
-from ...options import shown
+from ...options import CheckedOnAssignment, shown
 from ...state import state_of
 from ...tree import DraftTree, Verdict
 from ...tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
@@ -42,7 +42,7 @@ def pretrained_names() -> list[str]:
 
 
 @dataclasses.dataclass(eq=False)
-class Eagle(DraftStrategy):
+class Eagle(CheckedOnAssignment, DraftStrategy):
     """Draft with an EAGLE network that reads the target's own hidden states.
 
     Args:
@@ -100,6 +100,7 @@ class Eagle(DraftStrategy):
 
         path = checkpoints.find_folder(
             path_or_name, PRETRAINED_DIR,
+            owner="Eagle.from_pretrained", argument="path_or_name",
             missing=f"No EAGLE drafter at {str(path_or_name)!r}: give a folder with config.json and weights (train one with "
             f"`hf-speculative train-eagle`), or one of the shipped drafters {pretrained_names()}.")
         param = None if target is None else next(target.parameters())

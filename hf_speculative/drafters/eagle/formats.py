@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ... import compat
+from ... import compat, options
+from .. import saved_config as bounds
 from .config import EagleConfig, default_target_layers
 
 NATIVE, SAFEAILAB1, SAFEAILAB3, SPECFORGE3, VLLM3 = (
@@ -45,6 +46,24 @@ def detect(cfg: dict[str, Any], keys: set[str]) -> str:
         "drafter (SafeAILab EAGLE-1/2/3, SpecForge, vLLM speculators eagle3 or hf_speculative's own).")
 
 
+_REQUIRED = object()
+
+
+def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, high: int = bounds.MAX_VOCAB_SIZE) -> Any:
+    """``cfg[key]`` as an ``int`` in ``[1, high]`` (``default`` when absent or null), or a CheckpointError naming the
+    field: checked before anything is allocated from it."""
+    value = cfg.get(key) if isinstance(cfg, dict) else None
+    if value is None:
+        if default is _REQUIRED:
+            raise KeyError(key)
+        return default
+    number = options.as_int(value)
+    if number is None or not 1 <= number <= high:
+        raise CheckpointError(f"config.json's {key} is {options.shown(value)}: must be an integer from 1 to {high}. Use "
+                              "the config.json that was saved with the drafter's weights.")
+    return number
+
+
 def _target_depth(target_config: Any) -> int | None:
     return None if target_config is None else int(compat.text_config(target_config).num_hidden_layers)
 
@@ -52,7 +71,10 @@ def _target_depth(target_config: Any) -> int | None:
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:
     """rope_theta / rope_scaling from top-level fields (4.x) or ``rope_parameters`` (5.x)."""
     params = cfg.get("rope_parameters") or {}
-    theta = float(cfg.get("rope_theta") or params.get("rope_theta") or 10000.0)
+    if not isinstance(params, dict) or not isinstance(cfg.get("rope_scaling") or {}, dict):
+        raise CheckpointError("config.json's rope_parameters / rope_scaling must be an object of rope settings "
+                              "(rope_type, factor, ...). Use the config.json that was saved with the drafter's weights.")
+    theta = cfg.get("rope_theta") or params.get("rope_theta") or 10000.0
     scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"} or None
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
@@ -61,15 +83,16 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:
 
 def _llama_fields(cfg: dict[str, Any], sd: dict[str, torch.Tensor], prefix: str) -> dict[str, Any]:
     """EagleConfig fields of a Llama-style config; head_dim from q_proj (SafeAILab ignores ``head_dim``)."""
-    heads = int(cfg["num_attention_heads"])
+    heads = _int(cfg, "num_attention_heads", high=bounds.MAX_ATTENTION_HEADS)
     q = sd.get(f"{prefix}self_attn.q_proj.weight")
     rope_theta, rope_scaling = _rope(cfg)
     return dict(
-        hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
-        num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        hidden_size=_int(cfg, "hidden_size", high=bounds.MAX_HIDDEN_SIZE),
+        intermediate_size=_int(cfg, "intermediate_size", high=bounds.MAX_INTERMEDIATE_SIZE),
+        num_attention_heads=heads, num_key_value_heads=_int(cfg, "num_key_value_heads", heads, bounds.MAX_ATTENTION_HEADS),
         head_dim=q.shape[0] // heads if q is not None else cfg.get("head_dim"),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_scaling=rope_scaling,
-        max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
+        max_position_embeddings=_int(cfg, "max_position_embeddings", 2048, bounds.MAX_POSITIONS),
         hidden_act=cfg.get("hidden_act", "silu"),
         attention_bias=bool(cfg.get("attention_bias", False) or cfg.get("qkv_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)),
@@ -111,6 +134,9 @@ def _eagle3_vocab(sd: dict[str, torch.Tensor], vocab: int, draft: int) -> None:
 def _layers3(ids: list[int] | None, target_config: Any, source: str, shift: int) -> list[int]:
     """Our target_layers (outputs of layers) from a recorded list (``shift`` = its offset) or the target's depth."""
     if ids:
+        if not isinstance(ids, list) or len(ids) != 3 or any(options.as_int(i) is None for i in ids):
+            raise CheckpointError(f"{source}: eagle_aux_hidden_state_layer_ids is {options.shown(ids)}: must be a list "
+                                  "of three layer indices.")
         return [int(i) - shift for i in ids]
     depth = _target_depth(target_config)
     if depth is None:
@@ -128,14 +154,14 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
         return EagleConfig.from_dict({k: v for k, v in cfg.items() if k != "format"}), dict(sd)
     if fmt == SAFEAILAB1:
         sd = _rename(sd, "layers.", "midlayer.")
-        if int(cfg.get("num_hidden_layers", 1)) != 1:
+        if _int(cfg, "num_hidden_layers", 1, bounds.MAX_TARGET_LAYERS) != 1:
             raise CheckpointError(f"SafeAILab EAGLE-1 config has num_hidden_layers={cfg['num_hidden_layers']}; "
                                   "this library's drafter has one decoder layer.")
         fields = _llama_fields(cfg, sd, "midlayer.")
         # SafeAILab's qkv_bias (Qwen2 drafters) has no o_proj bias: an equivalent zero one
         if "midlayer.self_attn.q_proj.bias" in sd and "midlayer.self_attn.o_proj.bias" not in sd:
             sd["midlayer.self_attn.o_proj.bias"] = torch.zeros(fields["hidden_size"], dtype=sd["fc.weight"].dtype)
-        fields.update(version=1, vocab_size=int(cfg["vocab_size"]), fc_bias=bool(cfg.get("bias", "fc.bias" in sd)),
+        fields.update(version=1, vocab_size=_int(cfg, "vocab_size"), fc_bias=bool(cfg.get("bias", "fc.bias" in sd)),
                       input_layernorm="midlayer.input_layernorm.weight" in sd, target_num_layers=depth, target=name)
         return EagleConfig(**fields), sd
     if fmt in (SAFEAILAB3, SPECFORGE3):
@@ -146,7 +172,8 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
                                   f"drafter's hidden_size {cfg['hidden_size']}; this library's drafter has the "
                                   "target's width.")
         sd = {k: v for k, v in sd.items() if k not in IGNORED_KEYS and not k.endswith("rotary_emb.inv_freq")}
-        vocab, draft = int(cfg["vocab_size"]), int(cfg.get("draft_vocab_size") or cfg["vocab_size"])
+        vocab = _int(cfg, "vocab_size")
+        draft = _int(cfg, "draft_vocab_size", vocab)
         _eagle3_vocab(sd, vocab, draft)
         recorded = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         layers = _layers3(recorded, target_config, source, 0)
@@ -157,6 +184,8 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
     if fmt == VLLM3:
         source = "vLLM speculators eagle3 checkpoint"
         layer_cfg = cfg.get("transformer_layer_config") or {}
+        if not isinstance(layer_cfg, dict):
+            raise CheckpointError(f"{source}: transformer_layer_config must be an object (a Llama config).")
         if layer_cfg.get("model_type", "llama") != "llama":
             raise CheckpointError(f"{source}: transformer_layer_config.model_type={layer_cfg['model_type']!r}; this "
                                   "library's drafter is a Llama layer (model_type 'llama').")
@@ -165,8 +194,8 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
             raise CheckpointError(f"{source}: target_hidden_size {cfg['target_hidden_size']} differs from hidden_size "
                                   f"{layer_cfg['hidden_size']}; this library's drafter has the target's width.")
         sd = _rename(sd, "layers.", "midlayer.")
-        vocab = int(layer_cfg["vocab_size"])
-        draft = int(cfg.get("draft_vocab_size") or vocab)
+        vocab = _int(layer_cfg, "vocab_size")
+        draft = _int(cfg, "draft_vocab_size", vocab)
         _eagle3_vocab(sd, vocab, draft)
         # vLLM's ids name the layer whose INPUT is captured (the output of the layer before): shift by one
         layers = _layers3(cfg.get("eagle_aux_hidden_state_layer_ids"), target_config, source, 1)

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
-from ...spec import file_sha256
-from ..eagle.checkpoints import (MANIFEST, _checkpoint_dir, _read_config, _read_file, _read_weights, check_manifest,
-                                 find_folder, shipped_names)
+from ..eagle.checkpoints import (MANIFEST, _checkpoint_dir, _read_config, _read_file, _read_weights, check_digests,
+                                 check_manifest, checked_read, find_folder, shipped_names)
 from .config import MedusaConfig
 from .formats import MEDUSA_FILES, CheckpointError, detect, read, write
 from .model import MedusaHeads
@@ -86,22 +85,16 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     """
     directory = _checkpoint_dir(path)
     check_manifest(directory)
-    for name, want in (sha256 or {}).items():
-        got = file_sha256(directory / name)
-        if got != want.lower():
-            raise CheckpointError(f"sha256 of {directory / name} is {got}, expected {want.lower()}: the file is "
-                                  "damaged or not the published one. Download it again.")
+    check_digests(directory, sha256)
     cfg = _read_config(directory / "config.json")
     state = _weights(directory)
     fmt = detect(cfg, set(state))
-    try:
-        config, state = read(fmt, cfg, state)
-    except KeyError as error:
-        raise CheckpointError(f"{directory / 'config.json'} ({fmt}) lacks the field {error}, which that format "
-                              "always has.") from error
-    validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})")
-    if target_config is not None:
+    config_path = directory / "config.json"
+    # MedusaConfig bounds every size (heads, blocks, widths) before validate_state_dict builds the heads on meta
+    config, state = checked_read(lambda: read(fmt, cfg, state), config_path, fmt)
+    if target_config is not None:  # first: cheap, and its message names both sides
         _check_target_config(config, target_config, directory)
+    checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})"), config_path, fmt)
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
     return config, state, fmt

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from ... import compat
+from ... import compat, options
+from .. import saved_config as bounds
 from ..saved_config import SavedConfig
 
 FORMAT_NAME = "hf_speculative.medusa"
@@ -47,13 +48,20 @@ class MedusaConfig(SavedConfig):
     target_num_layers: int | None = None
 
     def __post_init__(self):
-        for name in ("num_heads", "hidden_size", "vocab_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"MedusaConfig({name}={getattr(self, name)!r}): must be an integer >= 1.")
-        if not isinstance(self.num_layers, int) or self.num_layers < 0:
-            raise ValueError(f"MedusaConfig(num_layers={self.num_layers!r}): must be an integer >= 0.")
-        if self.lm_head not in LM_HEADS:
-            raise ValueError(f"MedusaConfig(lm_head={self.lm_head!r}): use one of {list(LM_HEADS)}.")
+        # every size within its documented bound (saved_config) before a head is built: a config.json is untrusted
+        owner = "MedusaConfig"
+        self.num_heads = bounds.check_size(owner, "num_heads", self.num_heads, bounds.MAX_MEDUSA_HEADS)
+        self.hidden_size = bounds.check_size(owner, "hidden_size", self.hidden_size, bounds.MAX_HIDDEN_SIZE)
+        self.vocab_size = bounds.check_size(owner, "vocab_size", self.vocab_size, bounds.MAX_VOCAB_SIZE)
+        self.num_layers = bounds.check_size(owner, "num_layers", self.num_layers, bounds.MAX_MEDUSA_LAYERS, low=0)
+        if self.target_num_layers is not None:
+            self.target_num_layers = bounds.check_size(owner, "target_num_layers", self.target_num_layers,
+                                                       bounds.MAX_TARGET_LAYERS)
+        self.block_bias = options.check_bool(owner, "block_bias", self.block_bias)
+        if self.target is not None and (not isinstance(self.target, str) or len(self.target) > 4096):
+            raise options.OptionTypeError(f"{owner}(target={options.shown(self.target)}): must be a short string or null.")
+        if not isinstance(self.lm_head, str) or self.lm_head not in LM_HEADS:
+            raise ValueError(f"MedusaConfig(lm_head={options.shown(self.lm_head)}): use one of {list(LM_HEADS)}.")
 
     @classmethod
     def for_target(cls, target_config: Any, num_heads: int = 4, **overrides: Any) -> "MedusaConfig":

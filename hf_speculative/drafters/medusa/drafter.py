@@ -21,7 +21,7 @@ from ...accept import chain_candidates, draft_chain
 from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ...costs import draft_price, record_draft_step, verify_costs_for
 from ...features import VerifiedFeatures
-from ...options import shown
+from ...options import CheckedOnAssignment, shown
 from ...state import state_of
 from ...tree import ROOT, DraftTree, Verdict
 from ...tree_shapes import StaticTree
@@ -40,7 +40,7 @@ def pretrained_names() -> list[str]:
 
 
 @dataclasses.dataclass(eq=False)
-class Medusa(DraftStrategy):
+class Medusa(CheckedOnAssignment, DraftStrategy):
     """Draft with Medusa heads on the target's last hidden state.
 
     Args:
@@ -100,6 +100,7 @@ class Medusa(DraftStrategy):
 
         path = checkpoints.find_folder(
             path_or_name, PRETRAINED_DIR,
+            owner="Medusa.from_pretrained", argument="path_or_name",
             missing=f"No Medusa heads at {str(path_or_name)!r}: give a folder with config.json and weights (train "
             f"them with `hf-speculative train-medusa`), or one of the shipped heads {pretrained_names()}.")
         if isinstance(tree, str):
@@ -107,7 +108,10 @@ class Medusa(DraftStrategy):
                 raise ValueError(f"Medusa.from_pretrained(tree={tree!r}): 'calibrated' loads the {TREE_FILE} that "
                                  f"train-medusa writes beside the heads (none in {path} unless it says 'calibrated' "
                                  "there); otherwise pass hfs.StaticTree(paths) or None.")
-            tree = StaticTree.load(path / TREE_FILE)
+            from ... import integrity
+
+            integrity.read_capped(path / TREE_FILE, integrity.MAX_JSON_BYTES, f"Medusa.from_pretrained(tree={tree!r})")
+            tree = StaticTree.load(path / TREE_FILE)  # a regular file under the cap (checked just above)
         param = None if target is None else next(target.parameters())
         heads = checkpoints.load_heads(path, dtype=None if param is None else param.dtype,
                                        target_config=None if target is None else target.config, sha256=sha256)

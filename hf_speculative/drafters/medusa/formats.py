@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ... import options
 from ..eagle.formats import CheckpointError
 from .config import FORMAT_NAME, MedusaConfig
 
@@ -69,7 +70,8 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor]) -> tuple[Me
 
 
 def _read_fasterdecoding(cfg, sd):
-    heads, layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
+    # raw values: MedusaConfig checks their types and bounds (before any head is built) and names them
+    heads, layers = cfg["medusa_num_heads"], cfg.get("medusa_num_layers", 1)
     if any(k.startswith("medusa_head.") for k in sd):  # Medusa-2: the fine-tuned model's weights with the heads
         sd = {k: v for k, v in sd.items() if k.startswith("medusa_head.")}
     out: dict[str, torch.Tensor] = {}
@@ -79,7 +81,7 @@ def _read_fasterdecoding(cfg, sd):
             out[key] = value  # reported as unexpected
             continue
         i, j, name = int(match[1]), int(match[2]), match[3]
-        if name == "weight" and j == layers:
+        if name == "weight" and j == options.as_int(layers):
             out[f"lm_heads.{i}.weight"] = value
         elif name != "weight":
             out[f"blocks.{i}.layers.{j}.{name.split('.')[1]}"] = value
@@ -90,8 +92,8 @@ def _read_fasterdecoding(cfg, sd):
     if shaped is None and not cfg.get("hidden_size"):
         raise CheckpointError(f"No Medusa head weights (keys like 0.0.linear.weight, 0.{layers}.weight) in this "
                               f"FasterDecoding checkpoint; first keys: {sorted(sd)[:5]}.")
-    hidden = int(cfg.get("hidden_size") or shaped.shape[-1])
-    vocab = int(head.shape[0]) if head is not None else int(cfg.get("vocab_size") or 1)
+    hidden = cfg.get("hidden_size") or int(shaped.shape[-1])
+    vocab = int(head.shape[0]) if head is not None else (cfg.get("vocab_size") or 1)
     return MedusaConfig(num_heads=heads, num_layers=layers, hidden_size=hidden, vocab_size=vocab,
                         block_bias=True, target=cfg.get("base_model_name_or_path")), out
 
@@ -102,9 +104,9 @@ def _read_vllm(cfg, sd):
     layers = next((cfg[k] for k in cfg if "num" in k and "layers" in k), 1)
     if heads is None:
         raise CheckpointError("This vLLM Medusa config.json has no num_heads field, which that format always has.")
-    vocab = int(cfg.get("vocab_size", 32001))
+    vocab = cfg.get("vocab_size", 32001)
     truncated = cfg.get("truncated_vocab_size")
-    if truncated is not None and int(truncated) != vocab:
+    if truncated is not None and truncated != vocab:
         raise CheckpointError(f"These vLLM Medusa heads use a truncated vocabulary (truncated_vocab_size {truncated}, "
                               f"vocab_size {vocab}, with a token_map), which hf_speculative does not read; train "
                               "full-vocabulary heads (`hf-speculative train-medusa`) or use vLLM.")
@@ -115,7 +117,7 @@ def _read_vllm(cfg, sd):
         if shared and key == "lm_heads.0.weight":
             key = "lm_head.weight"
         out[key] = value
-    return MedusaConfig(num_heads=int(heads), num_layers=int(layers), hidden_size=int(cfg.get("hidden_size", 4096)),
+    return MedusaConfig(num_heads=heads, num_layers=layers, hidden_size=cfg.get("hidden_size", 4096),
                         vocab_size=vocab, lm_head="shared" if shared else "per_head",
                         block_bias=bool(cfg.get("medusa_fc_bias", False))), out
 

@@ -1,0 +1,786 @@
+"""A model folder from a stranger (issue 43): nothing reaches outside it, nothing runs away.
+
+Every case of the battery below is a hostile input, almost all of them a model folder whose
+``generation_config.json`` holds a ``candidate_generator`` spec (or whose drafter folder holds a hostile
+file), loaded the way a user would: ``hfs.enable(AutoModelForCausalLM.from_pretrained(folder))``,
+``hfs.Eagle.from_pretrained(folder)``, ``hfs.load_model(folder)``; the rest are misuses of the Python API.
+Each one must be *refused*: the expected error, whose message names the field (and the fix), within
+``BUDGET_S`` seconds and ``BUDGET_MB`` MB of memory growth, measured around the refusal alone: seconds and
+the resident set (its growth, and the process peak's) on a first run, Python's allocations at their peak
+(tracemalloc) on a second run of the same case prepared afresh. A hang is cut by an alarm and counts as not
+refused.
+
+``test_case`` runs one case; ``test_battery_summary`` runs them all and prints one line for the record
+(``hostile-folder battery: N tried, N refused, slowest ... s, largest growth ... MB``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import hf_speculative as hfs
+from hf_speculative import models, options, spec
+from hf_speculative.drafters.eagle.checkpoints import CheckpointError
+from tests.conftest import build_model, corrupt_same_size, prompt_inputs, random_eagle, sibling_model
+
+BUDGET_S = 1.0  # seconds a refusal may take
+BUDGET_MB = 50.0  # memory a refusal may grow (resident set, or Python's allocations at their peak)
+HANG_S = int(os.environ.get("HFS_BATTERY_HANG_S", "10"))  # a case still running after this long is cut (not refused)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_PASSWD_DIGEST = hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest() if Path("/etc/passwd").is_file() else None
+
+
+# -- the world the cases live in ---------------------------------------------------------------------------
+class World:
+    """A tiny Llama saved with a random EAGLE drafter beside it (``template``), copied afresh for every case,
+    and a folder "outside" it (what a hostile spec reaches for)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache = root / "cache"
+        self.outside = root / "outside"
+        self.outside.mkdir()
+        self.template = root / "template"
+        self.target = build_model("llama")
+        self.target.save_pretrained(self.template)
+        self.eagle_spec = spec.save_strategy(hfs.Eagle(random_eagle(self.target)), self.template)
+        sibling_model(self.target).save_pretrained(self.outside / "draft")
+        shutil.copytree(self.template / "eagle", self.outside / "eagle")
+        self._count = 0
+        self.fifos: list[Path] = []
+
+    def fifo(self, path: Path) -> None:
+        """A FIFO at ``path``; if a case still blocks on opening it when the alarm comes, a helper process opens
+        its other end, so the case returns (and counts as not refused) instead of hanging the test run."""
+        os.mkfifo(path)
+        self.fifos.append(path)
+
+    def folder(self, candidate_generator: Any = None, raw: str | None = None) -> Path:
+        """A fresh copy of the template whose generation_config.json holds ``candidate_generator`` (or the
+        text ``raw`` in its place)."""
+        self._count += 1
+        folder = self.root / f"case{self._count}"
+        shutil.copytree(self.template, folder, symlinks=True)
+        path = folder / "generation_config.json"
+        data = json.loads(path.read_text())
+        data["_from_model_config"] = False  # else transformers drops the unknown key on load
+        if raw is None:
+            data["candidate_generator"] = candidate_generator
+            path.write_text(json.dumps(data))
+        else:
+            path.write_text(json.dumps(data)[:-1] + f', "candidate_generator": {raw}}}')
+        return folder
+
+    def eagle(self, **edits: Any) -> dict:
+        """The saved EAGLE spec with ``edits`` (``sha256=None`` drops the digests)."""
+        out = {**self.eagle_spec, **edits}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def enabling(folder: Path) -> Callable[[], Any]:
+    return lambda: hfs.enable(AutoModelForCausalLM.from_pretrained(folder))
+
+
+def edit_json(path: Path, **fields: Any) -> None:
+    data = json.loads(path.read_text())
+    data.update(fields)
+    path.write_text(json.dumps(data))
+
+
+def no_network():
+    """Patches that fail the case if anything would ask the Hub or pip."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the network (Hub or pip) was asked")
+
+    return [mock.patch.object(models, "_hub_reachable", refuse), mock.patch.object(models, "_hub_id", refuse),
+            mock.patch.object(models, "_pip_download", refuse), mock.patch.object(models, "fetch", refuse),
+            mock.patch("socket.create_connection", refuse)]
+
+
+# -- the cases -----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Case:
+    name: str
+    group: str
+    prepare: Callable[[World], Any]  # -> the action, or (action, [patches]), or (action, patches, check)
+    error: Any  # the exception type(s) a refusal raises
+    match: str  # a regex on the message: the field it names
+
+
+CASES: list[Case] = []
+
+
+def case(name: str, group: str, error: Any, match: str):
+    def register(prepare):
+        CASES.append(Case(name, group, prepare, error, match))
+        return prepare
+    return register
+
+
+def suffix_spec(**options_: Any) -> dict:
+    return {"method": "suffix", "options": options_}
+
+
+def layer_skip_spec(**options_: Any) -> dict:
+    return {"method": "layer-skip", "options": options_}
+
+
+# 1. runaway reads
+@case("suffix history_file /dev/zero", "runaway read", spec.SpecError, r"candidate_generator\.options\.history_file")
+def _(w):
+    return enabling(w.folder(suffix_spec(history_file="/dev/zero")))
+
+
+@case("suffix history_file: a link to /dev/zero", "runaway read", spec.SpecError,
+      r"options\.history_file: 'hist\.json' is a symlink that leads out")
+def _(w):
+    folder = w.folder(suffix_spec(history_file="hist.json"))
+    os.symlink("/dev/zero", folder / "hist.json")
+    return enabling(folder)
+
+
+@case("suffix history_file: a FIFO", "runaway read", spec.SpecError, r"options\.history_file: .*hist\.json is a FIFO")
+def _(w):
+    folder = w.folder(suffix_spec(history_file="hist.json"))
+    w.fifo(folder / "hist.json")
+    return enabling(folder)
+
+
+@case("suffix history_file: 65 MB", "runaway read", spec.SpecError, r"options\.history_file: .* over the limit")
+def _(w):
+    folder = w.folder(suffix_spec(history_file="hist.json"))
+    with open(folder / "hist.json", "wb") as handle:
+        handle.truncate(65 << 20)  # sparse: no disk used
+    return enabling(folder)
+
+
+@case("SuffixDecoding(history_file='/dev/zero')", "runaway read", options.OptionError,
+      r"SuffixDecoding\(history_file='/dev/zero'\): must be a regular file")
+def _(w):
+    return lambda: hfs.SuffixDecoding(history_file="/dev/zero")
+
+
+@case("layer-skip calibration_file /dev/zero", "runaway read", spec.SpecError, r"options\.calibration_file")
+def _(w):
+    return enabling(w.folder(layer_skip_spec(calibration_file="/dev/zero")))
+
+
+@case("layer-skip calibration_file: a FIFO", "runaway read", spec.SpecError,
+      r"options\.calibration_file: .*cal\.json is a FIFO")
+def _(w):
+    folder = w.folder(layer_skip_spec(calibration_file="cal.json"))
+    w.fifo(folder / "cal.json")
+    return enabling(folder)
+
+
+@case("LayerSkip(calibration_file='/dev/zero')", "runaway read", options.OptionError,
+      r"LayerSkip\(calibration_file='/dev/zero'\): must be a regular file")
+def _(w):
+    return lambda: hfs.LayerSkip(calibration_file="/dev/zero")
+
+
+@case("drafter manifest names /dev/zero (enable)", "runaway read", spec.SpecError,
+      r"candidate_generator\.path: .*integrity check: /dev/zero is not a relative name inside the folder")
+def _(w):
+    folder = w.folder(w.eagle(sha256=None))
+    (folder / "eagle" / "sha256sums.json").write_text(json.dumps({"sha256": {"/dev/zero": "0" * 64}}))
+    return enabling(folder)
+
+
+@case("drafter manifest names /dev/zero (Eagle.from_pretrained)", "runaway read", CheckpointError,
+      r"integrity check: /dev/zero is not a relative name inside the folder")
+def _(w):
+    folder = w.folder()
+    (folder / "eagle" / "sha256sums.json").write_text(json.dumps({"sha256": {"/dev/zero": "0" * 64}}))
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("drafter manifest is a link to /dev/zero", "runaway read", CheckpointError,
+      r"sha256sums\.json is not a readable sha256 manifest .*a device")
+def _(w):
+    folder = w.folder()
+    os.symlink("/dev/zero", folder / "eagle" / "sha256sums.json")
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("drafter config.json is a FIFO", "runaway read", CheckpointError, r"config\.json: .*config\.json is a FIFO")
+def _(w):
+    folder = w.folder()
+    (folder / "eagle" / "config.json").unlink()
+    w.fifo(folder / "eagle" / "config.json")
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("drafter weights are a FIFO", "runaway read", CheckpointError,
+      r"the weights file model\.safetensors: .* is a FIFO")
+def _(w):
+    folder = w.folder()
+    (folder / "eagle" / "model.safetensors").unlink()
+    w.fifo(folder / "eagle" / "model.safetensors")
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("weights index names /dev/zero as a shard", "runaway read", CheckpointError,
+      r"model\.safetensors\.index\.json weight_map: '/dev/zero' leaves the folder")
+def _(w):
+    folder = w.folder()
+    (folder / "eagle" / "model.safetensors").unlink()
+    (folder / "eagle" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"fc.weight": "/dev/zero"}}))
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+# 2. reaching outside the folder
+@case("history_file at an absolute path (creates nothing)", "outside the folder", spec.SpecError,
+      r"options\.history_file: '/.*' leaves the folder")
+def _(w):
+    target = w.outside / "made" / "by" / "spec" / "history.json"
+    action = enabling(w.folder(suffix_spec(history_file=str(target))))
+    return action, [], lambda: not (w.outside / "made").exists()
+
+
+@case("calibration_file at an absolute path (creates nothing)", "outside the folder", spec.SpecError,
+      r"options\.calibration_file: '/.*' leaves the folder")
+def _(w):
+    target = w.outside / "made2" / "calibration.json"
+    action = enabling(w.folder(layer_skip_spec(calibration_file=str(target))))
+    return action, [], lambda: not (w.outside / "made2").exists()
+
+
+@case("sha256 of /etc/passwd", "outside the folder", spec.SpecError, r"candidate_generator\.sha256: '/etc/passwd' leaves")
+def _(w):
+    return enabling(w.folder(w.eagle(sha256={"/etc/passwd": "0" * 64}))), [], "no passwd digest"
+
+
+@case("sha256 of /etc/passwd, a short digest", "outside the folder", spec.SpecError,
+      r"candidate_generator\.sha256\['/etc/passwd'\]: '00' is not a hex sha256 digest")
+def _(w):
+    return enabling(w.folder(w.eagle(sha256={"/etc/passwd": "00"}))), [], "no passwd digest"
+
+
+@case("sha256 of ../../etc/passwd", "outside the folder", spec.SpecError, r"candidate_generator\.sha256: '\.\./.*' leaves")
+def _(w):
+    return enabling(w.folder(w.eagle(sha256={"../" * 12 + "etc/passwd": "0" * 64}))), [], "no passwd digest"
+
+
+@case("sha256 of a link to /etc/passwd", "outside the folder", spec.SpecError,
+      r"candidate_generator\.sha256: 'link' is a symlink that leads out")
+def _(w):
+    folder = w.folder(w.eagle(sha256={"link": "0" * 64}))
+    os.symlink("/etc/passwd", folder / "eagle" / "link")
+    return enabling(folder), [], "no passwd digest"
+
+
+@case("drafter manifest names ../../etc/passwd", "outside the folder", CheckpointError,
+      r"integrity check: \.\./.*passwd is not a relative name inside the folder")
+def _(w):
+    folder = w.folder()
+    (folder / "eagle" / "sha256sums.json").write_text(json.dumps({"sha256": {"../" * 12 + "etc/passwd": "0" * 64}}))
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle"), [], "no passwd digest"
+
+
+@case("Eagle.from_pretrained(sha256={'/etc/passwd': ...})", "outside the folder", CheckpointError,
+      r"sha256: '/etc/passwd' leaves the folder")
+def _(w):
+    folder = w.folder()
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle", sha256={"/etc/passwd": "0" * 64}), [], "no passwd digest"
+
+
+@case("eagle path: a link out of the folder", "outside the folder", spec.SpecError,
+      r"candidate_generator\.path: 'eagle2' is a symlink that leads out")
+def _(w):
+    folder = w.folder(w.eagle(path="eagle2", sha256=None))
+    os.symlink(w.outside / "eagle", folder / "eagle2")
+    return enabling(folder)
+
+
+@case("draft-model at an absolute path", "outside the folder", spec.SpecError,
+      r"candidate_generator\.path: '/.*draft' leaves the folder")
+def _(w):
+    return enabling(w.folder({"method": "draft-model", "path": str(w.outside / "draft")})), no_network()
+
+
+@case("draft-model at ../draft", "outside the folder", spec.SpecError, r"candidate_generator\.path: '\.\./draft' leaves")
+def _(w):
+    folder = w.folder({"method": "draft-model", "path": "../draft"})
+    shutil.copytree(w.outside / "draft", folder.parent / "draft", dirs_exist_ok=True)
+    return enabling(folder), no_network()
+
+
+@case("draft-model: a link out of the folder", "outside the folder", spec.SpecError,
+      r"candidate_generator\.path: 'draft' is a symlink that leads out")
+def _(w):
+    folder = w.folder({"method": "draft-model", "path": "draft"})
+    os.symlink(w.outside / "draft", folder / "draft")
+    return enabling(folder), no_network()
+
+
+@case("draft-model: a Hub id (no network)", "outside the folder", spec.SpecError,
+      r"candidate_generator\.path: no draft model folder 'someone/some-model' .*downloads nothing")
+def _(w):
+    return enabling(w.folder({"method": "draft-model", "path": "someone/some-model"})), no_network()
+
+
+@case("draft-model: an uncached registry name (no pip download)", "outside the folder", spec.SpecError,
+      r"candidate_generator\.path: the draft model 'gemma-3-270m' is a registry model that is not cached .*models "
+      r"fetch gemma-3-270m")
+def _(w):
+    return enabling(w.folder({"method": "draft-model", "path": "gemma-3-270m"})), no_network()
+
+
+# 3. amplification before refusal
+@case("medusa config with 100000 heads", "amplification", spec.SpecError,
+      r"candidate_generator\.path: .*num_heads=100000\): must be an integer from 1 to 64")
+def _(w):
+    from safetensors.torch import save_file
+
+    folder = w.folder({"method": "medusa", "path": "medusa"})
+    (folder / "medusa").mkdir()
+    (folder / "medusa" / "config.json").write_text(json.dumps(
+        {"model_type": "medusa", "medusa_num_heads": 100000, "medusa_num_layers": 1}))
+    save_file({"0.0.linear.weight": torch.zeros(32, 32)}, str(folder / "medusa" / "medusa_lm_head.safetensors"))
+    return enabling(folder)
+
+
+@case("8 hybrids of 8 eagles", "amplification", spec.SpecError,
+      r"candidate_generator\.members\[\d\]\.method: a hybrid's member cannot be a hybrid")
+def _(w):
+    inner = {"method": "hybrid", "members": [w.eagle()] * 8}
+    return enabling(w.folder({"method": "hybrid", "members": [inner] * 8}))
+
+
+@case("a hybrid of 3 eagles", "amplification", spec.SpecError,
+      r"candidate_generator\.members: 3 members load a network .*at most 2")
+def _(w):
+    return enabling(w.folder({"method": "hybrid", "members": [w.eagle()] * 3}))
+
+
+@case("suffix history of 10M tokens at depth 64", "amplification", spec.SpecError,
+      r"candidate_generator\.options are invalid: SuffixDecoding\(history_tokens=10000000, max_depth=64\)")
+def _(w):
+    return enabling(w.folder(suffix_spec(history_tokens=10_000_000, max_depth=64)))
+
+
+@case("eagle config hidden_size 10**6", "amplification", spec.SpecError,
+      r"candidate_generator\.path: .*EagleConfig\(hidden_size=1000000\): must be an integer from 1 to 65536")
+def _(w):
+    folder = w.folder(w.eagle(sha256=None))
+    edit_json(folder / "eagle" / "config.json", hidden_size=10**6)
+    return enabling(folder)
+
+
+@case("eagle config draft_vocab_size 10**9", "amplification", spec.SpecError,
+      r"EagleConfig\(draft_vocab_size=1000000000\): must be an integer from 1 to 1048576")
+def _(w):
+    folder = w.folder(w.eagle(sha256=None))
+    edit_json(folder / "eagle" / "config.json", draft_vocab_size=10**9)
+    return enabling(folder)
+
+
+@case("draft model config of 10**13 parameters over tiny weights", "amplification", spec.SpecError,
+      r"candidate_generator\.path: its config\.json describes about [\d,]+ parameters")
+def _(w):
+    folder = w.folder({"method": "draft-model", "path": "draft"})
+    shutil.copytree(w.outside / "draft", folder / "draft")
+    edit_json(folder / "draft" / "config.json", hidden_size=65536, intermediate_size=262144, num_hidden_layers=512)
+    return enabling(folder), no_network()
+
+
+@case("a generation_config.json of 1.5 MB (load_model)", "amplification", spec.SpecError,
+      r"generation_config\.json: .* has 1500\d+ bytes, over the limit of 1048576")
+def _(w):
+    # (transformers' own from_pretrained hashes such a config for seconds before enable() could see it)
+    folder = w.folder({"method": "prompt-lookup", "options": {"tree": {"static_tree": [[0]] * 300_000}}})
+    return lambda: hfs.load_model(str(folder))
+
+
+@case("a spec of 120000 values (load_model)", "amplification", spec.SpecError,
+      r"generation_config\.candidate_generator: more than 100000 values")
+def _(w):
+    folder = w.folder({"method": "prompt-lookup", "options": {"tree": {"static_tree": [[0]] * 60_000}}})
+    return lambda: hfs.load_model(str(folder))
+
+
+@case("a spec of 300000 values (a dict given to enable)", "amplification", spec.SpecError,
+      r"candidate_generator: more than 100000 values")
+def _(w):
+    model = AutoModelForCausalLM.from_pretrained(w.folder())
+    model.generation_config.candidate_generator = {"method": "prompt-lookup",
+                                                   "options": {"tree": {"static_tree": [[0]] * 300_000}}}
+    return lambda: hfs.enable(model)
+
+
+@case("a 10000-character method name", "amplification", spec.SpecError,
+      r"candidate_generator\.method: a string of 10000 characters")
+def _(w):
+    return enabling(w.folder({"method": "x" * 10_000}))
+
+
+# 4. raw errors from hostile specs
+@case("method is a list", "raw error", spec.SpecError, r"candidate_generator\.method: unknown method \['eagle'\]")
+def _(w):
+    return enabling(w.folder({"method": ["eagle"]}))
+
+
+@case("method is an object", "raw error", spec.SpecError, r"candidate_generator\.method: unknown method \{'a': 1\}")
+def _(w):
+    return enabling(w.folder({"method": {"a": 1}}))
+
+
+@case("a 4000-digit integer", "raw error", spec.SpecError,
+      r"candidate_generator\.options\.num_tokens: an integer of \d+ bits, over the 64-bit bound")
+def _(w):
+    return enabling(w.folder(raw='{"method": "prompt-lookup", "options": {"num_tokens": ' + "9" * 4000 + "}}"))
+
+
+@case("a 5000-digit integer (load_model)", "raw error", spec.SpecError,
+      r"generation_config\.candidate_generator\.options\.num_tokens: an integer of 5000 digits")
+def _(w):
+    folder = w.folder(raw='{"method": "prompt-lookup", "options": {"num_tokens": ' + "9" * 5000 + "}}")
+    return lambda: hfs.load_model(str(folder))
+
+
+@case("100000-deep nesting (load_model)", "raw error", spec.SpecError,
+      r"generation_config\.json: nested deeper than a JSON reader can follow")
+def _(w):
+    folder = w.folder(raw='{"method": "hybrid", "members": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    return lambda: hfs.load_model(str(folder))
+
+
+@case("100000-deep nesting (a dict given to enable)", "raw error", spec.SpecError,
+      r"candidate_generator(\.members(\[0\])?)+: nested more than 8 levels deep")
+def _(w):
+    deep: Any = 1
+    for _ in range(100_000):
+        deep = {"method": "hybrid", "members": [deep]}
+    model = AutoModelForCausalLM.from_pretrained(w.folder())
+    model.generation_config.candidate_generator = deep
+    return lambda: hfs.enable(model)
+
+
+@case("drafter config hidden_size 'x'", "raw error", spec.SpecError, r"EagleConfig\(hidden_size='x'\): must be an integer")
+def _(w):
+    folder = w.folder(w.eagle(sha256=None))
+    edit_json(folder / "eagle" / "config.json", hidden_size="x")
+    return enabling(folder)
+
+
+@case("drafter config: an unknown rope_type", "raw error", spec.SpecError,
+      r"EagleConfig\(rope_scaling\.rope_type='warp'\): must be one of")
+def _(w):
+    folder = w.folder(w.eagle(sha256=None))
+    edit_json(folder / "eagle" / "config.json", rope_scaling={"rope_type": "warp", "factor": 2.0})
+    return enabling(folder)
+
+
+@case("drafter config: an unknown hidden_act", "raw error", spec.SpecError,
+      r"EagleConfig\(hidden_act='warp'\): must be one of")
+def _(w):
+    folder = w.folder(w.eagle(sha256=None))
+    edit_json(folder / "eagle" / "config.json", hidden_act="warp")
+    return enabling(folder)
+
+
+@case("SafeAILab drafter config hidden_size 'x'", "raw error", CheckpointError,
+      r"config\.json's hidden_size is 'x': must be an integer")
+def _(w):
+    from hf_speculative.drafters.eagle import checkpoints
+
+    folder = w.folder()
+    checkpoints.export(hfs.Eagle.from_pretrained(folder / "eagle").drafter, folder / "safeailab", format="safeailab")
+    edit_json(folder / "safeailab" / "config.json", hidden_size="x")
+    return lambda: hfs.Eagle.from_pretrained(folder / "safeailab", target=w.target)
+
+
+@case("medusa config medusa_num_heads 'many'", "raw error", spec.SpecError,
+      r"MedusaConfig\(num_heads='many'\): must be an integer")
+def _(w):
+    from safetensors.torch import save_file
+
+    folder = w.folder({"method": "medusa", "path": "medusa"})
+    (folder / "medusa").mkdir()
+    (folder / "medusa" / "config.json").write_text(json.dumps({"model_type": "medusa", "medusa_num_heads": "many"}))
+    save_file({"0.0.linear.weight": torch.zeros(32, 32)}, str(folder / "medusa" / "medusa_lm_head.safetensors"))
+    return enabling(folder)
+
+
+@case("SuffixDecoding(spec_factor=10**400)", "raw error", options.OptionError,
+      r"SuffixDecoding\(spec_factor=<\d+-bit integer>\): must be a number")
+def _(w):
+    return lambda: hfs.SuffixDecoding(spec_factor=10**400)
+
+
+# 6. Python API leftovers
+@case("Eagle.from_pretrained(123)", "API", TypeError, r"Eagle\.from_pretrained\(path_or_name=123\): must be a folder")
+def _(w):
+    return lambda: hfs.Eagle.from_pretrained(123)
+
+
+@case("Medusa.from_pretrained(123)", "API", TypeError, r"Medusa\.from_pretrained\(path_or_name=123\): must be a folder")
+def _(w):
+    return lambda: hfs.Medusa.from_pretrained(123)
+
+
+@case("PromptLookup with 3-D input_ids", "API", ValueError, r"PromptLookup: input_ids must be a 2-D tensor")
+def _(w):
+    model = hfs.enable(build_model("llama"))
+    ids = prompt_inputs()["input_ids"][None]
+    return lambda: model.generate(input_ids=ids, max_new_tokens=4, do_sample=False, candidate_generator=hfs.PromptLookup())
+
+
+@case("Lookahead with an empty prompt", "API", ValueError, r"Lookahead: the prompt is empty")
+def _(w):
+    model = hfs.enable(build_model("llama"))
+    ids = torch.zeros((1, 0), dtype=torch.long)
+    return lambda: model.generate(input_ids=ids, max_new_tokens=4, do_sample=False, candidate_generator=hfs.Lookahead())
+
+
+@case("pl.max_ngram = 10**5 after construction", "API", options.OptionError,
+      r"PromptLookup\(max_ngram=100000\): must be an integer from 1 to 16")
+def _(w):
+    lookup = hfs.PromptLookup()
+
+    def assign():
+        lookup.max_ngram = 10**5
+    return assign, [], lambda: lookup.max_ngram == 3
+
+
+@case("suffix.history_tokens = 10**7 after construction", "API", options.OptionError,
+      r"SuffixDecoding\(history_tokens=10000000, max_depth=24\)")
+def _(w):
+    suffix = hfs.SuffixDecoding()
+
+    def assign():
+        suffix.history_tokens = 10**7
+    return assign, [], lambda: suffix.history_tokens == 100_000
+
+
+@case("load_model(<a corrupted registry cache folder>)", "API", models.RegistryError,
+      r"Cached model 'smollm2-135m-instruct' at .* failed its integrity check: model\.safetensors has sha256")
+def _(w):
+    entry = models.model_path("smollm2-135m-instruct")  # under the battery's own cache (HF_SPECULATIVE_CACHE)
+    if entry.exists():
+        shutil.rmtree(entry)
+    w.target.save_pretrained(entry)
+    files = {p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in entry.iterdir()}
+    (entry / models.MARKER).write_text(json.dumps({"files": files}))
+    corrupt_same_size(entry / "model.safetensors")
+    return lambda: hfs.load_model(str(entry)), no_network()
+
+
+@case("load_model(folder, verify=True) against a manifest it fails", "API", models.RegistryError,
+      r"failed its integrity check: model\.safetensors has sha256 [0-9a-f]{64}, expected 0{64}")
+def _(w):
+    folder = w.folder()
+    (folder / "sha256sums.json").write_text(json.dumps({"sha256": {"model.safetensors": "0" * 64}}))
+    return lambda: hfs.load_model(str(folder), verify=True)
+
+
+@case("load_model(folder, verify=True) without a manifest", "API", models.RegistryError,
+      r"verify=True\): the folder has no manifest")
+def _(w):
+    folder = w.folder()
+    return lambda: hfs.load_model(str(folder), verify=True)
+
+
+# -- running a case ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Result:
+    case: Case
+    refused: bool
+    seconds: float
+    grown_mb: float
+    problem: str = ""
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * _PAGE
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+class _Hang(BaseException):
+    pass
+
+
+_UNBLOCK = """
+import os, sys, time
+time.sleep(float(sys.argv[1]))
+while True:
+    for fifo in sys.argv[2:]:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    time.sleep(0.1)
+"""
+
+
+def _alarm(signum, frame):
+    raise _Hang()
+
+
+def _measure(case: Case, world: World, traced: bool) -> tuple[BaseException | None, float, float, Any]:
+    """Prepare ``case`` afresh and run its action: ``(error, seconds, grown MB, check)``. The resident set is
+    read around the action (its growth, and the process's peak's); with ``traced``, Python's allocations are
+    traced too (their peak), which slows allocation-heavy code, so the seconds of a traced run are not used."""
+    fifos_before = len(world.fifos)
+    prepared = case.prepare(world)
+    if isinstance(prepared, tuple):
+        action, patches, *rest = prepared
+        check = rest[0] if rest else None
+    else:
+        action, patches, check = prepared, [], None
+    for patch in patches:
+        patch.start()
+    gc.collect()
+    rss, peak = _rss(), _peak_rss()
+    error: BaseException | None = None
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    # A blocking open of a FIFO may not return to Python for the alarm (an extension can hold the GIL while
+    # it waits): a helper process opens the FIFOs' other ends after the deadline, until the case returns.
+    fifos = world.fifos[fifos_before:]
+    helper = None
+    if fifos:
+        helper = subprocess.Popen([sys.executable, "-c", _UNBLOCK, str(HANG_S + 0.5), *map(str, fifos)])
+    if traced:
+        tracemalloc.start()
+    signal.alarm(HANG_S)
+    start = time.perf_counter()
+    seconds = 0.0
+    try:
+        try:
+            action()
+        except Exception as raised:  # noqa: BLE001 - the refusal, hopefully (any kind: its type is checked)
+            error = raised
+        seconds = time.perf_counter() - start
+        signal.alarm(0)
+    except _Hang as hang:  # cut (it may arrive late, once a long C call returns)
+        error, seconds = hang, time.perf_counter() - start
+        signal.alarm(0)
+    finally:
+        if helper is not None:
+            helper.kill()
+            helper.wait()
+        if seconds >= HANG_S:
+            error = _Hang()
+        signal.signal(signal.SIGALRM, previous)
+        python_peak = tracemalloc.get_traced_memory()[1] if traced else 0
+        tracemalloc.stop()
+        for patch in patches:
+            patch.stop()
+    grown = max(_rss() - rss, _peak_rss() - peak, python_peak) / (1 << 20)
+    return error, seconds, grown, check
+
+
+def run(case: Case, world: World) -> Result:
+    error, seconds, grown, check = _measure(case, world, traced=False)
+    passwd_check = check == "no passwd digest"
+    if passwd_check:
+        check = None
+    message = "" if error is None else str(error)
+    problem = ""
+    if error is None:
+        problem = "accepted (no error)"
+    elif isinstance(error, _Hang):
+        problem = f"still running after {HANG_S} s"
+    elif not isinstance(error, case.error):
+        problem = f"raised {type(error).__name__}: {message[:300]}"
+    elif not re.search(case.match, message):
+        problem = f"message does not name the field ({case.match!r}): {message[:400]}"
+    elif check is not None and not check():
+        problem = "refused, but left a trace (a file created outside, or the strategy changed)"
+    elif passwd_check and _PASSWD_DIGEST is not None and _PASSWD_DIGEST in message:
+        problem = "the message holds the digest of /etc/passwd"
+    if not problem:  # the same case again, afresh, with Python's allocations traced
+        again, _, traced_growth, _ = _measure(case, world, traced=True)
+        grown = max(grown, traced_growth)
+        if type(again) is not type(error):
+            problem = f"a second run raised {type(again).__name__}: {str(again)[:200]}"
+    if not problem and seconds > BUDGET_S:
+        problem = f"took {seconds:.2f} s"
+    elif not problem and grown > BUDGET_MB:
+        problem = f"grew {grown:.1f} MB"
+    return Result(case, not problem, seconds, grown, problem)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    before = os.environ.get("HF_SPECULATIVE_CACHE")
+    os.environ["HF_SPECULATIVE_CACHE"] = str(root / "cache")  # nothing in the user's cache; every registry model uncached
+    try:
+        world = World(root)
+        AutoModelForCausalLM.from_pretrained(world.template)  # warm: the first load imports the model's classes
+        hfs.enable(build_model("llama"))
+        yield world
+    finally:
+        if before is None:
+            os.environ.pop("HF_SPECULATIVE_CACHE", None)
+        else:
+            os.environ["HF_SPECULATIVE_CACHE"] = before
+
+
+_RESULTS: dict[str, Result] = {}
+
+
+def result_of(case: Case, world: World) -> Result:
+    if case.name not in _RESULTS:
+        _RESULTS[case.name] = run(case, world)
+    return _RESULTS[case.name]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case(case, world):
+    result = result_of(case, world)
+    assert result.refused, f"{case.name}: {result.problem}"
+
+
+def test_battery_summary(world, capsys):
+    results = [result_of(case, world) for case in CASES]
+    refused = [r for r in results if r.refused]
+    slowest = max(results, key=lambda r: r.seconds)
+    largest = max(results, key=lambda r: r.grown_mb)
+    groups = {}
+    for r in results:
+        tried, ok = groups.get(r.case.group, (0, 0))
+        groups[r.case.group] = (tried + 1, ok + r.refused)
+    line = (f"hostile-folder battery: {len(results)} tried, {len(refused)} refused, each within {BUDGET_S:g} s and "
+            f"{BUDGET_MB:g} MB; slowest {slowest.seconds:.3f} s ({slowest.case.name}), largest growth "
+            f"{largest.grown_mb:.1f} MB ({largest.case.name}); "
+            + ", ".join(f"{g}: {ok}/{tried}" for g, (tried, ok) in groups.items()))
+    with capsys.disabled():
+        print("\n" + line)
+    assert len(refused) == len(results), "\n".join(f"{r.case.name}: {r.problem}" for r in results if not r.refused)
+
+
+def test_nothing_was_written_outside_the_cases(world):
+    """Every file the battery's specs named outside their folders is absent; the spec files a refused spec
+    would have kept are not in the cache either."""
+    for case in CASES:
+        result_of(case, world)
+    assert sorted(p.name for p in world.outside.iterdir()) == ["draft", "eagle"]
+    assert not (world.cache / "spec-files").exists() or not any((world.cache / "spec-files").rglob("*.json"))
