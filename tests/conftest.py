@@ -504,9 +504,9 @@ def count_hashes(monkeypatch) -> list[str]:
     hashed: list[str] = []
     real = integrity.sha256_file
 
-    def counting(path, update=None):
+    def counting(path, update=None, **kwargs):
         hashed.append(Path(path).name)
-        return real(path, update)
+        return real(path, update, **kwargs)
 
     monkeypatch.setattr(integrity, "sha256_file", counting)
     return hashed
