@@ -179,6 +179,8 @@ def test_default_model_in_the_browser(browser_page, tmp_path):
     try:
         page = browser_page
         open_app(page, url)
+        # count() does not wait: wait for the list first (a loaded machine renders the page late)
+        page.locator("#hfs-methods-off").get_by_text("Draft model (hfs)").wait_for(timeout=60_000)
         assert page.locator("#hfs-methods-off").get_by_text("Draft model (hfs)").count() == 1
         page.screenshot(path=str(shots["app-first-load.png"]), full_page=True)
 
