@@ -44,7 +44,7 @@ install-demo: $(DEMO_STAMP)
 # The Gradio app on localhost (prints its URL); DEMO_ARGS e.g. "--port 7861 --threads 2".
 DEMO_ARGS ?= --threads 1
 demo: install-demo
-	$(PY) -c "from hf_speculative.models import fetch; fetch('$(MODEL)')"
+	$(PY) -c "from hf_speculative.registry.models import fetch; fetch('$(MODEL)')"
 	@echo "The command line is in the venv: $(VENV)/bin/hf-speculative --help (or: source $(VENV)/bin/activate)"
 	$(PY) app.py --model $(MODEL) $(DEMO_ARGS)
 

@@ -50,7 +50,7 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _fetch_default(model: str) -> None:
     """The operator's own model, fetched before the app serves (a registry name not on disk yet): the one
     download the app makes without ``--allow-downloads``, at start, never for a visitor."""
-    from hf_speculative.models import REGISTRY, fetch, is_cached
+    from hf_speculative.registry.models import REGISTRY, fetch, is_cached
 
     if model in REGISTRY and not is_cached(model):
         print(f"fetching {model} before serving (hf-speculative models fetch {model}) …", flush=True)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     from hf_speculative.app.offer import check_downloads
     from hf_speculative.app.request import check_exposure
-    from hf_speculative.models import DEFAULT_MODEL
+    from hf_speculative.registry.models import DEFAULT_MODEL
 
     try:
         check_exposure(args.allow_local_paths, args.host)

@@ -36,7 +36,7 @@ def main() -> None:
 
     import hf_speculative as hfs
     from hf_speculative.bench.spec_bench import load_prompts
-    from hf_speculative.prompting import encode_prompt
+    from hf_speculative.tooling.prompting import encode_prompt
 
     model, tokenizer = hfs.load_model(args.model)
     hfs.enable(model)

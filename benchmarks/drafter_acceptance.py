@@ -25,7 +25,7 @@ import collections
 import torch
 
 from hf_speculative.bench.spec_bench import DATASET, SPEC_BENCH_CATEGORIES, load_prompts
-from hf_speculative.prompting import encode_prompt
+from hf_speculative.tooling.prompting import encode_prompt
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,7 +93,7 @@ def _first_guess_by_confidence(model, network, sequence: torch.Tensor, prompt_le
                                sure: torch.Tensor) -> collections.Counter:
     """For each greedy token ``y_t`` (``sequence`` `[1, T]`, ``sure`` `[T - prompt_length]` its target
     probability): whether the drafter's step-0 guess from anchor ``t - 2`` is ``y_t``, by bucket of ``sure``."""
-    from hf_speculative.features import tapped_features
+    from hf_speculative.core.features import tapped_features
     from hf_speculative.training.losses import unroll
 
     features = tapped_features(model, network.config.target_layers, sequence)  # [1, T, F]

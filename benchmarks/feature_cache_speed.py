@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     import torch
 
-    from hf_speculative.models import load_model
+    from hf_speculative.registry.models import load_model
     from hf_speculative.training.data import FeatureCache, read_examples
 
     torch.set_num_threads(args.threads)

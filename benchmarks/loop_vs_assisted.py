@@ -11,10 +11,10 @@ import torch
 torch.set_num_threads(1)
 import hf_speculative as hfs
 from hf_speculative.bench.spec_bench import DATASET
-from hf_speculative.base import CallContext
-from hf_speculative.loop import run
-from hf_speculative.stats import SpeculativeStats
-from hf_speculative.chains import ChainDrafter
+from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.loop import run
+from hf_speculative.core.stats import SpeculativeStats
+from hf_speculative.core.chains import ChainDrafter
 from transformers.generation.stopping_criteria import StoppingCriteriaList, MaxLengthCriteria, EosTokenCriteria
 
 model, tok = hfs.load_model("smollm2-135m-instruct")

@@ -18,7 +18,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.bench.spec_bench import load_prompts
-from hf_speculative.prompting import encode_prompt
+from hf_speculative.tooling.prompting import encode_prompt
 
 
 def strategies() -> dict:

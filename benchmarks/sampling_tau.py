@@ -39,7 +39,7 @@ def main(argv=None) -> None:
 
     import hf_speculative as hfs
     from hf_speculative.bench.spec_bench import load_prompts
-    from hf_speculative.prompting import encode_prompt
+    from hf_speculative.tooling.prompting import encode_prompt
 
     torch.set_num_threads(1)
     model, tokenizer = hfs.load_model(args.model)

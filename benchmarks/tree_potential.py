@@ -29,7 +29,7 @@ import collections
 import torch
 
 from hf_speculative.bench.spec_bench import DATASET, SPEC_BENCH_CATEGORIES, load_prompts
-from hf_speculative.prompting import encode_prompt
+from hf_speculative.tooling.prompting import encode_prompt
 
 Path = tuple[int, ...]
 
@@ -42,8 +42,8 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
     token the drafter cannot propose (out of its vocabulary) and where no draft can reach: the last
     token of an answer cut by ``max_new_tokens`` is always the target's own (a draft may only
     reach an end-of-sequence token, ``ended_by_eos``)."""
-    from hf_speculative.base import to_target_vocab
-    from hf_speculative.features import tapped_features
+    from hf_speculative.drafters.base import to_target_vocab
+    from hf_speculative.core.features import tapped_features
     from hf_speculative.training.losses import unroll
 
     features = tapped_features(model, network.config.target_layers, sequence)  # [1, T, F]
@@ -74,7 +74,7 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
 def best_tree(paths: list[Path], nodes: int) -> set[Path]:
     """The ``nodes`` rank paths most often on the target's path (each with its parent in the tree):
     ``hfs.StaticTree.calibrate``, the construction the library drafts with."""
-    from hf_speculative.tree_shapes import StaticTree
+    from hf_speculative.core.tree_shapes import StaticTree
 
     return set(StaticTree.calibrate(paths, nodes).paths)
 

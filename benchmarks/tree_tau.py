@@ -8,7 +8,7 @@ Budgets: ``chainK`` (EAGLE chain of K), ``N`` (EAGLE dynamic tree of N nodes), `
 were calibrated with). With Medusa budgets each record also holds every head's top-1 agreement with the target,
 teacher-forced on greedy's own output (``head_top1``: head k guesses the token k+1 places after the state it reads).
 
-Every method runs through the same loop (``hf_speculative.loop.run``) with ``adaptive=False`` (fixed budgets,
+Every method runs through the same loop (``hf_speculative.core.loop.run``) with ``adaptive=False`` (fixed budgets,
 for measurement) or the cost-chosen budget (``--adaptive``); greedy is plain ``generate`` in the same run,
 interleaved prompt by prompt. Each output is checked token for token against greedy.
 """
@@ -97,13 +97,13 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     import hf_speculative as hfs
-    from hf_speculative import tree_shapes as shapes
-    from hf_speculative.base import CallContext
+    from hf_speculative.core import tree_shapes as shapes
+    from hf_speculative.drafters.base import CallContext
     from hf_speculative.bench.spec_bench import DATASET, load_prompts
-    from hf_speculative.chains import ChainDrafter
-    from hf_speculative.loop import run
-    from hf_speculative.prompting import encode_prompt
-    from hf_speculative.stats import SpeculativeStats
+    from hf_speculative.core.chains import ChainDrafter
+    from hf_speculative.core.loop import run
+    from hf_speculative.tooling.prompting import encode_prompt
+    from hf_speculative.core.stats import SpeculativeStats
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
     torch.set_num_threads(1)

@@ -26,7 +26,7 @@ LAYOUTS = ("none", "output", "all", "all+packed", "all+kernel")
 
 def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     import hf_speculative as hfs
-    from hf_speculative.cpu_layout import apply_layout
+    from hf_speculative.cpu.layout import apply_layout
 
     models = {}
     for layout in layouts:

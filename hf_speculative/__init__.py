@@ -22,20 +22,20 @@ __version__ = "0.1.0"
 
 # public name -> (module relative to this package, attribute in it; None: the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "CallContext": (".base", "CallContext"),
-    "DraftStrategy": (".base", "DraftStrategy"),
-    "SpeculativeCandidateGenerator": (".base", "SpeculativeCandidateGenerator"),
-    "SpeculativeStats": (".stats", "SpeculativeStats"),
-    "disable": (".integration", "disable"),
-    "enable": (".integration", "enable"),
-    "is_enabled": (".integration", "is_enabled"),
-    "last_stats": (".integration", "last_stats"),
-    "speculative_generate": (".integration", "speculative_generate"),
+    "CallContext": (".drafters.base", "CallContext"),
+    "DraftStrategy": (".drafters.base", "DraftStrategy"),
+    "SpeculativeCandidateGenerator": (".drafters.base", "SpeculativeCandidateGenerator"),
+    "SpeculativeStats": (".core.stats", "SpeculativeStats"),
+    "disable": (".hf.integration", "disable"),
+    "enable": (".hf.integration", "enable"),
+    "is_enabled": (".hf.integration", "is_enabled"),
+    "last_stats": (".hf.integration", "last_stats"),
+    "speculative_generate": (".hf.integration", "speculative_generate"),
     "DraftModel": (".drafters.draft_model", "DraftModel"),
-    "DraftTree": (".tree", "DraftTree"),
-    "DynamicTree": (".tree_shapes", "DynamicTree"),
-    "StaticTree": (".tree_shapes", "StaticTree"),
-    "forget": (".state", "forget"),
+    "DraftTree": (".core.tree", "DraftTree"),
+    "DynamicTree": (".core.tree_shapes", "DynamicTree"),
+    "StaticTree": (".core.tree_shapes", "StaticTree"),
+    "forget": (".core.state", "forget"),
     "Eagle": (".drafters.eagle.drafter", "Eagle"),
     "EarlyExit": (".drafters.self_speculative", "EarlyExit"),
     "Hybrid": (".drafters.hybrid", "Hybrid"),
@@ -44,33 +44,33 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Lookahead": (".drafters.lookahead", "Lookahead"),
     "PromptLookup": (".drafters.prompt_lookup", "PromptLookup"),
     "SuffixDecoding": (".drafters.suffix", "SuffixDecoding"),
-    "load_model": (".models", "load_model"),
-    "models": (".models", None),
-    "optimize_for_cpu": (".cpu_layout", "optimize_for_cpu"),
-    "use_profile": (".cost_profile", "use_profile"),
+    "load_model": (".registry.models", "load_model"),
+    "models": (".registry.models", None),
+    "optimize_for_cpu": (".cpu.layout", "optimize_for_cpu"),
+    "use_profile": (".core.cost_profile", "use_profile"),
 }
 
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
-    from . import models
-    from .base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-    from .cost_profile import use_profile
-    from .cpu_layout import optimize_for_cpu
-    from .drafters.draft_model import DraftModel
+    from .registry import models
+    from .drafters.base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+    from .core.cost_profile import use_profile
+    from .cpu.layout import optimize_for_cpu
+    from .drafters.draft_model.drafter import DraftModel
     from .drafters.eagle.drafter import Eagle
-    from .drafters.hybrid import Hybrid
-    from .drafters.lookahead import Lookahead
+    from .drafters.hybrid.drafter import Hybrid
+    from .drafters.lookahead.drafter import Lookahead
     from .drafters.medusa.drafter import Medusa
-    from .drafters.prompt_lookup import PromptLookup
-    from .drafters.self_speculative import EarlyExit, LayerSkip
-    from .drafters.suffix import SuffixDecoding
-    from .integration import disable, enable, is_enabled, last_stats, speculative_generate
-    from .models import load_model
-    from .state import forget
-    from .stats import SpeculativeStats
-    from .tree import DraftTree
-    from .tree_shapes import DynamicTree, StaticTree
+    from .drafters.prompt_lookup.drafter import PromptLookup
+    from .drafters.self_speculative.strategies import EarlyExit, LayerSkip
+    from .drafters.suffix.drafter import SuffixDecoding
+    from .hf.integration import disable, enable, is_enabled, last_stats, speculative_generate
+    from .registry.models import load_model
+    from .core.state import forget
+    from .core.stats import SpeculativeStats
+    from .core.tree import DraftTree
+    from .core.tree_shapes import DynamicTree, StaticTree
 
 
 def __getattr__(name: str) -> Any:

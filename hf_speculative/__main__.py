@@ -8,9 +8,9 @@ import sys
 
 
 def main() -> None:
-    """Run :func:`hf_speculative.cli.main`, or say which extra to install when typer or rich is missing."""
+    """Run :func:`hf_speculative.cli.main.main`, or say which extra to install when typer or rich is missing."""
     try:
-        from .cli import main as cli_main
+        from .cli.main import main as cli_main
     except ImportError as err:
         if 'pip install "hf-speculative[' not in str(err):
             raise

@@ -23,7 +23,7 @@ from transformers import (
 from transformers.generation.candidate_generator import CandidateGenerator
 
 import hf_speculative as hfs
-from hf_speculative.base import SpeculativeCandidateGenerator
+from hf_speculative.drafters.base import SpeculativeCandidateGenerator
 
 # Tiny models run faster on one thread than on several (thread start-up dominates), and the CI has 2 cores.
 torch.set_num_threads(1)
@@ -240,7 +240,7 @@ def make_drafter(name: str, target, reference):
     if name == "prompt-lookup":
         # The adaptive policy decides from measured costs: fix them (cheap, GPU-like) so that under
         # any machine load it drafts and the identity test checks something.
-        from hf_speculative.costs import verify_costs_for
+        from hf_speculative.core.costs import verify_costs_for
 
         verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
         return hfs.PromptLookup()
@@ -344,7 +344,7 @@ def fit_eagle(target, version: int, ids, iterations: int, unroll: int, lr: float
     """A random full-vocabulary EAGLE drafter for ``target`` trained ``iterations`` Adam steps on the
     target's features over ``ids`` `[1, T]`, every position learnt. Returns ``(net, before, last)``:
     the step metrics before training and of the last training step."""
-    from hf_speculative.features import FeatureTap
+    from hf_speculative.core.features import FeatureTap
     from hf_speculative.training.losses import eagle_loss
 
     net = random_eagle(target, version=version, draft_vocab_size=target.config.vocab_size if version == 3 else None)
@@ -460,7 +460,7 @@ def chat_checkpoint(tmp_path, chat_model, chat_tokenizer):
 def cheap_verification():
     """Fix a target's verify-cost model to a GPU-like profile (each draft token costs 1% of a
     forward) for one test, so that adaptive drafters decide independently of the wall clock."""
-    from hf_speculative.costs import forget_costs, verify_costs_for
+    from hf_speculative.core.costs import forget_costs, verify_costs_for
 
     fixed = []
 
@@ -498,8 +498,8 @@ def corrupt_same_size(path: Path) -> None:
 
 
 def count_hashes(monkeypatch) -> list[str]:
-    """The names of the files ``hf_speculative.integrity`` hashes from now on (this test only)."""
-    from hf_speculative import integrity
+    """The names of the files ``hf_speculative.registry.integrity`` hashes from now on (this test only)."""
+    from hf_speculative.registry import integrity
 
     hashed: list[str] = []
     real = integrity.sha256_file

@@ -1,4 +1,4 @@
-"""Batches (B > 1, hf_speculative/batch_loop.py): every row token for token what transformers' own batched
+"""Batches (B > 1, hf_speculative/core/batch_loop.py): every row token for token what transformers' own batched
 greedy ``generate`` writes for the same left-padded batch, and what the row writes alone.
 
 The references are stock ``generate`` (``type(model).generate``). Float noise: transformers' left-padded batch
@@ -16,8 +16,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_speculative as hfs
-from hf_speculative.batch_costs import BatchCostModel, batch_costs_for, forget_batch_costs
-from hf_speculative.batch_verify import BatchVerifier
+from hf_speculative.core.batch_costs import BatchCostModel, batch_costs_for, forget_batch_costs
+from hf_speculative.core.batch_verify import BatchVerifier
 from tests.conftest import ARCHS, _plain_copy, build_model, char_tokenizer, sibling_model, stock_generate
 
 PROMPTS = [
@@ -240,7 +240,7 @@ def test_pipeline_with_batch_size(cheap_batches):
         calls.append(original(inputs))
         return calls[-1]
 
-    import hf_speculative.integration as integration
+    import hf_speculative.hf.integration as integration
 
     integration._batched, saved = spying, original
     try:
@@ -345,7 +345,7 @@ def test_each_eagle_row_reads_its_own_rows_states(arch, name, cheap_batches, mon
     """Every row's EAGLE drafter is fed, position for position, the target states of its own row decoded alone (no
     padding, no other row, none of the nodes it did not keep): what it drafts is what it would draft alone."""
     from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
-    from hf_speculative.features import tapped_features
+    from hf_speculative.core.features import tapped_features
 
     model = cheap_batches(hfs.enable(build_model(arch)))
     fed = []
@@ -370,7 +370,7 @@ def test_batches_leave_the_one_row_verify_costs_alone(cheap_batches):
     """A row's drafter would time the whole batch's forward: those timings must not enter the target's shared
     one-row cost model, which B = 1 calls decide by (a row's own stats count no target forward, so its drafter
     never takes a forward for a measured verification)."""
-    from hf_speculative.costs import verify_costs_for
+    from hf_speculative.core.costs import verify_costs_for
 
     model = cheap_batches(hfs.enable(build_model("llama")))
     shared = verify_costs_for(model, 8)

@@ -10,10 +10,10 @@ from transformers import GenerationConfig
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
-from hf_speculative.base import CallContext, ExternalCandidateGenerator
-from hf_speculative.chains import ChainDrafter
-from hf_speculative.loop import run
-from hf_speculative.stats import SpeculativeStats
+from hf_speculative.drafters.base import CallContext, ExternalCandidateGenerator
+from hf_speculative.core.chains import ChainDrafter
+from hf_speculative.core.loop import run
+from hf_speculative.core.stats import SpeculativeStats
 
 
 def loop_generate(model, strategy_or_raw, max_new_tokens: int, eos=None):
@@ -88,7 +88,7 @@ def test_eos_inside_an_accepted_chain(arch):
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("max_new_tokens", [3, 30])
 def test_prompt_lookup_trees_equal_greedy(arch, adaptive, max_new_tokens):
-    from hf_speculative.tree_shapes import DynamicTree
+    from hf_speculative.core.tree_shapes import DynamicTree
 
     model = build_model(arch)
     reference = greedy(model, 40)
@@ -100,7 +100,7 @@ def test_prompt_lookup_trees_equal_greedy(arch, adaptive, max_new_tokens):
 
 
 def test_prompt_lookup_tree_branches_on_disagreeing_matches():
-    from hf_speculative.tree_shapes import DynamicTree
+    from hf_speculative.core.tree_shapes import DynamicTree
 
     model = build_model("llama")
     ctx = CallContext(model, GenerationConfig(max_length=64), None, None, SpeculativeStats())

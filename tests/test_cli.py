@@ -7,8 +7,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from hf_speculative import models as registry
-from hf_speculative.cli import app
+from hf_speculative.registry import models as registry
+from hf_speculative.cli.main import app
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
@@ -198,7 +198,7 @@ def test_compare_and_bench_help_list_the_methods(cli):
     the width it finds and may cut long words short (it does, in the full suite), which is not ours to test."""
     import typer
 
-    from hf_speculative.cli import METHOD_NAMES
+    from hf_speculative.cli.main import METHOD_NAMES
 
     # the registry as the CLI saw it at import (other tests register methods of their own later)
     names = METHOD_NAMES.split(", ")
@@ -220,8 +220,8 @@ def test_compare_and_bench_share_their_run_options():
 
     import typer.main
 
-    from hf_speculative.cli import app, bench, compare
-    from hf_speculative.cli_options import RunOptions, run_options
+    from hf_speculative.cli.main import app, bench, compare
+    from hf_speculative.cli.options import RunOptions, run_options
 
     group = typer.main.get_command(app)
     options = {name: {p.name for p in group.commands[name].params} for name in ("compare", "bench")}
@@ -239,14 +239,14 @@ def test_compare_and_bench_share_their_run_options():
 
 
 def test_run_options_pass_only_the_given_method_options():
-    from hf_speculative.cli_options import RunOptions
+    from hf_speculative.cli.options import RunOptions
 
     assert RunOptions().method_options() == {}
     assert RunOptions(num_tokens=3, skip="auto", threads=2).method_options() == {"num_tokens": 3, "skip": "auto"}
 
 
 def test_compare_title_reports_the_tokens_generated():
-    from hf_speculative.cli import compare_title
+    from hf_speculative.cli.main import compare_title
 
     same = [{"new_tokens": 13}, {"new_tokens": 13}]
     assert compare_title("m", same, 48, 1) == "m: 13 new tokens (--max-new-tokens 48), 1 thread(s)"
@@ -255,7 +255,7 @@ def test_compare_title_reports_the_tokens_generated():
 
 
 def test_compare_table_title_when_the_model_stops_early(cli, chat_model, chat_tokenizer, tmp_path):
-    from hf_speculative.prompting import encode_prompt
+    from hf_speculative.tooling.prompting import encode_prompt
 
     prompt = "the cat sat on the mat"
     ids = encode_prompt(chat_tokenizer, prompt)
@@ -348,7 +348,7 @@ def test_compare_and_bench_take_both_method_spellings(cli, chat_checkpoint, data
 
 
 def test_methods_command_lists_the_registry(cli, monkeypatch):
-    from hf_speculative import methods
+    from hf_speculative.tooling import methods
 
     monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))
     methods.register_method(methods.MethodSpec("test-only", "Test", "Registered by the test.", "baseline",
@@ -392,7 +392,7 @@ def test_compare_shows_progress_per_method(cli, chat_checkpoint):
 
 
 def test_compare_table_says_no_drafts(capsys, monkeypatch):
-    from hf_speculative.cli import _print_comparison
+    from hf_speculative.cli.main import _print_comparison
 
     monkeypatch.setenv("COLUMNS", "200")
     base = {"text": "x", "new_tokens": 3, "tokens_per_s": 1.0, "speedup": 1.0, "tau": 1.0, "identical_to_greedy": True}
@@ -405,7 +405,7 @@ def test_compare_table_says_no_drafts(capsys, monkeypatch):
 
 
 def test_showcase_runs_compare_on_its_own_prompt(cli, chat_checkpoint):
-    from hf_speculative.cli import SHOWCASE_PROMPT
+    from hf_speculative.cli.main import SHOWCASE_PROMPT
 
     result = cli("showcase", "--model", chat_checkpoint, "--max-new-tokens", "3", "--json")
     assert result.exit_code == 0, result.output
@@ -479,7 +479,7 @@ def test_a_typo_in_an_option_names_the_close_match(cli, chat_checkpoint, dataset
 
 
 def test_option_values_are_read_as_json_or_text():
-    from hf_speculative.cli_options import RunOptions, parse_option_pairs
+    from hf_speculative.cli.options import RunOptions, parse_option_pairs
 
     assert parse_option_pairs(["num_tokens=4", "adaptive=false", "skip=4,6,9", "eagle=./x", "draft-model=None"]) == {
         "num_tokens": 4, "adaptive": False, "skip": "4,6,9", "eagle": "./x", "draft_model": None}

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.batch_costs import batch_costs_for
+from hf_speculative.core.batch_costs import batch_costs_for
 from hf_speculative.bench import profile as P
-from hf_speculative.costs import verify_costs_for
-from hf_speculative.state import forget
+from hf_speculative.core.costs import verify_costs_for
+from hf_speculative.core.state import forget
 from tests.conftest import build_model, prompt_inputs, stock_generate
 
 

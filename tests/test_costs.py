@@ -1,4 +1,4 @@
-"""The verify-cost model (``hf_speculative.costs``): measured ratios, their per-model sharing and the
+"""The verify-cost model (``hf_speculative.core.costs``): measured ratios, their per-model sharing and the
 measured price of a drafting step."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_speculative.costs import VerifyCostModel, draft_price, forget_costs, record_draft_step, verify_costs_for
-from hf_speculative.drafters.policy import best_length
+from hf_speculative.core.costs import VerifyCostModel, draft_price, forget_costs, record_draft_step, verify_costs_for
+from hf_speculative.core.policy import best_length
 
 
 def measured(costs: list[float]) -> VerifyCostModel:
@@ -125,7 +125,7 @@ def test_draft_price_is_given_then_measured_then_the_prior():
 
 # -- padded static verification -------------------------------------------------------------------
 def test_padded_costs_price_every_draft_at_the_padded_forward():
-    from hf_speculative.costs import PaddedCostModel
+    from hf_speculative.core.costs import PaddedCostModel
 
     model = PaddedCostModel(16)
     for _ in range(2):
@@ -142,9 +142,9 @@ def test_padded_costs_price_every_draft_at_the_padded_forward():
 
 def test_static_calls_keep_their_costs_apart_from_the_dynamic_cache_s():
     import hf_speculative as hfs
-    from hf_speculative.costs import PaddedCostModel, padded_verification
-    from hf_speculative.state import state_of
-    from hf_speculative.tree_shapes import DynamicTree
+    from hf_speculative.core.costs import PaddedCostModel, padded_verification
+    from hf_speculative.core.state import state_of
+    from hf_speculative.core.tree_shapes import DynamicTree
     from tests.conftest import build_model, prompt_inputs
 
     target = hfs.enable(build_model("llama"))

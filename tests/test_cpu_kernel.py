@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import hf_speculative as hfs
-from hf_speculative import cpu_kernel
-from hf_speculative.cpu_kernel import MAX_ROWS, KernelLinear
-from hf_speculative.cpu_layout import PackedLinear, cpu_layout
+from hf_speculative.cpu import kernel as cpu_kernel
+from hf_speculative.cpu.kernel import MAX_ROWS, KernelLinear
+from hf_speculative.cpu.layout import PackedLinear, cpu_layout
 from tests.conftest import build_model, make_drafter, prompt_inputs, stock_generate
 from tests.test_cpu_layout import _linears, convert_keeping_parameters, restore_row_major
 

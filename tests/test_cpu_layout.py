@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative import cpu_layout as cpu_layout_module
-from hf_speculative.cpu_layout import PackedLinear, apply_layout, cpu_layout
-from hf_speculative.costs import verify_costs_for
+from hf_speculative.cpu import layout as cpu_layout_module
+from hf_speculative.cpu.layout import PackedLinear, apply_layout, cpu_layout
+from hf_speculative.core.costs import verify_costs_for
 from tests.conftest import PROMPT, build_model, make_drafter, prompt_inputs, stock_generate
 
 GREEDY = dict(do_sample=False, max_new_tokens=40)
@@ -252,7 +252,7 @@ def test_drafters_identical_to_greedy_when_packed(arch, drafter_name):
 def test_a_loaded_eagle_drafter_follows_the_targets_layout(tmp_path, layout):
     """``Eagle.from_pretrained(..., target=model)`` lays the drafter out as the target is (its
     drafting steps are one-row products too), and it still drafts exactly."""
-    from hf_speculative import cpu_kernel
+    from hf_speculative.cpu import kernel as cpu_kernel
     from hf_speculative.drafters.eagle import checkpoints
     from tests.conftest import random_eagle
 

@@ -31,8 +31,8 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.sampling import SeededSampler
-from hf_speculative.state import forget, state_of
+from hf_speculative.core.sampling import SeededSampler
+from hf_speculative.core.state import forget, state_of
 from tests.conftest import (ARCHS, OracleCandidateGenerator, build_model, make_drafter, prompt_inputs, random_eagle,
                             stock_generate)
 
@@ -98,10 +98,10 @@ def drafter(name: str, model, reference):
 @pytest.fixture
 def loops(monkeypatch) -> list:
     """The verifier of each run of our loop in this test (``None``: the dynamic cache)."""
-    from hf_speculative import loop
+    from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.loop_entry.run",
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run",
                         lambda *a, **k: runs.append(k["verifier"]) or loop.run(*a, **k))
     return runs
 
@@ -196,7 +196,7 @@ def test_route_equals_greedy(arch, route, name, loops):
     out = model.generate(**inputs(), do_sample=False, max_new_tokens=NEW, candidate_generator=strategy, **static)
     identical = assert_same(model, out, expected, f"{arch}/{route}/{name}")
     check_stats(model, name, identical)
-    from hf_speculative.static_cache import StaticVerifier
+    from hf_speculative.core.static_cache import StaticVerifier
 
     if route == "chain":
         assert loops == []  # transformers' assisted loop
@@ -206,7 +206,7 @@ def test_route_equals_greedy(arch, route, name, loops):
 
 
 def test_static_cache_refuses_sliding_layers():
-    from hf_speculative.static_cache import StaticCacheError
+    from hf_speculative.core.static_cache import StaticCacheError
 
     if "gemma3" not in ARCHS:
         pytest.skip("Gemma3 needs transformers >= 4.50")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import hf_speculative.models as models
+import hf_speculative.registry.models as models
 from tests.test_models import GGUF, _fake_convert, cache  # noqa: F401 - the fixture
 
 

@@ -261,7 +261,7 @@ def test_smollm2_pipeline_with_a_default(integration, cheap_verification):
 def test_forget_drops_the_last_statistics(llama):
     llama.generate(**prompt_inputs(), **GREEDY, candidate_generator=drafting())
     assert hfs.last_stats(llama) is not None
-    from hf_speculative.state import forget
+    from hf_speculative.core.state import forget
 
     forget(llama)
     assert hfs.last_stats(llama) is None

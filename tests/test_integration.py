@@ -19,7 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.base import SpeculativeCandidateGenerator
+from hf_speculative.drafters.base import SpeculativeCandidateGenerator
 from tests.conftest import (
     DRAFTERS,
     EOS,
@@ -624,7 +624,7 @@ def test_smollm2_draft_model_copy_is_always_accepted(integration, cheap_verifica
 def test_smollm2_shipped_exit_adapter(integration):
     """The exit adapter shipped for the default model loads by name, drafts exactly, and is trained:
     a random adapter's drafts are almost never accepted."""
-    from hf_speculative.drafters.exit_adapter import shipped_adapters
+    from hf_speculative.drafters.self_speculative.exit_adapter import shipped_adapters
 
     model, tokenizer = integration
     hfs.enable(model)

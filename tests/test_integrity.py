@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import hf_speculative as hfs
-from hf_speculative import integrity
-from hf_speculative.drafters import exit_adapter
+from hf_speculative.registry import integrity
+from hf_speculative.drafters.self_speculative import exit_adapter
 from hf_speculative.drafters.eagle import checkpoints, drafter
 from hf_speculative.drafters.eagle.checkpoints import MANIFEST, CheckpointError
 from tests.conftest import corrupt_same_size, count_hashes

@@ -13,8 +13,8 @@ from transformers.generation.logits_process import LogitsProcessorList, Repetiti
 from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList,
                                                        StopStringCriteria)
 
-from hf_speculative.loop import accept_greedy, run
-from hf_speculative.tree import DraftTree, Verdict
+from hf_speculative.core.loop import accept_greedy, run
+from hf_speculative.core.tree import DraftTree, Verdict
 
 
 class OracleTree:

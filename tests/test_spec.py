@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import hf_speculative as hfs
-from hf_speculative import spec
+from hf_speculative.hf import spec
 from tests.conftest import AdversaryStrategy, build_model, prompt_inputs, random_eagle, random_exit_adapter, \
     sibling_model, stock_generate
 
@@ -300,7 +300,7 @@ def test_a_drafter_that_does_not_fit_the_model(eagle_folder, tmp_path):
 
 
 def test_spec_methods_are_registry_methods():
-    from hf_speculative import methods
+    from hf_speculative.tooling import methods
 
     for name in spec._methods():
         if name != "hybrid":
@@ -345,7 +345,8 @@ def test_smollm2_draft_model_saved_by_its_registry_name(integration, tmp_path):
 
 
 def test_tree_shapes_round_trip_through_the_spec():
-    from hf_speculative import spec, tree_shapes
+    from hf_speculative.hf import spec
+    from hf_speculative.core import tree_shapes
     from tests.conftest import build_model
 
     target = build_model("llama")

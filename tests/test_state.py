@@ -1,4 +1,4 @@
-"""Per-model state (``hf_speculative.state``): one object per model, filled by the modules that
+"""Per-model state (``hf_speculative.core.state``): one object per model, filled by the modules that
 measure and check, and one ``forget(model)`` that drops all of it for that model and no other."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import weakref
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.costs import draft_price, record_draft_step, verify_costs_for
-from hf_speculative.drafters.layer_calibration import SkipCalibration, cached_calibration, remember_calibration
-from hf_speculative.drafters.layer_view import check_structure, layer_subset
-from hf_speculative.state import ModelState, forget, state_of
+from hf_speculative.core.costs import draft_price, record_draft_step, verify_costs_for
+from hf_speculative.drafters.self_speculative.calibration import SkipCalibration, cached_calibration, remember_calibration
+from hf_speculative.drafters.self_speculative.layer_view import check_structure, layer_subset
+from hf_speculative.core.state import ModelState, forget, state_of
 from tests.conftest import build_model, random_eagle, random_exit_adapter, sibling_model
 
 

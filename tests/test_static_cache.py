@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative import static_cache
+from hf_speculative.core import static_cache
 from hf_speculative.drafters.eagle import static_drafting
-from hf_speculative.state import forget, state_of
-from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from hf_speculative.core.state import forget, state_of
+from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import (EOS, AdversaryStrategy, OracleCandidateGenerator, build_model, char_tokenizer,
                             make_drafter, prompt_inputs, random_eagle, stock_generate)
 
@@ -32,9 +32,9 @@ def static_generate(model, strategy, **kwargs):
 @pytest.mark.parametrize("name", CHAINS)
 def test_chains_on_a_static_cache_equal_greedy(arch, name, monkeypatch):
     runs = []
-    from hf_speculative import loop
+    from hf_speculative.core import loop
 
-    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(k["verifier"]) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(k["verifier"]) or loop.run(*a, **k))
     model = hfs.enable(build_model(arch))
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     out = static_generate(model, make_drafter(name, model, expected), max_new_tokens=30)
@@ -141,7 +141,7 @@ def test_static_verifier_pads_every_draft_to_one_shape_and_runs_plain_steps_at_o
     model.forward = lambda **kw: shapes.append((tuple(kw["input_ids"].shape), tuple(kw["attention_mask"].shape))) \
         or original(**kw)
     try:
-        from hf_speculative.tree import DraftTree
+        from hf_speculative.core.tree import DraftTree
 
         verifier.forward(torch.tensor([3, 5, 6, 7]), DraftTree.chain([8, 9]))  # prefill, then the step
         verifier.keep(3, DraftTree.chain([8, 9]), [0])

@@ -230,7 +230,7 @@ def test_per_step_records_of_both_routes(model, tree):
 
 # -- what a newcomer reads: "no drafts", and last_stats of a model that was never enabled (issue 42) ------------
 def test_summary_says_no_drafts_when_nothing_was_drafted():
-    from hf_speculative.stats import format_acceptance
+    from hf_speculative.core.stats import format_acceptance
 
     idle = hfs.SpeculativeStats(method="prompt-lookup", new_tokens=5, target_forwards=5)
     assert "acceptance=no drafts" in idle.summary() and "0%" not in idle.summary()

@@ -14,8 +14,8 @@ import torch
 from tests.conftest import ARCHS, build_model
 
 from hf_speculative import compat
-from hf_speculative.tree import DraftTree, Verdict, position_ids, visibility
-from hf_speculative.verify import TreeAttentionError, check_tree_attention, forward_tree, keep_path
+from hf_speculative.core.tree import DraftTree, Verdict, position_ids, visibility
+from hf_speculative.core.verify import TreeAttentionError, check_tree_attention, forward_tree, keep_path
 
 # A tree of width 3 and depth 4: root -> 0, 1, 2; 0 -> 3, 4; 1 -> 5; 3 -> 6; 5 -> 7; 6 -> 8
 PARENTS = [-1, -1, -1, 0, 0, 1, 3, 5, 6]
@@ -179,7 +179,7 @@ def test_chains_take_the_models_own_causal_path(name):
         plain = compat.new_dynamic_cache()
         got = forward_tree(model, plain, torch.tensor(PROMPT), chain)
         masked = compat.new_dynamic_cache()
-        from hf_speculative import verify
+        from hf_speculative.core import verify
         out = model(input_ids=torch.tensor([PROMPT + [20, 30, 40, 50]]),
                     position_ids=position_ids(as_tree, len(PROMPT) - 1, len(PROMPT) - 1),
                     attention_mask=verify.tree_masks(model, as_tree, len(PROMPT) - 1, torch.float32, len(PROMPT) - 1),

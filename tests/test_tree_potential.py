@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_speculative.drafters.eagle.model import DraftKVCache
-from hf_speculative.features import FeatureTap
+from hf_speculative.core.features import FeatureTap
 from tests.conftest import build_model, fit_eagle, load_benchmark, random_eagle
 
 

@@ -1,5 +1,5 @@
 """Sampling through draft trees is lossless: chi-square tests of the emitted tokens against the target's own
-distribution when trees are verified against the seeded draw (hf_speculative.sampling), for fixed trees,
+distribution when trees are verified against the seeded draw (hf_speculative.core.sampling), for fixed trees,
 trees drafted from another distribution with the same noise (coupled), and end to end through the loop;
 negative controls show the tests can fail."""
 
@@ -12,10 +12,10 @@ from scipy.stats import chisquare
 from transformers import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
-from hf_speculative.accept import accept_greedy
-from hf_speculative.loop import run
-from hf_speculative.sampling import SeededSampler
-from hf_speculative.tree import DraftTree
+from hf_speculative.core.accept import accept_greedy
+from hf_speculative.core.loop import run
+from hf_speculative.core.sampling import SeededSampler
+from hf_speculative.core.tree import DraftTree
 
 V = 6
 P_ROOT = torch.tensor([0.30, 0.05, 0.25, 0.10, 0.20, 0.10], dtype=torch.float64)

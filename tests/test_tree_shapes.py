@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 
 
 def test_static_tree_orders_paths_and_finds_parents():
@@ -20,7 +20,7 @@ def test_static_tree_orders_paths_and_finds_parents():
 def test_static_tree_fills_tokens_by_rank():
     """``grow_static`` gives node ``p + (r,)`` the drafter's guess of rank ``r`` after ``p``, one expansion per
     depth over the nodes that have children (a drafter whose guesses after a token are fixed lists)."""
-    from hf_speculative.tree_shapes import grow_static
+    from hf_speculative.core.tree_shapes import grow_static
 
     vocab = 20
     guesses = {7: [10, 11, 3], 8: [12, 3, 4], 10: [13, 3, 4]}  # after a token, its guesses best first

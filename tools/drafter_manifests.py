@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 from hf_speculative.drafters.eagle.checkpoints import MANIFEST, shipped_names
-from hf_speculative.integrity import sha256_file
+from hf_speculative.registry.integrity import sha256_file
 
 
 def shipped_folders() -> list[Path]:
     from hf_speculative.drafters.eagle.drafter import PRETRAINED_DIR
-    from hf_speculative.drafters.exit_adapter import SHIPPED_DIR
+    from hf_speculative.drafters.self_speculative.exit_adapter import SHIPPED_DIR
     from hf_speculative.drafters.medusa.drafter import PRETRAINED_DIR as MEDUSA_DIR
 
     return [root / name for root in (PRETRAINED_DIR, MEDUSA_DIR, SHIPPED_DIR) for name in shipped_names(root)]

@@ -57,7 +57,7 @@ class ModelCache:
 
     Args:
         loader (`Callable`, *optional*): ``loader(name, device=...) -> (model, tokenizer)``; defaults to
-            :func:`hf_speculative.models.load_model` (registry names, local folders, Hub ids).
+            :func:`hf_speculative.registry.models.load_model` (registry names, local folders, Hub ids).
         device (`torch.device`, *optional*): where models go; defaults to :func:`default_device`.
         warmup (`bool`): run a tiny generation right after loading a target, so that the first
             visitor's timings do not include one-off start-up costs (kernel selection, allocations).
@@ -107,14 +107,14 @@ class ModelCache:
 
     def calibration_file(self, loaded: LoadedModel) -> Path:
         """Where LayerSkip keeps its ``'auto'`` calibration for ``loaded``: a file under the package's cache
-        named after the model's fingerprint (:func:`~hf_speculative.drafters.layer_calibration.model_fingerprint`).
+        named after the model's fingerprint (:func:`~hf_speculative.drafters.self_speculative.calibration.model_fingerprint`).
         A file there that does not hold a calibration for this model is removed (calibrated again)."""
-        from ..drafters.layer_calibration import SkipCalibration, model_fingerprint
+        from ..drafters.self_speculative.calibration import SkipCalibration, model_fingerprint
 
         with self._lock:
             folder = self._calibration_dir
             if folder is None:
-                from ..models import cache_dir
+                from ..registry.models import cache_dir
 
                 folder = cache_dir() / "calibrations" / "layer-skip"
             folder.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,7 @@ class ModelCache:
                                f"ago; it is tried again {RETRY_AFTER_S / 60:g} minutes after a failure)") from failed[1]
         loader = self._loader
         if loader is None:
-            from ..models import load_model as loader
+            from ..registry.models import load_model as loader
         device = None if self.device.type == "cpu" else self.device
         logger.info("loading %s on %s", name, self.device)
         try:

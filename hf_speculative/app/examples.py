@@ -1,7 +1,7 @@
 """The demo app's example prompts: tasks the default model (``smollm2-135m-instruct``, 135M parameters) answers
 sensibly, so that a visitor sees speculation on a good answer rather than on a broken one.
 
-The command line's examples (:data:`hf_speculative.prompting.EXAMPLES`) cover more tasks (code editing,
+The command line's examples (:data:`hf_speculative.tooling.prompting.EXAMPLES`) cover more tasks (code editing,
 translation, maths) for larger models; on the 135M model those came out wrong (a rename that changes the code,
 a translation into nonsense French, a wrong speed), so the page offers these instead: two where the answer
 copies the prompt (prompt lookup pays) and three open ones (it does not; the story is the one to sample).
@@ -9,7 +9,7 @@ copies the prompt (prompt lookup pays) and three open ones (it does not; the sto
 
 from __future__ import annotations
 
-from ..prompting import EXAMPLES as _CLI_EXAMPLES
+from ..tooling.prompting import EXAMPLES as _CLI_EXAMPLES
 
 EXAMPLES: dict[str, str] = {
     "summarization": _CLI_EXAMPLES["summarization"],

@@ -1,6 +1,6 @@
 """What this server can offer a visitor: the models on its disk, and the methods a model can run.
 
-The app serves only models already on the server's disk (:func:`hf_speculative.models.is_cached`): a
+The app serves only models already on the server's disk (:func:`hf_speculative.registry.models.is_cached`): a
 visitor who picks a registry model that is not there is told so at once, and nothing is downloaded,
 unless the operator started the app with ``--allow-downloads`` (refused on a Space). A method whose
 prerequisites a model lacks (a draft model sharing its tokenizer, a trained drafter shipped for it,
@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..methods import get_method
+from ..tooling.methods import get_method
 from .request import Sources, selectable_methods
 
 NOT_ON_DISK = "not on this server's disk (this app serves only models already downloaded)"
@@ -35,7 +35,7 @@ def check_downloads(allow_downloads: bool) -> None:
 
 
 def _registry() -> dict:
-    from ..models import REGISTRY
+    from ..registry.models import REGISTRY
 
     return REGISTRY
 
@@ -44,7 +44,7 @@ def model_problem(name: str, sources: Sources) -> str | None:
     """Why model ``name`` cannot be served now (``None``: it can). A registry model must be on disk unless the
     operator allows downloads; folders and Hub ids are checked when they load (``--allow-local-paths``)."""
     if name in _registry() and not sources.allow_downloads:
-        from ..models import is_cached
+        from ..registry.models import is_cached
 
         if not is_cached(name):
             return NOT_ON_DISK
@@ -60,7 +60,7 @@ def served_models(sources: Sources) -> tuple[list[str], dict[str, str]]:
 def model_folder(name: str) -> Path | None:
     """The folder on disk holding ``name`` (a cached registry model, or a local folder), else ``None``."""
     if name in _registry():
-        from ..models import is_cached, model_path
+        from ..registry.models import is_cached, model_path
 
         return model_path(name) if is_cached(name) else None
     path = Path(name).expanduser()
@@ -125,7 +125,7 @@ def _shipped(key: str) -> list[str]:
     if key == "eagle":
         from ..drafters.eagle.drafter import pretrained_names
     elif key == "adapter":
-        from ..drafters.exit_adapter import shipped_adapters as pretrained_names
+        from ..drafters.self_speculative.exit_adapter import shipped_adapters as pretrained_names
     else:
         from ..drafters.medusa.drafter import pretrained_names
     return list(pretrained_names())

@@ -1,6 +1,6 @@
 """What a visitor asks for: the form's values checked and turned into a :class:`CompareRequest`.
 
-The methods and their knobs come from the method registry (:mod:`hf_speculative.methods`): every
+The methods and their knobs come from the method registry (:mod:`hf_speculative.tooling.methods`): every
 registered method other than the baseline can be picked, and each option a method declares in
 ``MethodSpec.options`` becomes one input of the form (an :class:`OptionSlot`). Drafters registered
 later appear without any change here.
@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any
 
-from ..methods import available_methods, get_method
+from ..tooling.methods import available_methods, get_method
 from ..options import MAX_DRAFT_TOKENS, MAX_LAYERS, MAX_NGRAM
 
 MAX_PANES = 4  # the baseline plus up to three methods, side by side
@@ -106,8 +106,8 @@ class Sources:
     def offered(cls, default_model: str, *, allow_local_paths: bool = False,
                 allow_downloads: bool = False) -> "Sources":
         from ..drafters.eagle.drafter import pretrained_names
-        from ..drafters.exit_adapter import shipped_adapters
-        from ..models import REGISTRY
+        from ..drafters.self_speculative.exit_adapter import shipped_adapters
+        from ..registry.models import REGISTRY
 
         return cls(tuple(dict.fromkeys([default_model, *REGISTRY])), tuple(pretrained_names()),
                    tuple(shipped_adapters()), allow_local_paths, allow_downloads)

@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any, Iterator
 
-from ..base import DraftStrategy
-from ..methods import get_method, pad_token_id
-from ..prompting import encode_prompt
+from ..drafters.base import DraftStrategy
+from ..tooling.methods import get_method, pad_token_id
+from ..tooling.prompting import encode_prompt
 from .cache import LoadedModel, ModelCache
 from .highlight import SourcedText
 from .request import AppError, CompareRequest, Sources
@@ -154,7 +154,7 @@ class Comparison:
             extra["candidate_generator"] = strategy = private(strategy)
             strategy.validate_target(model)
         if extra.get("assistant_model") is not None:  # transformers' assisted generation: same vocabulary
-            from ..drafters.draft_model import check_same_vocabulary
+            from ..drafters.draft_model.drafter import check_same_vocabulary
 
             check_same_vocabulary(model, extra["assistant_model"], tokenizer, None)
         return extra

@@ -8,8 +8,8 @@ import logging
 from typing import Any, Iterator
 
 from ..extras import require
-from ..methods import get_method
-from ..models import DEFAULT_MODEL, REGISTRY
+from ..tooling.methods import get_method
+from ..registry.models import DEFAULT_MODEL, REGISTRY
 from .cache import ModelCache, describe_device
 from .examples import EXAMPLES
 from .highlight import LEGEND_HTML, PANE_CSS, render_pane

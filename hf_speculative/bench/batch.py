@@ -24,8 +24,8 @@ from typing import Any, Iterable
 
 import torch
 
-from ..methods import MethodSpec, get_method, pad_token_id
-from ..prompting import encode_prompt
+from ..tooling.methods import MethodSpec, get_method, pad_token_id
+from ..tooling.prompting import encode_prompt
 from .runner import BASELINE, environment
 from .spec_bench import Prompt
 
@@ -35,8 +35,8 @@ ALWAYS = "+always"
 @contextlib.contextmanager
 def _free_verification(model: Any):
     """Within: the batch loop's cost model of ``model`` says verification costs nothing (always draft)."""
-    from ..batch_costs import BatchCostModel
-    from ..state import state_of
+    from ..core.batch_costs import BatchCostModel
+    from ..core.state import state_of
 
     always = BatchCostModel()
     always.fix(overhead=1.0, per_token=1e-9)

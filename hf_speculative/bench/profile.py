@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import compat
-from ..tree import DraftTree
-from ..verify import forward_tree
+from ..core.tree import DraftTree
+from ..core.verify import forward_tree
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 FORMAT = "hf-speculative-profile/1"
@@ -100,7 +100,7 @@ class ProfileSettings:
             raise ValueError(f"profile sizes={list(self.sizes)}: need 0 (the one-token forward) and sizes up to 256.")
         if not set(self.shapes) <= {"chain", "tree"}:
             raise ValueError(f"profile shapes={list(self.shapes)}: use chain and/or tree.")
-        from ..static_cache import COMPILE_MODES
+        from ..core.static_cache import COMPILE_MODES
 
         if self.compile is not None and self.compile not in ("static", *COMPILE_MODES):
             raise ValueError(f"profile compile={self.compile!r}: use static or a torch.compile mode "
@@ -163,7 +163,7 @@ def _static_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: in
                     progress: Callable[[str], None] | None) -> dict[str, dict[str, dict[str, float]]]:
     """The timings of :func:`profile` for the fixed-shape forward on a static cache (compiled unless
     ``settings.compile == "static"``): one verifier per size, all on one cache, so one graph per size."""
-    from ..static_cache import StaticVerifier, capacity_for, compiled_forward
+    from ..core.static_cache import StaticVerifier, capacity_for, compiled_forward
 
     device = model.get_input_embeddings().weight.device
     forward = None
@@ -201,7 +201,7 @@ def _batch_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: int
                    progress: Callable[[str], None] | None) -> dict[str, dict[str, dict[str, float]]]:
     """``[context][B][n]``: median seconds of the batch loop's forward over ``[B, 1 + n]`` tokens (each row's root
     and a chain of ``n`` draft tokens) after ``context - 1`` tokens per row."""
-    from ..batch_verify import BatchVerifier
+    from ..core.batch_verify import BatchVerifier
 
     device = model.get_input_embeddings().weight.device
     seconds: dict[str, dict[str, dict[str, float]]] = {}

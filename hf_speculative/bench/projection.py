@@ -2,7 +2,7 @@
 
 A benchmark run (``hf-speculative bench``) says, for every verification step of every speculative run,
 how many draft tokens the target verified, how many it accepted and how long the draft took
-(:meth:`hf_speculative.stats.SpeculativeStats.steps`). A profile (``hf-speculative profile``) says what
+(:meth:`hf_speculative.core.stats.SpeculativeStats.steps`). A profile (``hf-speculative profile``) says what
 one target forward verifying ``n`` draft tokens costs on its device, in one-token forwards:
 ``r(n, c)`` at context ``c`` (:func:`~hf_speculative.bench.profile.relative_cost`, as a chain or as a
 tree). Together they give the speedup the benchmark's drafts would have on the profile's device.

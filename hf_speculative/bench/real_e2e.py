@@ -43,7 +43,7 @@ def _arms(model: torch.nn.Module, drafter: str | None) -> dict[str, tuple[Any, A
 def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict) -> Callable[[], torch.Tensor]:
     import hf_speculative as hfs
 
-    from ..static_cache import draft_budget
+    from ..core.static_cache import draft_budget
 
     if strategy is None:
         extra = {"cache_implementation": "static"} if compile == "static" else {}
@@ -61,7 +61,7 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
              new_tokens: int, repeats: int) -> dict[str, Any]:
     import hf_speculative as hfs
 
-    from ..prompting import encode_prompt
+    from ..tooling.prompting import encode_prompt
     from .gpu_check import _step_times, log
     from .spec_bench import load_prompts
 

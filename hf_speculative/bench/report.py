@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..stats import format_acceptance
+from ..core.stats import format_acceptance
 
 BASELINE = "greedy"
 OVERALL = "overall"

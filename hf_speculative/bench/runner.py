@@ -18,19 +18,12 @@ from typing import Any, Iterable
 
 import torch
 
-from ..cpu_layout import cpu_layout
+from ..cpu.layout import cpu_layout
 from ..extras import require
-from ..methods import MethodRun, MethodSpec, get_method, run_method
-from ..prompting import encode_prompt
+from ..tooling.methods import MethodRun, MethodSpec, get_method, run_method
+from ..tooling.prompting import encode_prompt
 # the dataset's names, re-exported: benchmarks and older scripts import them from here
-from .spec_bench import (  # noqa: F401
-    MT_BENCH,
-    MT_BENCH_CATEGORIES,
-    SPEC_BENCH_CATEGORIES,
-    Prompt,
-    default_dataset_path,
-    load_prompts,
-)
+from .spec_bench import MT_BENCH, MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES, Prompt, default_dataset_path, load_prompts
 
 BASELINE = "greedy"
 

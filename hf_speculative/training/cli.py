@@ -104,7 +104,7 @@ def self_distill(
     several processes (torchrun, accelerate launch), they share the batches and the main one merges them."""
     import torch
 
-    from ..models import load_model
+    from ..registry.models import load_model
     from .loop import process_state
     from .selfdistill import generate_responses, merge_parts
 
@@ -166,7 +166,7 @@ def sample_prompts(
     import torch
 
     from ..bench.spec_bench import default_dataset_path
-    from ..models import load_model
+    from ..registry.models import load_model
     from .magpie import sample_prompts as sample
 
     if not temperature > 0 or not 0 < top_p <= 1:
@@ -304,7 +304,7 @@ def export_eagle(
         if target is not None:
             from transformers import AutoConfig
 
-            from ..models import resolve
+            from ..registry.models import resolve
 
             target_config = AutoConfig.from_pretrained(resolve(target))
         written = checkpoints.export(source, out, format=format, target_config=target_config)

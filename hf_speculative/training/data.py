@@ -11,7 +11,7 @@ happens, while the prompt still gives the context).
 what the drafter's training reads: the fused features (EAGLE-3: the outputs of three layers; EAGLE-1:
 the final normed hidden state) and the final normed hidden state (the target's distribution at every
 position, recomputed from it through the target's lm_head). Features are captured with the same
-:class:`~hf_speculative.features.FeatureTap` hooks that inference uses, so training and drafting see
+:class:`~hf_speculative.core.features.FeatureTap` hooks that inference uses, so training and drafting see
 identical inputs. The cache is built in chunks and resumes after an interruption.
 """
 
@@ -28,7 +28,7 @@ import torch
 
 from .. import compat
 from ..extras import require
-from ..features import FeatureTap
+from ..core.features import FeatureTap
 from .config import FEATURE
 from .conversations import chat_tokens, conversation
 

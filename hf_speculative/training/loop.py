@@ -99,7 +99,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     tqdm = require("tqdm.auto", "train", FEATURE).tqdm
 
     from ..drafters.eagle import checkpoints
-    from ..models import load_model
+    from ..registry.models import load_model
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -257,10 +257,10 @@ def float32_pieces(target: Any) -> tuple[Any, torch.Tensor]:
 def drafter_inputs(config: EagleConfig, target: Any):
     """What the network reads, from the cached features `[B, T, F]`: the features themselves for
     EAGLE; for an exit adapter, the next position's exit state through the target's final norm
-    (:func:`~hf_speculative.drafters.exit_adapter.adapter_features`, the drafting path's definition)."""
+    (:func:`~hf_speculative.drafters.self_speculative.exit_adapter.adapter_features`, the drafting path's definition)."""
     if config.exit_layer is None:
         return lambda features: features
-    from ..drafters.exit_adapter import adapter_features
+    from ..drafters.self_speculative.exit_adapter import adapter_features
 
     norm = compat.decoder_of(target).norm
 

@@ -92,7 +92,7 @@ def export_medusa(
     try:
         model = None
         if target is not None:
-            from ..models import load_model
+            from ..registry.models import load_model
 
             model, _ = load_model(target, dtype="float32")
         written = checkpoints.export(source, out, format=format, target=model)

@@ -48,8 +48,8 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
 
     from ..drafters.medusa.checkpoints import save_pretrained
     from ..drafters.medusa.drafter import TREE_FILE
-    from ..models import load_model
-    from ..tree_shapes import StaticTree
+    from ..registry.models import load_model
+    from ..core.tree_shapes import StaticTree
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

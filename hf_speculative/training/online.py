@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..features import FeatureTap
+from ..core.features import FeatureTap
 from .data import Example, _forward_features
 
 

@@ -55,7 +55,7 @@ def init_source(cfg: TrainConfig) -> Path:
     """
     from ..drafters.eagle import checkpoints
     from ..drafters.eagle.drafter import PRETRAINED_DIR
-    from ..drafters.exit_adapter import SHIPPED_DIR
+    from ..drafters.self_speculative.exit_adapter import SHIPPED_DIR
 
     shipped = PRETRAINED_DIR if cfg.exit_layer is None else SHIPPED_DIR
     return checkpoints.find_folder(

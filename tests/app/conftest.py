@@ -64,7 +64,7 @@ def served_app(tiny_chat_dir):
     from hf_speculative.app.cache import ModelCache
     from hf_speculative.app.ui import build_app
 
-    from hf_speculative.drafters import policy
+    from hf_speculative.core import policy
 
     cache = ModelCache(device=torch.device("cpu"))
     # The adaptive drafters decide from measured costs; fix them (cheap, GPU-like) so that under any
@@ -109,7 +109,7 @@ def slow_app(model_dir: Path, seconds_per_forward: float = 0.02, max_queue: int 
     list that grows by one per forward."""
     from hf_speculative.app.cache import ModelCache
     from hf_speculative.app.ui import build_app
-    from hf_speculative.models import load_model
+    from hf_speculative.registry.models import load_model
 
     forwards: list[int] = []
 

@@ -19,7 +19,7 @@ def test_default_model_prompt_lookup_matches_greedy_with_consistent_figures():
     from hf_speculative.app.ui import build_app
     from hf_speculative.bench.runner import encode_prompt
 
-    from hf_speculative.drafters import policy
+    from hf_speculative.core import policy
 
     cache = ModelCache(device=torch.device("cpu"))
     # fixed (GPU-like) costs: the adaptive prompt lookup drafts whatever the load of the machine

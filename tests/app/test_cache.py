@@ -68,7 +68,7 @@ def test_the_new_target_loads_before_the_old_one_is_freed():
 
 
 def test_layer_skip_calibration_lives_under_the_model_fingerprint(tmp_path):
-    from hf_speculative.drafters.layer_calibration import SkipCalibration, model_fingerprint
+    from hf_speculative.drafters.self_speculative.calibration import SkipCalibration, model_fingerprint
 
     cache = ModelCache(_Loader(), device=torch.device("cpu"), warmup=False, calibration_dir=tmp_path / "cal")
     loaded = cache.get("a")

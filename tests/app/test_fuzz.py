@@ -45,7 +45,7 @@ def _parse(args: list, default_model: str = "default-model", sources: Sources | 
 
 def _field(name: str) -> str:
     """The words a message about parameter ``name`` starts its field with."""
-    from hf_speculative.methods import get_method
+    from hf_speculative.tooling.methods import get_method
 
     if name in SLOTS:
         return f"{get_method(SLOTS[name].method).label}: {SLOTS[name].key}"
@@ -327,9 +327,9 @@ def test_hostile_requests_through_the_handler_get_messages_and_the_app_keeps_ser
 
 def test_layer_skip_keeps_its_calibration_in_the_package_cache_only(tiny_chat_dir, sandbox):
     from hf_speculative.app.cache import ModelCache
-    from hf_speculative.drafters.layer_calibration import model_fingerprint
+    from hf_speculative.drafters.self_speculative.calibration import model_fingerprint
 
-    from hf_speculative.models import load_model
+    from hf_speculative.registry.models import load_model
 
     def loader(name, device=None):  # no EOS: the call generates the 32 tokens LayerSkip calibrates on
         model, tokenizer = load_model(name)

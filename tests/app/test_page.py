@@ -14,14 +14,14 @@ from hf_speculative.app.request import CompareRequest, Sources, selectable_metho
 from hf_speculative.app.session import Comparison
 from hf_speculative.app.streaming import MethodTrace
 from hf_speculative.app.ui import _at_most, _pane_html, _stopped_status, pane_note
-from hf_speculative.methods import get_method
-from hf_speculative.stats import SpeculativeStats
+from hf_speculative.tooling.methods import get_method
+from hf_speculative.core.stats import SpeculativeStats
 from tests.app.conftest import TINY_PROMPT
 
 
 @pytest.fixture(scope="module")
 def loaded(tiny_chat_dir):
-    from hf_speculative.models import load_model
+    from hf_speculative.registry.models import load_model
 
     def loader(name, device=None):  # no EOS: a run lasts its max_new_tokens (the Stop comes before the end)
         model, tokenizer = load_model(name)
@@ -56,7 +56,7 @@ def test_methods_a_model_cannot_run_are_named_with_the_reason(tiny_chat_dir, oth
 
 @pytest.mark.integration
 def test_on_the_default_model_no_draft_model_method_is_offered(integration):
-    from hf_speculative.models import DEFAULT_MODEL
+    from hf_speculative.registry.models import DEFAULT_MODEL
 
     problems = method_problems(DEFAULT_MODEL, Sources.offered(DEFAULT_MODEL))
     assert set(problems) == {"draft-model", "hf-assisted"}, problems

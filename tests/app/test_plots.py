@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hf_speculative.app.plots import comparison_figure
 from hf_speculative.app.streaming import MethodTrace
-from hf_speculative.methods import get_method
+from hf_speculative.tooling.methods import get_method
 
 
 def _trace(name, blocks):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from hf_speculative import methods
+from hf_speculative.tooling import methods
 from hf_speculative.app.request import (
     MAX_PROMPT_CHARS,
     AppError,

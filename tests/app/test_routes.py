@@ -16,12 +16,12 @@ import torch
 import transformers
 
 import hf_speculative as hfs
-from hf_speculative import loop_entry
+from hf_speculative.hf import loop_entry
 from hf_speculative.app.cache import ModelCache
 from hf_speculative.app.request import CompareRequest, Sources, selectable_methods
 from hf_speculative.app.session import Comparison
-from hf_speculative.methods import get_method, pad_token_id, run_method
-from hf_speculative.prompting import encode_prompt
+from hf_speculative.tooling.methods import get_method, pad_token_id, run_method
+from hf_speculative.tooling.prompting import encode_prompt
 from tests.app.conftest import TINY_PROMPT
 
 MAX_NEW = 24
@@ -52,7 +52,7 @@ def loop_calls(monkeypatch):
 
 
 def _no_eos_loader(name, device=None):
-    from hf_speculative.models import load_model
+    from hf_speculative.registry.models import load_model
 
     model, tokenizer = load_model(name)
     # every run generates MAX_NEW tokens; transformers 4.x's own prompt lookup needs an EOS id (torch.isin(..., None)

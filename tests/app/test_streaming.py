@@ -10,7 +10,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.app.streaming import GenerationCancelled, MethodTrace, TokenStreamer, generate_into
-from hf_speculative.methods import get_method, run_method
+from hf_speculative.tooling.methods import get_method, run_method
 from tests.conftest import PROMPT, build_model, prompt_inputs, stock_generate
 
 MAX_NEW = 24

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_speculative.app.request import selectable_methods
-from hf_speculative.methods import get_method
+from hf_speculative.tooling.methods import get_method
 from hf_speculative.bench.runner import encode_prompt
 from tests.app.conftest import TINY_PROMPT, compare_args, generation_threads, slow_app, wait_until
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_speculative import models
+from hf_speculative.registry import models
 from tests.app.conftest import compare_args, free_port
 
 UNCACHED = ("gemma-3-270m", "qwen2.5-coder-1.5b-instruct")
@@ -123,7 +123,7 @@ def _suffix_run(url: str, prompt: str, model: str) -> dict:
 
 def test_a_visitor_cannot_read_another_visitors_answer_from_suffix_figures(app_on_localhost, tiny_chat_dir):
     """Two visitors (two gradio sessions), one prompt: the second's τ and target forwards are a first-time run's."""
-    from hf_speculative.costs import forget_costs, verify_costs_for
+    from hf_speculative.core.costs import forget_costs, verify_costs_for
 
     _, url, cache = app_on_localhost
     model = cache.get(str(tiny_chat_dir)).model

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from hf_speculative.bench.batch import format_summary, run_batch_bench, summarize
 from hf_speculative.bench.spec_bench import load_prompts
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from spec_bench_rows import write_dataset
 
 ROWS = [
@@ -23,7 +23,7 @@ def three_prompts(tmp_path):
 
 
 def test_batch_bench_records_every_batch_size(tmp_path, three_prompts, chat_model, chat_tokenizer):
-    from hf_speculative.costs import verify_costs_for
+    from hf_speculative.core.costs import verify_costs_for
 
     # the row drafters' own length rule: cheap verification (else, on a loaded machine, it may draft nothing)
     verify_costs_for(chat_model, 32).fix([1.0 + 0.01 * k for k in range(33)])

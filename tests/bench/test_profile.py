@@ -60,8 +60,8 @@ def test_batch_verifier_undo_leaves_the_cache_as_it_was():
     """What the batch profile relies on: a forward undone leaves no trace in the next forward's logits."""
     import torch
 
-    from hf_speculative.batch_verify import BatchVerifier
-    from hf_speculative.tree import DraftTree
+    from hf_speculative.core.batch_verify import BatchVerifier
+    from hf_speculative.core.tree import DraftTree
 
     model = build_model("llama")
     prompt = torch.tensor([[3, 5, 6, 7, 8], [0, 0, 4, 9, 10]])

@@ -23,8 +23,8 @@ from hf_speculative.bench import projection as J
 from hf_speculative.bench.report import format_report, summarize
 from hf_speculative.bench.runner import run_bench
 from hf_speculative.bench.spec_bench import Prompt
-from hf_speculative.cli import app
-from hf_speculative.methods import MethodSpec
+from hf_speculative.cli.main import app
+from hf_speculative.tooling.methods import MethodSpec
 from tests.conftest import CHAT_WORDS, make_chat_tokenizer
 
 CPU = {"device": "cpu", "cpu": "Test CPU", "threads": 1, "torch": "t", "transformers": "x", "max_new_tokens": 10}

@@ -162,7 +162,7 @@ def unmet(requirement: str) -> str | None:
         import torch
 
         return None if torch.cuda.is_available() else "needs a CUDA GPU"
-    from hf_speculative import models
+    from hf_speculative.registry import models
 
     if requirement in models.REGISTRY:
         if not models.is_cached(requirement):

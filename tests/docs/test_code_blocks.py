@@ -79,7 +79,7 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
     out like the repository, with one torch thread."""
     from typer.testing import CliRunner
 
-    from hf_speculative.cli import app
+    from hf_speculative.cli.main import app
 
     work = tmp_path / "main"
     work.mkdir()

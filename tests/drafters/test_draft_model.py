@@ -10,7 +10,7 @@ from transformers import GenerationConfig
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.base import CallContext
+from hf_speculative.drafters.base import CallContext
 from tests.conftest import (
     ARCHS,
     PROMPT,
@@ -109,7 +109,7 @@ def test_cache_rollback_after_rejections(arch):
 def test_cache_stays_synced_through_a_whole_generate(monkeypatch):
     """During a real generate with rejections, before every draft the drafter's cache is a prefix of
     the verified text and its length equals the fed tokens."""
-    from hf_speculative.drafters.draft_model import DraftModelCandidateGenerator
+    from hf_speculative.drafters.draft_model.drafter import DraftModelCandidateGenerator
 
     target = hfs.enable(build_model("llama"))
     drafter = noisy_copy(target)

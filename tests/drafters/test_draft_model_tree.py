@@ -11,8 +11,8 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.drafters.model_tree import model_tree_expander
-from hf_speculative.verify import TreeAttentionError
+from hf_speculative.drafters.draft_model.tree import model_tree_expander
+from hf_speculative.core.verify import TreeAttentionError
 from tests.conftest import ARCHS, PROMPT, build_model, prompt_inputs, sibling_model, stock_generate
 
 DYNAMIC = hfs.DynamicTree(nodes=8, depth=4, top_k=3)
@@ -29,10 +29,10 @@ def _copy(model):
 @pytest.mark.parametrize("shape", ["dynamic", "static"])
 @pytest.mark.parametrize("drafter", ["sibling", "copy"])
 def test_trees_equal_greedy(arch, shape, drafter, monkeypatch):
-    from hf_speculative import loop
+    from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
     model = hfs.enable(build_model(arch))
     draft = sibling_model(model) if drafter == "sibling" else _copy(model)
     tree = DYNAMIC if shape == "dynamic" else STATIC
@@ -103,7 +103,7 @@ def test_the_drafters_cache_holds_the_verified_text_between_steps():
 
 
 def test_adaptive_trees_follow_the_verification_cost():
-    from hf_speculative.costs import verify_costs_for
+    from hf_speculative.core.costs import verify_costs_for
 
     model = hfs.enable(build_model("llama"))
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=24)

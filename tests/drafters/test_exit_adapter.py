@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.drafters import exit_adapter
+from hf_speculative.drafters.self_speculative import exit_adapter
 from hf_speculative.drafters.eagle import checkpoints
 from hf_speculative.drafters.eagle.config import EagleConfig
-from hf_speculative.features import FeatureTap
+from hf_speculative.core.features import FeatureTap
 from hf_speculative.training.losses import eagle_loss
 from tests.conftest import ARCHS, build_model, prompt_inputs, random_eagle, random_exit_adapter, stock_generate
 

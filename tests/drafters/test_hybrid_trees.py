@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.base import SpeculativeCandidateGenerator
-from hf_speculative.tree import DraftTree, Verdict
+from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative.core.tree import DraftTree, Verdict
 from tests.conftest import ARCHS, build_model, prompt_inputs, random_eagle, stock_generate
 from tests.drafters.test_hybrid import GREEDY, eagle_state, trained  # noqa: F401 (fixtures)
 
@@ -79,10 +79,10 @@ def _spy_trees(strategy, events, label):
 def test_eagle_trees_follow_another_members_tree_paths(trained, eagle_state, monkeypatch):  # noqa: F811
     """After forwards that verified another member's tree (its accepted path off the first rows), EAGLE's trees are
     exactly those it grows right after a prefill of the same text: its features follow the accepted rows."""
-    from hf_speculative import loop
+    from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
     target, net, text = trained
     events = []
     eagle = _spy_trees(hfs.Eagle(net, tree=TREE, adaptive=False), events, "eagle")

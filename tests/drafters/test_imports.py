@@ -63,15 +63,15 @@ SHARED = {f"hf_speculative.{name}" for name in ("accept", "base", "compat", "cos
 def test_no_drafter_module_imports_itself_back():
     files = module_files()
     nodes = {name for name in files if name.startswith("hf_speculative.drafters.")} | (SHARED & set(files))
-    assert {"hf_speculative.drafters.exit_adapter", "hf_speculative.drafters.self_speculative"} <= nodes
+    assert {"hf_speculative.drafters.self_speculative.exit_adapter", "hf_speculative.drafters.self_speculative.strategies"} <= nodes
     graph = {name: imports_of(name, files[name], set(files)) & nodes for name in nodes}
     cycles = {name: path for name in sorted(nodes) if (path := reaches(graph, name, name))}
     assert not cycles, f"import cycles: {cycles}"
 
 
-ALONE = [("hf_speculative.drafters.exit_adapter", "ExitAdapterCandidateGenerator"),
-         ("hf_speculative.drafters.self_speculative", "EarlyExit"),
-         ("hf_speculative.drafters.layer_drafter", "SelfSpeculativeCandidateGenerator")]
+ALONE = [("hf_speculative.drafters.self_speculative.exit_adapter", "ExitAdapterCandidateGenerator"),
+         ("hf_speculative.drafters.self_speculative.strategies", "EarlyExit"),
+         ("hf_speculative.drafters.self_speculative.drafter", "SelfSpeculativeCandidateGenerator")]
 
 
 @pytest.mark.parametrize("module, name", ALONE)

@@ -10,11 +10,11 @@ import torch
 from transformers import GenerationConfig
 
 import hf_speculative as hfs
-from hf_speculative.accept import accept_greedy
-from hf_speculative.base import CallContext
-from hf_speculative.drafters.lookahead import NgramPool
-from hf_speculative.loop_entry import runs_in_our_loop
-from hf_speculative.tree import ROOT
+from hf_speculative.core.accept import accept_greedy
+from hf_speculative.drafters.base import CallContext
+from hf_speculative.drafters.lookahead.drafter import NgramPool
+from hf_speculative.hf.loop_entry import runs_in_our_loop
+from hf_speculative.core.tree import ROOT
 from tests.conftest import ARCHS, build_model, prompt_inputs, stock_generate
 from tests.drafters import tree_battery
 
@@ -240,7 +240,7 @@ def test_real_model_equals_greedy():
 
 
 def test_saved_in_a_generation_config(tmp_path):
-    from hf_speculative import spec
+    from hf_speculative.hf import spec
 
     model = hfs.enable(build_model("llama"))
     strategy = hfs.Lookahead(window=3, ngram=5, guesses=2, text_ngrams=False)

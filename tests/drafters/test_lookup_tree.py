@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_speculative.drafters.lookup_tree import MultiNgramIndex, lookup_tree
+from hf_speculative.drafters.prompt_lookup.tree import MultiNgramIndex, lookup_tree
 
 
 def paths(tree) -> set[tuple[int, ...]]:

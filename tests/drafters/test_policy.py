@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hf_speculative.costs import VerifyCostModel
-from hf_speculative.drafters.policy import AcceptanceEstimate, ChainLengthPolicy, best_length
+from hf_speculative.core.costs import VerifyCostModel
+from hf_speculative.core.policy import AcceptanceEstimate, ChainLengthPolicy, best_length
 from tests.test_costs import measured
 
 
@@ -120,9 +120,9 @@ def test_tree_budget_prices_the_drafters_forwards():
     """A tree's value is its expected tokens over verification plus drafting: with free drafting the whole budget
     wins on a cheap device; as each drafter forward (one per level) gets dearer, smaller and shallower trees win,
     and at last none."""
-    from hf_speculative.costs import VerifyCostModel
-    from hf_speculative.drafters.policy import TreeBudget
-    from hf_speculative.tree_shapes import DynamicTree, tree_depth
+    from hf_speculative.core.costs import VerifyCostModel
+    from hf_speculative.core.policy import TreeBudget
+    from hf_speculative.core.tree_shapes import DynamicTree, tree_depth
 
     costs = VerifyCostModel(32)
     costs.fix([1.0 + 0.01 * k for k in range(33)])  # verifying is about free
@@ -149,9 +149,9 @@ def test_tree_budget_prices_the_drafters_forwards():
 def test_tree_budget_weighs_the_drafters_own_chain():
     """With the chain option, a CPU-like cost (each verified token +30% of a forward) picks the drafter's chain,
     a GPU-like one (+1%) the whole tree; verified chains move the chain's estimate."""
-    from hf_speculative.costs import VerifyCostModel
-    from hf_speculative.drafters.policy import TreeBudget
-    from hf_speculative.tree_shapes import DynamicTree, tree_depth
+    from hf_speculative.core.costs import VerifyCostModel
+    from hf_speculative.core.policy import TreeBudget
+    from hf_speculative.core.tree_shapes import DynamicTree, tree_depth
 
     shape = DynamicTree(nodes=32, depth=8, top_k=8)
     kept = {32: 2.4, 16: 1.8, 8: 1.5, 4: 1.2, 2: 0.9, 1: 0.6}

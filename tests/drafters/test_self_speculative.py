@@ -13,9 +13,9 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.drafters import layer_calibration
-from hf_speculative.drafters.layer_calibration import SkipCalibration
-from hf_speculative.drafters.layer_view import LayerSubset, UnsupportedModelError, check_structure
+from hf_speculative.drafters.self_speculative import calibration as layer_calibration
+from hf_speculative.drafters.self_speculative.calibration import SkipCalibration
+from hf_speculative.drafters.self_speculative.layer_view import LayerSubset, UnsupportedModelError, check_structure
 from tests.conftest import ARCHS, PROMPT, build_model, prompt_inputs, stock_generate
 
 GREEDY = dict(do_sample=False, max_new_tokens=40)
@@ -241,7 +241,7 @@ def test_a_cache_kept_elsewhere_is_said_and_drafts_nothing(monkeypatch, caplog):
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(exit_layer=1, **EXACT))
     assert out.tolist() == ref.tolist() and hfs.last_stats(model).drafted_tokens > 0  # where it is known
     monkeypatch.setattr(compat, "target_cache", lambda model_kwargs: None)
-    with caplog.at_level(logging.WARNING, logger="hf_speculative.drafters.layer_drafter"):
+    with caplog.at_level(logging.WARNING, logger="hf_speculative.drafters.self_speculative.drafter"):
         out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(exit_layer=1, **EXACT))
     assert out.tolist() == ref.tolist()
     assert hfs.last_stats(model).drafted_tokens == 0

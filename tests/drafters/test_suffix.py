@@ -10,10 +10,10 @@ import torch
 from transformers import GenerationConfig
 
 import hf_speculative as hfs
-from hf_speculative.base import CallContext
-from hf_speculative.drafters.suffix_history import forget_history, history_for
-from hf_speculative.loop_entry import runs_in_our_loop
-from hf_speculative.tree import Verdict
+from hf_speculative.drafters.base import CallContext
+from hf_speculative.drafters.suffix.history import forget_history, history_for
+from hf_speculative.hf.loop_entry import runs_in_our_loop
+from hf_speculative.core.tree import Verdict
 from tests.conftest import ARCHS, PROMPT, build_model, prompt_inputs, stock_generate
 from tests.drafters import tree_battery
 
@@ -230,7 +230,7 @@ def test_saved_in_a_generation_config(tmp_path, monkeypatch):
     there and keeps it, read and written, in hf_speculative's cache (never where an absolute path would point)."""
     import json
 
-    from hf_speculative import spec
+    from hf_speculative.hf import spec
 
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path / "cache"))
     model = hfs.enable(build_model("llama"))

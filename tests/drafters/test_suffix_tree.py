@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from hf_speculative.drafters.suffix_history import SuffixHistory
-from hf_speculative.drafters.suffix_tree import ROOT_NODE, SuffixTrie, best_speculation, speculate
+from hf_speculative.drafters.suffix.history import SuffixHistory
+from hf_speculative.drafters.suffix.tree import ROOT_NODE, SuffixTrie, best_speculation, speculate
 
 
 def substrings(trie: SuffixTrie) -> Counter:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.costs import forget_costs
-from hf_speculative.sampling import call_seed
+from hf_speculative.core.costs import forget_costs
+from hf_speculative.core.sampling import call_seed
 from tests.conftest import EOS, build_model, char_tokenizer, prompt_inputs, recurring_token, stock_generate
 
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, max_new_tokens=16)

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 import hf_speculative as hfs
-from hf_speculative import integrity, models, options, spec
-from hf_speculative.drafters import suffix_history
-from hf_speculative.drafters.layer_calibration import SkipCalibration
-from hf_speculative.drafters.suffix_history import SuffixHistory
+from hf_speculative.registry import integrity, models
+from hf_speculative import options
+from hf_speculative.hf import spec
+from hf_speculative.drafters.suffix import history as suffix_history
+from hf_speculative.drafters.self_speculative.calibration import SkipCalibration
+from hf_speculative.drafters.suffix.history import SuffixHistory
 from tests.conftest import build_model, prompt_inputs
 
 
@@ -115,7 +117,7 @@ def test_the_history_keeps_its_byte_budget_oldest_out_first():
 def test_a_history_file_indexes_only_its_newest_outputs(tmp_path, monkeypatch):
     """A file of many outputs costs what the bound keeps, not what the file holds: only the newest outputs
     within ``max_tokens`` are put in the trie (each costs ``depth`` node steps per token)."""
-    from hf_speculative.drafters.suffix_tree import SuffixTrie
+    from hf_speculative.drafters.suffix.tree import SuffixTrie
 
     path = tmp_path / "h.json"
     outputs = [[i, i + 1, i + 2] for i in range(0, 3000, 3)]

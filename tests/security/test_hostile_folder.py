@@ -39,7 +39,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_speculative as hfs
-from hf_speculative import models, options, spec
+from hf_speculative.registry import models
+from hf_speculative import options
+from hf_speculative.hf import spec
 from hf_speculative.drafters.eagle.checkpoints import CheckpointError
 from tests.conftest import build_model, corrupt_same_size, prompt_inputs, random_eagle, sibling_model
 

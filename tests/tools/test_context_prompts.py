@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from tools.prompts.__main__ import build_rows, main
 from tools.prompts.context import build_context_prompts, read_passages
 

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from hf_speculative.cli import app
-from hf_speculative.features import FeatureTap
+from hf_speculative.cli.main import app
+from hf_speculative.core.features import FeatureTap
 from hf_speculative.training.batches import EpochOrder, pad_batch
 from hf_speculative.training.losses import eagle_loss
 from tests.conftest import build_model, random_eagle

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from hf_speculative.training.cli import _prompt_rows
 from hf_speculative.training.conversations import chat_tokens, conversation, first_user_turn
 from hf_speculative.training.data import read_examples

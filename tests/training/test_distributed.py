@@ -133,7 +133,7 @@ def test_a_command_that_ends_well_takes_its_process_group_down(command, leaves):
     at interpreter shutdown, where a process that finished first once aborted ("terminate called without
     an active exception"); one that fails leaves it (waiting there could hang) and torchrun stops the rest."""
     code = ("import sys, torch.distributed as dist\n"
-            "from hf_speculative.cli import main\n"
+            "from hf_speculative.cli.main import main\n"
             "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
             f"sys.argv = ['hf-speculative', *{command!r}]\n"
             "try:\n    main()\n    print('exit', 0)\n"

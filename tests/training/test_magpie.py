@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from hf_speculative.training.magpie import pre_query_text, sample_prompts, shingles
 from tests.conftest import make_chat_tokenizer
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from hf_speculative.training.batches import CachedExamples, pad_batch
 from hf_speculative.training.config import TrainConfig
 from hf_speculative.training.data import FeatureCache

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 import hf_speculative as hfs
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from tests.conftest import CHAT_WORDS
 from tests.training.conftest import assert_drafts_exactly
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from hf_speculative.training.loop import process_state
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}

@@ -43,7 +43,7 @@ def _tokenizer(target: str | None) -> Any:
         return None
     from transformers import AutoTokenizer
 
-    from hf_speculative.models import resolve
+    from hf_speculative.registry.models import resolve
 
     return AutoTokenizer.from_pretrained(resolve(target))
 

@@ -44,7 +44,8 @@ from typing import Any, NoReturn
 
 import torch
 
-from ... import integrity, options
+from ...registry import integrity
+from ... import options
 from .config import EagleConfig
 from .formats import NATIVE, SAFEAILAB1, CheckpointError, detect, read, write
 from .model import EagleDraftModel
@@ -307,7 +308,7 @@ def check_manifest(directory: str | Path, *, full: bool = False, required: bool 
     """Check the files of a drafter folder against its ``sha256sums.json`` (every shipped drafter has
     one, written at release; other folders are checked when they carry one). A file is hashed once and
     then trusted while its size, timestamps and inode are unchanged, the trust record kept in the
-    package cache (``hf_speculative.integrity``); ``full`` re-hashes every file; ``required`` (a shipped
+    package cache (``hf_speculative.registry.integrity``); ``full`` re-hashes every file; ``required`` (a shipped
     drafter, see :func:`find_folder`) refuses a folder without a manifest. Returns the number of files
     checked.
 
@@ -315,7 +316,7 @@ def check_manifest(directory: str | Path, *, full: bool = False, required: bool 
         CheckpointError: a file differs from the manifest, is missing, or a shipped drafter has no
             readable manifest.
     """
-    from ...integrity import check_files, drafter_trust_file
+    from ...registry.integrity import check_files, drafter_trust_file
 
     directory = Path(directory)
     manifest = directory / MANIFEST

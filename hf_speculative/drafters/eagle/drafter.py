@@ -17,16 +17,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...accept import chain_candidates, draft_chain
-from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...costs import draft_price, record_draft_step, verify_costs_for
-from ...cpu_layout import follow_layout
-from ...features import VerifiedFeatures
+from ...core.accept import chain_candidates, draft_chain
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ...cpu.layout import follow_layout
+from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
-from ...state import state_of
-from ...tree import DraftTree, Verdict
-from ...tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
-from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
+from ...core.state import state_of
+from ...core.tree import DraftTree, Verdict
+from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
+from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
 from .model import DraftKVCache, EagleDraftModel
 from .static_drafting import frontier_width, open_static
 from .tree_drafting import tree_expander
@@ -162,7 +162,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _open_static(self, ctx: CallContext, nodes: int):
         """Fixed-shape drafting (``static_drafting``) when the target is compiled, else ``None`` (eager drafting)."""
-        from ...static_cache import compiled_mode
+        from ...core.static_cache import compiled_mode
 
         mode = compiled_mode(ctx.target)
         if mode is None:

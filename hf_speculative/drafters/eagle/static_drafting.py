@@ -26,9 +26,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ...base import to_target_vocab
-from ...static_cache import new_replay
-from ...state import borrow
+from ..base import to_target_vocab
+from ...core.static_cache import new_replay
+from ...core.state import borrow
 from .model import EagleDraftModel
 from .tree_drafting import Branches
 

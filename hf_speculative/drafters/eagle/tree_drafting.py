@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ...tree import ROOT
+from ...core.tree import ROOT
 from .model import DraftKVCache, EagleDraftModel
 
 

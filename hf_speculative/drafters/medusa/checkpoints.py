@@ -13,8 +13,18 @@ from typing import Any
 
 import torch
 
-from ..eagle.checkpoints import (MANIFEST, _checkpoint_dir, _read_config, _read_file, _read_weights, check_digests,
-                                 check_manifest, checked_read, find_folder, shipped_names)
+from ..eagle.checkpoints import (
+    MANIFEST,
+    _checkpoint_dir,
+    _read_config,
+    _read_file,
+    _read_weights,
+    check_digests,
+    check_manifest,
+    checked_read,
+    find_folder,
+    shipped_names,
+)
 from .config import MedusaConfig
 from .formats import MEDUSA_FILES, CheckpointError, detect, read, write
 from .model import MedusaHeads

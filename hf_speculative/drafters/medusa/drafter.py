@@ -17,15 +17,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...accept import chain_candidates, draft_chain
-from ...base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...costs import draft_price, record_draft_step, verify_costs_for
-from ...features import VerifiedFeatures
+from ...core.accept import chain_candidates, draft_chain
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
-from ...state import state_of
-from ...tree import ROOT, DraftTree, Verdict
-from ...tree_shapes import StaticTree
-from ..policy import ChainLengthPolicy, TreeBudget, check_chain_options
+from ...core.state import state_of
+from ...core.tree import ROOT, DraftTree, Verdict
+from ...core.tree_shapes import StaticTree
+from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
 from .model import MedusaHeads
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -108,7 +108,7 @@ class Medusa(CheckedOnAssignment, DraftStrategy):
                 raise ValueError(f"Medusa.from_pretrained(tree={tree!r}): 'calibrated' loads the {TREE_FILE} that "
                                  f"train-medusa writes beside the heads (none in {path} unless it says 'calibrated' "
                                  "there); otherwise pass hfs.StaticTree(paths) or None.")
-            from ... import integrity
+            from ...registry import integrity
 
             integrity.read_capped(path / TREE_FILE, integrity.MAX_JSON_BYTES, f"Medusa.from_pretrained(tree={tree!r})")
             tree = StaticTree.load(path / TREE_FILE)  # a regular file under the cap (checked just above)

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative import static_cache
+from hf_speculative.core import static_cache
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
-from hf_speculative.drafters.policy import TreeBudget
-from hf_speculative.state import forget, state_of
-from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from hf_speculative.core.policy import TreeBudget
+from hf_speculative.core.state import forget, state_of
+from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import build_model, fit_eagle, prompt_inputs, random_eagle, stock_generate
 
 NEW = 40

@@ -9,11 +9,11 @@ from transformers import GenerationConfig
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
-from hf_speculative.base import CallContext
-from hf_speculative.chains import ChainDrafter
-from hf_speculative.loop import run
-from hf_speculative.stats import SpeculativeStats
-from hf_speculative.tree_shapes import DynamicTree, StaticTree
+from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.chains import ChainDrafter
+from hf_speculative.core.loop import run
+from hf_speculative.core.stats import SpeculativeStats
+from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import ARCHS, PROMPT, build_model, fit_eagle, prompt_inputs, random_eagle, stock_generate
 
 NEW = 40
@@ -155,7 +155,7 @@ def test_the_cost_model_picks_chains_or_trees_by_the_devices_costs(trained, devi
     """Adaptive EAGLE trees: where each verified token costs 30% of a forward, the drafter's own chain is chosen
     (one-branch drafts, but for trying each tree size once); where it costs 1% and drafting is cheap, wide trees.
     Exact either way."""
-    from hf_speculative.costs import forget_costs, verify_costs_for
+    from hf_speculative.core.costs import forget_costs, verify_costs_for
 
     target, net, text = trained
     per_token = 0.3 if device_like == "cpu" else 0.01

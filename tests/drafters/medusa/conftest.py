@@ -6,7 +6,7 @@ import torch
 
 from hf_speculative.drafters.medusa.config import MedusaConfig
 from hf_speculative.drafters.medusa.model import MedusaHeads
-from hf_speculative.features import tapped_features
+from hf_speculative.core.features import tapped_features
 
 
 def random_heads(target, num_heads: int = 4, lm_head: str = "per_head", layers: int = 1, seed: int = 7,

@@ -14,7 +14,7 @@ from torch import nn
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa import checkpoints
 from hf_speculative.drafters.medusa.checkpoints import CheckpointError
-from hf_speculative.spec import file_sha256
+from hf_speculative.hf.spec import file_sha256
 from tests.conftest import build_model
 from tests.drafters.medusa.conftest import random_heads
 

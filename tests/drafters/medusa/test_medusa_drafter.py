@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.sampling import call_seed
+from hf_speculative.core.sampling import call_seed
 from tests.conftest import PROMPT, build_model, prompt_inputs, recurring_token, stock_generate
 from tests.drafters.medusa.conftest import OracleHeads, random_heads
 from tests.test_integration import check_identity
@@ -104,8 +104,8 @@ def test_tree_nodes_come_from_the_heads_ranked_guesses():
     target = build_model("llama")
     heads = random_heads(target)
     strategy = hfs.Medusa(heads, tree=TREE, adaptive=False)
-    from hf_speculative.base import CallContext
-    from hf_speculative.stats import SpeculativeStats
+    from hf_speculative.drafters.base import CallContext
+    from hf_speculative.core.stats import SpeculativeStats
     from transformers import GenerationConfig
 
     ctx = CallContext(target, GenerationConfig(max_length=64, do_sample=False), None, None, SpeculativeStats())

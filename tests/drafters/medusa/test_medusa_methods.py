@@ -8,7 +8,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa.checkpoints import save_pretrained
-from hf_speculative.methods import available_methods, get_method, run_method
+from hf_speculative.tooling.methods import available_methods, get_method, run_method
 from tests.conftest import PROMPT, build_model
 from tests.drafters.medusa.conftest import random_heads
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_speculative as hfs
-from hf_speculative import spec
+from hf_speculative.hf import spec
 from tests.conftest import build_model, prompt_inputs, stock_generate
 from tests.drafters.medusa.conftest import random_heads
 

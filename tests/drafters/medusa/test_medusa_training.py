@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 import hf_speculative as hfs
-from hf_speculative.cli import app
+from hf_speculative.cli.main import app
 from hf_speculative.drafters.medusa.config import MedusaConfig
 from hf_speculative.drafters.medusa.model import MedusaHeads
-from hf_speculative.features import tapped_features
+from hf_speculative.core.features import tapped_features
 from hf_speculative.training.medusa import MedusaTrainConfig, medusa_loss, new_heads
 from tests.conftest import CHAT_WORDS, PROMPT, build_model, prompt_inputs, stock_generate
 from tests.training.conftest import assert_drafts_exactly

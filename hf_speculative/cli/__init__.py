@@ -1,0 +1,1 @@
+"""The command line (`hf-speculative`; the [cli] extra)."""

@@ -1,0 +1,293 @@
+"""How a drafter shapes its tree: ``hfs.StaticTree`` (fixed rank paths) and ``hfs.DynamicTree`` (EAGLE-2).
+
+A *rank path* names a node by the ranks of its tokens among the drafter's guesses at each depth:
+``(0,)`` is the drafter's top guess for the next token, ``(1,)`` its runner-up, ``(0, 2)`` the third
+guess after the top one. A static tree is a set of rank paths (Medusa's construction), the same at
+every step; :meth:`StaticTree.calibrate` picks the ``nodes`` paths most often on the target's path in
+measured data. A dynamic tree (EAGLE-2) is grown per step from the drafter's own confidence: expand the
+``top_k`` likeliest nodes of each depth, then keep the ``nodes`` drafted nodes of highest cumulative
+probability (:meth:`DynamicTree.grow`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from ..options import (
+    MAX_TOP_K,
+    MAX_TREE_DEPTH,
+    MAX_TREE_NODES,
+    OptionError,
+    OptionTypeError,
+    as_int,
+    bounded_items,
+    shown,
+)
+from ..options import check_int as _check_int
+from .tree import ROOT, DraftTree
+
+MAX_NODES = MAX_TREE_NODES  # the widest tree any shape may ask one forward to verify
+MAX_DEPTH = MAX_TREE_DEPTH
+MAX_RANK = MAX_TOP_K - 1  # a rank path's largest rank: the drafter ranks its top MAX_TOP_K guesses
+_SCAN_LIMIT = 4 * MAX_NODES  # items of a paths list read at most (duplicates allowed up to there)
+RankPath = tuple[int, ...]
+
+
+def _rank_path(path: object) -> RankPath:
+    """One rank path as a tuple of ints: 1 to ``MAX_DEPTH`` integer ranks from 0 to ``MAX_RANK``."""
+    items = bounded_items(path, MAX_DEPTH + 1)  # an oversize path is not read whole
+    ranks = None if items is None else [as_int(r) for r in items]
+    if not ranks or len(ranks) > MAX_DEPTH or any(r is None or not 0 <= r <= MAX_RANK for r in ranks):
+        wrong_type = ranks is None or any(r is None for r in ranks)
+        raise (OptionTypeError if wrong_type else OptionError)(
+            f"StaticTree: rank path {shown(path)} must hold 1 to {MAX_DEPTH} integer ranks from 0 to {MAX_RANK}.")
+    return tuple(ranks)
+
+
+def _rank_paths(paths: object) -> tuple[RankPath, ...]:
+    """The distinct rank paths of ``paths``, by depth then rank. Refused once more than ``MAX_NODES``
+    distinct ones are seen, or more than a few times that many items, before the rest is read."""
+    items = bounded_items(paths, _SCAN_LIMIT + 1)
+    if items is None:
+        raise OptionTypeError(f"StaticTree(paths={shown(paths)}): must be a list of rank paths such as "
+                              "[(0,), (1,), (0, 0)].")
+    distinct: set[RankPath] = set()
+    for path in items:
+        distinct.add(_rank_path(path))
+        if len(distinct) > MAX_NODES or len(items) > _SCAN_LIMIT:
+            raise OptionError(f"StaticTree: give 1 to {MAX_NODES} rank paths, got more than {MAX_NODES}.")
+    if not distinct:
+        raise OptionError(f"StaticTree: give 1 to {MAX_NODES} rank paths, got 0.")
+    return tuple(sorted(distinct, key=lambda p: (len(p), p)))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticTree:
+    """A fixed set of rank paths, every path's parent included.
+
+    Args:
+        paths: rank paths such as ``[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]``; order does not matter.
+    """
+
+    paths: tuple[RankPath, ...]
+
+    def __post_init__(self) -> None:
+        paths = _rank_paths(self.paths)
+        known = set(paths)
+        for path in paths:
+            if len(path) > 1 and path[:-1] not in known:
+                raise ValueError(f"StaticTree: rank path {path} lacks its parent {path[:-1]}; add it.")
+        object.__setattr__(self, "paths", paths)
+
+    @classmethod
+    def chain(cls, length: int) -> StaticTree:
+        """The drafter's top guess at every depth: a chain of ``length``."""
+        _check_int("StaticTree.chain", "length", length, 1, MAX_DEPTH)
+        return cls(tuple((0,) * i for i in range(1, length + 1)))
+
+    @classmethod
+    def calibrate(cls, target_paths: Iterable[RankPath], nodes: int) -> StaticTree:
+        """The best static tree of ``nodes`` nodes for measured data (Medusa's construction).
+
+        ``target_paths``: for every measured step, the ranks of the target's own tokens among the drafter's
+        guesses along the true path (``benchmarks/tree_potential.py`` computes them). A tree keeps the
+        longest prefix of such a path it contains, so a node is worth how often its path is a prefix of the
+        target's: nodes are added in that order, each after its parent.
+        """
+        _check_int("StaticTree.calibrate", "nodes", nodes, 1, MAX_NODES)
+        counts = collections.Counter(p[:i] for p in target_paths for i in range(1, len(p) + 1))
+        if not counts:
+            raise ValueError("StaticTree.calibrate: no measured rank paths to calibrate from.")
+        children: dict[RankPath, list[RankPath]] = collections.defaultdict(list)
+        for path in counts:
+            children[path[:-1]].append(path)
+        chosen: list[RankPath] = []
+        frontier = [(-counts[p], p) for p in children[()]]
+        heapq.heapify(frontier)
+        while frontier and len(chosen) < nodes:
+            _, path = heapq.heappop(frontier)
+            chosen.append(path)
+            for child in children[path]:
+                heapq.heappush(frontier, (-counts[child], child))
+        return cls(tuple(chosen))
+
+    @property
+    def size(self) -> int:
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @property
+    def top_k(self) -> int:
+        """The most guesses any node needs from the drafter (the largest rank + 1)."""
+        return 1 + max(max(p) for p in self.paths)
+
+    def parents(self) -> list[int]:
+        """Each path's parent index in :attr:`paths` order (``-1``: a child of the root)."""
+        index = {p: i for i, p in enumerate(self.paths)}
+        return [ROOT if len(p) == 1 else index[p[:-1]] for p in self.paths]
+
+    def kept(self, target_path: RankPath) -> int:
+        """Draft tokens this tree keeps when the target's path has these ranks (for calibration)."""
+        depth, paths = 0, set(self.paths)
+        while depth < len(target_path) and target_path[: depth + 1] in paths:
+            depth += 1
+        return depth
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps({"static_tree": [list(p) for p in self.paths]}) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> StaticTree:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("static_tree"), list):
+            raise ValueError(f"{path}: not a StaticTree file (expected {{\"static_tree\": [[0], [1], [0, 0], ...]}}).")
+        return cls(data["static_tree"])  # checked (types, sizes) by __post_init__
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's context-aware tree, grown per step from the drafter's confidence.
+
+    Args:
+        nodes (`int`, defaults to 32): draft tokens verified per target forward (the budget, 1-256).
+        depth (`int`, defaults to 6): drafter forwards per step (the deepest level, 1-64).
+        top_k (`int`, defaults to 8): guesses per expanded node, and nodes expanded per depth (1-64).
+    """
+
+    nodes: int = 32
+    depth: int = 6
+    top_k: int = 8
+
+    def __post_init__(self) -> None:
+        # frozen: the checked values (a numpy integer becomes an int) are set through object.__setattr__
+        object.__setattr__(self, "nodes", _check_int("DynamicTree", "nodes", self.nodes, 1, MAX_NODES))
+        object.__setattr__(self, "depth", _check_int("DynamicTree", "depth", self.depth, 1, MAX_DEPTH))
+        object.__setattr__(self, "top_k", _check_int("DynamicTree", "top_k", self.top_k, 1, MAX_TOP_K))
+
+    def grow(self, root_logprobs: torch.Tensor, expand: Callable[[list[int], torch.Tensor, list[int]], torch.Tensor],
+             nodes: int | None = None, depth: int | None = None) -> DraftTree:
+        """Grow one step's tree.
+
+        Args:
+            root_logprobs: ``[V]`` the drafter's log-probabilities for the token after the root.
+            expand: ``expand(frontier, tokens, parents)`` runs the drafter one depth further on the frontier's
+                nodes (indices into the nodes drafted so far, in drafting order, with their ``[k]`` tokens and
+                their parents' indices, ``-1`` for the root) and returns ``[k, V]`` log-probabilities for each
+                one's next token.
+            nodes: this step's budget (defaults to ``self.nodes``; the cost model may lower it).
+            depth: this step's deepest level (defaults to ``self.depth``; less near the length limit).
+
+        Each depth adds the ``top_k`` guesses of each frontier node; the next frontier is the ``top_k``
+        new nodes of highest cumulative log-probability (the product of the guesses' probabilities along
+        the path, the drafter's estimate that the path is kept). The tree keeps the ``nodes`` drafted
+        nodes of highest cumulative score: a child never scores above its parent, so a kept node's
+        ancestors are kept too.
+        """
+        budget = min(self.nodes if nodes is None else nodes, MAX_NODES)
+        if budget <= 0:
+            return DraftTree.empty(root_logprobs.device)
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        top = root_logprobs.float().topk(min(self.top_k, root_logprobs.shape[-1]))
+        frontier = self._add(tokens, parents, scores, [ROOT], [0.0], top.values[None], top.indices[None])
+        for _ in range(1, min(self.depth, depth or self.depth)):
+            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
+                              [parents[i] for i in frontier])  # [k, V]
+            top = logprobs.float().topk(min(self.top_k, logprobs.shape[-1]), dim=-1)  # [k, top_k]
+            frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier],
+                                 top.values, top.indices)
+        keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:budget]
+        keep.sort()  # drafting order is topological: parents were drafted first
+        where = {old: new for new, old in enumerate(keep)}
+        return DraftTree(torch.tensor([tokens[i] for i in keep], dtype=torch.long),
+                         torch.tensor([ROOT if parents[i] == ROOT else where[parents[i]] for i in keep],
+                                      dtype=torch.long))
+
+    def _add(self, tokens, parents, scores, frontier, base, values, indices) -> list[int]:
+        """Append each frontier node's guesses; return the next frontier (the ``top_k`` best new nodes)."""
+        first = len(tokens)
+        for row, parent in enumerate(frontier):
+            for value, token in zip(values[row].tolist(), indices[row].tolist()):
+                tokens.append(int(token))
+                parents.append(parent)
+                scores.append(base[row] + float(value))
+        new = range(first, len(tokens))
+        return sorted(sorted(new, key=lambda i: (-scores[i], i))[: self.top_k])
+
+
+def shape_to_json(shape: DynamicTree | StaticTree) -> dict:
+    """A tree shape as JSON (for ``generation_config.json``): ``{"dynamic_tree": {...}}`` or
+    ``{"static_tree": [[0], [1], [0, 0]]}``."""
+    if isinstance(shape, DynamicTree):
+        return {"dynamic_tree": dataclasses.asdict(shape)}
+    return {"static_tree": [list(p) for p in shape.paths]}
+
+
+def shape_from_json(value: object) -> DynamicTree | StaticTree:
+    """The inverse of :func:`shape_to_json`; a ``ValueError`` naming the expected form otherwise."""
+    if isinstance(value, dict) and set(value) == {"dynamic_tree"} and isinstance(value["dynamic_tree"], dict):
+        return DynamicTree(**value["dynamic_tree"])
+    if isinstance(value, dict) and set(value) == {"static_tree"} and isinstance(value["static_tree"], list):
+        return StaticTree(value["static_tree"])  # checked (types, sizes) by __post_init__
+    raise ValueError(f"a tree shape is {{\"dynamic_tree\": {{\"nodes\": 32, \"depth\": 6, \"top_k\": 8}}}} or "
+                     f"{{\"static_tree\": [[0], [1], [0, 0]]}}, got {value!r}.")
+
+
+def grow_static(shape: "StaticTree", root_logprobs: torch.Tensor, expand, max_depth: int) -> DraftTree:
+    """Fill a static tree's rank paths with the drafter's guesses, one drafter forward per depth (over the
+    nodes that have children in the tree), down to ``max_depth``."""
+    paths = [p for p in shape.paths if len(p) <= max_depth]  # sorted by depth: parents first
+    index = {p: i for i, p in enumerate(paths)}
+    parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
+    has_children = {p[:-1] for p in paths if len(p) > 1}
+    top_k = min(shape.top_k, root_logprobs.shape[-1])
+    ranked: dict[tuple[int, ...], list[int]] = {(): root_logprobs.topk(top_k).indices.tolist()}
+    tokens = [0] * len(paths)
+    for depth in range(1, 1 + max((len(p) for p in paths), default=0)):
+        level = [i for i, p in enumerate(paths) if len(p) == depth]
+        for i in level:
+            guesses = ranked[paths[i][:-1]]
+            tokens[i] = guesses[min(paths[i][-1], len(guesses) - 1)]
+        frontier = [i for i in level if paths[i] in has_children]
+        if frontier:
+            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
+                              [parents[i] for i in frontier])  # [k, V]
+            for i, top in zip(frontier, logprobs.topk(top_k, dim=-1).indices.tolist()):
+                ranked[paths[i]] = top
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+def tree_depth(shape: "DynamicTree | StaticTree", nodes: int) -> int:
+    """The levels a tree of ``shape`` grows to with a budget of ``nodes``: the drafter forwards it takes. A dynamic
+    tree of ``m`` nodes keeps no node deeper than ``m`` levels (a kept node's ancestors are kept), so it is grown
+    no deeper than that; a static tree has the depth of its deepest rank path."""
+    if isinstance(shape, DynamicTree):
+        return max(1, min(shape.depth, nodes))
+    return max(len(path) for path in shape.paths)
+
+
+def grow_tree(shape: "DynamicTree | StaticTree", root_logprobs: torch.Tensor, expand, nodes: int,
+              max_depth: int) -> DraftTree:
+    """One step's tree of ``shape`` with a budget of ``nodes`` (dynamic trees), no deeper than ``max_depth``: what
+    EAGLE and draft models both grow from their root log-probabilities and ``expand`` (see :meth:`DynamicTree.grow`)."""
+    if isinstance(shape, DynamicTree):
+        return shape.grow(root_logprobs, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
+    return grow_static(shape, root_logprobs, expand, max_depth)
+
+
+def drafter_levels(tree: DraftTree) -> int:
+    """The drafter forwards a grown tree took: one per level (1 for an empty tree), to price one step of it."""
+    return max(int(tree.depths().max()) + 1, 1) if tree.size else 1

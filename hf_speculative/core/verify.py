@@ -1,0 +1,124 @@
+"""One target forward over a draft tree, through the stock transformers model.
+
+The model gets the root and the tree's nodes as one sequence, a 4-D attention mask built from the
+tree (:func:`hf_speculative.core.tree.visibility`) and depth-based position ids. transformers passes a 4-D
+mask through unchanged (``masking_utils``: "already prepared, or custom"), so nothing of the model is
+copied or patched. Models whose layers differ in attention (Gemma3's sliding-window and global layers)
+take one mask per layer type, as a dict keyed by ``config.layer_types``' names.
+
+Afterwards :func:`keep_path` leaves the target's cache holding the prefix, the root and the accepted
+path only. :class:`DynamicVerifier` is the pair the loop calls; ``static_cache.StaticVerifier`` is the
+same pair at one fixed shape on a static cache.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Sequence
+
+import torch
+
+from .. import compat
+from .tree import DraftTree, additive_mask, position_ids, visibility
+
+# Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
+# Flash attention reads only a 2-D padding mask and would silently let siblings see each other.
+TREE_ATTENTION = ("eager", "sdpa")
+# Rows at the end of the running target forward that are padding (a static-cache step is padded to one shape):
+# what reads the target's hidden states from hooks (features.FeatureTap) leaves them out.
+PADDING_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("hf_speculative_padding_rows", default=0)
+
+
+class TreeAttentionError(ValueError):
+    """The model cannot verify a draft tree in one forward."""
+
+
+def check_tree_attention(model: torch.nn.Module) -> None:
+    """Raise :class:`TreeAttentionError` naming the model's type when it cannot take a tree mask."""
+    config = compat.text_config(model.config)
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    if implementation not in TREE_ATTENTION:
+        raise TreeAttentionError(
+            f"{type(model).__name__} uses attn_implementation={implementation!r}, which cannot take a tree "
+            f"attention mask; load it with attn_implementation='sdpa' or 'eager' to verify draft trees "
+            f"(chains, tree=None, work with any attention).")
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    unknown = kinds - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise TreeAttentionError(
+            f"{type(model).__name__} has layers of type {sorted(unknown)}, which a tree attention mask cannot "
+            f"describe; use chains (tree=None) with this model.")
+
+
+def _window(config: Any, kind: str) -> int | None:
+    """The sliding window a layer of ``kind`` applies, or ``None`` for global attention."""
+    window = getattr(config, "sliding_window", None)
+    if kind == "full_attention" or not window:
+        return None
+    return int(window)
+
+
+def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtype: torch.dtype,
+               fresh: int = 0) -> Any:
+    """The ``attention_mask=`` argument for verifying ``tree`` after ``prefix_length`` tokens, the last
+    ``fresh`` of them not cached yet: one ``[1, 1, fresh + 1 + n, prefix_length + 1 + n]`` float mask, or
+    a dict of them by layer type."""
+    config = compat.text_config(model.config)
+    kinds = getattr(config, "layer_types", None)
+
+    def mask(kind: str) -> torch.Tensor:
+        return additive_mask(visibility(tree, prefix_length, _window(config, kind), fresh), dtype)
+
+    if kinds and len(set(kinds)) > 1:
+        return {kind: mask(kind) for kind in sorted(set(kinds))}
+    # One kind of layer: Mistral-style models apply `sliding_window` to every layer when it is set
+    # (and Qwen2 only with `use_sliding_window`, which its layer_types already say).
+    return mask(kinds[0] if kinds else ("sliding_attention" if getattr(config, "use_sliding_window", True)
+                                        else "full_attention"))
+
+
+def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | int, tree: DraftTree) -> torch.Tensor:
+    """Run the target once over the tokens ``uncached`` (``[m]``, ``m >= 1``: the tokens after the cache's
+    end; the last one is the tree's root) and every node of ``tree``.
+
+    Returns ``[1 + n, V]`` logits: row 0 the root's, row ``1 + i`` node ``i``'s (the lm_head runs on those
+    rows only). ``cache`` grows by ``m + n`` positions.
+    """
+    device = model.get_input_embeddings().weight.device
+    uncached = torch.as_tensor(uncached, dtype=torch.long, device=device).reshape(-1)  # [m]
+    fresh = uncached.numel() - 1
+    prefix_length = compat.cache_length(cache) + fresh  # tokens before the root
+    if tree.tokens.device != device:
+        tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
+    ids = torch.cat([uncached, tree.tokens]).unsqueeze(0)  # [1, m + n]
+    keep = compat.logits_to_keep_kwargs(model, 1 + tree.size)
+    if tree.is_chain():  # the fast path: the model's own causal masks (and SDPA's causal kernel)
+        out = model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
+    else:
+        dtype = model.get_input_embeddings().weight.dtype
+        out = model(input_ids=ids, position_ids=position_ids(tree, prefix_length, fresh),
+                    attention_mask=tree_masks(model, tree, prefix_length, dtype, fresh),
+                    use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
+    return out.logits[0, -(1 + tree.size):]  # [1 + n, V]
+
+
+def keep_path(cache: Any, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
+    """After :func:`forward_tree` at ``prefix_length``: keep the prefix, the root and ``path``'s nodes."""
+    compat.keep_tree_path(cache, prefix_length + 1, path, tree.size)
+
+
+class DynamicVerifier:
+    """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path."""
+
+    def __init__(self, model: torch.nn.Module):
+        check_tree_attention(model)
+        self.model, self.cache = model, compat.new_dynamic_cache()
+
+    def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+        return forward_tree(self.model, self.cache, uncached, tree)  # [1 + n, V]
+
+    def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
+        keep_path(self.cache, prefix_length, tree, path)
+
+    def close(self) -> None:
+        self.cache = None

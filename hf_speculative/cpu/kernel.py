@@ -1,0 +1,164 @@
+"""A CPU kernel for the few-row products of decoding and verification: ``optimize_for_cpu(model, kernel=True)``.
+
+Verifying a draft of ``k`` tokens runs every linear layer of the target on ``k + 1`` rows. A
+one-token forward of a small model on one CPU core is bound by reading the weights from memory,
+so ``k + 1`` rows could cost little more than one, if the product read each weight once for all
+rows. BLAS libraries do not: MKL's fp32 products of 2-4 rows cost 1.5-2.7 one-row products on the
+AVX2 EPYC we measure on, oneDNN's on a packed copy (``pack=True``) 1.3-1.7.
+
+``csrc/skinny_linear.cpp`` reads a blocked copy of each weight (``block_weight``: 16 output
+columns at a time, each block one sequential stream; 2-4 blocks at once for 1-3 rows, since one core
+reads memory faster from several streams) once per group of up to 8 rows, keeping the sums in AVX2
+registers. SmolLM2-135M-Instruct's 210 weights and lm_head (537 MB, cold caches, one thread, AMD
+EPYC) take 22.5 / 23.5 / 28.6 / 37.0 / 43.2 ms for 1 / 2 / 3 / 4 / 8 rows, against 36.0 ms for
+MKL's one-row product on the column-major weights; whole forwards: ``benchmarks/verify_costs.py``.
+One-row products (plain decoding, drafting) run on it too. Every output is one FMA chain in input
+order plus the bias, whatever the number of rows or threads, so a row's product is bitwise the
+same computed alone or with the rows of a draft. The copy costs one more copy of the weights in
+memory (as ``pack=True``).
+
+It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
+ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``). x86-64 CPUs with AVX2 and FMA only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..extras import require
+
+SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.cpp"
+EXTENSION = "hfs_skinny_linear_v2"
+MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
+BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
+_LOCK = threading.Lock()
+
+
+def cpu_supports_kernel() -> bool:
+    """Whether this CPU runs the kernel (x86-64 with AVX2 and FMA, as PyTorch detects it)."""
+    capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "DEFAULT"
+    return capability.startswith("AVX2") or capability.startswith("AVX512")
+
+
+def _ninja_on_path() -> None:
+    """torch's builder runs ``ninja`` from PATH; the pip ``ninja`` package (the [kernel] extra) puts its
+    binary in the venv, which is not on PATH when the venv's python is run by its full path. A system
+    ninja on PATH does as well."""
+    if shutil.which("ninja") is None:
+        ninja = require("ninja", "kernel", "optimize_for_cpu(kernel=True)")
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+@functools.lru_cache(maxsize=1)
+def _build():
+    from torch.utils.cpp_extension import load
+
+    _ninja_on_path()  # a missing [kernel] extra raises here, and load_kernel's message quotes it
+    return load(name=EXTENSION, sources=[str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+
+
+_KERNEL = None  # the built extension, once load_kernel() has succeeded
+
+
+def load_kernel():
+    """The compiled extension (built on first call, then cached); a clear error when it cannot be."""
+    global _KERNEL
+    if not cpu_supports_kernel():
+        raise RuntimeError(
+            f"optimize_for_cpu(kernel=True) needs an x86-64 CPU with AVX2 and FMA; this one reports "
+            f"{torch.backends.cpu.get_cpu_capability()!r}. Use optimize_for_cpu(model, pack=True) instead.")
+    with _LOCK:
+        try:
+            _KERNEL = _build()
+            return _KERNEL
+        except Exception as err:  # compiler missing, headers missing, ninja missing ...
+            raise RuntimeError(
+                f"optimize_for_cpu(kernel=True) could not compile its CPU kernel ({type(err).__name__}: "
+                f"{str(err).strip().splitlines()[-1] if str(err).strip() else err}). It needs a C++ compiler (g++) "
+                'and ninja (`pip install "hf-speculative[kernel]"`); or use optimize_for_cpu(model, pack=True), which '
+                "needs neither."
+            ) from err
+
+
+def block_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The copy of an ``nn.Linear`` weight `[out, in]` that the kernel reads: `[ceil(out / 16), in, 16]`,
+    ``wb[j, i, c] = weight[16 j + c, i]``, zero past ``out``."""
+    out_features, in_features = weight.shape
+    blocks = -(-out_features // BLOCK)
+    padded = weight.detach().new_zeros(blocks * BLOCK, in_features)
+    padded[:out_features] = weight.detach()
+    return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()  # [blocks, in, 16]
+
+
+def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x `[M, in]` (fp32, CPU) and ``blocked = block_weight(weight)``."""
+    return (_KERNEL or load_kernel()).skinny_linear(x, blocked, bias, out_features)
+
+
+class WeightCopy:
+    """A copy of a weight in another layout, tied to the weight it was made from (storage and
+    version): made again on use after the weight changed in place (``load_state_dict``, an
+    optimizer step); never saved or copied (a copy of the module makes its own on first use)."""
+
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+        self.source: tuple[int, int] = (0, -1)
+
+    def make(self, weight: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        source = (weight.data_ptr(), weight._version)
+        if self.tensor is None or self.source != source:
+            with torch.no_grad():
+                self.tensor = self.make(weight)
+            self.source = source
+        return self.tensor
+
+    def __deepcopy__(self, memo: dict) -> "WeightCopy":
+        return type(self)()
+
+    def __getstate__(self) -> dict:
+        return {"tensor": None, "source": (0, -1)}
+
+
+class BlockedWeight(WeightCopy):
+    def make(self, weight: torch.Tensor) -> torch.Tensor:
+        return block_weight(weight)
+
+
+class KernelLinear(torch.nn.Linear):
+    """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 1 to 16
+    rows (decoding, drafting, verification) on its fp32 CPU weight run on the skinny kernel, from
+    a blocked copy of the weight; anything else (more rows, gradients, other dtypes or devices)
+    stays on ``F.linear``. Made by ``optimize_for_cpu(model, kernel=True)``, which swaps the class
+    of the model's own modules."""
+
+    _hfs_blocked: BlockedWeight
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.numel() // max(self.in_features, 1)
+        weight = self.weight
+        if (
+            rows > MAX_ROWS
+            or rows < 1
+            or input.dtype != torch.float32
+            or weight.dtype != torch.float32
+            or input.device.type != "cpu"
+            or weight.device.type != "cpu"
+            or (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+        ):
+            return F.linear(input, weight, self.bias)
+        copy = self.__dict__.get("_hfs_blocked")
+        if copy is None:  # a module made KernelLinear some other way (unpickled from an older version)
+            copy = self._hfs_blocked = BlockedWeight()
+        out = skinny_linear(input.reshape(rows, self.in_features), copy.get(weight), self.bias, self.out_features)
+        return out.view(*input.shape[:-1], self.out_features)  # [..., out]

@@ -1,0 +1,324 @@
+"""The two halves of every drafter: a reusable strategy and a per-call candidate generator.
+
+A :class:`DraftStrategy` is configuration only (a self-validating dataclass, safe to share between
+calls and threads). For each ``generate()`` call, :meth:`DraftStrategy.open` builds a
+:class:`SpeculativeCandidateGenerator`, a transformers ``CandidateGenerator`` that holds the state
+of that one call (caches, n-gram index, adaptive draft length) and is dropped afterwards.
+
+The base generator owns everything that must be right for *every* drafter, so a drafter only
+implements :meth:`~SpeculativeCandidateGenerator.propose`:
+
+- the draft never runs past ``max_length`` (transformers crops there only from 5.14);
+- the draft is cut at a token that would fire a stopping criterion (EOS, stop strings, custom
+  criteria), because transformers checks stopping criteria only at the end of an accepted block;
+- statistics are counted where the events happen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import os
+import time
+from typing import Any
+
+import torch
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StoppingCriteriaList,
+)
+
+from .. import compat
+from ..core.stats import SpeculativeStats
+
+
+# Criteria that a draft never needs to be checked against token by token: max length is enforced
+# by capping the draft, EOS by token ids, and wall time is not a property of the tokens.
+_BUILTIN_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
+
+
+@dataclasses.dataclass
+class CallContext:
+    """What a per-call generator needs to know about the ``generate()`` call it serves."""
+
+    target: torch.nn.Module
+    generation_config: Any
+    logits_processor: Any
+    stopping_criteria: StoppingCriteriaList | None
+    stats: SpeculativeStats
+    # the loop's model kwargs when the generator was built; their cache (``compat.target_cache``) is
+    # the target's for the whole call (self-speculative drafters write into it and crop it back)
+    model_kwargs: dict | None = None
+
+    @property
+    def max_length(self) -> int:
+        return int(self.generation_config.max_length)
+
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        """Width of the target's logits (the lm_head's padded size, e.g. 151936 for Qwen); read once
+        per call, drafters pad or cut their logits to it at every step."""
+        head = self.target.get_output_embeddings()
+        if head is not None and getattr(head, "out_features", None):
+            return int(head.out_features)
+        return int(compat.text_config(self.target.config).vocab_size)
+
+
+class DraftStrategy:
+    """Base of the reusable drafting strategies (``hfs.PromptLookup``, ``hfs.DraftModel``, ...).
+
+    Subclasses are dataclasses that validate themselves in ``__post_init__`` and implement
+    :meth:`open`. A strategy never holds per-call state.
+    """
+
+    name: str = "strategy"
+    # What of the target the drafter reads: "outputs" (its tokens and logits: any cache, compiled or not),
+    # "features" (hidden states, through forward hooks: not in a compiled forward), "cache" (drafts with the
+    # target's own layers over its dynamic KV cache: not on a static cache). See static_cache.check_strategy.
+    reads_target: str = "outputs"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DraftStrategy":
+        # a mistyped option (PromptLookup(num_token=3)) names the close match, not dataclasses' bare TypeError
+        if kwargs and dataclasses.is_dataclass(cls):
+            known = [f.name for f in dataclasses.fields(cls) if f.init]
+            for key in kwargs:
+                if key not in known:
+                    close = difflib.get_close_matches(key, known, n=1)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    raise TypeError(f"{cls.__name__}() got an unknown option {key!r}: {hint}"
+                                    f"its options are {', '.join(known)}.")
+        return super().__new__(cls)
+
+    def open(self, ctx: CallContext) -> "SpeculativeCandidateGenerator":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        """Raise a clear error if this strategy cannot serve ``target`` (device, vocabulary...)."""
+
+    # -- as a model's default drafter, in its GenerationConfig (see spec.py) ------------------------
+    def to_dict(self) -> dict:
+        """The JSON spec of this strategy (``{"method": ..., "options": {...}, ...}``), without writing files.
+
+        transformers calls ``to_dict()`` on the dataclasses a ``GenerationConfig`` holds when it prints,
+        hashes, compares or saves it, so a config holding a strategy stays serializable."""
+        from ..hf import spec
+
+        return spec.to_spec(self)
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> dict:
+        """Write what this strategy needs beside a model saved in ``save_directory`` and return its spec
+        for ``generation_config.json``: a trained network (``Eagle``, ``EarlyExit(adapter=...)``) goes to a
+        subfolder (``eagle/``, ``exit-adapter/``) unless it ships with hf_speculative; a draft model is
+        named (registry name, folder or Hub id), not copied. ``model.save_pretrained(dir)`` on an enabled
+        model whose ``generation_config.candidate_generator`` holds the strategy calls this itself."""
+        from ..hf import spec
+
+        return spec.save_strategy(self, save_directory)
+
+    def __deepcopy__(self, memo: dict) -> "DraftStrategy":
+        # A strategy is shared, read-only configuration (one instance serves many calls and threads).
+        # transformers deep-copies the GenerationConfig holding it in every generate() call: share it,
+        # rather than copy a drafter network or a draft model each time.
+        return self
+
+
+class SpeculativeCandidateGenerator(compat.CandidateGenerator):
+    """Per-call candidate generator; subclasses implement :meth:`propose`.
+
+    Args:
+        ctx (`CallContext`): the call this generator serves.
+    """
+
+    def __init__(self, ctx: CallContext):
+        self.ctx = ctx
+        self.stats = ctx.stats
+        self._eos = compat.eos_token_ids(ctx.generation_config)
+        self._eos_tensor = torch.tensor(self._eos, dtype=torch.long) if self._eos else None
+        self._custom_criteria = [c for c in (ctx.stopping_criteria or []) if not isinstance(c, _BUILTIN_CRITERIA)]
+        self._prompt_length: int | None = None
+        self._num_proposed = 0
+        self._proposed_at = 0.0
+        self.last_scores: torch.Tensor | None = None
+        self.last_verify_s = 0.0
+
+    # -- what a drafter implements ----------------------------------------------------------
+    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Propose up to ``max_tokens`` tokens after ``input_ids``.
+
+        Args:
+            input_ids (`torch.LongTensor` of shape `[1, L]`): the verified sequence.
+            max_tokens (`int`): at least 1.
+
+        Returns:
+            `tuple`: tokens `[k]` (long, ``k <= max_tokens``, may be 0) and, when the drafter
+            sampled them, the exact logits it sampled from, `[k, V_target]`; else ``None``.
+        """
+        raise NotImplementedError
+
+    def on_verified(self, input_ids: torch.LongTensor, num_accepted: int, num_proposed: int) -> None:
+        """Called after every target forward (adapt the draft length, roll back caches).
+        ``self.last_verify_s`` holds that forward's time, ``self.last_scores`` its processed logits."""
+
+    def follow_verified(self, input_ids: torch.LongTensor, num_accepted: int, num_proposed: int) -> None:
+        """Called instead of :meth:`on_verified` when the forward verified *another* drafter's draft
+        (``hfs.Hybrid``): keep the per-call state that must see every target forward in step (e.g.
+        captured hidden states), without learning from a draft this drafter did not make."""
+
+    def chain_tree(self, input_ids: torch.LongTensor, max_depth: int) -> Any:
+        """This drafter's chain (:meth:`propose`) as a one-branch :class:`~hf_speculative.core.tree.DraftTree` for
+        hf_speculative's loop (empty when it drafts nothing)."""
+        from ..core.tree import DraftTree
+
+        tokens, _ = self.propose(input_ids, max_depth)
+        if tokens is None or tokens.numel() == 0:
+            return DraftTree.empty(input_ids.device)
+        return DraftTree.chain(tokens.reshape(-1)[:max_depth].to(device=input_ids.device, dtype=torch.long))
+
+    def follow_tree(self, input_ids: torch.LongTensor, tree: Any, verdict: Any) -> None:
+        """:meth:`follow_verified` in hf_speculative's own loop, where the verified draft (another member's,
+        ``hfs.Hybrid``) is a :class:`~hf_speculative.core.tree.DraftTree` and ``verdict`` its
+        :class:`~hf_speculative.core.tree.Verdict`. A chain is handed to :meth:`follow_verified`; a drafter that keeps
+        per-forward state along the rows of the forward (an EAGLE drafter's captured features) overrides this
+        to follow a tree's accepted path."""
+        if tree.is_chain():
+            self.follow_verified(input_ids, verdict.num_accepted, tree.size)
+        elif type(self).follow_verified is not SpeculativeCandidateGenerator.follow_verified:
+            raise NotImplementedError(
+                f"{type(self).__name__} follows other drafters' chains (follow_verified) but not their trees: "
+                "implement follow_tree(input_ids, tree, verdict), or combine it in hfs.Hybrid with chain drafters "
+                "only (tree=None).")
+
+    def start(self, prompt_length: int) -> None:
+        """Called once, before the first draft, with the prompt's length (transformers' loop: at the first
+        ``get_candidates``; hf_speculative's loop and ``hfs.Hybrid``: before the first proposal)."""
+        self._prompt_length = prompt_length
+
+    @property
+    def prompt_length(self) -> int | None:
+        """The call's prompt length once :meth:`start` ran, else ``None``."""
+        return self._prompt_length
+
+    @property
+    def after_prefill(self) -> bool:
+        """True once the target's forwards are decoding steps (the first one also prefilled the prompt)."""
+        return self.stats.target_forwards > 1
+
+    def close(self) -> None:
+        """Free per-call resources (hooks, caches). Called once when the call ends, even on error."""
+
+    # -- transformers' CandidateGenerator interface ------------------------------------------
+    def get_candidates(self, input_ids: torch.LongTensor, *args: Any, **kwargs: Any):
+        """Returns the full sequence `[1, L+k]` and the candidate logits `[1, k, V]` or ``None``."""
+        first_call = self._prompt_length is None
+        if first_call:
+            self.start(input_ids.shape[1])
+        start = time.perf_counter()
+        # Leave room for the target's own token: L + k + 1 <= max_length.
+        budget = self.ctx.max_length - input_ids.shape[1] - 1
+        tokens, logits = None, None
+        if budget > 0:
+            tokens, logits = self.propose(input_ids, budget)
+            if tokens is not None and tokens.numel() > 0:
+                tokens = tokens.reshape(-1)[:budget].to(device=input_ids.device, dtype=torch.long)
+                keep = self._length_before_stop(input_ids, tokens)
+                tokens = tokens[:keep]
+                logits = None if logits is None or keep == 0 else logits[:keep]
+        num = 0 if tokens is None else int(tokens.numel())
+        if num == 0 and first_call and budget > 0 and self._prompt_already_stopped(input_ids):
+            # transformers < 5.18 drops the last candidate when the candidate sequence already
+            # satisfies a stopping criterion, and with no candidate at all that drops the target's
+            # own token. One filler candidate keeps the target's token whatever it is (accepted or
+            # not, the loop appends exactly the target's choice).
+            tokens, logits, num = input_ids[0, -1:], None, 1
+        self._num_proposed = num
+        self.stats.record_draft(num, time.perf_counter() - start)
+        self._proposed_at = time.perf_counter()
+        if num == 0:
+            return input_ids, None
+        candidates = torch.cat([input_ids, tokens[None, :]], dim=-1)  # [1, L+k]
+        if logits is not None:
+            logits = self._to_target_vocab(logits)[None].to(input_ids.device)  # [1, k, V]
+        return candidates, logits
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: Any) -> None:
+        accepted = min(int(num_matches), self._num_proposed)
+        self.last_verify_s = time.perf_counter() - self._proposed_at
+        self.stats.record_verify(accepted, self.last_verify_s)
+        self.stats.new_tokens = input_ids.shape[1] - (self._prompt_length or input_ids.shape[1])
+        self.last_scores = scores  # processed target logits [1, k+1, V] of this forward
+        self.on_verified(input_ids, accepted, self._num_proposed)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _length_before_stop(self, input_ids: torch.LongTensor, tokens: torch.Tensor) -> int:
+        """Number of draft tokens to keep so that no stopping criterion fires inside the block.
+
+        The draft is cut *before* the stopping token: the target produces it itself if it chooses it, a
+        choice that is deterministic under greedy decoding and under seeded sampling alike (see accept.py).
+        """
+        limit = tokens.numel()
+        if self._eos_tensor is not None:
+            hits = torch.isin(tokens, self._eos_tensor.to(tokens.device)).nonzero()
+            if hits.numel():
+                limit = int(hits[0])
+        if self._custom_criteria and limit > 0:
+            sequence = torch.cat([input_ids, tokens[None, :limit]], dim=-1)
+            base = input_ids.shape[1]
+            for i in range(1, limit + 1):
+                if any(compat.stopping_result(c(sequence[:, : base + i], None)) for c in self._custom_criteria):
+                    return i - 1
+        return limit
+
+    def _prompt_already_stopped(self, input_ids: torch.LongTensor) -> bool:
+        """Whether a stopping criterion already holds for the prompt itself (e.g. it ends with EOS),
+        on versions whose loop then mishandles an empty draft."""
+        if not compat.HAS_IS_DONE_CANDIDATE_RULE or not self.ctx.stopping_criteria:
+            return False
+        return compat.stopping_result(self.ctx.stopping_criteria(input_ids, None))
+
+    def _to_target_vocab(self, logits: torch.Tensor, target_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`to_target_vocab` at this call's vocabulary width."""
+        return to_target_vocab(logits, self.ctx.vocab_size, target_ids)
+
+
+def to_target_vocab(logits: torch.Tensor, width: int, target_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Pad (with -inf) or cut a drafter's logits `[k, V_d]` (float32) to the target's width `[k, V]`; with
+    ``target_ids`` `[V_d]` (a reduced draft vocabulary: the target id of every draft id), place each
+    draft logit at its target id and -inf everywhere else."""
+    logits = logits.float()
+    if target_ids is not None:
+        full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
+        full[..., target_ids] = logits
+        return full
+    if logits.shape[-1] == width:
+        return logits
+    if logits.shape[-1] > width:
+        return logits[..., :width]
+    pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+class ExternalCandidateGenerator(SpeculativeCandidateGenerator):
+    """Adapts a user's raw ``CandidateGenerator`` instance: it gets the same max-length cap,
+    stopping cuts and statistics as the built-in drafters."""
+
+    def __init__(self, ctx: CallContext, inner: Any):
+        super().__init__(ctx)
+        self.inner = inner
+
+    def propose(self, input_ids, max_tokens):
+        candidates, logits = self.inner.get_candidates(input_ids)
+        tokens = candidates[0, input_ids.shape[1]:][:max_tokens]
+        if logits is not None:
+            logits = logits[0, : tokens.numel()]
+        return tokens, logits
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        update = getattr(self.inner, "update_candidate_strategy", None)
+        if update is not None:
+            try:
+                update(input_ids, self.last_scores, num_accepted)
+            except NotImplementedError:  # the abstract base raises before 5.18
+                pass

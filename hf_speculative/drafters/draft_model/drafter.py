@@ -1,0 +1,283 @@
+"""Classic two-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a smaller
+model with the same tokenizer drafts, the target verifies."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, ClassVar
+
+import torch
+
+from ... import compat
+from ...core.accept import chain_candidates, draft_chain
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ...options import CheckedOnAssignment, shown
+from ...core.state import state_of
+from ...core.tree import DraftTree, Verdict
+from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
+from .tree import model_tree_expander
+from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
+
+
+@dataclasses.dataclass(eq=False)
+class DraftModel(CheckedOnAssignment, DraftStrategy):
+    """Draft with a smaller model that shares the target's tokenizer.
+
+    The drafter keeps its own KV cache for the whole call and rolls it back to the verified
+    prefix after every target forward. The draft stops early when the drafter is unsure (its
+    probability of the token it chose falls below ``confidence_threshold``), and the longest draft
+    adapts to what gets accepted. Under sampling it samples from its own processed distribution
+    and hands exactly those logits to the rejection sampler, so the output follows the target's
+    distribution exactly.
+
+    Args:
+        model (`PreTrainedModel`): the drafter, on the target's device.
+        num_tokens (`int`, defaults to 16): the longest draft (the confidence rule usually stops earlier).
+        confidence_threshold (`float`, defaults to 0.3): stop drafting after a token whose drafter
+            probability is below this (0 disables).
+        adaptive (`bool`, defaults to `True`): grow the longest draft by 2 after a fully accepted
+            draft, shrink it by 1 otherwise (within ``[1, num_tokens]``).
+        draft_cost (`float`, *optional*): the cost of one drafter forward in target forwards
+            (e.g. 0.1); by default it is measured during the calls (and, until measured, taken as
+            the ratio of the two models' parameter counts).
+        tokenizer / target_tokenizer (*optional*): the two tokenizers, for a complete vocabulary
+            check; without them the check compares vocabulary sizes and special tokens, and the
+            tokenizers saved beside both models when both were loaded from local folders.
+        tree (`DynamicTree` or `StaticTree`, *optional*): draft a tree of the draft model's top guesses, verified
+            in one forward by hf_speculative's own loop: ``hfs.DynamicTree(nodes, depth, top_k)`` expands the
+            ``top_k`` likeliest nodes of each depth (one drafter forward per depth, with a tree attention mask
+            over the drafter's own cache) and keeps the best ``nodes``; ``hfs.StaticTree(paths)`` drafts fixed
+            rank paths. With ``adaptive`` the node count per step (0 included) follows the measured verification
+            cost and what trees kept. ``None``: chains. The draft model's attention must take a tree mask (SDPA
+            or eager).
+    """
+
+    model: torch.nn.Module = dataclasses.field(repr=False)
+    num_tokens: int = 16
+    confidence_threshold: float = 0.3
+    adaptive: bool = True
+    tokenizer: Any = dataclasses.field(default=None, repr=False)
+    target_tokenizer: Any = dataclasses.field(default=None, repr=False)
+    draft_cost: float | None = None
+    tree: DynamicTree | StaticTree | None = None
+    name: ClassVar[str] = "draft-model"
+
+    def __post_init__(self):
+        if not hasattr(self.model, "config") or not callable(self.model):
+            raise TypeError(f"DraftModel(model=...) needs a transformers causal LM, got {type(self.model).__name__}.")
+        check_chain_options(self)
+        if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
+            raise ValueError(f"DraftModel(tree={shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
+                             f"top_k=...), hfs.StaticTree(paths) or None for chains.")
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        # checked once per pair of models: loading two tokenizers to compare them takes seconds, and
+        # strategies are rebuilt per call by the benchmark and the app
+        checked = state_of(target).checked
+        if self.model in checked:
+            return
+        if self.model is target:
+            raise ValueError("DraftModel(model=...) is the target itself; use a smaller model (or hfs.EarlyExit).")
+        draft_device, target_device = _device_of(self.model), _device_of(target)
+        if draft_device != target_device:
+            raise ValueError(
+                f"The draft model is on {draft_device} and the target on {target_device}; move the draft model "
+                f"with draft.to({str(target_device)!r})."
+            )
+        check_same_vocabulary(target, self.model, self.target_tokenizer, self.tokenizer)
+        if self.tree is not None:
+            from ...core.verify import check_tree_attention
+
+            check_tree_attention(self.model)  # the drafter's own forwards take a tree mask too
+        checked.add(self.model)
+
+    def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
+        return DraftModelCandidateGenerator(ctx, self)
+
+
+class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
+    """Per-call state: the drafter's cache, and the costs and calibration behind the draft length.
+
+    Drafting token ``i`` pays when the chance that the whole draft up to it is accepted (the
+    product of the drafter's confidences, calibrated against what was really accepted) exceeds
+    its price in target forwards: one drafter forward plus the extra cost of verifying one more
+    token, both measured during the call. When even the first token does not pay for several
+    steps, drafting pauses (1, 2, 4, ... 32 steps) and the drafter catches up later in one forward.
+    """
+
+    def __init__(self, ctx: CallContext, config: DraftModel):
+        super().__init__(ctx)
+        self.config = config
+        self.drafter = config.model
+        self.cache = compat.new_dynamic_cache()
+        self.fed: list[int] = []  # tokens whose keys/values are in self.cache
+        self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
+        self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
+        nodes = 0 if config.tree is None else (
+            config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
+        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
+        self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
+        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
+                                        config.confidence_threshold, config.adaptive)
+        if config.tree is not None:
+            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
+                                     draft_steps=lambda m: tree_depth(config.tree, m), chain=config.adaptive)
+        self._asked = 0  # the last choice of the budget: nodes, 0, or TreeBudget.CHAIN
+
+    @property
+    def max_draft(self) -> int:
+        return self.policy.max_draft
+
+    def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
+        """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
+        start = time.perf_counter()
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        out = self.drafter(input_ids=ids, **{compat.cache_kwarg(): self.cache}, use_cache=True, **self._keep_last)
+        self.cache = compat.output_cache(out)
+        self.fed.extend(tokens)
+        if len(tokens) == 1:
+            record_draft_step(self.drafter, time.perf_counter() - start)
+        return self._to_target_vocab(out.logits[0, -1])
+
+    def _rollback(self, input_ids: torch.LongTensor) -> int:
+        """Crop the drafter's cache to the longest prefix it shares with the verified sequence."""
+        length = input_ids.shape[1]
+        tail = input_ids[0, self._synced : len(self.fed)].tolist()
+        common = self._synced
+        for fed_token, true_token in zip(self.fed[self._synced :], tail):
+            if fed_token != true_token:
+                break
+            common += 1
+        common = min(common, length - 1)  # the last token must be fed again for its logits
+        compat.crop_cache(self.cache, len(self.fed) - common)
+        del self.fed[common:]
+        self._synced = common
+        return common
+
+    def _draft_price(self) -> float:
+        """One drafter forward, in target forwards."""
+        # until measured: forwards cost in proportion to parameters
+        return draft_price(self.drafter, self.verify_costs, self.config.draft_cost, self._size_ratio)
+
+    @torch.no_grad()
+    def propose(self, input_ids, max_tokens):
+        if not self.policy.begin():
+            return None, None
+        common = self._rollback(input_ids)
+        logits = self._forward(input_ids[0, common:].tolist(), input_ids.device)
+        self._synced = input_ids.shape[1]
+        tokens = draft_chain(
+            self.policy, self.ctx, input_ids, logits, max_tokens,
+            lambda token: self._forward([token], input_ids.device),
+        )
+        return chain_candidates(self.policy, tokens)
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        # (the prefill's forward is not a verification: it says nothing of verify costs)
+        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    @torch.no_grad()
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+        """One step's draft tree (``None``: no ``tree=`` option, draft chains)."""
+        shape = self.config.tree
+        if shape is None:
+            return None
+        nodes = self._asked = self.budget.choose()
+        if nodes == TreeBudget.CHAIN:  # the cost model prefers this drafter's own chain this step
+            return self.chain_tree(input_ids, max_depth)
+        if nodes == 0:
+            return DraftTree.empty(input_ids.device)
+        start = time.perf_counter()
+        common = self._rollback(input_ids)
+        root = torch.log_softmax(self._forward(input_ids[0, common:].tolist(), input_ids.device).float(), dim=-1)
+        self._synced = input_ids.shape[1]
+        expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
+        try:
+            tree = grow_tree(shape, root, expand, nodes, max_depth)
+        finally:
+            crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
+        steps = drafter_levels(tree)
+        record_draft_step(self.drafter, (time.perf_counter() - start) / steps)
+        return tree
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        if self._asked == TreeBudget.CHAIN:  # a chain step: the chain policy learns, the budget too
+            self.on_verified(input_ids, verdict.num_accepted, tree.size)
+            self.budget.verified_chain(tree.size, verdict.num_accepted)
+            return
+        if self.after_prefill:
+            self.verify_costs.observe_step(tree.size, self.last_verify_s)
+        if tree.size:
+            self.budget.verified(self._asked, verdict.num_accepted)
+
+    def close(self):
+        self.cache = None
+        self.fed = []
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    hook = getattr(model, "_hf_hook", None)
+    if hook is not None and getattr(hook, "execution_device", None) is not None:
+        return torch.device(hook.execution_device)
+    return next(model.parameters()).device
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    return int(compat.text_config(model.config).vocab_size)
+
+
+def _local_tokenizer(model: torch.nn.Module) -> Any:
+    """The tokenizer saved beside a model loaded from a local folder (never downloads)."""
+    path = getattr(model, "name_or_path", "") or ""
+    if not os.path.isdir(path) or not any(
+        os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception:  # an unreadable tokenizer is no evidence either way
+        return None
+
+
+def check_same_vocabulary(target, drafter, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ``ValueError`` unless the two models share a vocabulary (token id -> text).
+
+    lm_heads padded beyond the tokenizer (Qwen's 151936 rows) are fine: ids the tokenizer never
+    produces cannot be drafted against the target's will.
+    """
+    target_tokenizer = target_tokenizer or _local_tokenizer(target)
+    draft_tokenizer = draft_tokenizer or _local_tokenizer(drafter)
+    names = f"target {getattr(target, 'name_or_path', type(target).__name__)!r} and drafter {getattr(drafter, 'name_or_path', type(drafter).__name__)!r}"
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        mismatched = [tok for tok, i in draft_vocab.items() if target_vocab.get(tok, i) != i]
+        mismatched += [tok for tok in draft_vocab if tok not in target_vocab]
+        if mismatched:
+            raise ValueError(
+                f"The tokenizers of the {names} differ ({len(mismatched)} tokens, e.g. {mismatched[:3]}): a "
+                "draft model must share the target's tokenizer. Pick a drafter of the same family."
+            )
+        return
+    target_size, draft_size = _vocab_size(target), _vocab_size(drafter)
+    if target_size != draft_size:
+        raise ValueError(
+            f"The vocabularies of the {names} differ in size ({target_size} vs {draft_size}): a draft model must "
+            "share the target's tokenizer. If they do share it (one lm_head padded), pass "
+            "DraftModel(..., tokenizer=draft_tok, target_tokenizer=target_tok) for a full check."
+        )
+    for field in ("eos_token_id", "bos_token_id"):
+        a, b = getattr(target.generation_config, field, None), getattr(drafter.generation_config, field, None)
+        if a is not None and b is not None and a != b:
+            raise ValueError(
+                f"The {names} disagree on {field} ({a} vs {b}); they do not share a tokenizer."
+            )

@@ -1,0 +1,181 @@
+"""``hfs.Hybrid``: several drafters in one call, the first whose draft pays proposes each step.
+
+Prompt lookup is free and, when the answer copies the prompt (summaries, RAG, translation that
+keeps names and numbers, code edits), right for many tokens in a row; a trained drafter (EAGLE, a
+draft model) costs a little at every step and guesses everywhere else. ``Hybrid(PromptLookup(),
+eagle)`` asks the lookup first, and the drafter only when the lookup has no match that pays (each
+member keeps its own cost rule). Suffix decoding combined with a model speculator serves agents
+this way (Arctic Inference); here it works with any of the package's strategies.
+
+Every member sees every target forward: the one whose draft was verified learns from it
+(``on_verified``; ``observe_tree`` for a tree), the others only keep their per-call state in step
+(``follow_verified`` / ``follow_tree``: an EAGLE drafter still needs the target's hidden states of every
+accepted token).
+
+With a tree member (``hfs.Hybrid(hfs.PromptLookup(tree=...), hfs.Eagle.from_pretrained(..., tree=...))``) the
+call runs in hf_speculative's own loop: members with ``tree=`` propose trees, the others chains (a chain is a
+tree with one branch), and the first non-empty draft is verified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from ... import options
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...options import CheckedOnAssignment
+from ...core.tree import DraftTree, Verdict
+
+
+@dataclasses.dataclass(eq=False, init=False)
+class Hybrid(CheckedOnAssignment, DraftStrategy):
+    """Draft with the first of ``strategies`` that proposes something at each step.
+
+    Put the cheap ones first: a member is asked only when all members before it drafted nothing,
+    and asking is what costs (a drafter step). The draft's statistics per member are in
+    ``hfs.last_stats(model).extra["hybrid"]``.
+
+    Args:
+        *strategies (`DraftStrategy`): two to eight strategies, e.g.
+            ``hfs.Hybrid(hfs.PromptLookup(), hfs.Eagle.from_pretrained(name, target=model))``.
+    """
+
+    strategies: tuple[DraftStrategy, ...]
+    name: ClassVar[str] = "hybrid"
+
+    @property
+    def reads_target(self) -> str:  # what the most demanding member reads (base.DraftStrategy.reads_target)
+        kinds = {getattr(strategy, "reads_target", "outputs") for strategy in self.strategies}
+        return next((kind for kind in ("cache", "features") if kind in kinds), "outputs")
+
+    @property
+    def tree(self):
+        """The first member's draft tree shape (``tree=``), or ``None`` when every member drafts chains: with one,
+        the call runs in hf_speculative's own loop (``loop_entry.runs_in_our_loop``)."""
+        return next((s.tree for s in self.strategies if getattr(s, "tree", None) is not None), None)
+
+    def __init__(self, *strategies: DraftStrategy):
+        self.strategies = tuple(strategies)
+        self.__post_init__()
+
+    def __post_init__(self):
+        if len(self.strategies) < 2:
+            raise ValueError(f"Hybrid needs two or more strategies, got {len(self.strategies)}: e.g. "
+                             "hfs.Hybrid(hfs.PromptLookup(), hfs.Eagle.from_pretrained(name, target=model)).")
+        if len(self.strategies) > options.MAX_HYBRID_MEMBERS:
+            # each member is asked in turn at every step, and opened (hooks, caches) for every call
+            raise options.OptionError(f"Hybrid(...) takes at most {options.MAX_HYBRID_MEMBERS} strategies, got "
+                                      f"{len(self.strategies)}.")
+        for strategy in self.strategies:
+            if isinstance(strategy, Hybrid):
+                raise TypeError("Hybrid(..., Hybrid(...)): list the strategies of the inner Hybrid in the outer one.")
+            if not isinstance(strategy, DraftStrategy):
+                raise TypeError(f"Hybrid takes hf_speculative strategies (hfs.PromptLookup(), hfs.Eagle..., "
+                                f"hfs.DraftModel(...)), got {type(strategy).__name__}; a raw transformers "
+                                "CandidateGenerator can only be passed alone as candidate_generator=.")
+        own_cache = [type(s).__name__ for s in self.strategies if getattr(s, "reads_target", "outputs") == "cache"]
+        if own_cache and self.tree is not None:
+            raise ValueError(f"Hybrid(...) with a draft tree runs in hf_speculative's own loop, where {own_cache[0]} "
+                             "cannot draft (it drafts on the target's own KV cache, which only transformers' loop "
+                             "keeps): drop tree= from the other members, or leave "
+                             f"{own_cache[0]} out of this Hybrid.")
+
+    def labels(self) -> list[str]:
+        """The members' names in the statistics (``"prompt-lookup"``, ``"eagle"``; ``"eagle#2"`` for a second one)."""
+        out: list[str] = []
+        for strategy in self.strategies:
+            name = getattr(strategy, "name", type(strategy).__name__)
+            out.append(name if name not in out else f"{name}#{sum(o.split('#')[0] == name for o in out) + 1}")
+        return out
+
+    def validate_target(self, target) -> None:
+        for strategy in self.strategies:
+            strategy.validate_target(target)
+
+    def open(self, ctx: CallContext) -> "HybridCandidateGenerator":
+        return HybridCandidateGenerator(ctx, self)
+
+
+class HybridCandidateGenerator(SpeculativeCandidateGenerator):
+    """Per-call state: one generator per member, and which one drafted the pending draft."""
+
+    def __init__(self, ctx: CallContext, config: Hybrid):
+        super().__init__(ctx)
+        self.members: list[SpeculativeCandidateGenerator] = []
+        try:
+            for strategy in config.strategies:
+                self.members.append(strategy.open(ctx))
+        except BaseException:
+            self.close()  # members already opened may hold hooks on the target
+            raise
+        self.labels = config.labels()
+        self.drafter: SpeculativeCandidateGenerator = self.members[-1]
+        self.per_member = {label: {"drafts": 0, "drafted": 0, "accepted": 0} for label in self.labels}
+        ctx.stats.extra["hybrid"] = self.per_member
+
+    def start(self, prompt_length):
+        super().start(prompt_length)
+        for member in self.members:  # members never see get_candidates
+            member.start(prompt_length)
+
+    # -- chains (transformers' assisted loop) -------------------------------------------------------
+    def propose(self, input_ids, max_tokens):
+        for member in self.members:
+            tokens, logits = member.propose(input_ids, max_tokens)
+            self.drafter = member
+            if tokens is not None and tokens.numel() > 0:
+                return tokens, logits
+        return None, None  # the last member asked learns from the empty draft's forward
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        for member in self._handed_the_forward():
+            if member is self.drafter:
+                member.on_verified(input_ids, num_accepted, num_proposed)
+            else:
+                member.follow_verified(input_ids, num_accepted, num_proposed)
+        self._count(num_accepted, num_proposed)
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree:
+        """The first member's non-empty draft: its tree (members with ``tree=``) or its chain as a tree."""
+        self._drafted_tree = False
+        for member in self.members:
+            grow = getattr(member, "propose_tree", None)
+            tree = None if grow is None else grow(input_ids, max_depth)
+            self.drafter, self._drafted_tree = member, tree is not None
+            if tree is None:
+                tree = member.chain_tree(input_ids, max_depth)
+            if tree.size:
+                return tree
+        return tree  # empty: the last member asked learns from the empty draft's forward
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        for member in self._handed_the_forward():
+            if member is not self.drafter:
+                member.follow_tree(input_ids, tree, verdict)
+            elif self._drafted_tree:
+                member.observe_tree(input_ids, tree, verdict)
+            else:
+                member.on_verified(input_ids, verdict.num_accepted, tree.size)
+        self._count(verdict.num_accepted, tree.size)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _handed_the_forward(self) -> list[SpeculativeCandidateGenerator]:
+        """The members, each given this forward's time and processed scores (what their rules read)."""
+        for member in self.members:
+            member.last_verify_s, member.last_scores = self.last_verify_s, self.last_scores
+        return self.members
+
+    def _count(self, num_accepted: int, num_proposed: int) -> None:
+        if num_proposed:
+            counts = self.per_member[self.labels[self.members.index(self.drafter)]]
+            counts["drafts"] += 1
+            counts["drafted"] += num_proposed
+            counts["accepted"] += num_accepted
+
+    def close(self):
+        for member in self.members:
+            member.close()

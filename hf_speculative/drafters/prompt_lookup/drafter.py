@@ -1,0 +1,154 @@
+"""Prompt lookup decoding: propose the continuation of the most recent earlier occurrence of the
+last n tokens (Saxena 2023). Free to run, excellent when the output copies the input
+(summarization, RAG, code editing), and nothing to load."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from ... import options
+from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.costs import verify_costs_for
+from ...options import CheckedOnAssignment
+from ...core.tree import DraftTree, Verdict
+from ...core.tree_shapes import DynamicTree
+from .tree import MultiNgramIndex, lookup_tree
+from ...core.policy import AcceptanceEstimate, TreeBudget, best_length, check_input_ids
+
+
+@dataclasses.dataclass
+class PromptLookup(CheckedOnAssignment, DraftStrategy):
+    """N-gram lookup over the prompt and the generated text.
+
+    Better than transformers' ``prompt_lookup_num_tokens``: the longest n-gram first and its *most
+    recent* occurrence, an incremental index (the per-step cost does not grow with the context),
+    and a draft length chosen per step from the measured acceptance of matches of that n-gram size
+    and the measured cost of verifying drafts on this hardware; when matches do not pay, it drafts
+    nothing and costs nothing.
+
+    Args:
+        num_tokens (`int`, defaults to 10): the longest draft (1-64).
+        max_ngram (`int`, defaults to 3): the longest n-gram to match (1-16).
+        min_ngram (`int`, defaults to 1): the shortest n-gram to match (1-``max_ngram``).
+        adaptive (`bool`, defaults to `True`): choose the draft length per step; ``False`` always
+            proposes ``num_tokens`` tokens when there is a match (like transformers does).
+        tree (`DynamicTree`, *optional*): draft a tree instead of a chain: the continuations of several
+            matches (every n-gram size, the ``tree.top_k`` most recent occurrences of each) merged where
+            they agree, up to ``tree.nodes`` nodes and ``tree.depth`` tokens deep; verified in one forward
+            by hf_speculative's own loop. With ``adaptive`` the node count per step (0 included) follows the
+            measured verification cost and what trees kept.
+    """
+
+    num_tokens: int = 10
+    max_ngram: int = 3
+    min_ngram: int = 1
+    adaptive: bool = True
+    tree: DynamicTree | None = None
+    name: ClassVar[str] = "prompt-lookup"
+
+    def __post_init__(self):
+        # types and limits first: the n-gram index and the verify-cost model grow with these numbers
+        self.num_tokens = options.check_int("PromptLookup", "num_tokens", self.num_tokens, 1, options.MAX_DRAFT_TOKENS)
+        self.max_ngram = options.check_int("PromptLookup", "max_ngram", self.max_ngram, 1, options.MAX_NGRAM)
+        self.min_ngram = options.check_int("PromptLookup", "min_ngram", self.min_ngram, 1, options.MAX_NGRAM)
+        self.adaptive = options.check_bool("PromptLookup", "adaptive", self.adaptive)
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(
+                f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}): need 1 <= min_ngram <= max_ngram."
+            )
+        if self.tree is not None and not isinstance(self.tree, DynamicTree):
+            raise ValueError(f"PromptLookup(tree={options.shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
+                             f"top_k=...) (top_k: occurrences per n-gram) or None for chains.")
+
+    def open(self, ctx: CallContext) -> "PromptLookupCandidateGenerator":
+        return PromptLookupCandidateGenerator(ctx, self)
+
+
+class NgramIndex:
+    """Most recent end position of every n-gram (``min_n <= n <= max_n``) of a growing token list.
+
+    An n-gram ending at position ``e`` (tokens ``[e-n, e)``) is only indexed once ``e < len``, so
+    that it has a continuation; appending ``t`` tokens costs ``O(t * (max_n - min_n + 1))``.
+    """
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._next_end = 1  # ends < this are indexed
+
+    def extend(self, new_tokens: list[int]) -> None:
+        self.tokens.extend(new_tokens)
+        tokens, last_end = self.tokens, self._last_end
+        for end in range(self._next_end, len(tokens)):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                last_end[tuple(tokens[end - n : end])] = end
+        self._next_end = max(self._next_end, len(tokens))
+
+    def lookup(self) -> tuple[int, int] | None:
+        """``(n, start of the continuation)`` for the longest suffix n-gram seen before, or ``None``."""
+        tokens = self.tokens
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            end = self._last_end.get(tuple(tokens[len(tokens) - n :]))
+            if end is not None:
+                return n, end
+        return None
+
+
+class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
+    def __init__(self, ctx: CallContext, config: PromptLookup):
+        super().__init__(ctx)
+        self.config = config
+        self.index = NgramIndex(config.min_ngram, config.max_ngram)
+        self.acceptance = {n: AcceptanceEstimate() for n in range(config.min_ngram, config.max_ngram + 1)}
+        self.costs = verify_costs_for(ctx.target, max(config.num_tokens, config.tree.nodes if config.tree else 0))
+        self._matched_n: int | None = None
+        if config.tree is not None:
+            self.matches = MultiNgramIndex(config.min_ngram, config.max_ngram, occurrences=config.tree.top_k)
+            self.budget = TreeBudget(self.costs, config.tree.nodes, config.adaptive)
+
+    def propose(self, input_ids, max_tokens):
+        check_input_ids("PromptLookup", input_ids)
+        self.index.extend(input_ids[0, len(self.index.tokens) :].tolist())
+        self._matched_n = None
+        match = self.index.lookup()
+        if match is None:
+            return None, None
+        n, start = match
+        k = min(self.config.num_tokens, max_tokens)
+        if self.config.adaptive:
+            k = best_length(self.costs, self.acceptance[n].rate, k)
+            if k == 0:
+                self.acceptance[n].forgive()
+                return None, None
+        self._matched_n = n
+        draft = self.index.tokens[start : start + k]
+        return torch.tensor(draft, dtype=torch.long), None
+
+    def on_verified(self, input_ids, num_accepted, num_proposed):
+        if self.after_prefill:
+            self.costs.observe(num_proposed, self.last_verify_s)
+        if self._matched_n is not None and num_proposed:
+            self.acceptance[self._matched_n].update(num_accepted, num_proposed)
+
+    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
+    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+        """The matches' continuations as one tree, or ``None`` to draft a chain (no ``tree=`` option)."""
+        shape = self.config.tree
+        if shape is None:
+            return None
+        check_input_ids("PromptLookup", input_ids)
+        self.matches.extend(input_ids[0, len(self.matches.tokens):].tolist())
+        nodes = self._asked = self.budget.choose()
+        if nodes == 0:
+            return DraftTree.empty(input_ids.device)
+        return lookup_tree(self.matches, nodes, min(shape.depth, max_depth))
+
+    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
+        if self.after_prefill:
+            self.costs.observe_step(tree.size, self.last_verify_s)
+        if tree.size:
+            self.budget.verified(self._asked, verdict.num_accepted)

@@ -1,0 +1,1 @@
+"""The transformers adapter: enable(), the generate() entry, the JSON spec of a strategy."""

@@ -1,0 +1,603 @@
+"""How hf_speculative enters ``model.generate()`` without patching transformers.
+
+``enable(model)`` sets five *instance* attributes (bound methods, so ``copy.deepcopy`` rebinds
+them to the copy):
+
+- ``generate``: resolves the call's strategy (the ``candidate_generator=`` keyword, else the one in
+  the ``GenerationConfig`` passed in, else the model's own ``generation_config.candidate_generator``;
+  the keyword ``None`` turns speculation off), validates the call, and runs transformers' own
+  assisted-generation loop (entered through its ``prompt_lookup_num_tokens`` switch);
+- ``save_pretrained``: writes the model's default strategy into ``generation_config.json`` as a spec
+  (and a trained drafter beside the model; see ``spec.py``);
+- ``_get_candidate_generator``: the loop asks the model for its drafter; we hand it the per-call
+  generator built from the strategy of *this* call;
+- ``_get_stopping_criteria`` / ``_get_logits_processor``: record the call's stopping criteria (so
+  that drafts stop before them) and its prepared logits processors (drafters warp their logits alike);
+  under sampling (``num_beams=1``) the processors end with the call's
+  :class:`~hf_speculative.core.sampling.SeededSampler`, so the text is a fixed function of the seed whatever
+  the drafter does (``sampling_seed=``, else one draw from torch's global generator); a call without a
+  drafter samples so too when ``sampling_seed=`` is given.
+
+The strategy of the running call lives in a ``ContextVar``, so threads never see each other's calls,
+and a model without an active call behaves exactly as transformers does (unless it is given a
+``sampling_seed=``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import dataclasses
+import inspect
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from types import MethodType
+from typing import Any
+
+import torch
+
+from .. import compat
+from . import spec
+from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
+from .loop_entry import batch_generate, run_batch_call, run_call, runs_in_our_loop, tree_generate
+from ..core.sampling import check_seed, seeded_processors
+from ..core.state import state_of
+from ..core.stats import SpeculativeStats
+
+_ENABLED_FLAG = "_hf_speculative_enabled"
+_LOOP_HOOKS = ("_get_candidate_generator", "_get_stopping_criteria", "_get_logits_processor")
+_PATCHED_METHODS = ("generate", "save_pretrained", *_LOOP_HOOKS)
+# Arguments that select transformers' own drafters; mixing them with ours is ambiguous.
+_CONFLICTING_ARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
+# transformers enters its assisted loop when this is set; our `_get_candidate_generator` ignores it.
+_ASSISTED_SWITCH = {"prompt_lookup_num_tokens": 1}
+
+
+@dataclasses.dataclass
+class _Call:
+    model: torch.nn.Module
+    strategy: Any
+    stats: SpeculativeStats
+    stopping_criteria: Any = None
+    logits_processor: Any = None
+    generator: SpeculativeCandidateGenerator | None = None
+    # our loop's route (custom_generate): what transformers does not hand a custom_generate callable
+    streamer: Any = None
+    tokenizer: Any = None
+    static: bool = False  # cache_implementation="static" asked for: verify on a static cache (static_cache.py)
+
+
+_ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
+# (model, seed or None): a call of this model samples with a SeededSampler (its seed, else a fresh draw)
+_SEEDING: contextvars.ContextVar[tuple[Any, int | None] | None] = contextvars.ContextVar("hf_speculative_seeding",
+                                                                                           default=None)
+_HOOK_LOCK = threading.Lock()
+_DEFAULT_LOCK = threading.Lock()  # building a model's default strategy from its spec, once
+_UNSET = object()  # `candidate_generator=` not given (None is given: speculation off for the call)
+_FROM_CONFIG = "the GenerationConfig passed to generate()"
+_FROM_MODEL = "model.generation_config"
+
+
+# -- public API ------------------------------------------------------------------------------
+def enable(model: torch.nn.Module, *, compile: bool | str | None = None,
+           static_budget: int | None = None) -> torch.nn.Module:
+    """Let ``model.generate()`` accept ``candidate_generator=`` and honour a default drafter in its
+    ``generation_config``. Per instance and idempotent.
+
+    A ``generation_config.candidate_generator`` spec loaded from ``generation_config.json`` (written by
+    ``save_pretrained`` of an enabled model) is built into its strategy here, so that
+    ``hfs.enable(AutoModelForCausalLM.from_pretrained(dir))`` drafts as the saved model did.
+
+    Args:
+        model (`PreTrainedModel`): a decoder-only model with a language modeling head.
+        compile (`bool` or `str`, *optional*): verify with a ``torch.compile``-d target forward on a static
+            cache, at one shape per step (every draft padded to ``static_budget`` nodes), so the graph is
+            built once: ``True`` picks ``mode="reduce-overhead"`` (CUDA graphs) on CUDA and ``"default"``
+            elsewhere; a string is the mode. ``False`` turns it off; ``None`` (default) leaves it as set.
+            Works with drafters that read only the target's tokens and logits (prompt lookup, draft
+            models, their trees, Hybrids of them); ``cache_implementation="static"`` in a call verifies on
+            a static cache without compiling (EAGLE too). See docs/gpu.md.
+        static_budget (`int`, *optional*): the draft nodes every static-cache step is padded to; defaults to
+            the strategy's most (``tree.nodes``, or ``num_tokens`` for chains).
+
+    Returns:
+        The same model, for chaining.
+
+    Raises:
+        ValueError, FileNotFoundError: the spec in the model's generation config is bad (the message
+            names the field, e.g. ``generation_config.candidate_generator.method``).
+    """
+    if not hasattr(model, "generate") or not hasattr(type(model), "_assisted_decoding"):
+        raise TypeError(
+            f"hf_speculative.enable() needs a transformers model with `generate()` (a `...ForCausalLM`), "
+            f"got {type(model).__name__}."
+        )
+    _model_default(model)  # a bad spec fails here, not in the first generate()
+    from ..core.static_cache import configure
+
+    configure(model, compile, static_budget)
+    if getattr(model, _ENABLED_FLAG, False):
+        return model
+    model.generate = MethodType(_generate, model)
+    model.save_pretrained = MethodType(_save_pretrained, model)
+    _install_loop_hooks(model)
+    setattr(model, _ENABLED_FLAG, True)
+    return model
+
+
+def disable(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`enable`: ``model.generate`` and ``model.save_pretrained`` are transformers' own again (a
+    strategy left in ``model.generation_config.candidate_generator`` is then only data to transformers)."""
+    for name in _PATCHED_METHODS:
+        model.__dict__.pop(name, None)
+    model.__dict__.pop(_ENABLED_FLAG, None)
+    return model
+
+
+def is_enabled(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, _ENABLED_FLAG, False))
+
+
+def last_stats(model: torch.nn.Module) -> SpeculativeStats | None:
+    """Statistics of the last speculative ``generate()`` call on ``model`` in this thread.
+
+    Returns ``None`` for an enabled model that has made no speculative call yet in this thread (none at all, only
+    plain calls without a ``candidate_generator``, or none since ``hf_speculative.core.state.forget(model)``).
+
+    Raises:
+        RuntimeError: ``model`` was never enabled (and made no ``custom_generate=hfs.speculative_generate`` call),
+            so its calls cannot have recorded statistics: call ``hfs.enable(model)`` first.
+    """
+    stats = getattr(state_of(model).last_stats, "stats", None)
+    if stats is None and not is_enabled(model):
+        raise RuntimeError(
+            f"hfs.last_stats(model): this {type(model).__name__} is not enabled, so its generate() calls record no "
+            "statistics. Call hfs.enable(model) before generate(..., candidate_generator=...), or generate with "
+            "custom_generate=hfs.speculative_generate."
+        )
+    return stats
+
+
+def speculative_generate(
+    model: torch.nn.Module,
+    input_ids: torch.LongTensor,
+    logits_processor: Any = None,
+    stopping_criteria: Any = None,
+    generation_config: Any = None,
+    candidate_generator: Any = None,
+    synced_gpus: bool = False,
+    streamer: Any = None,
+    sampling_seed: int | None = None,
+    **model_kwargs: Any,
+):
+    """A ``custom_generate`` callable for models that were not enabled (transformers >= 4.57)::
+
+        model.generate(**inputs, custom_generate=hfs.speculative_generate, candidate_generator=hfs.PromptLookup())
+
+    Without ``candidate_generator=``, the ``candidate_generator`` of the generation config is used
+    (the one passed in, else the model's own). Under sampling, ``sampling_seed=`` fixes the text (see
+    :mod:`hf_speculative.core.sampling`).
+
+    transformers does not pass ``streamer`` or ``tokenizer`` to a ``custom_generate`` callable
+    (so no streaming and no ``stop_strings`` on this route): use :func:`enable` for those.
+    """
+    if not compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE:
+        raise RuntimeError(
+            f"custom_generate=hfs.speculative_generate needs transformers >= 4.57 (installed: "
+            f"{compat.TRANSFORMERS_VERSION}). Call hf_speculative.enable(model) and pass candidate_generator= instead."
+        )
+    if candidate_generator is None:  # the config's (transformers merged the model's own into it)
+        given, default = getattr(generation_config, spec.FIELD, None), _model_default(model)
+        candidate_generator = default if given is None or _is_default(given, default) else given
+        if isinstance(candidate_generator, dict):
+            candidate_generator = spec.from_spec(candidate_generator, model, _model_dir(model))
+    if candidate_generator is None:
+        raise ValueError("custom_generate=hfs.speculative_generate needs candidate_generator=, e.g. hfs.PromptLookup() "
+                         "(or a generation config holding one).")
+    _check_generation_config(model, generation_config)
+    strategy = _check_strategy(model, candidate_generator)
+    _check_batch(input_ids, strategy)
+    seed = None if sampling_seed is None else check_seed(sampling_seed)
+    logits_processor = seeded_processors(logits_processor, generation_config, seed)
+    if compat.cache_kwarg() in model_kwargs:
+        model_kwargs[compat.cache_kwarg()] = compat.rollbackable_cache(model_kwargs[compat.cache_kwarg()])
+    with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
+        call.stopping_criteria = stopping_criteria
+        if _batched(input_ids):  # B > 1: the batch loop (batch_loop.py)
+            return run_batch_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  streamer, synced_gpus, model_kwargs)
+        if runs_in_our_loop(strategy):
+            return run_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                            synced_gpus, model_kwargs)
+        return compat.assisted_decoding(
+            model,
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            synced_gpus=synced_gpus,
+            streamer=streamer,
+            **model_kwargs,
+        )
+
+
+# -- the instance methods that enable() installs ------------------------------------------------
+def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNSET, sampling_seed: Any = None,
+              **kwargs: Any):
+    named = _named_arguments(self, args, kwargs)
+    passed = named.get("generation_config")
+    seed = None if sampling_seed is None else check_seed(sampling_seed)
+    strategy, origin = _resolve_strategy(self, candidate_generator, passed)
+    if strategy is None:
+        if passed is not None and spec.FIELD in vars(passed):
+            args, kwargs = _with_config(args, kwargs, _without_strategy(passed))
+        if seed is None:
+            return type(self).generate(self, *args, **kwargs)  # exactly transformers' call, its own draws too
+        with _seeded(self, seed):  # plain decoding with the seeded draws: the text every drafter gives for the seed
+            return type(self).generate(self, *args, **kwargs)
+    with _explained(origin):
+        strategy = _check_call(self, strategy, named)
+    kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
+    static = _static_requested(self, named)
+    batched = _batched(named.get("inputs", named.get("input_ids")))
+    if batched and static:
+        raise ValueError("Batched speculative decoding (batch size > 1) runs on the dynamic cache: drop "
+                         "cache_implementation='static' (and enable(model, compile=...)) for batches, or generate "
+                         "one prompt at a time.")
+    ours = static or batched or runs_in_our_loop(strategy)
+    # trees and static caches: our loop, entered as transformers' custom_generate; chains: transformers'
+    # assisted loop
+    extra = {} if ours else dict(_ASSISTED_SWITCH)
+    if static or _default_cache_unsupported(self, named):
+        # our loop builds its own static cache (room for the padded drafts); the assisted loop cannot roll one back
+        extra["cache_implementation"] = None
+    if passed is not None:
+        # Set the switch on a copy of the user's config rather than as a kwarg beside it (which
+        # transformers 5 warns about); the user's object is left untouched.
+        config = _without_strategy(passed)
+        for key, value in extra.items():
+            setattr(config, key, value)
+        extra = {}
+        args, kwargs = _with_config(args, kwargs, config)
+    if static:
+        kwargs.pop("cache_implementation", None)
+    with _speculative_call(self, strategy) as call, _seeded(self, seed):
+        if ours:
+            call.streamer, call.tokenizer, call.static = named.get("streamer"), named.get("tokenizer"), static
+            extra["custom_generate"] = batch_generate if batched else tree_generate
+        return type(self).generate(self, *args, **kwargs, **extra)
+
+
+def _named_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
+    """The call's arguments by name, as transformers' ``generate`` binds them (``**kwargs`` flattened)."""
+    named = inspect.signature(type(model).generate).bind_partial(model, *args, **kwargs).arguments
+    named.pop("self", None)
+    named.update(named.pop("kwargs", {}))
+    return named
+
+
+def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -> Any:
+    """Validate a speculative call; the strategy, checked against the model."""
+    for name in _CONFLICTING_ARGS:
+        if named.get(name) is not None:
+            raise ValueError(
+                f"`candidate_generator=` and `{name}=` both choose a drafter; pass only one. "
+                f"(hfs.PromptLookup() replaces prompt_lookup_num_tokens, hfs.DraftModel(m) replaces assistant_model=m.)"
+            )
+    if named.get("custom_generate") is not None:
+        raise ValueError("`candidate_generator=` cannot be combined with `custom_generate=` on an enabled model.")
+    strategy = _check_strategy(model, candidate_generator)
+    _check_generation_config(model, _effective_generation_config(model, named))
+    inputs = named.get("inputs", named.get("input_ids"))
+    if inputs is None and named.get("inputs_embeds") is not None:
+        raise ValueError("Speculative decoding needs `input_ids` (drafters read the tokens); `inputs_embeds` alone is "
+                         "not supported.")
+    if inputs is not None:
+        _check_batch(inputs, strategy)
+    _check_cache(model, named)
+    return strategy
+
+
+def _with_config(args: tuple, kwargs: dict, config: Any) -> tuple[tuple, dict]:
+    """The call's arguments with ``config`` as its generation config (given by keyword or second positional)."""
+    if "generation_config" in kwargs:
+        return args, {**kwargs, "generation_config": config}
+    return (args[0], config, *args[2:]), kwargs
+
+
+def _save_pretrained(self: torch.nn.Module, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
+    """transformers' ``save_pretrained``; with a default strategy in ``generation_config.candidate_generator``,
+    its spec goes into ``generation_config.json`` and a trained drafter into a subfolder
+    (``strategy.save_pretrained``)."""
+    strategy = _model_default(self)
+    if strategy is None or not kwargs.get("is_main_process", True):
+        return type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    os.makedirs(save_directory, exist_ok=True)
+    saved = strategy.save_pretrained(save_directory)
+    with spec.saving(strategy, saved):
+        result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    spec.keep_field_on_load(save_directory)
+    return result
+
+
+def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
+    call = _ACTIVE_CALL.get()
+    if call is None or call.model is not self:
+        return type(self)._get_candidate_generator(self, *args, **kwargs)
+    named = compat.bind_get_candidate_generator_args(self, args, kwargs)
+    ctx = CallContext(
+        target=self,
+        generation_config=named["generation_config"],
+        # transformers < 4.57 hands the drafter the user's processors only, not the prepared list
+        # (temperature, repetition penalty, ...): prefer the one recorded when it was built.
+        logits_processor=call.logits_processor if call.logits_processor is not None else named.get("logits_processor"),
+        stopping_criteria=call.stopping_criteria,
+        stats=call.stats,
+        model_kwargs=named.get("model_kwargs"),
+    )
+    if isinstance(call.strategy, DraftStrategy):
+        call.generator = call.strategy.open(ctx)
+    else:
+        call.generator = ExternalCandidateGenerator(ctx, call.strategy)
+    return call.generator
+
+
+def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
+    call = _ACTIVE_CALL.get()
+    if call is not None and call.model is self and call.tokenizer is not None and kwargs.get("tokenizer") is None:
+        kwargs["tokenizer"] = call.tokenizer  # our loop's route: transformers leaves it out (stop strings need it)
+    criteria = type(self)._get_stopping_criteria(self, *args, **kwargs)
+    if call is not None and call.model is self:
+        call.stopping_criteria = criteria
+    return criteria
+
+
+def _get_logits_processor(self: torch.nn.Module, *args: Any, **kwargs: Any):
+    processors = type(self)._get_logits_processor(self, *args, **kwargs)
+    seeding = _SEEDING.get()
+    if seeding is not None and seeding[0] is self:
+        config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
+        processors = seeded_processors(processors, config, seeding[1])
+    call = _ACTIVE_CALL.get()
+    if call is not None and call.model is self and call.logits_processor is None:
+        call.logits_processor = processors
+    return processors
+
+
+def _install_loop_hooks(model: torch.nn.Module) -> None:
+    model._get_candidate_generator = MethodType(_get_candidate_generator, model)
+    model._get_stopping_criteria = MethodType(_get_stopping_criteria, model)
+    model._get_logits_processor = MethodType(_get_logits_processor, model)
+
+
+def active_call(model: torch.nn.Module) -> _Call | None:
+    """The speculative call running on ``model`` in this context, or ``None``."""
+    call = _ACTIVE_CALL.get()
+    return call if call is not None and call.model is model else None
+
+
+@contextlib.contextmanager
+def _temporary_loop_hooks(model: torch.nn.Module):
+    """For ``custom_generate`` on a model that was not enabled: the loop looks its drafter up on the
+    instance, so install the (call-scoped, otherwise transparent) hooks for the duration of the call."""
+    with _HOOK_LOCK:
+        users = model.__dict__.get("_hf_speculative_hook_users", 0)
+        if users == 0 and not is_enabled(model):
+            _install_loop_hooks(model)
+        model.__dict__["_hf_speculative_hook_users"] = users + 1
+    try:
+        yield
+    finally:
+        with _HOOK_LOCK:
+            users = model.__dict__["_hf_speculative_hook_users"] - 1
+            model.__dict__["_hf_speculative_hook_users"] = users
+            if users == 0:
+                model.__dict__.pop("_hf_speculative_hook_users")
+                if not is_enabled(model):
+                    for name in _LOOP_HOOKS:
+                        model.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _seeded(model: torch.nn.Module, seed: int | None):
+    """Within: a sampling ``generate()`` of ``model`` (in this context) draws with a SeededSampler of ``seed``
+    (``None``: a seed drawn from torch's global generator when the processors are built)."""
+    token = _SEEDING.set((model, seed))
+    try:
+        yield
+    finally:
+        _SEEDING.reset(token)
+
+
+@contextlib.contextmanager
+def _speculative_call(model: torch.nn.Module, strategy: Any):
+    stats = SpeculativeStats(method=getattr(strategy, "name", type(strategy).__name__))
+    call = _Call(model=model, strategy=strategy, stats=stats)
+    token = _ACTIVE_CALL.set(call)
+    start = time.perf_counter()
+    try:
+        yield call
+    finally:
+        _ACTIVE_CALL.reset(token)
+        stats.total_time_s = time.perf_counter() - start
+        if call.generator is not None:
+            call.generator.close()
+        state_of(model).last_stats.stats = stats  # per thread; hfs.forget(model) drops it
+
+
+# -- which strategy a call uses ---------------------------------------------------------------
+def _resolve_strategy(model: torch.nn.Module, keyword: Any, passed_config: Any) -> tuple[Any, str | None]:
+    """``(strategy or None, where it came from)``: the call's keyword (``None``: off for this call), else the
+    ``candidate_generator`` of the GenerationConfig passed in, else the model's own. ``where`` is ``None`` for
+    the keyword, else the config it came from (for error messages)."""
+    default = _model_default(model)
+    given = None if passed_config is None else getattr(passed_config, spec.FIELD, None)
+    # a copy of the model's own config (a 4.x pipeline passes one) carries the default: not the user's choice
+    users = given is not None and not _is_default(given, default)
+    if keyword is not _UNSET:
+        if users and given is not keyword:
+            warnings.warn("candidate_generator= and the GenerationConfig passed to generate() both choose a drafter; "
+                          "the keyword's is used for this call.", UserWarning, stacklevel=3)
+        return keyword, None
+    if users:
+        if isinstance(given, dict):
+            given = spec.from_spec(given, model, _model_dir(model))
+        return given, _FROM_CONFIG
+    return default, _FROM_MODEL
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether ``value`` is the model's default strategy, or the spec it was built from."""
+    if default is None:
+        return False
+    return value is default or (isinstance(value, dict) and value == spec.to_spec(default))
+
+
+def _model_default(model: torch.nn.Module) -> Any:
+    """The strategy in ``model.generation_config.candidate_generator`` (``None`` when unset). A spec (a dict
+    read from ``generation_config.json``) is built into its strategy once and put in its place."""
+    config = getattr(model, "generation_config", None)
+    value = getattr(config, spec.FIELD, None)
+    if isinstance(value, spec.JSON_VALUES):
+        with _DEFAULT_LOCK:
+            value = getattr(config, spec.FIELD, None)
+            if isinstance(value, spec.JSON_VALUES):
+                value = spec.from_spec(value, model, _model_dir(model))
+                setattr(config, spec.FIELD, value)
+    if value is None or (isinstance(value, DraftStrategy) and dataclasses.is_dataclass(value)):
+        return value
+    if isinstance(value, type):
+        _check_strategy(model, value)  # "pass an instance"
+    raise TypeError(
+        f"model.generation_config.candidate_generator holds a {type(value).__name__}; a model's default drafter must "
+        "be one of hf_speculative's strategies (hfs.PromptLookup(), hfs.Eagle.from_pretrained(...), ...: a dataclass), "
+        "because transformers copies and serializes the generation config in every call. Pass other drafters per "
+        "call with candidate_generator=."
+    )
+
+
+def _model_dir(model: torch.nn.Module) -> str | None:
+    """The folder the model was loaded from (``path`` of a spec is relative to it), if it is a local one."""
+    name = str(getattr(model, "name_or_path", "") or "")
+    return name if name and Path(name).is_dir() else None
+
+
+def _without_strategy(config: Any) -> Any:
+    """A deep copy of a GenerationConfig without its ``candidate_generator`` (never copied: it may hold a
+    raw CandidateGenerator, which transformers could neither copy cheaply nor serialize)."""
+    shallow = copy.copy(config)
+    vars(shallow).pop(spec.FIELD, None)
+    return copy.deepcopy(shallow)
+
+
+@contextlib.contextmanager
+def _explained(origin: str | None):
+    """Errors about a strategy the call did not name say where it came from and how to turn it off."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        if origin is None:
+            raise
+        raise type(error)(f"{error} (The drafter comes from {origin}.candidate_generator: pass "
+                          "candidate_generator=None to generate() to decode without it.)") from error
+
+
+# -- validation -----------------------------------------------------------------------------
+def _check_strategy(model: torch.nn.Module, candidate_generator: Any) -> Any:
+    if isinstance(candidate_generator, DraftStrategy):
+        candidate_generator.validate_target(model)
+        return candidate_generator
+    if isinstance(candidate_generator, compat.CandidateGenerator):
+        return candidate_generator
+    if isinstance(candidate_generator, type) and issubclass(candidate_generator, DraftStrategy):
+        raise TypeError(
+            f"candidate_generator= got the class {candidate_generator.__name__}; pass an instance, "
+            f"e.g. candidate_generator={candidate_generator.__name__}()."
+        )
+    raise TypeError(
+        f"candidate_generator= must be a hf_speculative strategy (hfs.PromptLookup(), hfs.DraftModel(model), ...) "
+        f"or a transformers CandidateGenerator instance, got {type(candidate_generator).__name__}."
+    )
+
+
+def _effective_generation_config(model: torch.nn.Module, named: dict) -> Any:
+    passed = named.get("generation_config")
+    config = _without_strategy(passed if passed is not None else model.generation_config)
+    config.update(**{k: v for k, v in named.items() if hasattr(config, k) and k != "generation_config"})
+    return config
+
+
+def _check_generation_config(model: torch.nn.Module, config: Any) -> None:
+    if compat.generation_field(config, "num_beams", 1) > 1:
+        raise ValueError(
+            "Speculative decoding does not support beam search (num_beams > 1); use num_beams=1 "
+            "(greedy or sampling), or drop candidate_generator=."
+        )
+    if compat.generation_field(config, "num_return_sequences", 1) > 1:
+        raise ValueError(
+            "Speculative decoding returns one sequence per prompt; use num_return_sequences=1 and call "
+            "generate() several times (with sampling) for several samples."
+        )
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(
+            f"{type(model).__name__} keeps a recurrent state that cannot be rolled back after a rejected draft; "
+            "speculative decoding supports attention models with a DynamicCache only."
+        )
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("hf_speculative supports decoder-only models; this one is encoder-decoder.")
+
+
+def _batched(inputs: Any) -> bool:
+    """Whether a call's ``input_ids`` hold several rows (B > 1: the batch loop, batch_loop.py)."""
+    return isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1
+
+
+def _check_batch(inputs: torch.Tensor, strategy: Any) -> None:
+    if _batched(inputs):
+        from ..core.batch_loop import check_batch_strategy
+
+        check_batch_strategy(strategy)
+
+
+def _check_cache(model: torch.nn.Module, named: dict) -> None:
+    chosen = named.get("cache_implementation")
+    passed_config = named.get("generation_config")
+    if chosen is None and passed_config is not None:
+        mine = getattr(passed_config, "cache_implementation", None)
+        if mine != getattr(model.generation_config, "cache_implementation", None):
+            chosen = mine
+    if chosen in compat.UNSUPPORTED_CACHE_IMPLEMENTATIONS and chosen != "static":
+        raise ValueError(
+            f"cache_implementation={chosen!r} cannot be rolled back after a rejected draft; speculative decoding "
+            "needs the default dynamic cache or cache_implementation='static': drop cache_implementation (or pass "
+            "cache_implementation=None)."
+        )
+    cache = compat.user_cache(named)
+    if cache is not None and not hasattr(cache, "crop"):
+        raise ValueError(
+            f"a cache of type {type(cache).__name__} cannot be rolled back; pass a DynamicCache or none."
+        )
+
+
+def _static_requested(model: torch.nn.Module, named: dict) -> bool:
+    """A static cache for this call: the model was enabled with ``compile=``, or the call (its arguments or the
+    generation config passed) asks for ``cache_implementation="static"``. A model's own default static cache
+    (its ``generation_config.json``) is not a request: such calls keep the dynamic cache, as before."""
+    if state_of(model).compile_mode is not None:
+        return True
+    if named.get("cache_implementation") == "static":
+        return True
+    passed = named.get("generation_config")
+    return (passed is not None and getattr(passed, "cache_implementation", None) == "static"
+            and getattr(model.generation_config, "cache_implementation", None) != "static")
+
+
+def _default_cache_unsupported(model: torch.nn.Module, named: dict) -> bool:
+    if "cache_implementation" in named:
+        return False
+    config = named.get("generation_config") or model.generation_config
+    return getattr(config, "cache_implementation", None) in compat.UNSUPPORTED_CACHE_IMPLEMENTATIONS
