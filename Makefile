@@ -73,7 +73,7 @@ test-fast: install
 fresh-check:
 	tools/ci/fresh_machine.sh both
 
-# Everything about a GPU in one command (hf_speculative/bench/gpu_check.py, docs/gpu.md): the device test battery,
+# Everything about a GPU in one command (tools/gpu/gpu_check.py, docs/gpu.md): the device test battery,
 # verification profiles of the shipped real-size configs with random weights (eager and compiled), end-to-end
 # timings against transformers' own loops, projections of the CPU benchmarks; results under GPU_CHECK_OUT.
 # On a bare GPU machine with torch and transformers (no network): installs this package without dependencies.
@@ -89,7 +89,7 @@ GPU_MODEL ?=
 GPU_DRAFTER ?=
 gpu-check:
 	$(GPU_PY) -c "import hf_speculative" 2>/dev/null || $(GPU_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	$(GPU_PY) -m hf_speculative.bench.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
+	$(GPU_PY) -m tools.gpu.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
 		$(foreach bench,$(GPU_BENCH),--bench $(bench)) $(if $(GPU_MODEL),--real-model $(GPU_MODEL)) \
 		$(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER))
 

@@ -16,13 +16,16 @@ call. The command line, the demo app and training are never imported from here (
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> (module relative to this package, attribute in it; None: the module itself)
+# public name -> (module relative to this package, attribute in it; None: the module itself). The drafters are not
+# listed here: each drafter folder declares its public names (``PUBLIC`` in its ``__init__``), found on first use.
 _LAZY: dict[str, tuple[str, str | None]] = {
     "CallContext": (".drafters.base", "CallContext"),
+    "Capabilities": (".drafters.registry", "Capabilities"),
     "DraftStrategy": (".drafters.base", "DraftStrategy"),
     "SpeculativeCandidateGenerator": (".drafters.base", "SpeculativeCandidateGenerator"),
     "SpeculativeStats": (".core.stats", "SpeculativeStats"),
@@ -31,40 +34,22 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "is_enabled": (".hf.integration", "is_enabled"),
     "last_stats": (".hf.integration", "last_stats"),
     "speculative_generate": (".hf.integration", "speculative_generate"),
-    "DraftModel": (".drafters.draft_model", "DraftModel"),
     "DraftTree": (".core.tree", "DraftTree"),
     "DynamicTree": (".core.tree_shapes", "DynamicTree"),
     "StaticTree": (".core.tree_shapes", "StaticTree"),
     "forget": (".core.state", "forget"),
-    "Eagle": (".drafters.eagle.drafter", "Eagle"),
-    "EarlyExit": (".drafters.self_speculative", "EarlyExit"),
-    "Hybrid": (".drafters.hybrid", "Hybrid"),
-    "Medusa": (".drafters.medusa.drafter", "Medusa"),
-    "LayerSkip": (".drafters.self_speculative", "LayerSkip"),
-    "Lookahead": (".drafters.lookahead", "Lookahead"),
-    "PromptLookup": (".drafters.prompt_lookup", "PromptLookup"),
-    "SuffixDecoding": (".drafters.suffix", "SuffixDecoding"),
     "load_model": (".registry.models", "load_model"),
     "models": (".registry.models", None),
     "optimize_for_cpu": (".cpu.layout", "optimize_for_cpu"),
     "use_profile": (".core.cost_profile", "use_profile"),
 }
 
-__all__ = sorted(_LAZY)
-
-if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs (the drafters: hf_speculative.drafters.*)
     from .registry import models
     from .drafters.base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+    from .drafters.registry import Capabilities
     from .core.cost_profile import use_profile
     from .cpu.layout import optimize_for_cpu
-    from .drafters.draft_model.drafter import DraftModel
-    from .drafters.eagle.drafter import Eagle
-    from .drafters.hybrid.drafter import Hybrid
-    from .drafters.lookahead.drafter import Lookahead
-    from .drafters.medusa.drafter import Medusa
-    from .drafters.prompt_lookup.drafter import PromptLookup
-    from .drafters.self_speculative.strategies import EarlyExit, LayerSkip
-    from .drafters.suffix.drafter import SuffixDecoding
     from .hf.integration import disable, enable, is_enabled, last_stats, speculative_generate
     from .registry.models import load_model
     from .core.state import forget
@@ -73,16 +58,35 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from .core.tree_shapes import DynamicTree, StaticTree
 
 
+def _is_submodule(name: str) -> bool:
+    """Whether ``name`` is one of this package's modules (``from . import compat`` asks this module's ``__getattr__``
+    first: answered without looking for drafters)."""
+    here = Path(__file__).parent
+    return (here / name).is_dir() or (here / f"{name}.py").is_file()
+
+
+def _drafters() -> dict[str, str]:
+    """The drafter folders' public names -> the module defining each (their ``__init__`` modules: no torch)."""
+    from .drafters.registry import public_names
+
+    return public_names()
+
+
 def __getattr__(name: str) -> Any:
     """PEP 562: import the module behind a lazy public name on first access, then keep the value."""
-    if name not in _LAZY:
+    if name == "__all__":  # every public name, the drafters' included (``from hf_speculative import *``)
+        value: Any = sorted({*_LAZY, *_drafters()})
+    elif name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name, __name__)
+        value = module if attribute is None else getattr(module, attribute)
+    elif not name.startswith("__") and not _is_submodule(name) and name in _drafters():
+        value = getattr(importlib.import_module(_drafters()[name]), name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, attribute = _LAZY[name]
-    module = importlib.import_module(module_name, __name__)
-    value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value  # later accesses skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_drafters()))

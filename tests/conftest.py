@@ -24,6 +24,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative.drafters.registry import example, examples
 
 # Tiny models run faster on one thread than on several (thread start-up dominates), and the CI has 2 cores.
 torch.set_num_threads(1)
@@ -42,10 +43,9 @@ SEEDS = {"llama": 0, "qwen2": 0, "gemma3": 3}
 SLIDING_WINDOW = 8
 # Repeated n-grams, so that prompt lookup has matches from the first step; no EOS token in it.
 PROMPT = [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
-DRAFTERS = ("prompt-lookup", "prompt-lookup-fixed", "draft-model", "draft-model-copy", "eagle1", "eagle3", "early-exit",
-            "early-exit-adapter", "layer-skip", "layer-skip-auto", "hybrid", "oracle", "adversary",
-            "lookup-tree", "eagle-tree", "hybrid-tree", "draft-model-tree", "medusa", "medusa-tree", "suffix",
-            "lookahead")
+# The identity matrix: every registered drafter's examples (each class declares them: registry.examples), then the
+# reference drafters of these tests (a raw CandidateGenerator that is always right, a strategy that is always wrong).
+DRAFTERS = (*examples(), "oracle", "adversary")
 _UNSET = object()
 
 
@@ -90,13 +90,9 @@ def build_model(arch: str, seed: int | None = None, *, vocab_size: int = VOCAB, 
 
 def sibling_model(target, seed: int = 100, **overrides):
     """Another random model with ``target``'s architecture and vocabulary (a real, mostly wrong drafter)."""
-    config = copy.deepcopy(target.config)
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    torch.manual_seed(seed)
-    model = type(target)(config).eval()
-    model.generation_config = copy.deepcopy(target.generation_config)
-    return model
+    from hf_speculative.drafters.draft_model.drafter import random_sibling
+
+    return random_sibling(target, seed, **overrides)
 
 
 def prompt_inputs(prompt=PROMPT) -> dict:
@@ -235,109 +231,39 @@ class _AdversaryGenerator(SpeculativeCandidateGenerator):
 
 
 def make_drafter(name: str, target, reference):
-    """The drafter ``name`` (one of ``DRAFTERS``) for ``target``; ``reference`` is the plain greedy
-    output of the same call (for the oracle and the adversary)."""
+    """The drafter ``name`` (one of ``DRAFTERS``, or ``"draft-model-defaults"``) for ``target``; ``reference`` is the
+    plain greedy output of the same call (for the oracle and the adversary). The registered drafters' examples draft at
+    every step on a tiny random model (``adaptive=False``, no confidence cut: random tiny models are never
+    "confident", so an adaptive drafter would rightly stop drafting, and these tests need drafts to check)."""
+    if name == "oracle":
+        return OracleCandidateGenerator(reference, num_tokens=6)
+    if name == "adversary":
+        return AdversaryStrategy(reference, vocab_size=target.config.vocab_size)
+    if name == "draft-model-defaults":  # the drafter's own defaults (it may rightly decide drafting does not pay)
+        return example("draft-model", target, adaptive=True)
     if name == "prompt-lookup":
         # The adaptive policy decides from measured costs: fix them (cheap, GPU-like) so that under
         # any machine load it drafts and the identity test checks something.
         from hf_speculative.core.costs import verify_costs_for
 
         verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
-        return hfs.PromptLookup()
-    if name == "prompt-lookup-fixed":
-        return hfs.PromptLookup(adaptive=False)
-    # adaptive=False and confidence_threshold=0: random tiny models are never "confident", so the
-    # adaptive drafter would (rightly) stop drafting, and these tests need drafts to check.
-    if name == "draft-model":
-        return hfs.DraftModel(sibling_model(target), adaptive=False)
-    if name == "draft-model-copy":
-        return hfs.DraftModel(_plain_copy(target), confidence_threshold=0.0, adaptive=False)
-    if name == "draft-model-defaults":
-        return hfs.DraftModel(sibling_model(target))
-    if name in ("eagle1", "eagle3"):
-        return hfs.Eagle(random_eagle(target, version=int(name[-1])), num_tokens=5, confidence_threshold=0.0,
-                         adaptive=False)
-    # self-speculative: layer 0 skipped by "layer-skip" (the view then sizes its masks from another
-    # layer); "layer-skip-auto" calibrates after the first 4 generated tokens
-    if name == "early-exit":
-        return hfs.EarlyExit(exit_layer=1, num_tokens=5, confidence_threshold=0.0, adaptive=False)
-    if name == "early-exit-adapter":
-        return hfs.EarlyExit(adapter=random_exit_adapter(target, exit_layer=1), num_tokens=5, confidence_threshold=0.0,
-                             adaptive=False)
-    if name == "layer-skip":
-        return hfs.LayerSkip(skip=[0], num_tokens=5, confidence_threshold=0.0, adaptive=False)
-    if name == "layer-skip-auto":
-        return hfs.LayerSkip("auto", calibration_tokens=4, num_tokens=5, confidence_threshold=0.0, adaptive=False)
-    if name == "hybrid":
-        # trigram matches only: the lookup drafts once the text repeats itself, EAGLE before that
-        return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, num_tokens=4, adaptive=False),
-                          make_drafter("eagle3", target, reference))
-    # draft trees (hf_speculative's own loop): width 3, so paths other than the first branch get accepted
-    if name == "lookup-tree":
-        return hfs.PromptLookup(tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3), adaptive=False)
-    if name == "eagle-tree":
-        return hfs.Eagle(random_eagle(target, version=3), tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3),
-                         adaptive=False)
-    if name == "draft-model-tree":
-        return hfs.DraftModel(sibling_model(target), tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3), adaptive=False)
-    if name == "hybrid-tree":
-        return hfs.Hybrid(hfs.PromptLookup(min_ngram=3, max_ngram=3, tree=hfs.DynamicTree(nodes=6, depth=4, top_k=2),
-                                           adaptive=False),
-                          make_drafter("eagle-tree", target, reference))
-    if name in ("medusa", "medusa-tree"):  # random heads; the tree is 3 wide at the top so side branches win too
-        from tests.drafters.medusa.conftest import random_heads
-
-        tree = hfs.StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]) if name == "medusa-tree" else None
-        return hfs.Medusa(random_heads(target), tree=tree, num_tokens=4, confidence_threshold=0.0, adaptive=False)
-    # no history across calls: every test's drafts come from its own call's text alone
-    if name == "suffix":
-        return hfs.SuffixDecoding(history_tokens=0, adaptive=False)
-    if name == "lookahead":
-        return hfs.Lookahead(adaptive=False)
-    if name == "oracle":
-        return OracleCandidateGenerator(reference, num_tokens=6)
-    if name == "adversary":
-        return AdversaryStrategy(reference, vocab_size=target.config.vocab_size)
-    raise ValueError(name)
+    return example(name, target)
 
 
 def random_eagle(target, version: int = 3, seed: int = 7, draft_vocab_size: int | None = None):
     """A random EAGLE drafter shaped for ``target`` (EAGLE-3 with a reduced vocabulary of the
     target's even ids by default: the id map is exercised by every test)."""
-    from hf_speculative.drafters.eagle.config import EagleConfig
-    from hf_speculative.drafters.eagle.model import EagleDraftModel
+    from hf_speculative.drafters.eagle.drafter import random_drafter
 
-    vocab = target.config.vocab_size
-    if version == 3 and draft_vocab_size is None:
-        draft_vocab_size = vocab // 2
-    torch.manual_seed(seed)
-    net = EagleDraftModel(EagleConfig.for_target(target.config, version=version, draft_vocab_size=draft_vocab_size))
-    if version == 3:
-        step = 2 if draft_vocab_size <= vocab // 2 else 1
-        ids = torch.arange(0, vocab, step)[:draft_vocab_size]  # target ids of the draft vocabulary
-        net.d2t.copy_(ids - torch.arange(draft_vocab_size))
-        net.t2d.zero_()
-        net.t2d[ids] = True
-    return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
+    return random_drafter(target, version=version, seed=seed, draft_vocab_size=draft_vocab_size)
 
 
 def random_exit_adapter(target, exit_layer: int = 1, seed: int = 7, draft_vocab_size: int | None = None):
     """A random exit adapter for ``target``'s first ``exit_layer`` layers (reduced vocabulary of the
     target's even ids by default, as ``random_eagle``)."""
-    from hf_speculative.drafters.eagle.config import EagleConfig
-    from hf_speculative.drafters.eagle.model import EagleDraftModel
+    from hf_speculative.drafters.eagle.drafter import random_drafter
 
-    vocab = target.config.vocab_size
-    draft_vocab_size = draft_vocab_size or vocab // 2
-    torch.manual_seed(seed)
-    net = EagleDraftModel(EagleConfig.for_target(target.config, version=3, draft_vocab_size=draft_vocab_size,
-                                                 target_layers=[exit_layer - 1], exit_layer=exit_layer))
-    step = 2 if draft_vocab_size <= vocab // 2 else 1
-    ids = torch.arange(0, vocab, step)[:draft_vocab_size]
-    net.d2t.copy_(ids - torch.arange(draft_vocab_size))
-    net.t2d.zero_()
-    net.t2d[ids] = True
-    return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
+    return random_drafter(target, seed=seed, draft_vocab_size=draft_vocab_size or None, exit_layer=exit_layer)
 
 
 def fit_eagle(target, version: int, ids, iterations: int, unroll: int, lr: float = 3e-3):

@@ -234,13 +234,13 @@ def test_pipeline_with_batch_size(cheap_batches):
     texts = [tokenizer.decode(p) for p in PROMPTS] + [tokenizer.decode(PROMPTS[0][:5])]
     plain = pipe(texts, max_new_tokens=20, do_sample=False, candidate_generator=None)
     calls = []
-    original = hfs.integration._batched
+    import hf_speculative.hf.integration as integration
+
+    original = integration._batched
 
     def spying(inputs):
         calls.append(original(inputs))
         return calls[-1]
-
-    import hf_speculative.hf.integration as integration
 
     integration._batched, saved = spying, original
     try:

@@ -296,20 +296,20 @@ def test_console_script_without_the_cli_extra_names_the_pip_command():
 
 
 def test_profile_random_weights_writes_a_loadable_profile(cli, tmp_path):
-    from hf_speculative.bench import profile as profiling
+    from hf_speculative.core.cost_profile import load
 
     out = tmp_path / "p.json"
     result = cli("profile", "--config", "smollm2-135m", "--random-weights", "--contexts", "24", "--sizes", "0,3",
                  "--repeats", "1", "--out", out)
     assert result.exit_code == 0, result.output
-    data = profiling.load(out)
+    data = load(out)
     assert data["label"] == "smollm2-135m (random weights)" and set(data["relative"]["24"]["tree"]) == {"0", "3"}
     assert "context 24, tree nodes -> cost in one-token forwards: 0: 1.00, 3:" in result.output
     assert "batch_seconds" not in data
     result = cli("profile", "--config", "smollm2-135m", "--random-weights", "--contexts", "24", "--sizes", "0,3",
                  "--repeats", "1", "--batches", "2", "--out", out)
     assert result.exit_code == 0, result.output
-    assert set(profiling.load(out)["batch_seconds"]["24"]["2"]) == {"0", "3"}
+    assert set(load(out)["batch_seconds"]["24"]["2"]) == {"0", "3"}
     assert "context 24, batch 2, draft tokens per row -> cost in plain steps: 0: 1.00, 3:" in result.output
 
 

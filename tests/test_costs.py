@@ -142,16 +142,14 @@ def test_padded_costs_price_every_draft_at_the_padded_forward():
 
 def test_static_calls_keep_their_costs_apart_from_the_dynamic_cache_s():
     import hf_speculative as hfs
-    from hf_speculative.core.costs import PaddedCostModel, padded_verification
+    from hf_speculative.core.costs import PaddedCostModel
     from hf_speculative.core.state import state_of
     from hf_speculative.core.tree_shapes import DynamicTree
     from tests.conftest import build_model, prompt_inputs
 
     target = hfs.enable(build_model("llama"))
-    with padded_verification((8, True)):
-        compiled = verify_costs_for(target, 8)
-    with padded_verification((8, False)):
-        static = verify_costs_for(target, 4)
+    compiled = verify_costs_for(target, 8, padded=(8, True))
+    static = verify_costs_for(target, 4, padded=(8, False))
     assert isinstance(compiled, PaddedCostModel) and isinstance(static, PaddedCostModel) and compiled is not static
     assert verify_costs_for(target, 8) is not compiled and not isinstance(verify_costs_for(target, 8), PaddedCostModel)
     dynamic = verify_costs_for(target, 8)

@@ -20,6 +20,8 @@ from transformers.generation.streamers import BaseStreamer
 import hf_speculative as hfs
 from hf_speculative import compat
 from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative.core.state import state_of
+from hf_speculative.hf.checks import drafts_trees
 from tests.conftest import (
     DRAFTERS,
     EOS,
@@ -45,12 +47,15 @@ def speculate(model, drafter, prompt=PROMPT, **kwargs):
     return model.generate(**prompt_inputs(prompt), **kwargs, candidate_generator=drafter)
 
 
-def check_identity(model, name, drafter_reference=None, drafter=None, prompt=PROMPT, **kwargs):
-    """Plain greedy vs the drafter ``name``: same ids. Returns (reference, drafter, stats)."""
+def check_identity(model, name, drafter_reference=None, drafter=None, prompt=PROMPT, speculative_loop=None,
+                   **kwargs):
+    """Plain greedy vs the drafter ``name`` (in ``speculative_loop``: ours by default): same ids. Returns
+    (reference, drafter, stats)."""
     ref = stock_generate(model, **prompt_inputs(prompt), **kwargs)
     if drafter is None:
         drafter = make_drafter(name, model, ref if drafter_reference is None else drafter_reference)
-    out = speculate(model, drafter, prompt, **kwargs)
+    loop = {} if speculative_loop is None else {"speculative_loop": speculative_loop}
+    out = speculate(model, drafter, prompt, **kwargs, **loop)
     assert out.tolist() == ref.tolist(), f"{name} differs from plain greedy"
     stats = hfs.last_stats(model)
     assert stats.new_tokens == ref.shape[1] - len(prompt)
@@ -58,33 +63,61 @@ def check_identity(model, name, drafter_reference=None, drafter=None, prompt=PRO
     return ref, drafter, stats
 
 
-@pytest.fixture
-def cuts(monkeypatch):
-    """Records every ``(draft length, kept length)`` of the base generator's stopping-criteria cut."""
-    records = []
+class Cuts(list):
+    """``(block length, kept length)`` of every cut a stop made inside a draft, and the loop the call ran."""
+
+    def __init__(self, loop: str):
+        super().__init__()
+        self.loop = loop
+
+
+@pytest.fixture(params=["hf_speculative", "transformers"])
+def cuts(request, monkeypatch):
+    """Records where stops cut drafts, in either loop: transformers' assisted loop checks stopping criteria only
+    at the end of an accepted block, so there the base generator cuts a draft before a stopping token
+    (``(draft length, kept length)``); hf_speculative's loop verifies the whole draft and ends the text at the
+    first stop inside the accepted path (``(new tokens of the step, kept of them)``)."""
+    from hf_speculative.core import loop as our_loop
+
+    records = Cuts(request.param)
     original = SpeculativeCandidateGenerator._length_before_stop
+    original_stop = our_loop.stop_index
 
     def spy(self, input_ids, tokens):
         keep = original(self, input_ids, tokens)
         records.append((int(tokens.numel()), keep))
         return keep
 
+    def stop_spy(sequence, start, stopping_criteria):
+        end = original_stop(sequence, start, stopping_criteria)
+        if end is not None:
+            records.append((sequence.shape[1] - start, end - start))
+        return end
+
     monkeypatch.setattr(SpeculativeCandidateGenerator, "_length_before_stop", spy)
+    monkeypatch.setattr(our_loop, "stop_index", stop_spy)
     return records
 
 
 # Drafters whose drafts follow the greedy text (and so must run into the stopping token).
 FOLLOWERS = ("oracle", "draft-model-copy", "prompt-lookup-fixed")
+ALWAYS_ACCEPTED = ("oracle", "draft-model-copy")
 
 
 def check_stop_inside_draft(model, drafter_name, cuts, prompt, step, free, **kwargs):
     """The stopping condition fires at new token ``step``: drafts that follow the greedy text contain
     that token in their middle and must be cut before it, and the output equals plain greedy's."""
     drafter = OracleCandidateGenerator(free, num_tokens=step + 4) if drafter_name == "oracle" else None
+    if cuts.loop == "transformers":
+        drafter = drafter or make_drafter(drafter_name, model, free)
+        if drafts_trees(drafter):
+            pytest.skip("transformers' assisted loop verifies chains only")
     ref, drafter, _ = check_identity(model, drafter_name, drafter_reference=free, drafter=drafter, prompt=prompt,
-                                     do_sample=False, max_new_tokens=30, **kwargs)
+                                     do_sample=False, max_new_tokens=30, speculative_loop=cuts.loop, **kwargs)
     assert ref.shape[1] == len(prompt) + step + 1, "plain generate did not stop where the test expects"
-    if drafter_name in FOLLOWERS:
+    # transformers' loop: every following draft that reaches the stop is cut; ours: an accepted path that runs past
+    # it is (prompt lookup's drafts reach it, but whether the target accepts past it depends on the n-grams)
+    if drafter_name in (FOLLOWERS if cuts.loop == "transformers" else ALWAYS_ACCEPTED):
         assert any(keep < drafted for drafted, keep in cuts), f"no draft was cut: {cuts}"
     if drafter_name == "oracle":
         assert any(keep > 0 for drafted, keep in cuts if keep < drafted), "the stop was not in the middle of a draft"
@@ -541,8 +574,10 @@ def test_custom_generate_route_validates_like_enable():
     with pytest.raises(TypeError, match="pass an instance"):
         model.generate(**prompt_inputs(), max_new_tokens=4, custom_generate=hfs.speculative_generate,
                        candidate_generator=hfs.PromptLookup)
-    leftovers = {"_get_candidate_generator", "_get_stopping_criteria", "_hf_speculative_hook_users"}
+    leftovers = {"_get_candidate_generator", "_get_stopping_criteria", "_get_logits_processor"}
     assert not leftovers & set(model.__dict__)
+    assert not [name for name in model.__dict__ if name.startswith("_hf_speculative")]
+    assert state_of(model).hook_users.count == 0  # the calls that held the hooks are counted in its state
 
 
 def test_custom_generate_route_refuses_old_transformers(monkeypatch):

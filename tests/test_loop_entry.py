@@ -96,24 +96,51 @@ def test_stop_strings_and_eos_inside_accepted_paths(arch):
         assert out.tolist() == expected.tolist()
 
 
-def test_trees_run_in_our_loop_and_chains_in_transformers(monkeypatch):
+def test_every_call_runs_in_our_loop_unless_transformers_loop_is_asked_for(monkeypatch):
     from hf_speculative.core import loop
 
     model = hfs.enable(build_model("llama"))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=5)
     runs = []
     original = loop.run
     monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or original(*a, **k))
-    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup())
-    assert runs == []
-    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup(tree=TREE))
-    assert runs == [1]
+    for strategy in (hfs.PromptLookup(), hfs.PromptLookup(tree=TREE)):
+        out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=strategy)
+        assert out.tolist() == expected.tolist()
+    assert runs == [1, 1]
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup(),
+                         speculative_loop="transformers")
+    assert out.tolist() == expected.tolist() and runs == [1, 1]  # transformers' assisted loop verified it
+    with pytest.raises(ValueError, match="speculative_loop='transformers' verifies chains only"):
+        model.generate(**prompt_inputs(), max_new_tokens=5, candidate_generator=hfs.PromptLookup(tree=TREE),
+                       speculative_loop="transformers")
+    with pytest.raises(ValueError, match="speculative_loop='transformer': choose one of 'hf_speculative', 'transform"):
+        model.generate(**prompt_inputs(), max_new_tokens=5, candidate_generator=hfs.PromptLookup(),
+                       speculative_loop="transformer")
 
 
-def test_padded_prompt_is_refused_for_trees():
+@pytest.mark.parametrize("strategy", [hfs.PromptLookup(adaptive=False), hfs.PromptLookup(tree=TREE)],
+                         ids=["chain", "tree"])
+def test_a_left_padded_row_is_its_unpadded_text(strategy):
+    """One row, left-padded: the loop leaves the padding out of its forwards and puts it back in front; the ids
+    are transformers' own greedy ones for the padded row (max_length counts the padding, as there)."""
     model = hfs.enable(build_model("llama"))
     inputs = prompt_inputs()
-    inputs["attention_mask"][0, 0] = 0
-    with pytest.raises(ValueError, match="Draft trees run on unpadded input"):
+    pad = torch.full((1, 3), 0, dtype=torch.long)
+    padded = {"input_ids": torch.cat([pad, inputs["input_ids"]], dim=-1),
+              "attention_mask": torch.cat([torch.zeros_like(pad), inputs["attention_mask"]], dim=-1)}
+    expected = stock_generate(model, **padded, do_sample=False, max_length=padded["input_ids"].shape[1] + 12)
+    out = model.generate(**padded, do_sample=False, max_length=padded["input_ids"].shape[1] + 12,
+                         candidate_generator=strategy)
+    assert out.tolist() == expected.tolist()
+    assert hfs.last_stats(model).drafted_tokens > 0
+
+
+def test_a_prompt_padded_other_than_on_the_left_is_refused():
+    model = hfs.enable(build_model("llama"))
+    inputs = prompt_inputs()
+    inputs["attention_mask"][0, 2] = 0
+    with pytest.raises(ValueError, match="masks prompt tokens other than a left padding"):
         model.generate(**inputs, do_sample=False, max_new_tokens=5, candidate_generator=hfs.PromptLookup(tree=TREE))
 
 

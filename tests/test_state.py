@@ -3,6 +3,8 @@ measure and check, and one ``forget(model)`` that drops all of it for that model
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import threading
 import weakref
@@ -14,6 +16,8 @@ from hf_speculative.core.costs import draft_price, record_draft_step, verify_cos
 from hf_speculative.drafters.self_speculative.calibration import SkipCalibration, cached_calibration, remember_calibration
 from hf_speculative.drafters.self_speculative.layer_view import check_structure, layer_subset
 from hf_speculative.core.state import ModelState, forget, state_of
+from hf_speculative.drafters.suffix.history import history_for
+from hf_speculative.hf import integration
 from tests.conftest import build_model, random_eagle, random_exit_adapter, sibling_model
 
 
@@ -33,7 +37,9 @@ def remember_everything(target: torch.nn.Module) -> dict:
     adapter = random_exit_adapter(target, exit_layer=1)
     hfs.EarlyExit(adapter=adapter).validate_target(target)
     record_draft_step(target, 0.25)  # a model that drafts for another has its own step time
-    return {"costs": costs, "view": view, "plan": plan, "checked": [draft, eagle, adapter]}
+    history = history_for(target, 8, 100, None)  # SuffixDecoding's history of its outputs
+    history.add([1, 2, 3])
+    return {"costs": costs, "view": view, "plan": plan, "checked": [draft, eagle, adapter], "history": history}
 
 
 def assert_remembered(target: torch.nn.Module, held: dict) -> None:
@@ -44,6 +50,7 @@ def assert_remembered(target: torch.nn.Module, held: dict) -> None:
     assert cached_calibration(target) is held["plan"]
     assert all(net in state.checked for net in held["checked"])
     assert state.draft_step_s == 0.25
+    assert history_for(target, 8, 100, None) is held["history"] and held["history"].tokens == 3
 
 
 def test_forget_drops_every_cache_of_that_model_and_no_other():
@@ -62,6 +69,8 @@ def test_forget_drops_every_cache_of_that_model_and_no_other():
     assert fresh is not held_first["costs"] and fresh.seconds(2) is None
     assert layer_subset(first, [0]) is not held_first["view"]
     assert draft_price(first, fresh, None, prior=0.7) == 0.7  # its measured drafting step is gone too
+    history = history_for(first, 8, 100, None)
+    assert history is not held_first["history"] and history.tokens == 0  # its SuffixDecoding history too
     assert_remembered(second, held_second)  # untouched
 
 
@@ -95,3 +104,54 @@ def test_a_model_is_not_kept_alive_by_its_state():
     del model
     gc.collect()
     assert alive() is None
+
+
+# Every slot of ModelState: what forget() does with it. A new slot fails here until it is listed.
+CARRIED = {"hook_users"}  # counts calls running now: they keep what they hold, the last one takes the hooks away
+DROPPED = {f.name for f in dataclasses.fields(ModelState)} - CARRIED
+
+
+def test_forget_empties_every_slot_and_carries_only_the_count_of_running_calls():
+    assert DROPPED == {"verify_costs", "padded_costs", "batch_costs", "draft_step_s", "views", "structure_problem",
+                       "calibration", "checked", "last_stats", "static_cache", "compiled", "draft_graph",
+                       "compile_mode", "static_budget", "suffix_histories", "lock", "forward_turn"}
+    model = torch.nn.Linear(2, 2)
+    old = state_of(model)
+    sentinels = {name: object() for name in DROPPED | CARRIED}
+    for name, value in sentinels.items():
+        setattr(old, name, value)
+    forget(model)
+    new, empty = state_of(model), ModelState()
+    assert new is not old
+    for name in DROPPED:
+        value, default = getattr(new, name), getattr(empty, name)
+        assert value is not sentinels[name], name
+        assert type(value) is type(default), name
+        if not isinstance(default, (weakref.WeakSet, threading.local)) and "lock" not in type(default).__name__.lower():
+            assert value == default, name
+    assert len(new.checked) == 0 and not hasattr(new.last_stats, "stats")
+    assert new.hook_users is sentinels["hook_users"]
+
+
+def loop_hooks(model: torch.nn.Module) -> set[str]:
+    return set(integration._LOOP_HOOKS) & set(model.__dict__)
+
+
+def test_loop_hooks_are_counted_in_the_model_state_and_outlive_forget_while_a_call_holds_them():
+    model = build_model("llama")  # not enabled: a custom_generate call lends it the hooks
+    with contextlib.ExitStack() as first:
+        first.enter_context(integration._temporary_loop_hooks(model))
+        assert loop_hooks(model) == set(integration._LOOP_HOOKS) and state_of(model).hook_users.count == 1
+        forget(model)  # while the first call runs
+        with integration._temporary_loop_hooks(model):
+            assert state_of(model).hook_users.count == 2
+            first.close()  # the first call ends while the second still uses the hooks
+            assert loop_hooks(model) == set(integration._LOOP_HOOKS)
+        assert state_of(model).hook_users.count == 0
+    assert not loop_hooks(model)
+    assert not [name for name in model.__dict__ if name.startswith("_hf_speculative")]
+    enabled = hfs.enable(build_model("llama"))
+    with integration._temporary_loop_hooks(enabled):
+        pass
+    assert loop_hooks(enabled) == set(integration._LOOP_HOOKS)  # an enabled model keeps its own
+

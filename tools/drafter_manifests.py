@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from hf_speculative.drafters.eagle.checkpoints import MANIFEST, shipped_names
+from hf_speculative.drafters.checkpoints import MANIFEST, shipped_names
 from hf_speculative.registry.integrity import sha256_file
 
 

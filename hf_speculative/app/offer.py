@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..tooling import methods
 from ..tooling.methods import get_method
 from .request import Sources, selectable_methods
 
@@ -120,37 +121,17 @@ def draft_models(target: str, sources: Sources) -> list[str]:
             if name != target and model_problem(name, sources) is None and shares_tokenizer(target, name)]
 
 
-def _shipped(key: str) -> list[str]:
-    """The trained drafters of source ``key`` that ship with the package (each named after its model)."""
-    if key == "eagle":
-        from ..drafters.eagle.drafter import pretrained_names
-    elif key == "adapter":
-        from ..drafters.self_speculative.exit_adapter import shipped_adapters as pretrained_names
-    else:
-        from ..drafters.medusa.drafter import pretrained_names
-    return list(pretrained_names())
-
-
-_SOURCE_WORDS = {"eagle": "EAGLE drafter", "adapter": "exit adapter", "medusa": "set of Medusa heads"}
-
-
 def trained_sources(method: str) -> list[str]:
-    """The trained drafters ``method`` reads (its ``eagle`` / ``adapter`` / ``medusa`` options, offered in the
+    """The options of ``method`` that name a trained drafter (its ``eagle`` / ``adapter`` / ``medusa``, offered in the
     form or not): each is the one shipped for the model unless the option names another."""
-    spec = get_method(method)
-    names = getattr(spec, "option_names", list(spec.options))
-    return [key for key in _SOURCE_WORDS if key in names]
-
-
-def shipped_for(target: str, key: str) -> str | None:
-    """The shipped drafter of source ``key`` for ``target`` (recognised by name, as ``methods`` does)."""
-    parts = target.replace("\\", "/").split("/")
-    return next((name for name in _shipped(key) if name in parts), None)
+    return [source.option for source in methods.trained_sources(method)]
 
 
 def method_problem(method: str, target: str, sources: Sources, layers: int | None = None,
                    options: dict | None = None) -> str | None:
-    """Why ``method`` cannot run on model ``target`` on this server, in words for the page (``None``: it can).
+    """Why ``method`` cannot run on model ``target`` on this server, in words for the page (``None``: it can):
+    :func:`hf_speculative.tooling.methods.problem_on` by the model's name, with what this server offers (its draft
+    models, whether a visitor may name a drafter).
 
     Args:
         layers (`int`, *optional*): the model's layer count if known (else read from its ``config.json``).
@@ -160,21 +141,10 @@ def method_problem(method: str, target: str, sources: Sources, layers: int | Non
     """
     spec = get_method(method)
     typed = options is None and sources.allow_local_paths  # the page: a folder may still be typed in
-    named = options or {}
-    if "draft_model" in spec.options and not typed and named.get("draft_model") is None \
-            and not draft_models(target, sources):
-        return (f"needs a smaller model with {_short_name(target)}'s tokenizer on this server; none of the models "
-                "here shares it")
-    for key in trained_sources(method):
-        in_form = key in spec.options  # a visitor may name another one (Medusa's heads: not in the form)
-        if shipped_for(target, key) is None and not (in_form and (typed or named.get(key) is not None)):
-            shipped = ", ".join(_shipped(key)) or "none"
-            extra = "; name one in the method's options" if sources.allow_local_paths and in_form else ""
-            return f"no trained {_SOURCE_WORDS[key]} ships for {_short_name(target)} (shipped for: {shipped}){extra}"
-    layers = model_layers(target) if layers is None else layers
-    if layers is not None and layers < 2 and ({"exit_layer", "skip"} & set(spec.options)):
-        return f"drafts with a part of the model's layers; {_short_name(target)} has only {layers}"
-    return None
+    return methods.problem_on(
+        spec, target, options=options or {}, layers=model_layers(target) if layers is None else layers,
+        draft_models=draft_models(target, sources) if spec.needs_draft_model and not typed else None, may_name=typed,
+        hint="; name one in the method's options" if sources.allow_local_paths else "")
 
 
 def method_problems(target: str, sources: Sources) -> dict[str, str]:
@@ -186,7 +156,3 @@ def method_problems(target: str, sources: Sources) -> dict[str, str]:
         if problem:
             problems[name] = problem
     return problems
-
-
-def _short_name(name: str) -> str:
-    return name if name in _registry() else Path(name).name or name

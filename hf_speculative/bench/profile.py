@@ -23,11 +23,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import compat
+from ..core.cost_profile import FORMAT
 from ..core.tree import DraftTree
 from ..core.verify import forward_tree
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-FORMAT = "hf-speculative-profile/1"
 
 
 def shipped_configs() -> list[str]:
@@ -252,42 +252,6 @@ def save(result: dict[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    """A profile written by :func:`save`, checked to be one."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        data = None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path} is not an hf-speculative profile (no format {FORMAT!r}); write one with "
-                         f"`hf-speculative profile --out {path}`.")
-    return data
-
-
-def nearest_context(by_context: dict[str, Any], context: int | None) -> int:
-    """The measured context (a key of ``by_context``, e.g. a profile's ``relative``) nearest to ``context``; the
-    smallest if ``None``."""
-    contexts = sorted(int(c) for c in by_context)
-    return contexts[0] if context is None else min(contexts, key=lambda c: abs(c - context))
-
-
-def relative_cost(result: dict[str, Any], n: int, *, context: int | None = None, shape: str = "tree") -> float:
-    """Cost of verifying ``n`` draft tokens in one-token forwards, interpolated between measured sizes, at
-    the measured context nearest to ``context`` (the first one if ``None``)."""
-    at = result["relative"][str(nearest_context(result["relative"], context))]
-    by_size = at.get(shape) or at["chain"]
-    sizes = sorted(int(s) for s in by_size)
-    if n <= sizes[0]:
-        return float(by_size[str(sizes[0])])
-    for lo, hi in zip(sizes, sizes[1:]):
-        if n <= hi:
-            w = (n - lo) / (hi - lo)
-            return float(by_size[str(lo)]) * (1 - w) + float(by_size[str(hi)]) * w
-    last, before = sizes[-1], sizes[-2] if len(sizes) > 1 else sizes[-1]
-    slope = (by_size[str(last)] - by_size[str(before)]) / max(last - before, 1)
-    return float(by_size[str(last)] + slope * (n - last))  # past the largest size: the last slope
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:

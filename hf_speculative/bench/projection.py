@@ -4,7 +4,7 @@ A benchmark run (``hf-speculative bench``) says, for every verification step of 
 how many draft tokens the target verified, how many it accepted and how long the draft took
 (:meth:`hf_speculative.core.stats.SpeculativeStats.steps`). A profile (``hf-speculative profile``) says what
 one target forward verifying ``n`` draft tokens costs on its device, in one-token forwards:
-``r(n, c)`` at context ``c`` (:func:`~hf_speculative.bench.profile.relative_cost`, as a chain or as a
+``r(n, c)`` at context ``c`` (:func:`~hf_speculative.core.cost_profile.relative_cost`, as a chain or as a
 tree). Together they give the speedup the benchmark's drafts would have on the profile's device.
 
 The model, per prompt ``q`` of the benchmark (``L`` prompt tokens, greedy made ``N_g`` tokens in
@@ -22,7 +22,7 @@ The model, per prompt ``q`` of the benchmark (``L`` prompt tokens, greedy made `
 
 A one-token forward does not cost the same at every context, so costs are summed in the profile's
 seconds: ``w(c)`` is the profile's one-token forward at the measured context nearest to ``c`` (the
-context :func:`~hf_speculative.bench.profile.relative_cost` reads too). Projected seconds:
+context :func:`~hf_speculative.core.cost_profile.relative_cost` reads too). Projected seconds:
 ``P_g(q) = sum_{t<N_g} w(L + t)`` for greedy and ``P_m(q) = sum_i w(c_i) k_i`` for the method. As
 ``bench-report`` computes measured speedups (aggregate tokens per second over greedy's in the same run),
 the projected speedup of a set of prompts is ``(sum N_m / sum P_m) / (sum N_g / sum P_g)``; with one
@@ -44,7 +44,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import profile as profiling
+from ..core import cost_profile as profiling
 from .report import BASELINE, OVERALL, _ordered, format_value, load_records
 
 FORMAT = "hf-speculative-projection/1"
@@ -91,7 +91,7 @@ def _is_profile(path: str | os.PathLike) -> bool:
 
 
 def load_profile(path: str | os.PathLike) -> dict[str, Any]:
-    """A profile written by ``hf-speculative profile`` (:func:`hf_speculative.bench.profile.load`)."""
+    """A profile written by ``hf-speculative profile`` (:func:`hf_speculative.core.cost_profile.load`)."""
     return profiling.load(path)
 
 

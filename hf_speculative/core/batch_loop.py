@@ -31,12 +31,11 @@ import torch
 from transformers import LogitsProcessorList
 
 from .accept import accept_greedy
-from ..drafters.base import CallContext
+from .call import CallContext, TargetView
 from .batch_costs import BatchCostModel, batch_costs_for
 from .batch_verify import BatchVerifier
 from .chains import ChainDrafter
 from .policy import AcceptanceEstimate
-from .features import batch_row
 from .loop import processed_scores, stop_index
 from .sampling import SeededSampler, split_sampler
 from .stats import SpeculativeStats
@@ -72,21 +71,6 @@ def row_view(processor: Any, row: int, batch: int) -> Any:
     for name, value in rows.items():
         setattr(view, name, value[row:row + 1])
     return view
-
-
-def check_batch_strategy(strategy: Any) -> None:
-    """Raise a ``ValueError`` naming the fix unless ``strategy`` drafts for batches (B > 1)."""
-    from ..drafters.draft_model.drafter import DraftModel
-    from ..drafters.eagle.drafter import Eagle
-    from ..drafters.prompt_lookup.drafter import PromptLookup
-
-    if isinstance(strategy, (PromptLookup, DraftModel, Eagle)):
-        return
-    name = getattr(strategy, "name", None) or type(strategy).__name__
-    raise ValueError(
-        f"Batched speculative decoding (batch size > 1) supports hfs.PromptLookup(), hfs.DraftModel(...) and "
-        f"hfs.Eagle(...), not {name!r} ({type(strategy).__name__}). Use one of those for batches, or call generate() "
-        f"once per prompt with this drafter.")
 
 
 @dataclasses.dataclass
@@ -167,7 +151,7 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
               costs: BatchCostModel | None = None, streamer: Any = None, output_scores: bool = False,
               output_logits: bool = False) -> BatchResult:
     """Speculative decoding of ``input_ids`` (``[B, L]``, left-padded, ``attention_mask`` ``[B, L]``) with a
-    per-row drafter opened from ``strategy`` (see :func:`check_batch_strategy`); token for token what
+    per-row drafter opened from ``strategy`` (checked by :func:`hf_speculative.hf.checks.check_batch_strategy`); token for token what
     transformers' own batched greedy loop (or, with the call's SeededSampler last in ``logits_processor``, its
     seeded sampling loop) writes for the same batch.
 
@@ -200,9 +184,10 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
     ends: dict[int, int] = {}  # rows whose stop fired (finished, or decoding on without EOS): their length
     verifier, closed = None, set()
     try:
+        views = [TargetView() for _ in range(batch)]  # each row's drafter reads its own row of the forwards
         for b in range(batch):  # per-row drafter state; its own stats, so its cost rules never see a batched forward
             ctx = CallContext(target, generation_config, row_processors(b, pads[b]), stopping_criteria,
-                              SpeculativeStats(), model_kwargs=None)
+                              SpeculativeStats(), model_kwargs=None, view=views[b])
             drafters.append(ChainDrafter(strategy.open(ctx)))
         rates = [AcceptanceEstimate() for _ in range(batch)]
         chances = [1.0] * batch
@@ -276,8 +261,11 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
                 if (b in ends and has_eos) or rows[b].shape[1] >= max_length:
                     live.discard(b)  # finished
                 else:
-                    with batch_row(i, forward_columns(pending_mask[i], tree.size)):  # its states, for EAGLE
+                    views[b].row = (i, forward_columns(pending_mask[i], tree.size))  # its states, for EAGLE
+                    try:
                         drafters[b].observe(rows[b][:, pads[b]:], tree, verdict, scores_of[i])
+                    finally:
+                        views[b].row = None
             limit = None
             if not has_eos and len(ends) == batch:  # rows decode on past their stop until the longest has stopped
                 total = limit = max(ends.values())

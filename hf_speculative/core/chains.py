@@ -14,10 +14,10 @@ A generator that drafts trees itself has ``propose_tree(input_ids, max_depth) ->
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
-from ..drafters.base import SpeculativeCandidateGenerator
 from .tree import DraftTree, Verdict
 
 
@@ -28,7 +28,7 @@ class ChainDrafter:
         generator (`SpeculativeCandidateGenerator`): opened for this call (``strategy.open(ctx)``).
     """
 
-    def __init__(self, generator: SpeculativeCandidateGenerator):
+    def __init__(self, generator: Any):
         self.generator = generator
         self._tree = False
         self._asked = False  # whether the loop asked for this step's draft

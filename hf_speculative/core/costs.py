@@ -12,9 +12,7 @@ and carry over from call to call, as do the measured seconds of a drafter's step
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Any, Iterator
+from typing import Any
 
 from ..options import check_verify_tokens
 from .state import state_of
@@ -135,24 +133,7 @@ class PaddedCostModel(VerifyCostModel):
         return super().ratio(self._padded(k))
 
 
-# While a call's drafter is opened on a static-cache verifier: ``(padded budget, compiled)`` (its costs are a
-# PaddedCostModel's, one per key).
-STATIC_BUDGET: contextvars.ContextVar[tuple[int, bool] | None] = contextvars.ContextVar(
-    "hf_speculative_static_budget", default=None)
-
-
-@contextlib.contextmanager
-def padded_verification(key: tuple[int, bool] | None) -> Iterator[None]:
-    """Inside: :func:`verify_costs_for` gives the cost model of verification padded to ``key = (budget, compiled)``
-    (``None``: the dynamic cache's)."""
-    token = STATIC_BUDGET.set(key)
-    try:
-        yield
-    finally:
-        STATIC_BUDGET.reset(token)
-
-
-def verify_costs_for(target: Any, max_tokens: int) -> VerifyCostModel:
+def verify_costs_for(target: Any, max_tokens: int, padded: tuple[int, bool] | None = None) -> VerifyCostModel:
     """The cost model of ``target``'s verifying forwards, shared by all calls on that model.
 
     Costs are a property of the model and the hardware, not of the prompt, so measurements carry
@@ -160,12 +141,14 @@ def verify_costs_for(target: Any, max_tokens: int) -> VerifyCostModel:
     Concurrent calls may interleave their updates; each update is one tuple assignment.
     ``max_tokens`` is at most ``options.MAX_VERIFY_TOKENS``: the model never shrinks, so an oversize
     request is refused here, whatever path it came by, rather than kept for the life of ``target``.
+    ``padded``: ``(budget, compiled)`` of a static-cache verifier (``CallContext.cost_key``): the costs of
+    verification padded to that budget, kept apart per key.
     """
     max_tokens = check_verify_tokens("verify_costs_for", max_tokens)
     if target is None:  # a generator built by hand, outside a generate() call
         return VerifyCostModel(max_tokens)
     state = state_of(target)
-    key = STATIC_BUDGET.get()
+    key = padded
     if key is not None:  # padded static verification: its own costs, per budget and mode, never mixed with these
         with state.lock:
             return state.padded_costs.setdefault(key, PaddedCostModel(key[0]))

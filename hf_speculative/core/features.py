@@ -8,37 +8,19 @@ that registered them, so concurrent calls on one model do not see each other's s
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import threading
 
 import torch
 
 from .. import compat
-from .verify import PADDING_ROWS
-
-# While a batched forward's row is handed to its drafter (hf_speculative.core.batch_loop): that row's index in the
-# forward's batch and its real columns `[T']` (the prompt without left padding, the root, its own draft nodes).
-BATCH_ROW: contextvars.ContextVar[tuple[int, torch.Tensor] | None] = contextvars.ContextVar(
-    "hf_speculative_batch_row", default=None)
-
-
-@contextlib.contextmanager
-def batch_row(row: int, columns: torch.Tensor):
-    """Inside: :meth:`FeatureTap.take` returns row ``row`` of the last forward, at ``columns`` only, `[1, T', F]`:
-    a drafter that reads the target's states follows its own row of a batch as if it had run alone."""
-    token = BATCH_ROW.set((row, columns))
-    try:
-        yield
-    finally:
-        BATCH_ROW.reset(token)
-
+from .call import TargetView
 
 class StatesFeed:
     """The hidden states of a verifier's forwards, handed to the taps of its call: a static-cache verifier runs the
     target with ``output_hidden_states=True`` and publishes them, so that a compiled forward runs no hook (hooks
     break its graphs, and a CUDA graph's outputs are overwritten by its next replay: what is kept is copied).
-    The taps opened inside :func:`states_feed` subscribe to it instead of hooking the target."""
+    The taps of a call whose :class:`~hf_speculative.core.call.TargetView` holds it subscribe to it instead of hooking
+    the target."""
 
     def __init__(self):
         self.taps: list[FeatureTap] = []
@@ -49,35 +31,25 @@ class StatesFeed:
 
     def publish(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
         """``hidden_states``: the forward's (embeddings, layer 0's output, ..., the final norm's output), each
-        `[B, T, H]`; a static step's padding positions (``PADDING_ROWS``) are left out, as the hooks leave them."""
+        `[B, T, H]`; a static step's padding positions (the view's ``padding``) are left out, as the hooks leave
+        them."""
         for tap in self.taps:
             tap.receive(hidden_states)
 
 
-_FEED: contextvars.ContextVar[StatesFeed | None] = contextvars.ContextVar("hf_speculative_states_feed", default=None)
-
-
-@contextlib.contextmanager
-def states_feed(feed: StatesFeed | None):
-    """Inside: taps subscribe to ``feed`` (``None``: they hook the target, the default)."""
-    token = _FEED.set(feed)
-    try:
-        yield
-    finally:
-        _FEED.reset(token)
-
-
 class FeatureTap:
     """Records, for every forward of ``target`` on this thread, the hidden states of some modules (through forward
-    hooks, or from the :class:`StatesFeed` of the call's verifier when opened inside :func:`states_feed`).
+    hooks, or from the :class:`StatesFeed` of the call's verifier when its view has one).
 
     Args:
         target (`PreTrainedModel`): a decoder-only causal LM (``layers`` + final ``norm``).
         layers (`list[int]`): decoder layers whose outputs are recorded, concatenated in this order
             along the feature axis; empty for the final norm's output (the normed last hidden state).
+        view (`TargetView`, *optional*): how the call's forwards look (``CallContext.view``): its feed, the padding
+            rows of the running forward, a batch row's columns. Default: hooks, no padding, one row.
     """
 
-    def __init__(self, target: torch.nn.Module, layers: list[int]):
+    def __init__(self, target: torch.nn.Module, layers: list[int], view: TargetView | None = None):
         decoder = compat.decoder_of(target)
         if decoder is None:
             raise ValueError(
@@ -92,7 +64,8 @@ class FeatureTap:
         modules = [decoder.layers[i] for i in layers] if layers else [decoder.norm]
         self._thread = threading.get_ident()
         self._captured: list[list[torch.Tensor]] = [[] for _ in modules]
-        self._feed = _FEED.get()
+        self.view = view if view is not None else TargetView()
+        self._feed = self.view.feed
         if self._feed is not None:
             if depth - 1 in layers:
                 raise ValueError(
@@ -108,7 +81,7 @@ class FeatureTap:
 
     def receive(self, hidden_states: tuple[torch.Tensor, ...]) -> None:
         """Record a forward's states published by the call's :class:`StatesFeed` (copies: see there)."""
-        padding = PADDING_ROWS.get()
+        padding = self.view.padding
         for captured, index in zip(self._captured, self._indices):
             states = hidden_states[index].detach()  # [B, T, H]
             captured.append(states[:, : states.shape[1] - padding].clone())
@@ -116,16 +89,16 @@ class FeatureTap:
     def _hook(self, index: int):
         def hook(module, args, output):
             if threading.get_ident() == self._thread:
-                states, padding = compat.module_output(output).detach(), PADDING_ROWS.get()  # [B, T, H]
+                states, padding = compat.module_output(output).detach(), self.view.padding  # [B, T, H]
                 self._captured[index].append(states[:, : states.shape[1] - padding] if padding else states)
         return hook
 
     def take(self) -> torch.Tensor | None:
-        """The states recorded since the last call, `[B, T, F]` (time-concatenated), or ``None``; inside
-        :func:`batch_row`, the row's real columns of the one batched forward recorded, `[1, T', F]`."""
+        """The states recorded since the last call, `[B, T, F]` (time-concatenated), or ``None``; while the view
+        holds a batch ``row``, that row's real columns of the one batched forward recorded, `[1, T', F]`."""
         if not self._captured[0]:
             return None
-        view = BATCH_ROW.get()
+        view = self.view.row
         # a batch's columns belong to its last forward (the loop hands every forward to each running row; one
         # missed would leave VerifiedFeatures.known short, and drafting stops)
         parts = [chunks[-1] if view is not None else torch.cat(chunks, dim=1) for chunks in self._captured]
@@ -168,10 +141,12 @@ class VerifiedFeatures:
         target, layers: as for :class:`FeatureTap`.
         skip_first (`bool`, defaults to `False`): leave position 0 out of the queue (still counted in
             :attr:`known`): an exit adapter's entry ``t`` reads position ``t + 1``.
+        view (`TargetView`, *optional*): the call's (``CallContext.view``).
     """
 
-    def __init__(self, target: torch.nn.Module, layers: list[int], skip_first: bool = False):
-        self.tap = FeatureTap(target, layers)
+    def __init__(self, target: torch.nn.Module, layers: list[int], skip_first: bool = False,
+                 view: TargetView | None = None):
+        self.tap = FeatureTap(target, layers, view)
         self.skip_first = skip_first
         self.known = 0
         self.pending: torch.Tensor | None = None  # [1, P, F]

@@ -82,7 +82,7 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDrafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
         stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
-        verifier: Any = None) -> LoopResult:
+        verifier: Any = None, cached: int = 0) -> LoopResult:
     """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or under
     sampling an exact sample of the target's distribution when ``logits_processor`` ends with the call's
     :class:`~hf_speculative.core.sampling.SeededSampler` (its scores are then the seeded draw; see accept.py).
@@ -90,7 +90,8 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
     ``stopping_criteria`` decides the end (transformers' list: max length, EOS, stop strings, custom ones);
     it is checked after every token, so a stop inside an accepted path ends the text exactly there.
     ``verifier`` runs the forwards and keeps the cache (``forward(uncached, tree)``, ``keep(prefix, tree, path)``):
-    a :class:`~hf_speculative.core.verify.DynamicVerifier` by default, a static-cache one for compiled targets.
+    a :class:`~hf_speculative.core.verify.DynamicVerifier` by default, a static-cache one for compiled targets;
+    ``cached``: the prompt's first tokens already in its cache (a cache the caller passed), not computed again.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"hf_speculative's loop runs one sequence at a time; got input_ids of shape "
@@ -98,7 +99,7 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
     verifier = verifier or DynamicVerifier(target)
     stats = stats or SpeculativeStats()
     started, sequence, scores_out, logits_out = time.perf_counter(), input_ids, [], []
-    pending, prompt_length = input_ids[0], input_ids.shape[1]
+    pending, prompt_length = input_ids[0, cached:], input_ids.shape[1]
     while True:  # (the prompt is the caller's to put into the streamer: generate() does)
         tick = time.perf_counter()
         room = max_depth if max_length is None else min(max_depth, max_length - sequence.shape[1] - 1)

@@ -3,7 +3,8 @@
 Some things belong to a model (and the hardware it runs on), not to one ``generate()`` call: the
 measured cost of its verifying forwards, the views of its layers that self-speculation drafts with,
 a LayerSkip calibration, whether its structure was probed, which drafter networks were checked
-against it, the statistics of its last call. Each model gets one :class:`ModelState` holding them
+against it, the statistics of its last call, SuffixDecoding's history of its outputs, the count of
+calls that lent it ``generate()``'s loop hooks. Each model gets one :class:`ModelState` holding them
 all, held weakly (it goes when the model does); :func:`forget` drops all of it at once, e.g. after
 changing the model in a way that invalidates what was measured, or to let go of the views.
 
@@ -17,6 +18,13 @@ import dataclasses
 import threading
 import weakref
 from typing import Any, Callable
+
+
+@dataclasses.dataclass(eq=False)
+class Users:
+    """How many calls running now use something of a model's; changed under its owner's lock."""
+
+    count: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -47,6 +55,11 @@ class ModelState:
         draft_graph (`tuple`, *optional*): ``((drafter, capacity, mode, vocab), (DraftStep, compiled step), Lock)``:
             the fixed-shape EAGLE drafting step that compiled calls share (``drafters.eagle.static_drafting``).
         compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
+        suffix_histories (`dict[tuple, SuffixHistory]`): SuffixDecoding's histories of its outputs, by trie depth,
+            token bound and file (``drafters.suffix.history.history_for``).
+        hook_users (`Users`): the calls running now that installed ``generate()``'s loop hooks on it for their
+            duration (``hf.integration._temporary_loop_hooks``). The one count that :func:`forget` carries over
+            to the model's next state: it counts calls running now, which keep what they hold.
         lock (`threading.RLock`): held by updates that read and then write the slots above.
         forward_turn (`threading.Lock`): held by a compiled call's forward, so that concurrent calls take turns
             (``static_cache.StaticVerifier``).
@@ -66,6 +79,8 @@ class ModelState:
     draft_graph: Any = None
     compile_mode: str | None = None
     static_budget: int | None = None
+    suffix_histories: dict = dataclasses.field(default_factory=dict)
+    hook_users: Users = dataclasses.field(default_factory=Users)
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
     forward_turn: Any = dataclasses.field(default_factory=threading.Lock, repr=False)
 
@@ -111,7 +126,12 @@ def all_states() -> list[ModelState]:
 
 def forget(model: Any) -> None:
     """Drop everything hf_speculative remembers about ``model``: measured costs, layer views, the
-    LayerSkip calibration, structure probes, checked drafters, last statistics. Later calls measure
-    and check again from scratch; other models are untouched. Calls running now keep what they hold."""
+    LayerSkip calibration, structure probes, checked drafters, last statistics, static caches and compiled
+    forwards, SuffixDecoding's histories of its outputs (their files stay). Later calls measure and check
+    again from scratch; other models are untouched. Calls running now keep what they hold, and the count
+    of them that lent the model loop hooks (``hook_users``) goes on to its next state, so the last of them
+    still takes the hooks away."""
     with _LOCK:
-        _STATES.pop(model, None)
+        old = _STATES.pop(model, None)
+        if old is not None:
+            _STATES[model] = ModelState(hook_users=old.hook_users)

@@ -35,7 +35,8 @@ from ..options import check_int
 from .state import borrow, state_of
 from .tree import DraftTree
 from .features import StatesFeed
-from .verify import PADDING_ROWS, check_tree_attention
+from .call import TargetView
+from .verify import check_tree_attention
 
 CAPACITY_STEP = 256  # capacities are rounded up to this, so that calls of similar lengths share a cache
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -90,6 +91,8 @@ class StaticVerifier:
         self._columns = torch.arange(self.capacity, device=self.device)  # [K]
         # a compiled forward hands the hidden states that drafters read (EAGLE, Medusa) as outputs: no hooks in it
         self.feed = StatesFeed() if forward is not None else None
+        # the call's view of its forwards (CallContext.view): the feed, and the padding rows of each step
+        self.view = TargetView(feed=self.feed)
         # the drafters' cost model (costs.PaddedCostModel): by budget, compiled or not (their costs differ)
         self.cost_key = (self.budget, forward is not None)
         # compiled calls on one model run their forwards one at a time: CUDA graphs replay from fixed buffers, and
@@ -118,13 +121,13 @@ class StaticVerifier:
         seen = (self._columns <= start).expand(q, -1).clone()  # [Q, K] the prefix and the root, for every row
         if n:
             seen[1: 1 + n, start + 1: start + 1 + n] = tree.ancestors().to(self.device)
-        padding = PADDING_ROWS.set(width - n)  # what reads the target's states leaves them out
+        self.view.padding = width - n  # what reads the target's states leaves them out
         try:
             with self._turn:
                 # a CUDA graph's output is overwritten by its next replay, another call's too: copied in turn
                 return self._run(self.step_forward, tokens, positions, seen, start)[: 1 + n].clone()  # [1 + n, V]
         finally:
-            PADDING_ROWS.reset(padding)
+            self.view.padding = 0
 
     def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         """Keep the root and ``path``'s nodes after the ``prefix_length`` verified positions."""
@@ -217,41 +220,23 @@ def configure(model: torch.nn.Module, compile: bool | str | None, static_budget:
         state_of(model).static_budget = check_int("hfs.enable", "static_budget", static_budget, 1, MAX_BUDGET)
 
 
-def draft_budget(strategy: Any) -> int:
-    """The most draft nodes ``strategy`` proposes in one step: its tree's ``nodes`` (a StaticTree's paths), its
-    ``num_tokens`` for chains, the largest of a Hybrid's members; the option limit when it does not say."""
-    members = getattr(strategy, "strategies", None)
-    if members:
-        return max(draft_budget(member) for member in members)
-    tree = getattr(strategy, "tree", None)
-    if tree is not None:
-        return int(getattr(tree, "nodes", None) or len(tree.paths))
-    return int(getattr(strategy, "num_tokens", None) or MAX_BUDGET)
+def static_requested(model: torch.nn.Module, static: bool) -> bool:
+    """Whether a call verifies on a static cache: it asked for one (``static``), or the model is compiled."""
+    return static or state_of(model).compile_mode is not None
 
 
-def check_strategy(strategy: Any) -> None:
-    """Raise :class:`StaticCacheError` when ``strategy`` cannot draft for a static-cache (or compiled) target."""
-    reads = getattr(strategy, "reads_target", "outputs")
-    name = type(strategy).__name__
-    if reads == "cache":
-        raise StaticCacheError(
-            f"{name} drafts with the target's own layers over its dynamic KV cache, which a static cache cannot "
-            f"lend; use it without cache_implementation='static' and compile=, or draft with PromptLookup, "
-            f"DraftModel or Eagle.")
-
-
-def verifier_for(model: torch.nn.Module, strategy: Any, static: bool, max_length: int) -> StaticVerifier | None:
-    """The static verifier of a call, or ``None`` for the default dynamic cache."""
+def verifier_for(model: torch.nn.Module, static: bool, max_length: int, needed: int,
+                 drafter: str) -> StaticVerifier | None:
+    """The static verifier of a call, or ``None`` for the default dynamic cache. ``needed``: the most draft nodes
+    the call's strategy proposes in a step (``drafter``, its name, for the message when the model's budget is
+    smaller); the caller has checked that the strategy can draft for a static cache."""
     state = state_of(model)
-    mode = state.compile_mode
-    if not static and mode is None:
+    if not static_requested(model, static):
         return None
-    check_strategy(strategy)
-    needed = draft_budget(strategy)
     budget = state.static_budget or needed
     if budget < needed:
         raise StaticCacheError(f"hfs.enable(model, static_budget={budget}) is smaller than the {needed} draft nodes "
-                               f"{type(strategy).__name__} proposes per step; raise static_budget or draft less.")
+                               f"{drafter} proposes per step; raise static_budget or draft less.")
     mode = compiled_mode(model)
     forward = None if mode is None else compiled_forward(model, mode)
     return StaticVerifier(model, budget, capacity_for(max_length, budget), forward)

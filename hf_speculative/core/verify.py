@@ -13,21 +13,17 @@ same pair at one fixed shape on a static cache.
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any, Sequence
 
 import torch
 
 from .. import compat
+from .call import TargetView
 from .tree import DraftTree, additive_mask, position_ids, visibility
 
 # Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
 # Flash attention reads only a 2-D padding mask and would silently let siblings see each other.
 TREE_ATTENTION = ("eager", "sdpa")
-# Rows at the end of the running target forward that are padding (a static-cache step is padded to one shape):
-# what reads the target's hidden states from hooks (features.FeatureTap) leaves them out.
-PADDING_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("hf_speculative_padding_rows", default=0)
-
 
 class TreeAttentionError(ValueError):
     """The model cannot verify a draft tree in one forward."""
@@ -108,13 +104,27 @@ def keep_path(cache: Any, prefix_length: int, tree: DraftTree, path: Sequence[in
 
 
 class DynamicVerifier:
-    """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path."""
+    """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path.
 
-    def __init__(self, model: torch.nn.Module):
-        check_tree_attention(model)
-        self.model, self.cache = model, compat.new_dynamic_cache()
+    Chains verify with the model's own causal masks, so any attention implementation serves them; the
+    model's attention is checked for tree masks at the first branching tree (``trees=True``: at once, for a
+    call whose strategy drafts trees, so that it fails before generating). ``cache``: a dynamic cache to fill
+    (the caller's), else a new one."""
+
+    budget = 64  # the most draft nodes a step verifies
+    cost_key = None  # verification costs are the dynamic forward's own (not a padded one's)
+
+    def __init__(self, model: torch.nn.Module, trees: bool = False, cache: Any = None):
+        if trees:
+            check_tree_attention(model)
+        self.model, self._checked = model, trees
+        self.view = TargetView()  # drafters that read the target's hidden states take them from forward hooks
+        self.cache = compat.new_dynamic_cache() if cache is None else cache
 
     def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+        if not self._checked and not tree.is_chain():
+            check_tree_attention(self.model)
+            self._checked = True
         return forward_tree(self.model, self.cache, uncached, tree)  # [1 + n, V]
 
     def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:

@@ -21,7 +21,7 @@ import difflib
 import functools
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers.generation.stopping_criteria import (
@@ -32,7 +32,9 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .. import compat
+from ..core.call import CallContext  # noqa: F401 - drafters and users import it from here
 from ..core.stats import SpeculativeStats
+from .registry import CHAINS_ONLY, NO_FILES, Capabilities, Drafter, SpecFiles, register
 
 
 # Criteria that a draft never needs to be checked against token by token: max length is enforced
@@ -40,45 +42,50 @@ from ..core.stats import SpeculativeStats
 _BUILTIN_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria, EosTokenCriteria)
 
 
-@dataclasses.dataclass
-class CallContext:
-    """What a per-call generator needs to know about the ``generate()`` call it serves."""
-
-    target: torch.nn.Module
-    generation_config: Any
-    logits_processor: Any
-    stopping_criteria: StoppingCriteriaList | None
-    stats: SpeculativeStats
-    # the loop's model kwargs when the generator was built; their cache (``compat.target_cache``) is
-    # the target's for the whole call (self-speculative drafters write into it and crop it back)
-    model_kwargs: dict | None = None
-
-    @property
-    def max_length(self) -> int:
-        return int(self.generation_config.max_length)
-
-    @functools.cached_property
-    def vocab_size(self) -> int:
-        """Width of the target's logits (the lm_head's padded size, e.g. 151936 for Qwen); read once
-        per call, drafters pad or cut their logits to it at every step."""
-        head = self.target.get_output_embeddings()
-        if head is not None and getattr(head, "out_features", None):
-            return int(head.out_features)
-        return int(compat.text_config(self.target.config).vocab_size)
-
-
-class DraftStrategy:
+class DraftStrategy(Drafter):
     """Base of the reusable drafting strategies (``hfs.PromptLookup``, ``hfs.DraftModel``, ...).
 
     Subclasses are dataclasses that validate themselves in ``__post_init__`` and implement
     :meth:`open`. A strategy never holds per-call state.
+
+    A drafter declares what it is once, in its class statement, and declaring registers it
+    (:mod:`~hf_speculative.drafters.registry`)::
+
+        class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
+                           capabilities=Capabilities(trees=True, batch=True)):
+
+    ``variants=("early-exit-adapter",)`` registers further spec method names for the class (see :meth:`spec_method`).
+    A subclass that declares no ``method`` is the same drafter (a variant, a wrapper by inheritance): it keeps its
+    base's method and capabilities and registers nothing. A strategy that holds another one and forwards to it
+    overrides :meth:`declared` to return that one's: everything reads capabilities through
+    :func:`~hf_speculative.drafters.registry.capabilities_of`, never by probing attributes.
     """
 
-    name: str = "strategy"
-    # What of the target the drafter reads: "outputs" (its tokens and logits: any cache, compiled or not),
-    # "features" (hidden states, through forward hooks: not in a compiled forward), "cache" (drafts with the
-    # target's own layers over its dynamic KV cache: not on a static cache). See static_cache.check_strategy.
-    reads_target: str = "outputs"
+    method: ClassVar[str | None] = None  # its registry name; None: not registered (e.g. a user's own strategy)
+    capabilities: ClassVar[Capabilities] = CHAINS_ONLY  # what the class can do (see declared for an instance)
+    name: ClassVar[str] = "strategy"  # its name in the statistics; the method by default
+    examples: ClassVar[tuple[str, ...]] = ()  # labels of its instances in the test matrix (see example)
+    # its spec in generation_config.json, read by hf/spec.py (see the spec_ methods below)
+    live_fields: ClassVar[tuple[str, ...]] = ()  # init fields holding objects (a network, a model), never options
+    spec_files: ClassVar[SpecFiles] = NO_FILES  # what its spec keeps in files beside the model
+    holds_members: ClassVar[bool] = False  # its spec lists its members' specs ("members"), not options
+
+    def __init_subclass__(cls, method: str | None = None, capabilities: Capabilities | None = None,
+                          variants: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if capabilities is not None:
+            if not isinstance(capabilities, Capabilities):
+                raise TypeError(f"{cls.__qualname__}(capabilities=...) takes a registry.Capabilities, got "
+                                f"{type(capabilities).__name__}.")
+            cls.capabilities = capabilities
+        if method is None:
+            if variants:
+                raise TypeError(f"{cls.__qualname__}(variants=...) needs method=...")
+            return
+        cls.method = method
+        if "name" not in cls.__dict__:
+            cls.name = method
+        register(cls, (method, *variants))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "DraftStrategy":
         # a mistyped option (PromptLookup(num_token=3)) names the close match, not dataclasses' bare TypeError
@@ -98,7 +105,70 @@ class DraftStrategy:
     def validate_target(self, target: torch.nn.Module) -> None:
         """Raise a clear error if this strategy cannot serve ``target`` (device, vocabulary...)."""
 
+    # -- what it can do -----------------------------------------------------------------------------
+    def declared(self) -> Capabilities:
+        """What this strategy can do as configured: its class's capabilities, with ``trees`` only when it drafts
+        trees (its ``tree`` setting is not ``None``; a strategy configured for chains declares none)."""
+        capabilities = type(self).capabilities
+        if capabilities.trees and getattr(self, "tree", None) is None:
+            return dataclasses.replace(capabilities, trees=False)
+        return capabilities
+
+    def draft_budget(self) -> int | None:
+        """The most draft tokens one step proposes: its tree's ``nodes`` (a ``StaticTree``'s paths), else its
+        ``num_tokens``; ``None`` when it does not say."""
+        tree = getattr(self, "tree", None)
+        if tree is not None:
+            return int(getattr(tree, "nodes", None) or len(tree.paths))
+        tokens = getattr(self, "num_tokens", None)
+        return None if tokens is None else int(tokens)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> "DraftStrategy":
+        """The test matrix's instance ``label`` (one of :attr:`examples`; default the first) for the tiny random model
+        ``target``: it drafts there at every step (random networks shaped for ``target``, no confidence cut, fixed
+        lengths). ``options`` replace its settings."""
+        raise NotImplementedError(f"{cls.__qualname__} declares no example for the test matrix.")
+
     # -- as a model's default drafter, in its GenerationConfig (see spec.py) ------------------------
+    def spec_method(self) -> str | None:
+        """The method name its spec records: the class's ``method`` (or one of its ``variants``, by settings)."""
+        return type(self).method
+
+    @classmethod
+    def files_for(cls, method: str) -> SpecFiles:
+        """What the spec of ``method`` (one of the class's names) keeps in files: :attr:`spec_files` by default."""
+        return cls.spec_files
+
+    def spec_path(self) -> str | None:
+        """The spec's ``path`` as far as it is known without writing files (``None``: none)."""
+        return None
+
+    def spec_network(self) -> Any:
+        """The network its spec names (``spec_files.network``): a trained network to save, or the draft model."""
+        return None
+
+    def spec_members(self) -> list[tuple["DraftStrategy", str]] | None:
+        """``(member, label)`` of a strategy whose spec lists members (:attr:`holds_members`), else ``None``."""
+        return None
+
+    @classmethod
+    def load_network(cls, method: str, folder: Any, target: torch.nn.Module) -> Any:
+        """What a ``"checkpoint"`` spec's ``folder`` holds, loaded for ``target`` (hf/spec.py has checked the folder:
+        confined to the model's, digests matched); handed to :meth:`from_spec_options`."""
+        raise NotImplementedError(f"{cls.__qualname__} loads no network.")
+
+    @classmethod
+    def from_spec_options(cls, method: str, options: dict, network: Any = None) -> "DraftStrategy":
+        """The strategy a spec of ``method`` describes: its checked ``options`` and the ``network`` loaded for it (a
+        checkpoint's, :meth:`load_network`, or a draft model), if its spec names one."""
+        return cls(**options)
+
+    @classmethod
+    def from_spec_members(cls, members: list["DraftStrategy"]) -> "DraftStrategy":
+        """A strategy whose spec lists members (:attr:`holds_members`), built from them."""
+        return cls(*members)
+
     def to_dict(self) -> dict:
         """The JSON spec of this strategy (``{"method": ..., "options": {...}, ...}``), without writing files.
 

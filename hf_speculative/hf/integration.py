@@ -5,22 +5,25 @@ them to the copy):
 
 - ``generate``: resolves the call's strategy (the ``candidate_generator=`` keyword, else the one in
   the ``GenerationConfig`` passed in, else the model's own ``generation_config.candidate_generator``;
-  the keyword ``None`` turns speculation off), validates the call, and runs transformers' own
-  assisted-generation loop (entered through its ``prompt_lookup_num_tokens`` switch);
+  the keyword ``None`` turns speculation off), validates the call, and runs transformers' ``generate`` with
+  hf_speculative's loop as its ``custom_generate`` callable (:mod:`hf_speculative.hf.loop_entry`): transformers
+  prepares the processors, stopping criteria, length limit and cache; our loop verifies the drafts. With
+  ``speculative_loop="transformers"`` it runs transformers' own assisted loop instead (entered through its
+  ``prompt_lookup_num_tokens`` switch), where our drafters serve as its ``CandidateGenerator`` s;
 - ``save_pretrained``: writes the model's default strategy into ``generation_config.json`` as a spec
   (and a trained drafter beside the model; see ``spec.py``);
-- ``_get_candidate_generator``: the loop asks the model for its drafter; we hand it the per-call
-  generator built from the strategy of *this* call;
-- ``_get_stopping_criteria`` / ``_get_logits_processor``: record the call's stopping criteria (so
-  that drafts stop before them) and its prepared logits processors (drafters warp their logits alike);
-  under sampling (``num_beams=1``) the processors end with the call's
-  :class:`~hf_speculative.core.sampling.SeededSampler`, so the text is a fixed function of the seed whatever
-  the drafter does (``sampling_seed=``, else one draw from torch's global generator); a call without a
+- ``_get_candidate_generator``: transformers' assisted loop asks the model for its drafter; we hand it the
+  per-call generator built from the strategy of *this* call;
+- ``_get_stopping_criteria`` / ``_get_logits_processor``: record the call's stopping criteria and its prepared
+  logits processors (drafters warp their logits alike); under sampling (``num_beams=1``) the processors end with
+  the call's :class:`~hf_speculative.core.sampling.SeededSampler`, so the text is a fixed function of the seed
+  whatever the drafter does (``sampling_seed=``, else one draw from torch's global generator); a call without a
   drafter samples so too when ``sampling_seed=`` is given.
 
-The strategy of the running call lives in a ``ContextVar``, so threads never see each other's calls,
-and a model without an active call behaves exactly as transformers does (unless it is given a
-``sampling_seed=``).
+The running call (:class:`_Call`) lives in the package's one ``ContextVar``, because transformers calls these
+hooks back without a way to pass it: threads never see each other's calls, and a model without an active call
+behaves exactly as transformers does (unless it is given a ``sampling_seed=``). Everything below the entry gets
+the call explicitly (:class:`~hf_speculative.core.call.CallContext`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ import torch
 from .. import compat
 from . import spec
 from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
-from .loop_entry import batch_generate, run_batch_call, run_call, runs_in_our_loop, tree_generate
+from .checks import check_batch_strategy, drafts_trees
+from .loop_entry import batch_generate, run_batch_call, run_call, tree_generate
+from ..core.policy import check_input_ids
 from ..core.sampling import check_seed, seeded_processors
 from ..core.state import state_of
 from ..core.stats import SpeculativeStats
@@ -69,12 +74,13 @@ class _Call:
     streamer: Any = None
     tokenizer: Any = None
     static: bool = False  # cache_implementation="static" asked for: verify on a static cache (static_cache.py)
+    cache: Any = None  # the cache the caller passed to generate(), filled by the call
+    # under sampling, draw with a SeededSampler of ``seed`` (None: one drawn from torch's global generator)
+    seeded: bool = True
+    seed: int | None = None
 
 
 _ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
-# (model, seed or None): a call of this model samples with a SeededSampler (its seed, else a fresh draw)
-_SEEDING: contextvars.ContextVar[tuple[Any, int | None] | None] = contextvars.ContextVar("hf_speculative_seeding",
-                                                                                           default=None)
 _HOOK_LOCK = threading.Lock()
 _DEFAULT_LOCK = threading.Lock()  # building a model's default strategy from its spec, once
 _UNSET = object()  # `candidate_generator=` not given (None is given: speculation off for the call)
@@ -172,6 +178,7 @@ def speculative_generate(
     synced_gpus: bool = False,
     streamer: Any = None,
     sampling_seed: int | None = None,
+    speculative_loop: str | None = None,
     **model_kwargs: Any,
 ):
     """A ``custom_generate`` callable for models that were not enabled (transformers >= 4.57)::
@@ -205,12 +212,13 @@ def speculative_generate(
     logits_processor = seeded_processors(logits_processor, generation_config, seed)
     if compat.cache_kwarg() in model_kwargs:
         model_kwargs[compat.cache_kwarg()] = compat.rollbackable_cache(model_kwargs[compat.cache_kwarg()])
-    with _temporary_loop_hooks(model), _speculative_call(model, strategy) as call:
+    with _temporary_loop_hooks(model), _call(model, strategy, seed) as call:
+        call.seeded = False  # the processors above are seeded already
         call.stopping_criteria = stopping_criteria
         if _batched(input_ids):  # B > 1: the batch loop (batch_loop.py)
             return run_batch_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config,
                                   streamer, synced_gpus, model_kwargs)
-        if runs_in_our_loop(strategy):
+        if _our_loop(speculative_loop, strategy, static=False, batched=False):
             return run_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
                             synced_gpus, model_kwargs)
         return compat.assisted_decoding(
@@ -227,7 +235,7 @@ def speculative_generate(
 
 # -- the instance methods that enable() installs ------------------------------------------------
 def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNSET, sampling_seed: Any = None,
-              **kwargs: Any):
+              speculative_loop: str | None = None, **kwargs: Any):
     named = _named_arguments(self, args, kwargs)
     passed = named.get("generation_config")
     seed = None if sampling_seed is None else check_seed(sampling_seed)
@@ -237,7 +245,7 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
             args, kwargs = _with_config(args, kwargs, _without_strategy(passed))
         if seed is None:
             return type(self).generate(self, *args, **kwargs)  # exactly transformers' call, its own draws too
-        with _seeded(self, seed):  # plain decoding with the seeded draws: the text every drafter gives for the seed
+        with _call(self, None, seed):  # plain decoding with the seeded draws: the text every drafter gives for the seed
             return type(self).generate(self, *args, **kwargs)
     with _explained(origin):
         strategy = _check_call(self, strategy, named)
@@ -248,9 +256,8 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
         raise ValueError("Batched speculative decoding (batch size > 1) runs on the dynamic cache: drop "
                          "cache_implementation='static' (and enable(model, compile=...)) for batches, or generate "
                          "one prompt at a time.")
-    ours = static or batched or runs_in_our_loop(strategy)
-    # trees and static caches: our loop, entered as transformers' custom_generate; chains: transformers'
-    # assisted loop
+    ours = _our_loop(speculative_loop, strategy, static=static, batched=batched)
+    # our loop, entered as transformers' custom_generate; or, asked for, transformers' assisted loop
     extra = {} if ours else dict(_ASSISTED_SWITCH)
     if static or _default_cache_unsupported(self, named):
         # our loop builds its own static cache (room for the padded drafts); the assisted loop cannot roll one back
@@ -265,11 +272,33 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
         args, kwargs = _with_config(args, kwargs, config)
     if static:
         kwargs.pop("cache_implementation", None)
-    with _speculative_call(self, strategy) as call, _seeded(self, seed):
+    with _call(self, strategy, seed) as call:
         if ours:
             call.streamer, call.tokenizer, call.static = named.get("streamer"), named.get("tokenizer"), static
+            call.cache = compat.user_cache(named)
             extra["custom_generate"] = batch_generate if batched else tree_generate
         return type(self).generate(self, *args, **kwargs, **extra)
+
+
+LOOPS = ("hf_speculative", "transformers")
+
+
+def _our_loop(speculative_loop: str | None, strategy: Any, *, static: bool, batched: bool) -> bool:
+    """Whether a call runs hf_speculative's loop (the default) or, with ``speculative_loop="transformers"``,
+    transformers' own assisted loop (chains of one row on a dynamic cache: our drafters serve it as transformers
+    ``CandidateGenerator`` s)."""
+    if speculative_loop is None or speculative_loop == "hf_speculative":
+        return True
+    if speculative_loop != "transformers":
+        raise ValueError(f"speculative_loop={speculative_loop!r}: choose one of {', '.join(map(repr, LOOPS))} "
+                         "(default: 'hf_speculative').")
+    if drafts_trees(strategy):
+        raise ValueError("speculative_loop='transformers' verifies chains only; this strategy drafts trees (tree=...): "
+                         "drop speculative_loop, or use tree=None.")
+    if static or batched:
+        what = "a static cache (cache_implementation='static', enable(model, compile=...))" if static else "batches"
+        raise ValueError(f"speculative_loop='transformers' does not run {what}: drop speculative_loop.")
+    return False
 
 
 def _named_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -297,6 +326,8 @@ def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -
         raise ValueError("Speculative decoding needs `input_ids` (drafters read the tokens); `inputs_embeds` alone is "
                          "not supported.")
     if inputs is not None:
+        # drafters read the tokens: a 3-D tensor or an empty prompt would otherwise fail deep inside one
+        check_input_ids(type(strategy).__name__, inputs, min_length=1)
         _check_batch(inputs, strategy)
     _check_cache(model, named)
     return strategy
@@ -325,8 +356,8 @@ def _save_pretrained(self: torch.nn.Module, save_directory: str | os.PathLike, *
 
 
 def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
-    call = _ACTIVE_CALL.get()
-    if call is None or call.model is not self:
+    call = active_call(self)
+    if call is None:  # transformers' own drafter (prompt_lookup_num_tokens=, assistant_model=...)
         return type(self)._get_candidate_generator(self, *args, **kwargs)
     named = compat.bind_get_candidate_generator_args(self, args, kwargs)
     ctx = CallContext(
@@ -358,11 +389,10 @@ def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
 
 def _get_logits_processor(self: torch.nn.Module, *args: Any, **kwargs: Any):
     processors = type(self)._get_logits_processor(self, *args, **kwargs)
-    seeding = _SEEDING.get()
-    if seeding is not None and seeding[0] is self:
-        config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
-        processors = seeded_processors(processors, config, seeding[1])
     call = _ACTIVE_CALL.get()
+    if call is not None and call.model is self and call.seeded:
+        config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
+        processors = seeded_processors(processors, config, call.seed)
     if call is not None and call.model is self and call.logits_processor is None:
         call.logits_processor = processors
     return processors
@@ -375,48 +405,46 @@ def _install_loop_hooks(model: torch.nn.Module) -> None:
 
 
 def active_call(model: torch.nn.Module) -> _Call | None:
-    """The speculative call running on ``model`` in this context, or ``None``."""
+    """The speculative call running on ``model`` in this context, or ``None`` (none, or a plain seeded one)."""
     call = _ACTIVE_CALL.get()
-    return call if call is not None and call.model is model else None
+    return call if call is not None and call.model is model and call.strategy is not None else None
 
 
 @contextlib.contextmanager
 def _temporary_loop_hooks(model: torch.nn.Module):
     """For ``custom_generate`` on a model that was not enabled: the loop looks its drafter up on the
-    instance, so install the (call-scoped, otherwise transparent) hooks for the duration of the call."""
+    instance, so install the (call-scoped, otherwise transparent) hooks for the duration of the call. The calls
+    holding them are counted in the model's state (``hook_users``, which ``hfs.forget`` carries over)."""
+    users = state_of(model).hook_users
     with _HOOK_LOCK:
-        users = model.__dict__.get("_hf_speculative_hook_users", 0)
-        if users == 0 and not is_enabled(model):
+        if users.count == 0 and not is_enabled(model):
             _install_loop_hooks(model)
-        model.__dict__["_hf_speculative_hook_users"] = users + 1
+        users.count += 1
     try:
         yield
     finally:
         with _HOOK_LOCK:
-            users = model.__dict__["_hf_speculative_hook_users"] - 1
-            model.__dict__["_hf_speculative_hook_users"] = users
-            if users == 0:
-                model.__dict__.pop("_hf_speculative_hook_users")
-                if not is_enabled(model):
-                    for name in _LOOP_HOOKS:
-                        model.__dict__.pop(name, None)
+            users.count -= 1
+            if users.count == 0 and not is_enabled(model):
+                for name in _LOOP_HOOKS:
+                    model.__dict__.pop(name, None)
 
 
 @contextlib.contextmanager
-def _seeded(model: torch.nn.Module, seed: int | None):
-    """Within: a sampling ``generate()`` of ``model`` (in this context) draws with a SeededSampler of ``seed``
-    (``None``: a seed drawn from torch's global generator when the processors are built)."""
-    token = _SEEDING.set((model, seed))
-    try:
-        yield
-    finally:
-        _SEEDING.reset(token)
-
-
-@contextlib.contextmanager
-def _speculative_call(model: torch.nn.Module, strategy: Any):
+def _call(model: torch.nn.Module, strategy: Any, seed: int | None):
+    """Within: the call of ``model`` in this context (:data:`_ACTIVE_CALL`), which the hooks transformers calls back
+    read. Under sampling it draws with a SeededSampler of ``seed`` (``None``: a seed drawn from torch's global
+    generator when the processors are built). ``strategy`` ``None``: plain decoding (seeded), no statistics."""
+    if strategy is None:
+        call = _Call(model=model, strategy=None, stats=None, seed=seed)
+        token = _ACTIVE_CALL.set(call)
+        try:
+            yield call
+        finally:
+            _ACTIVE_CALL.reset(token)
+        return
     stats = SpeculativeStats(method=getattr(strategy, "name", type(strategy).__name__))
-    call = _Call(model=model, strategy=strategy, stats=stats)
+    call = _Call(model=model, strategy=strategy, stats=stats, seed=seed)
     token = _ACTIVE_CALL.set(call)
     start = time.perf_counter()
     try:
@@ -558,8 +586,6 @@ def _batched(inputs: Any) -> bool:
 
 def _check_batch(inputs: torch.Tensor, strategy: Any) -> None:
     if _batched(inputs):
-        from ..core.batch_loop import check_batch_strategy
-
         check_batch_strategy(strategy)
 
 

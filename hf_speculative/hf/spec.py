@@ -15,9 +15,13 @@
 - :func:`from_spec` builds the strategy back for a target; every problem names its field
   (``generation_config.candidate_generator.method`` ...).
 
-Methods: ``prompt-lookup``, ``draft-model`` (saved by the draft model's registry name or its folder inside the
-model's; one from elsewhere is copied into ``draft-model/``), ``eagle``, ``medusa``, ``early-exit``, ``early-exit-adapter``, ``layer-skip`` (the names
-of ``hf_speculative.tooling.methods``), ``suffix``, ``lookahead``, and ``hybrid`` (``"members"``: a list of specs).
+The methods are the drafter registry's (:func:`hf_speculative.drafters.registry.registered`), and each drafter class
+declares what its spec holds: the fields that hold objects (``live_fields``), what it keeps in files
+(``files_for``: a trained network saved to a subfolder or named when shipped, a draft model named by its registry
+name or its folder inside the model's, a history or calibration file), how it is built back (``load_network``,
+``from_spec_options``), or that it lists members' specs (``holds_members``: ``"members"``). This module does the
+reading and writing, the same for every drafter: the bounds of a spec, paths confined to the model's folder, file
+sizes capped, sha256 recorded and checked, every error naming its field.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 
 from ..registry import integrity
 from ..core import tree_shapes
+from ..drafters import registry
+from ..drafters.registry import SpecFiles
 from ..options import MAX_HYBRID_MEMBERS, shown
 
 TREE_SHAPES = (tree_shapes.DynamicTree, tree_shapes.StaticTree)
@@ -48,13 +54,7 @@ MAX_SPEC_VALUES = 100_000  # values in a whole spec (a static tree of 256 paths 
 MAX_SPEC_STRING = 4096  # characters of a string (a path, a digest, a method name) or an object key
 MAX_SPEC_INT_BITS = 64  # an integer in a spec (larger ones are never a valid setting)
 MAX_GENERATION_CONFIG_BYTES = 1 << 20  # a generation_config.json that hfs.load_model reads before transformers
-MAX_SPEC_NETWORKS = 2  # members that load a network from files (eagle, medusa, early-exit-adapter, draft-model)
-DRAFT_SUBFOLDER = "draft-model"  # where save_pretrained copies a draft model from outside the model's folder
-NETWORK_METHODS = ("eagle", "medusa", "early-exit-adapter", "draft-model")
-# options that name a file the strategy reads and writes: in a spec, a relative name in the model's folder
-FILE_OPTIONS = {"suffix": "history_file", "layer-skip": "calibration_file"}
-# where save_pretrained puts such a file beside the model
-SAVED_FILE_NAMES = {"suffix": "suffix-history.json", "layer-skip": "layer-skip-calibration.json"}
+MAX_SPEC_NETWORKS = 2  # members that load a network from files (a trained network or a draft model: SpecFiles)
 # the specs of the strategies being saved right now in this thread, by id (see `saving`)
 _SAVING: contextvars.ContextVar[dict[int, dict]] = contextvars.ContextVar("hf_speculative_saving", default={})
 
@@ -63,48 +63,25 @@ class SpecError(ValueError):
     """A ``candidate_generator`` spec that cannot be read or written; the message names the field."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Method:
-    cls: type
-    live: tuple[str, ...] = ()  # fields that hold objects, not settings: never in "options"
-    subfolder: str | None = None  # where a trained network is saved beside the model
+def _methods() -> dict[str, type]:
+    """Every spec method: the drafter registry's names -> classes (the drafters are imported on first use)."""
+    return registry.registered()
 
 
-@functools.cache
-def _methods() -> dict[str, _Method]:
-    # imported on first use: the drafters import base, which imports this module lazily
-    from ..drafters.draft_model.drafter import DraftModel
-    from ..drafters.eagle.drafter import Eagle
-    from ..drafters.hybrid.drafter import Hybrid
-    from ..drafters.lookahead.drafter import Lookahead
-    from ..drafters.medusa.drafter import Medusa
-    from ..drafters.prompt_lookup.drafter import PromptLookup
-    from ..drafters.self_speculative.strategies import EarlyExit, LayerSkip
-    from ..drafters.suffix.drafter import SuffixDecoding
-
-    early_exit_live = ("adapter", "adapter_sha256")
-    return {
-        "prompt-lookup": _Method(PromptLookup),
-        "draft-model": _Method(DraftModel, ("model", "tokenizer", "target_tokenizer")),
-        "eagle": _Method(Eagle, ("drafter",), "eagle"),
-        "medusa": _Method(Medusa, ("heads",), "medusa"),
-        "early-exit": _Method(EarlyExit, early_exit_live),
-        "early-exit-adapter": _Method(EarlyExit, early_exit_live, "exit-adapter"),
-        "layer-skip": _Method(LayerSkip),
-        "hybrid": _Method(Hybrid, ("strategies",)),
-        "suffix": _Method(SuffixDecoding),
-        "lookahead": _Method(Lookahead),
-    }
+def _files(method: str) -> SpecFiles:
+    """What the spec of ``method`` keeps in files, as its class declares."""
+    return _methods()[method].files_for(method)
 
 
 def method_of(strategy: Any) -> str | None:
-    """The spec's method name of ``strategy`` (``None`` for a class with no spec, e.g. a user's own)."""
-    for name, method in _methods().items():
-        if type(strategy) is method.cls:
-            if name.startswith("early-exit"):
-                return "early-exit-adapter" if strategy.adapter is not None else "early-exit"
-            return name
-    return None
+    """The spec's method name of ``strategy`` (``None`` for a class with no spec: a user's own, or a subclass of a
+    registered one, which a spec would bring back as its base class)."""
+    from ..drafters.base import DraftStrategy  # (imports torch: whoever holds a strategy has it already)
+
+    if not isinstance(strategy, DraftStrategy):
+        return None
+    method = strategy.spec_method()
+    return method if method is not None and _methods().get(method) is type(strategy) else None
 
 
 # -- strategy -> spec ------------------------------------------------------------------------------
@@ -120,19 +97,19 @@ def to_spec(strategy: Any) -> dict:
     method = method_of(strategy)
     if method is None:
         return {"class": f"{type(strategy).__module__}.{type(strategy).__qualname__}"}
-    if method == "hybrid":
-        return {"method": method, "members": [to_spec(member) for member in strategy.strategies]}
+    members = strategy.spec_members()
+    if members is not None:
+        return {"method": method, "members": [to_spec(member) for member, _ in members]}
     spec = {"method": method, "options": options_of(strategy)}
-    if method == "early-exit-adapter" and isinstance(strategy.adapter, (str, os.PathLike)):
-        spec["path"] = str(strategy.adapter)
-    if method == "draft-model" and getattr(strategy.model, "name_or_path", ""):
-        spec["path"] = str(strategy.model.name_or_path)
+    path = strategy.spec_path()
+    if path:
+        spec["path"] = path
     return spec
 
 
 def options_of(strategy: Any) -> dict:
     """The strategy's settings as JSON values: its init fields except those holding live objects."""
-    live = _methods()[method_of(strategy)].live
+    live = type(strategy).live_fields
     options = {}
     for field in dataclasses.fields(strategy):
         if field.init and field.name not in live:
@@ -146,11 +123,10 @@ def options_of(strategy: Any) -> dict:
 def save_strategy(strategy: Any, directory: str | os.PathLike, subfolder: str | None = None) -> dict:
     """Write what the spec of ``strategy`` needs beside a model saved in ``directory``; return the spec.
 
-    A trained network (EAGLE drafter, Medusa heads, exit adapter) goes to ``directory/subfolder`` (default ``"eagle"`` /
-    ``"medusa"`` /
-    ``"exit-adapter"``) in hf_speculative's format, unless it is one that ships with the package, which
-    the spec names instead. A draft model is named by its registry name or its folder inside
-    ``directory``; one from elsewhere is copied into ``directory/draft-model``. A history or calibration file is
+    What its class declares (``files_for``): a trained network goes to ``directory/subfolder`` (by default the class's
+    subfolder: ``"eagle"``, ``"medusa"``, ``"exit-adapter"``) in hf_speculative's format, unless it is one that ships
+    with the package, which the spec names instead; a draft model is named by its registry name or its folder inside
+    ``directory`` (one from elsewhere is copied into ``directory/draft-model``); a history or calibration file is
     copied beside the model and named relatively.
 
     Raises:
@@ -163,18 +139,17 @@ def save_strategy(strategy: Any, directory: str | os.PathLike, subfolder: str | 
                         f"{', '.join(_methods())}). Pass it per call with candidate_generator=, or clear the default "
                         "before saving: del model.generation_config.candidate_generator.")
     directory = Path(directory)
-    if method == "hybrid":
-        members = zip(strategy.strategies, strategy.labels())
+    members = strategy.spec_members()
+    if members is not None:
         return {"method": method, "members": [save_strategy(m, directory, _subfolder(m, lab)) for m, lab in members]}
     spec = {"method": method, "options": options_of(strategy)}
-    if method in FILE_OPTIONS:
-        _save_file_option(spec, method, directory, subfolder)
-    if method == "draft-model":
-        spec["path"] = _draft_model_location(strategy.model, directory)
-    elif _methods()[method].subfolder is not None:
-        net = {"eagle": lambda: strategy.drafter, "medusa": lambda: strategy.heads}.get(method, lambda: strategy._adapter_net)()
-        spec.update(_save_network(net, directory, _shipped_dir(method), subfolder or _methods()[method].subfolder,
-                                  _checkpoints(method)))
+    files = _files(method)
+    if files.file_option is not None:
+        _save_file_option(spec, method, files, directory, subfolder)
+    if files.network == "model":
+        spec["path"] = _draft_model_location(strategy, directory, subfolder or files.subfolder)
+    elif files.network == "checkpoint":
+        spec.update(_save_network(strategy.spec_network(), directory, files, subfolder or files.subfolder))
     return spec
 
 
@@ -202,58 +177,38 @@ def keep_field_on_load(directory: str | os.PathLike) -> None:
 
 
 def _subfolder(member: Any, label: str) -> str | None:
-    method = method_of(member) or ""
-    base = _methods().get(method, _Method(object)).subfolder
-    if base is None and method in SAVED_FILE_NAMES:
-        base = SAVED_FILE_NAMES[method].removesuffix(".json")
+    """Where a hybrid's member keeps its files: its network's subfolder or its file's stem, with the label's number
+    for a second member of the same method (``eagle-2``)."""
+    method = method_of(member)
+    files = registry.NO_FILES if method is None else _files(method)
+    base = files.subfolder
+    if base is None and files.saved_name is not None:
+        base = files.saved_name.removesuffix(".json")
     return None if base is None else base + (f"-{label.split('#')[1]}" if "#" in label else "")
 
 
-def _save_file_option(spec: dict, method: str, directory: Path, stem: str | None) -> None:
+def _save_file_option(spec: dict, method: str, files: SpecFiles, directory: Path, stem: str | None) -> None:
     """A strategy's history / calibration file goes beside the model (copied, when it exists) under a relative
     name, the only kind of name a spec may hold (see :func:`_local_files`)."""
-    key = FILE_OPTIONS[method]
+    key = files.file_option
     value = spec["options"].get(key)
     if value is None:
         return
-    name = f"{stem}.json" if stem else SAVED_FILE_NAMES[method]
+    name = f"{stem}.json" if stem else files.saved_name
     source = Path(value)
     if source.exists():
-        data = integrity.read_capped(source, _file_cap(method), f"{method} {key}")
+        data = integrity.read_capped(source, _file_cap(files), f"{method} {key}")
         directory.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
     spec["options"][key] = name
 
 
-def _checkpoints(method: str) -> Any:
-    """The checkpoint module of a trained network's method (Medusa heads, or EAGLE's for drafters and adapters)."""
-    if method == "medusa":
-        from ..drafters.medusa import checkpoints
-
-        return checkpoints
-    from ..drafters.eagle import checkpoints
-
-    return checkpoints
-
-
-def _shipped_dir(method: str) -> Path:
-    if method == "medusa":
-        from ..drafters.medusa.drafter import PRETRAINED_DIR
-
-        return PRETRAINED_DIR
-    if method == "eagle":
-        from ..drafters.eagle.drafter import PRETRAINED_DIR
-
-        return PRETRAINED_DIR
-    from ..drafters.self_speculative.exit_adapter import SHIPPED_DIR
-
-    return SHIPPED_DIR
-
-
-def _save_network(net: Any, directory: Path, shipped_dir: Path, subfolder: str, checkpoints: Any) -> dict:
-    name = _shipped_match(net, shipped_dir, checkpoints)
+def _save_network(net: Any, directory: Path, files: SpecFiles, subfolder: str) -> dict:
+    """A trained network's spec fields: a shipped one's name, or the subfolder it is written to; their digests."""
+    checkpoints = files.checkpoints()
+    name = _shipped_match(net, files.shipped_dir, checkpoints)
     if name is not None:
-        return {"path": name, "sha256": _digests(shipped_dir / name)}
+        return {"path": name, "sha256": _digests(files.shipped_dir / name)}
     checkpoints.save_pretrained(net, directory / subfolder)
     return {"path": subfolder, "sha256": _digests(directory / subfolder)}
 
@@ -275,12 +230,13 @@ def _shipped_match(net: Any, shipped_dir: Path, checkpoints: Any) -> str | None:
     return None
 
 
-def _draft_model_location(draft: Any, directory: Path) -> str:
-    """How the spec names a draft model: its registry name, or its folder relative to ``directory``. A draft
-    model loaded from anywhere else (another folder, the Hub) is saved into ``directory/draft-model`` first: a
-    spec loads a draft model from nowhere else (see :func:`_load_draft_model`)."""
+def _draft_model_location(strategy: Any, directory: Path, subfolder: str) -> str:
+    """How the spec names ``strategy``'s draft model: its registry name, or its folder relative to ``directory``. A
+    draft model loaded from anywhere else (another folder, the Hub) is saved into ``directory/subfolder`` first
+    (``draft-model``): a spec loads a draft model from nowhere else (see :func:`_load_draft_model`)."""
     from ..registry import models
 
+    draft = strategy.spec_network()
     name = str(getattr(draft, "name_or_path", "") or "")
     local = Path(name).expanduser() if name else None
     if name in models.REGISTRY:
@@ -292,13 +248,13 @@ def _draft_model_location(draft: Any, directory: Path) -> str:
         with contextlib.suppress(ValueError):
             return local.resolve().relative_to(directory.resolve()).as_posix()
     if name:
-        draft.save_pretrained(directory / DRAFT_SUBFOLDER)
-        return DRAFT_SUBFOLDER
-    raise SpecError(f"{WHERE}: DraftModel(model=...) holds a draft model that was not loaded from a folder, a registry "
-                    f"name or the Hub (its name_or_path is {name!r}), and a spec names the draft model, it does not "
-                    "copy it. Save it (draft.save_pretrained(folder)), load it back with from_pretrained(folder) and "
-                    "use that one, or clear the default before saving: "
-                    "del model.generation_config.candidate_generator.")
+        draft.save_pretrained(directory / subfolder)
+        return subfolder
+    holder = f"{type(strategy).__name__}({type(strategy).live_fields[0]}=...)"  # DraftModel(model=...)
+    raise SpecError(f"{WHERE}: {holder} holds a draft model that was not loaded from a folder, a registry name or the "
+                    f"Hub (its name_or_path is {name!r}), and a spec names the draft model, it does not copy it. "
+                    "Save it (draft.save_pretrained(folder)), load it back with from_pretrained(folder) and use that "
+                    "one, or clear the default before saving: del model.generation_config.candidate_generator.")
 
 
 def file_sha256(path: Path) -> str:
@@ -387,8 +343,8 @@ def from_spec(spec: Any, target: Any, base_dir: str | os.PathLike | None, where:
     """
     check_bounds(spec, where)
     name = _parse(spec, where)
-    if name == "hybrid":
-        return _hybrid(spec, target, base_dir, where)
+    if _methods()[name].holds_members:
+        return _with_members(name, spec, target, base_dir, where)
     try:
         options = _local_files(name, _options(spec, name, where), target, base_dir, where)
         strategy = _build(name, spec, options, target, base_dir, where)
@@ -416,39 +372,41 @@ def _parse(spec: Any, where: str) -> str:
     if not isinstance(name, str) or name not in _methods():
         raise SpecError(f"{where}.method: unknown method {shown(name)}; known: {', '.join(_methods())}. Fix the name "
                         "(a string), or upgrade hf_speculative if a newer version wrote this config.")
-    if name != "hybrid":
+    if not _methods()[name].holds_members:
         _options(spec, name, where)
         return name
     members = spec.get("members")
     if not isinstance(members, list) or len(members) < 2:
-        raise SpecError(f"{where}.members: the hybrid method needs a list of two or more specs, got {shown(members)}.")
+        raise SpecError(f"{where}.members: the {name} method needs a list of two or more specs, got {shown(members)}.")
     if len(members) > MAX_HYBRID_MEMBERS:  # before any member is built (each may load a network)
         raise SpecError(f"{where}.members: at most {MAX_HYBRID_MEMBERS} specs, got {len(members)}.")
-    methods = [_parse_member(member, f"{where}.members[{i}]") for i, member in enumerate(members)]
-    networks = [m for m in methods if m in NETWORK_METHODS]
+    methods = [_parse_member(member, name, f"{where}.members[{i}]") for i, member in enumerate(members)]
+    networks = [m for m in methods if _files(m).network is not None]
     if len(networks) > MAX_SPEC_NETWORKS:
         raise SpecError(f"{where}.members: {len(networks)} members load a network ({', '.join(networks)}); a spec loads "
                         f"at most {MAX_SPEC_NETWORKS}. Keep the cheap drafters and one or two trained ones.")
     return name
 
 
-def _parse_member(member: Any, where: str) -> str:
-    if isinstance(member, dict) and member.get("method") == "hybrid":
-        raise SpecError(f"{where}.method: a hybrid's member cannot be a hybrid; list the inner hybrid's members in "
-                        "the outer one.")
+def _parse_member(member: Any, outer: str, where: str) -> str:
+    """A member's method, checked before anything is built; a member that lists members itself is refused (a spec
+    nests one level: the bounds of :func:`check_bounds` count on it)."""
+    inner = member.get("method") if isinstance(member, dict) else None
+    if isinstance(inner, str) and inner in _methods() and _methods()[inner].holds_members:
+        raise SpecError(f"{where}.method: a {outer}'s member cannot be a {inner}; list the inner {inner}'s members in "
+                        f"the outer one.")
     return _parse(member, where)
 
 
-def _hybrid(spec: dict, target: Any, base_dir: Any, where: str) -> Any:
-    from ..drafters.hybrid.drafter import Hybrid
-
+def _with_members(method: str, spec: dict, target: Any, base_dir: Any, where: str) -> Any:
+    """The strategy of a spec that lists members (``hfs.Hybrid``): each member built as a spec of its own."""
     members = [from_spec(m, target, base_dir, f"{where}.members[{i}]") for i, m in enumerate(spec["members"])]
     try:
-        hybrid = Hybrid(*members)
+        strategy = _methods()[method].from_spec_members(members)
     except (ValueError, TypeError) as error:
         raise SpecError(f"{where}.members: {error}") from error
-    hybrid.__dict__["_hf_speculative_spec"] = spec
-    return hybrid
+    strategy.__dict__["_hf_speculative_spec"] = spec
+    return strategy
 
 
 def _options(spec: dict, method: str, where: str) -> dict:
@@ -456,8 +414,8 @@ def _options(spec: dict, method: str, where: str) -> dict:
     options = spec.get("options", {})
     if not isinstance(options, dict):
         raise SpecError(f"{where}.options must be an object of option names and values, got {shown(options)}.")
-    fields = {f.name: f for f in dataclasses.fields(_methods()[method].cls)
-              if f.init and f.name not in _methods()[method].live}
+    cls = _methods()[method]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in cls.live_fields}
     unknown = sorted(set(options) - set(fields))
     if unknown:
         raise SpecError(f"{where}.options: unknown option(s) {shown(unknown)} for the {method} method; known: "
@@ -475,7 +433,7 @@ def _options(spec: dict, method: str, where: str) -> dict:
         if expected and (not isinstance(value, expected) or (bool not in expected and isinstance(value, bool))):
             names = " or ".join(t.__name__ for t in expected)
             raise SpecError(f"{where}.options.{key}: expected {names}, got {shown(value)}.")
-    file_key = FILE_OPTIONS.get(method)
+    file_key = _files(method).file_option
     if file_key is not None and options.get(file_key) is not None:
         try:
             integrity.check_relative_name(options[file_key], f"{where}.options.{file_key}")
@@ -489,17 +447,17 @@ def _local_files(method: str, options: dict, target: Any, base_dir: Any, where: 
     """A spec's ``history_file`` / ``calibration_file`` is a relative name in the model's folder, read from there
     (once, a regular file under its cap) and then kept, read and written, in the package's cache under a name
     derived from the model's fingerprint: loading a spec never writes outside that cache."""
-    key = FILE_OPTIONS.get(method)
+    files = _files(method)
+    key = files.file_option
     name = None if key is None else options.get(key)
     if name is None:
         return options
     what = f"{where}.options.{key}"
-    cap = _file_cap(method)
-    from ..drafters.self_speculative.calibration import model_fingerprint
+    cap = _file_cap(files)
     from ..registry.models import cache_dir
 
     digest = hashlib.sha256(f"{method}\0{name}".encode()).hexdigest()[:16]
-    kept = cache_dir() / "spec-files" / model_fingerprint(target) / f"{method}-{digest}.json"
+    kept = cache_dir() / "spec-files" / files.fingerprint(target) / f"{method}-{digest}.json"
     if not kept.exists() and base_dir is not None:
         source = integrity.confined(base_dir, name, what)
         if os.path.lexists(source):
@@ -515,40 +473,33 @@ def _local_files(method: str, options: dict, target: Any, base_dir: Any, where: 
     return {**options, key: str(kept)}
 
 
-def _file_cap(method: str) -> int:
-    if method == "suffix":
-        from ..drafters.suffix.history import MAX_HISTORY_FILE_BYTES
-
-        return MAX_HISTORY_FILE_BYTES
-    return integrity.MAX_JSON_BYTES
+def _file_cap(files: SpecFiles) -> int:
+    """The most bytes read from a spec's file: the class's bound, else a JSON file's."""
+    return integrity.MAX_JSON_BYTES if files.max_bytes is None else files.max_bytes
 
 
 def _with_options(make: Any, options: dict, where: str) -> Any:
     try:
-        return make(**options)
+        return make(options)
     except (ValueError, TypeError) as error:
         raise SpecError(f"{where}.options are invalid: {error}") from error
 
 
 def _build(method: str, spec: dict, options: dict, target: Any, base_dir: Any, where: str) -> Any:
-    cls = _methods()[method].cls
-    if method == "draft-model":
-        draft = _load_draft_model(spec, target, base_dir, where)
-        return _with_options(functools.partial(cls, draft), options, where)
-    if method not in ("eagle", "early-exit-adapter", "medusa"):
-        if "path" in spec or "sha256" in spec:
-            raise SpecError(f"{where}.{'path' if 'path' in spec else 'sha256'}: the {method} method loads no files; "
-                            "remove it.")
-        return _with_options(cls, options, where)
-    folder = _network_folder(spec, method, base_dir, where)
-    _check_digests(folder, spec.get("sha256"), where)
-    if method in ("eagle", "medusa"):
-        loaded = _loading(lambda: cls.from_pretrained(folder, target=target), where)
-        return _with_options(functools.partial(dataclasses.replace, loaded), options, where)
-    from ..drafters.self_speculative.exit_adapter import load_adapter
-
-    net = _loading(lambda: load_adapter(folder), where)
-    return _with_options(functools.partial(cls, adapter=net), options, where)
+    """The strategy of a checked spec: the network its files hold (checked: confined, digests matched), then the
+    class's own constructor with the options."""
+    cls, files = _methods()[method], _files(method)
+    network = None
+    if files.network == "model":
+        network = _load_draft_model(spec, target, base_dir, where)
+    elif files.network == "checkpoint":
+        folder = _network_folder(spec, method, files, base_dir, where)
+        _check_digests(folder, spec.get("sha256"), where)
+        network = _loading(lambda: cls.load_network(method, folder, target), where)
+    elif "path" in spec or "sha256" in spec:
+        raise SpecError(f"{where}.{'path' if 'path' in spec else 'sha256'}: the {method} method loads no files; "
+                        "remove it.")
+    return _with_options(functools.partial(cls.from_spec_options, method, network=network), options, where)
 
 
 def _loading(load: Any, where: str) -> Any:
@@ -558,11 +509,9 @@ def _loading(load: Any, where: str) -> Any:
         raise SpecError(f"{where}.path: cannot load the drafter there: {error}") from error
 
 
-def _network_folder(spec: dict, method: str, base_dir: Any, where: str) -> Path:
-    from ..drafters.eagle.checkpoints import shipped_names
-
+def _network_folder(spec: dict, method: str, files: SpecFiles, base_dir: Any, where: str) -> Path:
     path = spec.get("path")
-    shipped = shipped_names(_shipped_dir(method))
+    shipped = files.checkpoints().shipped_names(files.shipped_dir)
     if not isinstance(path, str) or not path:
         raise SpecError(f"{where}.path: the {method} method needs the drafter's folder, relative to the model's "
                         f"folder, or a shipped name ({', '.join(shipped) or 'none'}); got {shown(path)}. Save the model "
@@ -579,7 +528,7 @@ def _network_folder(spec: dict, method: str, base_dir: Any, where: str) -> Path:
         if local.is_dir():
             return local
     if path in shipped:
-        return _shipped_dir(method) / path
+        return files.shipped_dir / path
     raise FileNotFoundError(f"{where}.path: no drafter folder {path!r} in the model's folder {base_dir} and no shipped "
                             f"drafter of that name ({', '.join(shipped) or 'none'}). Copy the drafter's folder beside "
                             "generation_config.json, or fix the path.")
@@ -615,8 +564,8 @@ def _load_draft_model(spec: dict, target: Any, base_dir: Any, where: str) -> Any
 
     path = spec.get("path")
     if not isinstance(path, str) or not path:
-        raise SpecError(f"{where}.path: the draft-model method needs the draft model's registry name or its folder "
-                        f"inside the model's folder, got {shown(path)}.")
+        raise SpecError(f"{where}.path: the {spec.get('method')} method needs the draft model's registry name or its "
+                        f"folder inside the model's folder, got {shown(path)}.")
     if path in models.REGISTRY:
         try:
             source = models.resolve(path, fetch_missing=False)  # its cached folder, checked; never a download

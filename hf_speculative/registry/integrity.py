@@ -30,9 +30,9 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
-__all__ = ["sha256_file", "stat_key", "settled", "check_files", "read_trust", "write_json_atomic", "drafter_trust_file",
-           "FileRefused", "confined", "open_regular", "read_capped", "read_json_capped", "MAX_JSON_BYTES",
-           "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
+__all__ = ["sha256_file", "is_sha256_hex", "stat_key", "settled", "check_files", "first_problem", "read_trust",
+           "write_json_atomic", "drafter_trust_file", "FileRefused", "confined", "open_regular", "read_capped",
+           "read_json_capped", "MAX_JSON_BYTES", "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
 
 _CHUNK = 8 << 20
 MAX_JSON_BYTES = 4 << 20  # a config.json, manifest, weights index or calibration file read from disk
@@ -179,6 +179,11 @@ def sha256_file(path: Path, update: Callable[[int], Any] | None = None, *, cap: 
     return digest.hexdigest()
 
 
+def is_sha256_hex(value: Any) -> bool:
+    """Whether ``value`` is written as a sha256 digest: 64 hex digits (either case)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)
+
+
 def stat_key(st: os.stat_result) -> list[int]:
     """What a trust record compares: size, mtime_ns, ctime_ns, inode, device."""
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
@@ -276,6 +281,13 @@ def check_files(folder: Path, expected: Mapping[str, str], trust_file: Path | No
     if trust_file is not None and (hashed or kept.keys() != trust.keys()):
         write_json_atomic(trust_file, {"version": TRUST_VERSION, "folder": str(folder), "files": kept})
     return problems
+
+
+def first_problem(problems: list[tuple[str, str]]) -> str:
+    """:func:`check_files`' problems in a message: the first one, and how many more (named)."""
+    (name, what), more = problems[0], problems[1:]
+    others = f" (and {len(more)} more: {', '.join(n for n, _ in more)})" if more else ""
+    return f"{name} {what}{others}"
 
 
 def drafter_trust_file(folder: Path) -> Path | None:

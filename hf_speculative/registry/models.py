@@ -191,11 +191,9 @@ def _hash_files(path: Path, rels: list[str], progress: bool = False) -> dict[str
 
 
 def _integrity_failed(name: str, path: Path, problems: list[tuple[str, str]]) -> NoReturn:
-    (rel, what), more = problems[0], problems[1:]
-    others = f" (and {len(more)} more: {', '.join(r for r, _ in more)})" if more else ""
     raise RegistryError(
-        f"Cached model {name!r} at {path} failed its integrity check: {rel} {what}{others}. The files changed since "
-        f"the model was fetched (a damaged disk or copy, an interrupted write, or an edit). Run "
+        f"Cached model {name!r} at {path} failed its integrity check: {integrity.first_problem(problems)}. The files "
+        "changed since the model was fetched (a damaged disk or copy, an interrupted write, or an edit). Run "
         f"`hf-speculative models fetch {name}` to repair it.")
 
 
@@ -727,10 +725,8 @@ def _check_manifest(folder: Path) -> None:
         raise RegistryError(f"{folder / FOLDER_MANIFEST}: its 'sha256' must map file names to hex digests.")
     problems = integrity.check_files(folder, digests, None, full=True)
     if problems:
-        (rel, what), more = problems[0], problems[1:]
-        others = f" (and {len(more)} more: {', '.join(r for r, _ in more)})" if more else ""
-        raise RegistryError(f"The model folder {folder} failed its integrity check: {rel} {what}{others}, unlike its "
-                            f"{FOLDER_MANIFEST}. Copy or download the folder again.")
+        raise RegistryError(f"The model folder {folder} failed its integrity check: {integrity.first_problem(problems)},"
+                            f" unlike its {FOLDER_MANIFEST}. Copy or download the folder again.")
 
 
 class _HugeInt:

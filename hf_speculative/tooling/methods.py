@@ -4,7 +4,9 @@ A :class:`MethodSpec` says how to turn one ``model.generate()`` call into a give
 which extra keyword arguments to pass (built fresh for every call) and which options it reads.
 Every method is registered here with :func:`register_method`; callers look them up by name with
 :func:`get_method` and list them with :func:`available_methods`, so no other module keeps its own
-list of methods.
+list of methods. hf_speculative's own methods come from the drafter folders: each folder's ``methods.py``
+declares its entries as plain data (``METHODS``, read without importing it) and the builds, which receive a
+:class:`MethodCall`; greedy and transformers' own methods (``hf-*``) are declared here.
 
 :func:`run_method` runs one method on one prompt and gathers what can be measured about it, the same
 way for every kind of method:
@@ -28,17 +30,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib
 import time
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 import torch
 
+from ..drafters import registry
 from ..options import MAX_DRAFT_TOKENS, MAX_LAYERS, MAX_NGRAM, check_int
 
 MethodKind = Literal["baseline", "hfs", "transformers"]
 BuildFn = Callable[[Any, Any, dict], dict]
 
 _REGISTRY: dict[str, "MethodSpec"] = {}
+_SOURCES: dict[str, "TrainedSource"] = {}  # option naming a trained drafter -> what it names (the folders declare it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,9 +267,9 @@ def run_method(
     new_ids = out[0, input_ids.shape[1] : input_ids.shape[1] + max_new_tokens].tolist()
     run = MethodRun(method=spec.name, output_ids=new_ids, seconds=seconds)
     if spec.kind != "baseline":
-        from ..hf.loop_entry import runs_in_our_loop
+        from ..hf.checks import drafts_trees
 
-        run.shape = "tree" if runs_in_our_loop(extra.get("candidate_generator")) else "chain"
+        run.shape = "tree" if drafts_trees(extra.get("candidate_generator")) else "chain"
     if counter is not None:
         run.target_forwards = counter.count
         run.tau = run.new_tokens / counter.count if counter.count else None
@@ -275,24 +282,38 @@ def run_method(
     return run
 
 
-def problem_on(spec: MethodSpec | str, model: Any, tokenizer: Any = None, options: dict | None = None) -> str | None:
+def problem_on(spec: MethodSpec | str, model: Any, tokenizer: Any = None, options: dict | None = None, *,
+               layers: int | None = None, draft_models: list | None = None, may_name: bool = False,
+               hint: str = "") -> str | None:
     """Why ``spec`` cannot run on ``model`` with ``options`` (``None``: nothing found), without generating: the
     method builds its drafter for the model (a trained drafter must ship for it or be given, a draft model must be
     given) and the drafter checks itself against the model (``validate_target``: layers, vocabulary, features);
     transformers' early exit needs fewer exit layers than the model has. What only a call finds out (a model whose
     architecture the loop does not support) is not checked here.
 
+    Given the model's *name* (a ``str``: the app's page, before anything loads), only what names and counts tell, in
+    words for a page (no command-line option): a draft model must be given or among ``draft_models`` (the models at
+    hand that share its tokenizer), a trained drafter must ship for it (recognised by name) or be named in
+    ``options``, and the methods that draft with a part of the model's layers need ``layers`` >= 2.
+
     Args:
         spec (`MethodSpec` or `str`): the method or its registry name.
-        model, tokenizer: the loaded target and its tokenizer.
+        model, tokenizer: the loaded target and its tokenizer, or the target's name (then ``tokenizer`` is unused).
         options (`dict`, *optional*): method options, as :func:`run_method` takes them (a draft model named by
             ``draft_model`` is loaded and cached in it).
+        layers (`int`, *optional*): by name: the model's layer count, if known.
+        draft_models (`list`, *optional*): by name: the models at hand that can draft for it (``None``: not asked).
+        may_name (`bool`): by name: a draft model or trained drafter that is not named yet may still be (a form
+            not yet sent), so its absence is no problem.
+        hint (`str`): by name: appended to the reason a trained drafter is missing (how to name one).
 
     Returns:
         `str` or `None`: the reason, in words that name the option to give.
     """
     spec = get_method(spec) if isinstance(spec, str) else spec
     options = {} if options is None else options
+    if isinstance(model, str):
+        return _problem_by_name(spec, model, options, layers, draft_models, may_name, hint)
     check_options([spec], options, shared=True)
     if spec.needs_draft_model and options.get("draft_model") is None:
         return "needs a draft model: a smaller model with the same tokenizer (--draft-model NAME, option draft_model)"
@@ -309,6 +330,32 @@ def problem_on(spec: MethodSpec | str, model: Any, tokenizer: Any = None, option
     except (ValueError, TypeError, RuntimeError, OSError) as err:  # OptionTypeError is a ValueError too
         return str(err) or type(err).__name__
     return None
+
+
+def _problem_by_name(spec: MethodSpec, name: str, options: dict, layers: int | None, draft_models: list | None,
+                     may_name: bool, hint: str) -> str | None:
+    """:func:`problem_on` for a model known by name only."""
+    short = short_name(name)
+    if spec.needs_draft_model and not may_name and options.get("draft_model") is None and draft_models is not None \
+            and not draft_models:
+        return f"needs a smaller model with {short}'s tokenizer on this server; none of the models here shares it"
+    for source in trained_sources(spec):
+        in_form = source.option in spec.options  # (an unlisted one, Medusa's heads, cannot be named in a form)
+        named = in_form and (may_name or options.get(source.option) is not None)
+        if not named and shipped_for(name, source.names()) is None:
+            shipped = ", ".join(source.names()) or "none"
+            return (f"no trained {source.singular or source.what} ships for {short} (shipped for: {shipped})"
+                    f"{hint if in_form else ''}")
+    if layers is not None and layers < 2 and ({"exit_layer", "skip"} & set(spec.options)):
+        return f"drafts with a part of the model's layers; {short} has only {layers}"
+    return None
+
+
+def short_name(name: str) -> str:
+    """A model's name for messages: a registry name as it is, a folder by its last part."""
+    from ..registry.models import REGISTRY
+
+    return name if name in REGISTRY else Path(name).name or name
 
 
 def _layer_count(model: Any) -> int | None:
@@ -329,76 +376,111 @@ def pad_token_id(model: Any, tokenizer: Any) -> int | None:
     return pad
 
 
-# -- the built-in methods -------------------------------------------------------------------------
-def _build_greedy(model: Any, tokenizer: Any, options: dict) -> dict:
-    return {}
+# -- hf_speculative's methods: declared by the drafter folders --------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TrainedSource:
+    """A trained drafter an option names (``eagle``, ``adapter``, ``medusa``), else the one shipped for the model,
+    as a drafter folder's ``METHODS`` entry declares it (``"source"``).
+
+    Attributes:
+        option (`str`): the option naming it (a folder or a shipped name).
+        what (`str`): its name in messages (``"EAGLE drafter"``); ``singular``, when it differs, after "a"
+            (``"set of Medusa heads"``).
+        missing (`str`): how to give one, for the command line's message when none ships for the model.
+        folder (`str`): the drafter folder declaring it; ``shipped``: the function of its ``methods.py`` that lists the
+            targets one ships for.
+    """
+
+    option: str
+    what: str
+    missing: str
+    folder: str
+    shipped: str
+    singular: str | None = None
+
+    def names(self) -> list[str]:
+        """The targets one ships for (each shipped drafter is named after its model)."""
+        return list(getattr(importlib.import_module(f"{self.folder}.methods"), self.shipped)())
 
 
-def _build_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-
-    spec = get_method("prompt-lookup")
-    kwargs = {k: spec.option(options, k) for k in ("num_tokens", "max_ngram")}
-    return {"candidate_generator": hfs.PromptLookup(**{k: v for k, v in kwargs.items() if v is not None})}
+def trained_sources(spec: MethodSpec | str) -> list[TrainedSource]:
+    """The trained drafters ``spec`` reads (its options that name one, offered in a form or not)."""
+    spec = get_method(spec) if isinstance(spec, str) else spec
+    return [_SOURCES[key] for key in spec.option_names if key in _SOURCES]
 
 
-def _build_draft_model(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-
-    spec = get_method("draft-model")
-    draft = resolve_draft_model(spec, options, model)
-    num_tokens = spec.option(options, "num_tokens")
-    strategy = hfs.DraftModel(draft) if num_tokens is None else hfs.DraftModel(draft, num_tokens=num_tokens)
-    return {"candidate_generator": strategy}
+def shipped_for(name: str, shipped: list[str]) -> str | None:
+    """The shipped drafter (of ``shipped``) for the model called ``name``, recognised by its registry folder or name."""
+    parts = str(name).replace("\\", "/").split("/")
+    return next((drafter for drafter in shipped if drafter in parts), None)
 
 
-def _shipped_for(model: Any, names: list[str]) -> str | None:
-    """The shipped drafter (of ``names``) for ``model``, recognised by its registry folder or name."""
-    parts = str(getattr(model, "name_or_path", "")).replace("\\", "/").split("/")
-    return next((name for name in names if name in parts), None)
+class MethodCall:
+    """What a drafter folder's build gets: one call of a method (its spec, the target, the options), and the helpers
+    the builds share. The drafter folders never import tooling; this is the whole of what they use.
 
+    Args:
+        spec (`MethodSpec`): the method being built.
+        model, tokenizer: the target and its tokenizer.
+        options (`dict`): the shared options of the run (a build may cache loaded drafters in it, under ``_`` keys).
+    """
 
-def _trained_strategy(method: str, model: Any, options: dict, *, source_option: str, what: str, shipped: list[str],
-                      missing: str, cache_key: str, load: Callable[[Any, dict], Any],
-                      settings: dict | None = None) -> dict:
-    """The kwargs of a method whose drafter is trained (``eagle``, ``early-exit-adapter``): the drafter
-    (``what``, for messages) named by option ``source_option``, else the one shipped for ``model``
-    (``shipped``: their names), else a `ValueError` that ends with ``missing``. ``load(source,
-    settings)`` builds the strategy once per model, source and settings (cached in
-    ``options[cache_key]``), not per call."""
-    spec = get_method(method)
-    source = spec.option(options, source_option)
-    if source is None:
-        source = _shipped_for(model, shipped)
-        if source is None:
-            raise ValueError(f"no {what} ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
-                             f"{', '.join(shipped) or 'none'}); {missing}")
-    settings = {**_length_options(spec, options), **(settings or {})}
-    cache = options.setdefault(cache_key, {})
-    key = (id(model), str(source), tuple(sorted(settings.items())))
-    if key not in cache:
-        cache[key] = load(source, settings)
-    return {"candidate_generator": cache[key]}
+    def __init__(self, spec: MethodSpec, model: Any, tokenizer: Any, options: dict):
+        self.spec, self.model, self.tokenizer, self.options = spec, model, tokenizer, options
 
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
-def _build_eagle(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-    from hf_speculative.drafters.eagle.drafter import pretrained_names
+    def option(self, key: str) -> Any:
+        """Option ``key``: the user's if given, else the method's default."""
+        return self.spec.option(self.options, key)
 
-    return _trained_strategy("eagle", model, options, source_option="eagle", what="EAGLE drafter",
-                             shipped=pretrained_names(), missing="pass --eagle PATH to a trained drafter.",
-                             cache_key="_eagle_strategies",
-                             load=lambda source, settings: hfs.Eagle.from_pretrained(source, target=model, **settings))
+    def given(self, *keys: str) -> dict:
+        """``{key: value}`` of the options among ``keys`` that have a value (the strategy's defaults stand for the
+        others)."""
+        return {key: value for key in keys if (value := self.option(key)) is not None}
 
+    def length(self) -> dict:
+        """``num_tokens`` as an int, when given (the option the self-speculative and trained drafters share),
+        checked here (not coerced: ``int()`` would turn ``2.7`` into 2 silently) because it keys a cache of
+        loaded drafters before any strategy sees it."""
+        value = self.option("num_tokens")
+        return {} if value is None else {"num_tokens": _checked(self.spec, self.options, "num_tokens", 1,
+                                                                MAX_DRAFT_TOKENS)}
 
-def _build_eagle_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
+    def flag(self, key: str) -> bool:
+        """A boolean option (``adaptive``: ``--fixed-budget`` turns it off), refused unless ``True`` or ``False``."""
+        value = self.option(key)
+        if not isinstance(value, bool):
+            raise ValueError(f"method {self.name!r}: option {key} must be True or False, got {value!r}.")
+        return value
 
-    spec = get_method("eagle+lookup")
-    eagle = _build_eagle(model, tokenizer, options)["candidate_generator"]  # --eagle, --num-tokens
-    max_ngram = spec.option(options, "max_ngram")
-    lookup = hfs.PromptLookup() if max_ngram is None else hfs.PromptLookup(max_ngram=max_ngram)  # it checks the type
-    return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
+    def tree_nodes(self) -> int:
+        """Option ``tree_nodes``, the tree methods' node budget (1-64)."""
+        return _checked(self.spec, self.options, "tree_nodes", 1, 64)
+
+    def tree_shape(self, nodes: int) -> Any:
+        """:func:`tree_shape`: the dynamic tree the tree methods draft with a budget of ``nodes``."""
+        return tree_shape(nodes)
+
+    def draft_model(self) -> Any:
+        """:func:`resolve_draft_model`: the draft model of the options, loaded once onto the target's device."""
+        return resolve_draft_model(self.spec, self.options, self.model)
+
+    def trained(self, source_option: str, load: Callable[[Any, dict], Any], *, cache_key: str,
+                settings: dict | None = None) -> dict:
+        """:func:`_trained_strategy`: the kwargs of a method whose drafter is trained, named by ``source_option``."""
+        return _trained_strategy(self.spec, self.model, self.options, _SOURCES[source_option], cache_key=cache_key,
+                                 load=load, settings=settings)
+
+    def build(self, method: str) -> dict:
+        """Another method's kwargs for this call, with the same options (a hybrid's trained member)."""
+        return get_method(method).build(self.model, self.tokenizer, self.options)
+
+    def strategy(self, method: str, **settings: Any) -> Any:
+        """A strategy of the drafter registry's ``method``, built with ``settings`` (a hybrid's other member)."""
+        return registry.strategy_class(method)(**settings)
 
 
 def tree_shape(nodes: int) -> Any:
@@ -409,88 +491,50 @@ def tree_shape(nodes: int) -> Any:
     return hfs.DynamicTree(nodes=nodes, depth=min(8, max(3, nodes // 4)), top_k=min(8, nodes))
 
 
-def _tree_nodes(spec: MethodSpec, options: dict) -> int:
-    return _checked(spec, options, "tree_nodes", 1, 64)
+def _trained_strategy(spec: MethodSpec, model: Any, options: dict, source: TrainedSource, *, cache_key: str,
+                      load: Callable[[Any, dict], Any], settings: dict | None = None) -> dict:
+    """The kwargs of a method whose drafter is trained (``eagle``, ``early-exit-adapter``): the drafter named by
+    option ``source.option``, else the one shipped for ``model``, else a `ValueError` that ends with
+    ``source.missing``. ``load(source, settings)`` builds the strategy once per model, source and settings (cached
+    in ``options[cache_key]``), not per call."""
+    named = spec.option(options, source.option)
+    if named is None:
+        shipped = source.names()
+        named = shipped_for(str(getattr(model, "name_or_path", "")), shipped)
+        if named is None:
+            raise ValueError(f"no {source.what} ships for {getattr(model, 'name_or_path', 'this model')!r} (shipped: "
+                             f"{', '.join(shipped) or 'none'}); {source.missing}")
+    settings = {**MethodCall(spec, model, None, options).length(), **(settings or {})}
+    cache = options.setdefault(cache_key, {})
+    key = (id(model), str(named), tuple(sorted(settings.items())))
+    if key not in cache:
+        cache[key] = load(named, settings)
+    return {"candidate_generator": cache[key]}
 
 
-def _build_eagle_tree(model: Any, tokenizer: Any, options: dict) -> dict:
-    """EAGLE drafting dynamic trees, their size per step chosen from the measured verification cost."""
-    import hf_speculative as hfs
-    from hf_speculative.drafters.eagle.drafter import pretrained_names
-
-    spec = get_method("eagle-tree")
-    shape = tree_shape(_tree_nodes(spec, options))
-    return _trained_strategy("eagle-tree", model, options, source_option="eagle", what="EAGLE drafter",
-                             shipped=pretrained_names(), missing="pass --eagle PATH to a trained drafter.",
-                             cache_key="_eagle_tree_strategies", settings={"adaptive": _adaptive(spec, options),
-                                                                           "tree_nodes": shape.nodes},
-                             load=lambda source, settings: hfs.Eagle.from_pretrained(
-                                 source, target=model, tree=shape,
-                                 **{k: v for k, v in settings.items() if k != "tree_nodes"}))
+def _declared_build(folder: str, function: str, method: str, model: Any, tokenizer: Any, options: dict) -> dict:
+    """Run the build a drafter folder declares for ``method`` (its ``methods.py`` is imported now)."""
+    build = getattr(importlib.import_module(f"{folder}.methods"), function)
+    return build(model, tokenizer, MethodCall(get_method(method), model, tokenizer, options))
 
 
-def _adaptive(spec: MethodSpec, options: dict) -> bool:
-    """Option ``adaptive`` (``--fixed-budget`` turns it off): the tree methods' budget per step from the measured
-    verification cost (``True``), or always the whole ``--tree-nodes`` (for measuring τ by budget)."""
-    value = spec.option(options, "adaptive")
-    if not isinstance(value, bool):
-        raise ValueError(f"method {spec.name!r}: option adaptive must be True or False, got {value!r}.")
-    return value
+def _declared_methods() -> list[tuple[float, MethodSpec]]:
+    """``(order, spec)`` of every method the drafter folders declare; their trained sources recorded on the way."""
+    found = []
+    for folder, entries in registry.folder_data("methods", "METHODS"):
+        for entry in entries:
+            build = functools.partial(_declared_build, folder, entry["build"], entry["name"])
+            found.append((float(entry.get("order", float("inf"))), MethodSpec(
+                entry["name"], entry["label"], entry["description"], "hfs", build, dict(entry.get("options", {})),
+                tuple(entry.get("unlisted_options", ())))))
+            if "source" in entry:
+                _SOURCES[entry["source"]["option"]] = TrainedSource(folder=folder, **entry["source"])
+    return found
 
 
-def _build_eagle_lookup_tree(model: Any, tokenizer: Any, options: dict) -> dict:
-    """The hybrid of lookup trees (several n-gram matches) and EAGLE trees, in hf_speculative's own loop."""
-    import hf_speculative as hfs
-
-    spec = get_method("eagle+lookup-tree")
-    nodes = _tree_nodes(spec, options)
-    eagle = _build_eagle_tree(model, tokenizer, options)["candidate_generator"]  # (loaded once: cached in options)
-    max_ngram = spec.option(options, "max_ngram")
-    lookup = hfs.PromptLookup(tree=tree_shape(nodes), adaptive=_adaptive(spec, options),
-                              **({} if max_ngram is None else {"max_ngram": max_ngram}))
-    return {"candidate_generator": hfs.Hybrid(lookup, eagle)}
-
-
-def _length_options(spec: MethodSpec, options: dict) -> dict:
-    """``num_tokens`` as an int, when given (the option the self-speculative and trained drafters share),
-    checked here (not coerced: ``int()`` would turn ``2.7`` into 2 silently) because it keys a cache of
-    loaded drafters before any strategy sees it."""
-    value = spec.option(options, "num_tokens")
-    return {} if value is None else {"num_tokens": _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)}
-
-
-def _build_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-
-    spec = get_method("early-exit")
-    exit_layer = spec.option(options, "exit_layer")  # EarlyExit checks it
-    return {"candidate_generator": hfs.EarlyExit(exit_layer=exit_layer, **_length_options(spec, options))}
-
-
-def _build_early_exit_adapter(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-    from ..drafters.self_speculative.exit_adapter import shipped_adapters
-
-    return _trained_strategy("early-exit-adapter", model, options, source_option="adapter", what="exit adapter",
-                             shipped=shipped_adapters(), missing="pass --adapter PATH to one trained with "
-                             "`hf-speculative train-eagle --exit-layer K`.", cache_key="_exit_adapters",
-                             load=lambda source, settings: hfs.EarlyExit(adapter=source, **settings))
-
-
-def _build_layer_skip(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-
-    spec = get_method("layer-skip")
-    skip = spec.option(options, "skip")
-    if isinstance(skip, str) and skip != "auto":
-        try:
-            skip = [int(i) for i in skip.replace(" ", "").split(",") if i]
-        except ValueError:
-            raise ValueError(f"--skip {skip!r}: give 'auto' or comma-separated layer indices, e.g. --skip 4,6,9") from None
-    extra = _length_options(spec, options)
-    if skip == "auto" and spec.option(options, "calibration_file") is not None:
-        extra["calibration_file"] = spec.option(options, "calibration_file")
-    return {"candidate_generator": hfs.LayerSkip(skip, **extra)}
+# -- greedy and transformers' own methods ------------------------------------------------------------
+def _build_greedy(model: Any, tokenizer: Any, options: dict) -> dict:
+    return {}
 
 
 def _build_hf_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
@@ -517,200 +561,45 @@ def _build_hf_early_exit(model: Any, tokenizer: Any, options: dict) -> dict:
     return kwargs
 
 
-def _build_suffix(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-
-    spec = get_method("suffix")
-    nodes = spec.option(options, "num_tokens")  # --num-tokens: the most nodes per step (SuffixDecoding checks it)
-    return {"candidate_generator": hfs.SuffixDecoding() if nodes is None else hfs.SuffixDecoding(max_nodes=nodes)}
-
-
-def _build_lookahead(model: Any, tokenizer: Any, options: dict) -> dict:
-    import hf_speculative as hfs
-
-    spec = get_method("lookahead")
-    ngram = spec.option(options, "max_ngram")  # --max-ngram: the n-gram size N (Lookahead checks it)
-    return {"candidate_generator": hfs.Lookahead() if ngram is None else hfs.Lookahead(ngram=ngram)}
-
-
-def _medusa_strategy(method: str, model: Any, options: dict, tree: bool) -> dict:
-    """The Medusa heads shipped for ``model``: chains of each head's top guess, or the tree calibrated when they
-    were trained (its first ``tree_nodes`` rank paths, parents first). Loaded once per model and settings."""
-    import hf_speculative as hfs
-    from hf_speculative.drafters.medusa.drafter import pretrained_names
-
-    spec = get_method(method)
-    extra = {"adaptive": _adaptive(spec, options), "tree_nodes": _tree_nodes(spec, options)} if tree else {}
-
-    def load(source: Any, settings: dict) -> Any:
-        nodes = settings.pop("tree_nodes", None)
-        strategy = hfs.Medusa.from_pretrained(source, target=model, tree="calibrated" if tree else None, **settings)
-        if tree and strategy.tree.size > nodes:
-            strategy = dataclasses.replace(strategy, tree=hfs.StaticTree(strategy.tree.paths[:nodes]))
-        return strategy
-
-    return _trained_strategy(method, model, options, source_option="medusa", what="Medusa heads",
-                             shipped=pretrained_names(),
-                             missing="train heads with `hf-speculative train-medusa --target ...` and pass them with "
-                                     "candidate_generator=hfs.Medusa.from_pretrained(path, target=model).",
-                             cache_key=f"_{method}_strategies", settings=extra, load=load)
-
-
-def _build_medusa(model: Any, tokenizer: Any, options: dict) -> dict:
-    return _medusa_strategy("medusa", model, options, tree=False)
-
-
-def _build_medusa_tree(model: Any, tokenizer: Any, options: dict) -> dict:
-    return _medusa_strategy("medusa-tree", model, options, tree=True)
-
-
 def _checked(spec: MethodSpec, options: dict, key: str, low: int, high: int) -> int:
-    """Option ``key`` of a transformers method, held to the limits hf_speculative's own strategies keep
-    (transformers checks none of them)."""
+    """Option ``key`` of a method, held to the limits hf_speculative's own strategies keep (transformers checks
+    none of them)."""
     return check_int(spec.name, key, spec.option(options, key), low, high)
 
 
-def _register_builtin_methods() -> None:
-    for spec in (
-        MethodSpec("greedy", "Greedy", "Plain greedy decoding: the baseline.", "baseline", _build_greedy),
-        MethodSpec(
-            "prompt-lookup",
-            "Prompt lookup (hfs)",
-            "hf_speculative's n-gram prompt lookup: drafts the continuation of the last n-gram seen earlier.",
-            "hfs",
-            _build_prompt_lookup,
-            {"num_tokens": None, "max_ngram": None},
-        ),
-        MethodSpec(
-            "draft-model",
-            "Draft model (hfs)",
-            "hf_speculative's draft model: a smaller model with the same tokenizer drafts greedily.",
-            "hfs",
-            _build_draft_model,
-            {"draft_model": None, "num_tokens": None},
-        ),
-        MethodSpec(
-            "eagle",
-            "EAGLE (hfs)",
-            "hf_speculative's EAGLE drafter: one trained layer reading the target's own hidden states.",
-            "hfs",
-            _build_eagle,
-            {"eagle": None, "num_tokens": None},
-        ),
-        MethodSpec(
-            "eagle+lookup",
-            "EAGLE + lookup (hfs)",
-            "hf_speculative's hybrid: prompt lookup when an n-gram match pays, else the EAGLE drafter (hfs.Hybrid).",
-            "hfs",
-            _build_eagle_lookup,
-            {"eagle": None, "num_tokens": None, "max_ngram": None},
-        ),
-        MethodSpec(
-            "eagle-tree",
-            "EAGLE tree (hfs)",
-            "hf_speculative's EAGLE drafter drafting EAGLE-2 dynamic trees, verified in one forward with tree attention "
-            "in hf_speculative's own loop; the tree's size per step follows the measured verification cost.",
-            "hfs",
-            _build_eagle_tree,
-            {"eagle": None, "num_tokens": None, "tree_nodes": 32, "adaptive": True},
-        ),
-        MethodSpec(
-            "eagle+lookup-tree",
-            "EAGLE + lookup trees (hfs)",
-            "hf_speculative's hybrid with trees: a tree of several prompt-lookup matches when one pays, else an EAGLE "
-            "dynamic tree (hfs.Hybrid with tree= members, hf_speculative's own loop).",
-            "hfs",
-            _build_eagle_lookup_tree,
-            {"eagle": None, "num_tokens": None, "max_ngram": None, "tree_nodes": 32, "adaptive": True},
-        ),
-        MethodSpec(
-            "early-exit",
-            "Early exit (hfs)",
-            "hf_speculative's early exit: the target's first layers draft, on the target's own KV cache.",
-            "hfs",
-            _build_early_exit,
-            {"exit_layer": 8, "num_tokens": None},
-        ),
-        MethodSpec(
-            "early-exit-adapter",
-            "Early exit + adapter (hfs)",
-            "hf_speculative's early exit with a trained exit adapter (Kangaroo): the target's first layers and one "
-            "small trained layer draft, on the target's own KV cache.",
-            "hfs",
-            _build_early_exit_adapter,
-            {"adapter": None, "num_tokens": None},
-        ),
-        MethodSpec(
-            "layer-skip",
-            "Layer skip (hfs)",
-            "hf_speculative's layer skipping: the target minus a calibrated set of layers drafts, on its own KV cache.",
-            "hfs",
-            _build_layer_skip,
-            {"skip": "auto", "calibration_file": None, "num_tokens": None},
-        ),
-        MethodSpec(
+def _own_methods() -> list[tuple[float, MethodSpec]]:
+    """``(order, spec)`` of greedy and transformers' own methods (the drafter folders' ``order`` places theirs)."""
+    return [
+        (0, MethodSpec("greedy", "Greedy", "Plain greedy decoding: the baseline.", "baseline", _build_greedy)),
+        (100, MethodSpec(
             "hf-prompt-lookup",
             "Prompt lookup (transformers)",
             "transformers' own prompt lookup decoding (prompt_lookup_num_tokens).",
             "transformers",
             _build_hf_prompt_lookup,
             {"num_tokens": 10, "max_ngram": None},
-        ),
-        MethodSpec(
+        )),
+        (110, MethodSpec(
             "hf-assisted",
             "Assisted (transformers)",
             "transformers' own assisted generation with a draft model (assistant_model).",
             "transformers",
             _build_hf_assisted,
             {"draft_model": None, "num_tokens": None},
-        ),
-        MethodSpec(
+        )),
+        (120, MethodSpec(
             "hf-early-exit",
             "Early exit (transformers)",
             "transformers' own self-speculation that drafts with the first layers (assistant_early_exit).",
             "transformers",
             _build_hf_early_exit,
             {"exit_layer": 8, "num_tokens": None},
-        ),
-        MethodSpec(
-            "suffix",
-            "SuffixDecoding (hfs)",
-            "hf_speculative's SuffixDecoding: draft trees from suffix tries over the call's text and the model's "
-            "earlier outputs in this process.",
-            "hfs",
-            _build_suffix,
-            {"num_tokens": None},
-        ),
-        MethodSpec(
-            "lookahead",
-            "Lookahead (hfs)",
-            "hf_speculative's lookahead decoding: a Jacobi window and an n-gram pool verified in one tree per "
-            "forward.",
-            "hfs",
-            _build_lookahead,
-            {"max_ngram": None},
-        ),
-        MethodSpec(
-            "medusa",
-            "Medusa (hfs)",
-            "hf_speculative's Medusa heads on the target's last hidden state: a chain of each head's top guess "
-            "(the heads shipped for the model).",
-            "hfs",
-            _build_medusa,
-            {"num_tokens": None},
-            unlisted_options=("medusa",),  # a folder of trained heads (default: the ones shipped for the model)
-        ),
-        MethodSpec(
-            "medusa-tree",
-            "Medusa tree (hfs)",
-            "hf_speculative's Medusa heads drafting the static tree calibrated on their validation ranks, verified "
-            "in one forward in hf_speculative's own loop; the tree's size per step follows the measured cost.",
-            "hfs",
-            _build_medusa_tree,
-            {"num_tokens": None, "tree_nodes": 16, "adaptive": True},
-            unlisted_options=("medusa",),
-        ),
-    ):
+        )),
+    ]
+
+
+def _register_builtin_methods() -> None:
+    for _, spec in sorted(_own_methods() + _declared_methods(), key=lambda item: item[0]):
         register_method(spec, replace=True)
 
 

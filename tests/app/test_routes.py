@@ -1,6 +1,6 @@
-"""The app runs every method as the library does (issue 42): the same route (hf_speculative's own loop for
-tree strategies, transformers' assisted loop for chains) and the same statistics as the direct call
-``model.generate(..., candidate_generator=strategy)`` on the same prompt.
+"""The app runs every method as the library does (issue 42): the same route (hf_speculative's own loop for every
+strategy, chains and trees; transformers' assisted loop for its own drafters) and the same statistics as the direct
+call ``model.generate(..., candidate_generator=strategy)`` on the same prompt, and the same draft shape.
 
 The app once wrapped each strategy to watch its statistics, and the wrapper hid ``tree``: tree methods ran
 as chains in the app only. Both runs here are observed from outside: the calls into our loop are counted
@@ -17,6 +17,7 @@ import transformers
 
 import hf_speculative as hfs
 from hf_speculative.hf import loop_entry
+from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.app.cache import ModelCache
 from hf_speculative.app.request import CompareRequest, Sources, selectable_methods
 from hf_speculative.app.session import Comparison
@@ -94,7 +95,7 @@ def _direct(name: str, loaded, options: dict, input_ids, cache: ModelCache, comp
     stats = hfs.last_stats(model)
     return {"ids": out[0, input_ids.shape[1]:].tolist(), "target_forwards": stats.target_forwards,
             "drafted": stats.drafted_tokens, "accepted": stats.accepted_tokens, "tau": stats.tau,
-            "ours": loop_entry.runs_in_our_loop(strategy)}
+            "trees": drafts_trees(strategy)}
 
 
 def _app(name: str, loaded, cache: ModelCache, prompt: str, options: dict, sources: Sources) -> tuple:
@@ -129,8 +130,8 @@ def _check_same_as_the_library(name: str, cache: ModelCache, prompt: str, cheap_
     if get_method(name).kind != "hfs":
         assert trace.route == "assisted" and trace.final_stats is None
         return
-    assert trace.route == ("ours" if direct["ours"] else "assisted")
-    assert direct_loop_calls == (1 if direct["ours"] else 0)
+    assert trace.route == "ours" and direct_loop_calls == 1
+    assert drafts_trees(comparison._extras[1]["candidate_generator"]) == direct["trees"]
     stats = trace.final_stats
     assert stats is trace.live_stats, "the live figures came from the call's own statistics"
     assert (stats.target_forwards, stats.drafted_tokens, stats.accepted_tokens) == (
@@ -181,7 +182,7 @@ def test_the_app_passes_the_registrys_strategy_itself(tiny_cache):
         expected = {**vars(built), "history_tokens": 0} if hasattr(built, "history_tokens") else vars(built)
         assert {k: v for k, v in vars(passed).items() if k != "model"} == {
             k: v for k, v in expected.items() if k != "model"}, name
-        assert loop_entry.runs_in_our_loop(passed) == loop_entry.runs_in_our_loop(built), name
-    assert loop_entry.runs_in_our_loop(Comparison(
+        assert drafts_trees(passed) == drafts_trees(built), name
+    assert drafts_trees(Comparison(
         loaded, CompareRequest(prompt=TINY_PROMPT, model=loaded.name, methods=["greedy", "suffix"], max_new_tokens=4,
                                options={}), tiny_cache, 2048)._extras[1]["candidate_generator"])

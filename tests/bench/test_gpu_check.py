@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_speculative.bench.synthetic import SyntheticDrafter
+from tools.gpu.synthetic import SyntheticDrafter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_synthetic_drafts_depend_only_on_positions():
 
 
 def test_eagle_drafting_costs_come_from_the_compiled_e2e_rows_in_one_token_forwards():
-    from hf_speculative.bench.gpu_check import MEASURED_DRAFTING, measured_drafting
+    from tools.gpu.gpu_check import MEASURED_DRAFTING, measured_drafting
 
     e2e = {"new_tokens": 100, "methods": {
         "transformers greedy (static cache, compiled)": {"seconds": 1.0},  # 10 ms a token

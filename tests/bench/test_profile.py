@@ -1,4 +1,5 @@
-"""``hf_speculative.bench.profile``: verification timings on a model, saved, loaded and interpolated."""
+"""``hf_speculative.bench.profile``: verification timings on a model, saved, then loaded and interpolated by
+``hf_speculative.core.cost_profile`` (the reading side, which the core uses)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from tests.conftest import build_model
 
 from hf_speculative.bench import profile as P
+from hf_speculative.core.cost_profile import load, relative_cost
 
 
 def test_profile_of_a_tiny_model_round_trips(tmp_path):
@@ -21,7 +23,7 @@ def test_profile_of_a_tiny_model_round_trips(tmp_path):
             assert all(t > 0 for t in result["seconds"][context][shape].values())
             assert result["relative"][context][shape]["0"] == 1.0
     path = P.save(result, tmp_path / "p.json")
-    assert P.load(path) == json.loads(path.read_text()) == result
+    assert load(path) == json.loads(path.read_text()) == result
     # the cache is left as found: a second profile on the same model measures the same shapes
     assert P.profile(model, settings)["settings"] == result["settings"]
 
@@ -29,11 +31,11 @@ def test_profile_of_a_tiny_model_round_trips(tmp_path):
 def test_relative_cost_interpolates_and_extrapolates():
     result = {"relative": {"512": {"tree": {"0": 1.0, "4": 1.2, "8": 2.0}},
                            "2048": {"tree": {"0": 1.0, "4": 1.5, "8": 3.0}}}}
-    assert P.relative_cost(result, 0) == 1.0
-    assert P.relative_cost(result, 2) == pytest.approx(1.1)
-    assert P.relative_cost(result, 6, context=600) == pytest.approx(1.6)
-    assert P.relative_cost(result, 6, context=1800) == pytest.approx(2.25)
-    assert P.relative_cost(result, 12) == pytest.approx(2.8)  # past the last size: the last slope
+    assert relative_cost(result, 0) == 1.0
+    assert relative_cost(result, 2) == pytest.approx(1.1)
+    assert relative_cost(result, 6, context=600) == pytest.approx(1.6)
+    assert relative_cost(result, 6, context=1800) == pytest.approx(2.25)
+    assert relative_cost(result, 12) == pytest.approx(2.8)  # past the last size: the last slope
 
 
 def test_shipped_configs_build_their_real_architectures():
@@ -100,4 +102,4 @@ def test_bad_inputs_name_the_fix(tmp_path):
         P.random_model("gpt-5")
     (tmp_path / "x.json").write_text('{"a": 1}')
     with pytest.raises(ValueError, match="not an hf-speculative profile"):
-        P.load(tmp_path / "x.json")
+        load(tmp_path / "x.json")

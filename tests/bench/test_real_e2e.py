@@ -8,7 +8,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.core import static_cache
-from hf_speculative.bench import real_e2e
+from tools.gpu import real_e2e
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.drafters.eagle.checkpoints import save_pretrained
 from tests.conftest import random_eagle

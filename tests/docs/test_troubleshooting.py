@@ -1,7 +1,8 @@
 """docs/troubleshooting.md explains every error message the package raises (and every warning it logs).
 
-The package's source is parsed (``ast``) for message sites: ``raise SomeError("...")``, the CLI's
-``_fail("...")``, ``typer.BadParameter("...")``, ``logger.warning("...")`` and ``warnings.warn("...")``.
+The package's source (and ``make gpu-check``'s runner, ``tools/gpu/``) is parsed (``ast``) for message sites:
+``raise SomeError("...")``, the CLI's ``_fail("...")``, ``typer.BadParameter("...")``, ``logger.warning("...")``
+and ``warnings.warn("...")``.
 Each message becomes a template, its literal text with ``{…}`` where values are formatted in.
 Sites whose message is not literal (``_fail(str(err))``, re-raises), or whose literal text is shorter than
 a quote may be (``f"{where}.members: {error}"``), pass on a message raised, and covered, elsewhere.
@@ -33,6 +34,8 @@ import hf_speculative as hfs
 from tests.conftest import build_model, prompt_inputs
 
 PACKAGE = ROOT / "hf_speculative"
+# the package, and the runner of `make gpu-check` (docs/gpu.md), which lives outside it beside the tests it runs
+SOURCES = (PACKAGE, ROOT / "tools" / "gpu")
 PAGE = DOCS / "troubleshooting.md"
 HOLE = "{…}"
 MIN_QUOTE = 12  # characters of literal text a quote needs to be distinctive
@@ -112,9 +115,10 @@ def _call_name(node: ast.Call) -> str:
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
-def message_sites(package: Path = PACKAGE, root: Path = ROOT) -> list[Site]:
+def message_sites(sources: Path | tuple[Path, ...] = SOURCES, root: Path = ROOT) -> list[Site]:
     sites = []
-    for path in sorted(package.rglob("*.py")):
+    folders = [sources] if isinstance(sources, Path) else sources
+    for path in sorted(p for folder in folders for p in folder.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for node in ast.walk(tree):

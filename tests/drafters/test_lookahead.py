@@ -13,7 +13,7 @@ import hf_speculative as hfs
 from hf_speculative.core.accept import accept_greedy
 from hf_speculative.drafters.base import CallContext
 from hf_speculative.drafters.lookahead.drafter import NgramPool
-from hf_speculative.hf.loop_entry import runs_in_our_loop
+from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.core.tree import ROOT
 from tests.conftest import ARCHS, build_model, prompt_inputs, stock_generate
 from tests.drafters import tree_battery
@@ -45,8 +45,8 @@ def bigram_scores(sequence: torch.LongTensor, tree) -> torch.Tensor:
 # -- options ---------------------------------------------------------------------------------------
 def test_runs_in_our_loop_and_reports_its_bounds():
     strategy = hfs.Lookahead(window=4, ngram=3, guesses=2)
-    assert runs_in_our_loop(strategy) and strategy.max_nodes == 12 and strategy.tree.nodes == 12
-    assert runs_in_our_loop(hfs.Lookahead(window=0, guesses=3))
+    assert drafts_trees(strategy) and strategy.max_nodes == 12 and strategy.tree.nodes == 12
+    assert drafts_trees(hfs.Lookahead(window=0, guesses=3))
 
 
 @pytest.mark.parametrize("kwargs, fragment", [

@@ -11,8 +11,8 @@ from transformers import GenerationConfig
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import CallContext
-from hf_speculative.drafters.suffix.history import forget_history, history_for
-from hf_speculative.hf.loop_entry import runs_in_our_loop
+from hf_speculative.drafters.suffix.history import history_for
+from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.core.tree import Verdict
 from tests.conftest import ARCHS, PROMPT, build_model, prompt_inputs, stock_generate
 from tests.drafters import tree_battery
@@ -25,7 +25,7 @@ def fixed() -> hfs.SuffixDecoding:
 # -- options ---------------------------------------------------------------------------------------
 def test_runs_in_our_loop_and_reports_its_bounds():
     strategy = hfs.SuffixDecoding(max_nodes=12, max_depth=16)
-    assert runs_in_our_loop(strategy) and strategy.tree.nodes == 12 and strategy.tree.depth == 16
+    assert drafts_trees(strategy) and strategy.tree.nodes == 12 and strategy.tree.depth == 16
     assert [strategy.node_budget(m) for m in (0, 1, 5, 30)] == [0, 1, 5, 12]
     assert hfs.SuffixDecoding(spec_factor=2.0, spec_offset=1.0).node_budget(3) == 7
 
@@ -120,7 +120,7 @@ def test_history_file_carries_over_to_a_new_process(tmp_path):
     strategy = hfs.SuffixDecoding(adaptive=False, history_file=path, spec_factor=4.0, max_depth=40)
     out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24, candidate_generator=strategy)
     assert path.exists()
-    forget_history(model)  # as if the process restarted: the history is read back from the file
+    hfs.forget(model)  # as if the process restarted: the history is read back from the file
     again = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24, candidate_generator=strategy)
     assert again.tolist() == out.tolist()
     assert hfs.last_stats(model).target_forwards <= 4

@@ -1,5 +1,15 @@
-"""A smaller model with the target"s tokenizer drafts."""
+"""A smaller model with the target's tokenizer drafts.
 
-from .drafter import DraftModel
+Importing this folder loads nothing heavy: its classes load on first use (``PUBLIC``, read by
+``hf_speculative.drafters.registry``; ``hfs.DraftModel`` comes from here).
+"""
 
-__all__ = ["DraftModel"]
+from ..registry import lazy_attribute
+
+PUBLIC = {"DraftModel": "drafter"}  # public name -> the module of this folder that defines it
+
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str):
+    return lazy_attribute(__name__, PUBLIC, name)

@@ -3,6 +3,7 @@ model with the same tokenizer drafts, the target verifies."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -13,7 +14,8 @@ import torch
 from ... import compat
 from ...core.accept import chain_candidates, draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ..registry import Capabilities, SpecFiles, example_label
+from ...core.costs import draft_price, record_draft_step
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
@@ -23,7 +25,8 @@ from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
 
 
 @dataclasses.dataclass(eq=False)
-class DraftModel(CheckedOnAssignment, DraftStrategy):
+class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
+                 capabilities=Capabilities(trees=True, batch=True)):
     """Draft with a smaller model that shares the target's tokenizer.
 
     The drafter keeps its own KV cache for the whole call and rolls it back to the verified
@@ -63,7 +66,11 @@ class DraftModel(CheckedOnAssignment, DraftStrategy):
     target_tokenizer: Any = dataclasses.field(default=None, repr=False)
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
-    name: ClassVar[str] = "draft-model"
+    examples: ClassVar[tuple[str, ...]] = ("draft-model", "draft-model-copy", "draft-model-tree")
+    live_fields: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "target_tokenizer")
+    # a spec names the draft model (its registry name, or its folder inside the model's); one loaded from elsewhere
+    # is saved beside the model first, into draft-model/
+    spec_files: ClassVar[SpecFiles] = SpecFiles(network="model", subfolder="draft-model")
 
     def __post_init__(self):
         if not hasattr(self.model, "config") or not callable(self.model):
@@ -97,6 +104,28 @@ class DraftModel(CheckedOnAssignment, DraftStrategy):
     def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
         return DraftModelCandidateGenerator(ctx, self)
 
+    # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
+    def spec_path(self) -> str | None:
+        name = getattr(self.model, "name_or_path", "")
+        return str(name) if name else None
+
+    def spec_network(self) -> torch.nn.Module:
+        return self.model
+
+    @classmethod
+    def from_spec_options(cls, method: str, options: dict, network=None) -> "DraftModel":
+        return cls(network, **options)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> "DraftModel":
+        """``"draft-model"``: a random sibling of ``target`` (mostly wrong), chains; ``"draft-model-copy"``: a copy of
+        ``target`` (always right); ``"draft-model-tree"``: the sibling drafting trees 3 wide. Fixed lengths."""
+        label = example_label(cls, label)
+        if label == "draft-model-copy":
+            return cls(**{"model": copy_of(target), "confidence_threshold": 0.0, "adaptive": False, **options})
+        tree = DynamicTree(nodes=8, depth=4, top_k=3) if label == "draft-model-tree" else None
+        return cls(**{"model": random_sibling(target), "adaptive": False, "tree": tree, **options})
+
 
 class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
     """Per-call state: the drafter's cache, and the costs and calibration behind the draft length.
@@ -118,7 +147,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
         nodes = 0 if config.tree is None else (
             config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
-        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
+        self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
         self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
@@ -217,6 +246,28 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
     def close(self):
         self.cache = None
         self.fed = []
+
+
+def random_sibling(target: torch.nn.Module, seed: int = 100, **overrides: Any) -> torch.nn.Module:
+    """Another random model with ``target``'s architecture and vocabulary (``overrides`` set in its config), seeded
+    with ``seed``: a real, mostly wrong drafter for tests."""
+    config = copy.deepcopy(target.config)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    model = type(target)(config).eval()
+    model.generation_config = copy.deepcopy(target.generation_config)
+    return model
+
+
+def copy_of(target: torch.nn.Module) -> torch.nn.Module:
+    """A model of ``target``'s class with its weights and nothing installed on it (hooks, an enabled
+    ``generate``): a drafter that is always right."""
+    clone = type(target)(copy.deepcopy(target.config))
+    clone.load_state_dict(target.state_dict())
+    clone.generation_config = copy.deepcopy(target.generation_config)
+    param = next(target.parameters())
+    return clone.to(device=param.device, dtype=param.dtype).eval()
 
 
 def _num_params(model: torch.nn.Module) -> int:

@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ... import compat, options
-from .. import saved_config as bounds
-from ..saved_config import SavedConfig
+from .. import checkpoints as bounds
+from ..checkpoints import SavedConfig
 
 FORMAT_NAME = "hf_speculative.eagle"
 
@@ -108,8 +108,8 @@ class EagleConfig(SavedConfig):
             raise ValueError(f"EagleConfig: draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size}).")
 
     def _check_fields(self) -> None:
-        """Every field's type and documented bound (``saved_config``), before anything is built from them: a
-        config.json is untrusted input. Errors name the field: ``EagleConfig(hidden_size='x'): must be ...``."""
+        """Every field's type and documented bound (``drafters/checkpoints.py``), before anything is built from
+        them: a config.json is untrusted input. Errors name the field: ``EagleConfig(hidden_size='x'): must be ...``."""
         owner = "EagleConfig"
         sizes = {"hidden_size": bounds.MAX_HIDDEN_SIZE, "intermediate_size": bounds.MAX_INTERMEDIATE_SIZE,
                  "num_attention_heads": bounds.MAX_ATTENTION_HEADS, "num_key_value_heads": bounds.MAX_ATTENTION_HEADS,

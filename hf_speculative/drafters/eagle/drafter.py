@@ -19,7 +19,8 @@ import torch
 
 from ...core.accept import chain_candidates, draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ..registry import Capabilities, SpecFiles, example_label
+from ...core.costs import draft_price, record_draft_step
 from ...cpu.layout import follow_layout
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
@@ -41,8 +42,16 @@ def pretrained_names() -> list[str]:
     return shipped_names(PRETRAINED_DIR)
 
 
+def _checkpoints() -> Any:
+    """The EAGLE checkpoint module (imported on use: it reads every format we support)."""
+    from . import checkpoints
+
+    return checkpoints
+
+
 @dataclasses.dataclass(eq=False)
-class Eagle(CheckedOnAssignment, DraftStrategy):
+class Eagle(CheckedOnAssignment, DraftStrategy, method="eagle",
+            capabilities=Capabilities(trees=True, batch=True, reads_target="features")):
     """Draft with an EAGLE network that reads the target's own hidden states.
 
     Args:
@@ -67,8 +76,10 @@ class Eagle(CheckedOnAssignment, DraftStrategy):
     adaptive: bool = True
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
-    name: ClassVar[str] = "eagle"
-    reads_target: ClassVar[str] = "features"  # the target's hidden states, through forward hooks
+    examples: ClassVar[tuple[str, ...]] = ("eagle1", "eagle3", "eagle-tree")
+    live_fields: ClassVar[tuple[str, ...]] = ("drafter",)
+    spec_files: ClassVar[SpecFiles] = SpecFiles(network="checkpoint", subfolder="eagle", checkpoints=_checkpoints,
+                                                shipped_dir=PRETRAINED_DIR)
 
     def __post_init__(self):
         if not isinstance(self.drafter, EagleDraftModel):
@@ -129,6 +140,52 @@ class Eagle(CheckedOnAssignment, DraftStrategy):
     def open(self, ctx: CallContext) -> "EagleCandidateGenerator":
         return EagleCandidateGenerator(ctx, self)
 
+    # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
+    def spec_network(self) -> EagleDraftModel:
+        return self.drafter
+
+    @classmethod
+    def load_network(cls, method: str, folder: Any, target: torch.nn.Module) -> "Eagle":
+        return cls.from_pretrained(folder, target=target)
+
+    @classmethod
+    def from_spec_options(cls, method: str, options: dict, network: Any = None) -> "Eagle":
+        return dataclasses.replace(network, **options)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> "Eagle":
+        """``"eagle1"`` / ``"eagle3"``: a random EAGLE-1 / EAGLE-3 network (:func:`random_drafter`) drafting chains of
+        5 at every step; ``"eagle-tree"``: the EAGLE-3 one drafting trees 3 wide."""
+        label = example_label(cls, label)
+        if label == "eagle-tree":
+            settings = {"tree": DynamicTree(nodes=8, depth=4, top_k=3), "adaptive": False}
+        else:
+            settings = {"num_tokens": 5, "confidence_threshold": 0.0, "adaptive": False}
+        return cls(**{"drafter": random_drafter(target, version=1 if label == "eagle1" else 3), **settings, **options})
+
+
+def random_drafter(target: torch.nn.Module, version: int = 3, seed: int = 7, draft_vocab_size: int | None = None,
+                   exit_layer: int | None = None) -> EagleDraftModel:
+    """A random EAGLE network shaped for ``target``, seeded with ``seed`` (tests and the matrix's examples). EAGLE-3
+    takes a reduced vocabulary of the target's even ids by default, so that every use exercises the id map; with
+    ``exit_layer``, an exit adapter for the target's first ``exit_layer`` layers (``hfs.EarlyExit(adapter=...)``)."""
+    from .config import EagleConfig
+
+    vocab = target.config.vocab_size
+    if version == 3 and draft_vocab_size is None:
+        draft_vocab_size = vocab // 2
+    adapter = {} if exit_layer is None else {"target_layers": [exit_layer - 1], "exit_layer": exit_layer}
+    torch.manual_seed(seed)
+    net = EagleDraftModel(EagleConfig.for_target(target.config, version=version, draft_vocab_size=draft_vocab_size,
+                                                 **adapter))
+    if version == 3:
+        step = 2 if draft_vocab_size <= vocab // 2 else 1
+        ids = torch.arange(0, vocab, step)[:draft_vocab_size]  # target ids of the draft vocabulary
+        net.d2t.copy_(ids - torch.arange(draft_vocab_size))
+        net.t2d.zero_()
+        net.t2d[ids] = True
+    return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
+
 
 class EagleCandidateGenerator(SpeculativeCandidateGenerator):
     """Per-call state: the target's verified features, the drafter's KV cache, the length policy.
@@ -143,7 +200,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.config = config
         self.net = config.drafter
-        self.features = VerifiedFeatures(ctx.target, self.net.config.target_layers)
+        self.features = VerifiedFeatures(ctx.target, self.net.config.target_layers, view=ctx.view)
         self.embed = ctx.target.get_input_embeddings()
         self.head = ctx.target.get_output_embeddings()
         self.cache = DraftKVCache()
@@ -151,7 +208,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         self._target_ids = self.net.target_ids()  # [V_draft] or None
         nodes = 0 if config.tree is None else (
             config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
-        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
+        self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
         self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:

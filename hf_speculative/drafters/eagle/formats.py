@@ -13,16 +13,13 @@ from typing import Any
 import torch
 
 from ... import compat, options
-from .. import saved_config as bounds
+from .. import checkpoints as bounds
+from ..checkpoints import CheckpointError
 from .config import EagleConfig, default_target_layers
 
 NATIVE, SAFEAILAB1, SAFEAILAB3, SPECFORGE3, VLLM3 = (
     "native", "safeailab-eagle1", "safeailab-eagle3", "specforge-eagle3", "vllm-speculators-eagle3")
 IGNORED_KEYS = ("embed_tokens.weight",)  # the target's embedding, saved by SafeAILab / speculators; never used
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as an EAGLE drafter (the message says why and how to fix it)."""
 
 
 def detect(cfg: dict[str, Any], keys: set[str]) -> str:

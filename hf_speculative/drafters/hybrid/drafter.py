@@ -20,18 +20,20 @@ tree with one branch), and the first non-empty draft is verified.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ... import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ..registry import Capabilities, all_of, capabilities_of, example, example_label
 from ...options import CheckedOnAssignment
 from ...core.tree import DraftTree, Verdict
+from ...core.tree_shapes import DynamicTree
 
 
 @dataclasses.dataclass(eq=False, init=False)
-class Hybrid(CheckedOnAssignment, DraftStrategy):
+class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=Capabilities(trees=True)):
     """Draft with the first of ``strategies`` that proposes something at each step.
 
     Put the cheap ones first: a member is asked only when all members before it drafted nothing,
@@ -44,17 +46,14 @@ class Hybrid(CheckedOnAssignment, DraftStrategy):
     """
 
     strategies: tuple[DraftStrategy, ...]
-    name: ClassVar[str] = "hybrid"
-
-    @property
-    def reads_target(self) -> str:  # what the most demanding member reads (base.DraftStrategy.reads_target)
-        kinds = {getattr(strategy, "reads_target", "outputs") for strategy in self.strategies}
-        return next((kind for kind in ("cache", "features") if kind in kinds), "outputs")
+    examples: ClassVar[tuple[str, ...]] = ("hybrid", "hybrid-tree")
+    live_fields: ClassVar[tuple[str, ...]] = ("strategies",)
+    holds_members: ClassVar[bool] = True  # its spec lists its members' specs
 
     @property
     def tree(self):
         """The first member's draft tree shape (``tree=``), or ``None`` when every member drafts chains: with one,
-        the call runs in hf_speculative's own loop (``loop_entry.runs_in_our_loop``)."""
+        the call runs in hf_speculative's own loop (``hf.checks.drafts_trees``)."""
         return next((s.tree for s in self.strategies if getattr(s, "tree", None) is not None), None)
 
     def __init__(self, *strategies: DraftStrategy):
@@ -76,7 +75,7 @@ class Hybrid(CheckedOnAssignment, DraftStrategy):
                 raise TypeError(f"Hybrid takes hf_speculative strategies (hfs.PromptLookup(), hfs.Eagle..., "
                                 f"hfs.DraftModel(...)), got {type(strategy).__name__}; a raw transformers "
                                 "CandidateGenerator can only be passed alone as candidate_generator=.")
-        own_cache = [type(s).__name__ for s in self.strategies if getattr(s, "reads_target", "outputs") == "cache"]
+        own_cache = [type(s).__name__ for s in self.strategies if capabilities_of(s).reads_target == "cache"]
         if own_cache and self.tree is not None:
             raise ValueError(f"Hybrid(...) with a draft tree runs in hf_speculative's own loop, where {own_cache[0]} "
                              "cannot draft (it drafts on the target's own KV cache, which only transformers' loop "
@@ -87,13 +86,40 @@ class Hybrid(CheckedOnAssignment, DraftStrategy):
         """The members' names in the statistics (``"prompt-lookup"``, ``"eagle"``; ``"eagle#2"`` for a second one)."""
         out: list[str] = []
         for strategy in self.strategies:
-            name = getattr(strategy, "name", type(strategy).__name__)
+            name = strategy.name
             out.append(name if name not in out else f"{name}#{sum(o.split('#')[0] == name for o in out) + 1}")
         return out
 
     def validate_target(self, target) -> None:
         for strategy in self.strategies:
             strategy.validate_target(target)
+
+    def declared(self) -> Capabilities:
+        """From its members: a batch, a static cache or compile only if every member can; it reads what the most
+        demanding member reads; trees when a member drafts them (the others' chains are one-branch trees)."""
+        members = [capabilities_of(strategy) for strategy in self.strategies]
+        common = all_of([type(self).capabilities, *members])
+        return dataclasses.replace(common, trees=any(member.trees for member in members))
+
+    def draft_budget(self) -> int | None:
+        """The largest of its members' (``None`` when one does not say)."""
+        budgets = [strategy.draft_budget() for strategy in self.strategies]
+        return None if None in budgets else max(budgets)
+
+    def spec_members(self) -> list[tuple[DraftStrategy, str]]:
+        return list(zip(self.strategies, self.labels()))
+
+    @classmethod
+    def example(cls, target: Any, label: str | None = None, **options: Any) -> "Hybrid":
+        """A trigram-only lookup first (it drafts once the text repeats itself, EAGLE before that), then EAGLE:
+        ``"hybrid"`` chains, ``"hybrid-tree"`` trees (the lookup's 2 wide)."""
+        lookup = dict(min_ngram=3, max_ngram=3)
+        if example_label(cls, label) == "hybrid-tree":
+            members = (example("lookup-tree", target, tree=DynamicTree(nodes=6, depth=4, top_k=2), **lookup),
+                       example("eagle-tree", target))
+        else:
+            members = (example("prompt-lookup-fixed", target, num_tokens=4, **lookup), example("eagle3", target))
+        return cls(*members, **options)
 
     def open(self, ctx: CallContext) -> "HybridCandidateGenerator":
         return HybridCandidateGenerator(ctx, self)

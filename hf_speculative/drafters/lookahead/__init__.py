@@ -1,5 +1,15 @@
-"""Lookahead decoding: Jacobi iterations and an n-gram pool."""
+"""Lookahead decoding: Jacobi iterations and an n-gram pool.
 
-from .drafter import Lookahead
+Importing this folder loads nothing heavy: its classes load on first use (``PUBLIC``, read by
+``hf_speculative.drafters.registry``; ``hfs.Lookahead`` comes from here).
+"""
 
-__all__ = ["Lookahead"]
+from ..registry import lazy_attribute
+
+PUBLIC = {"Lookahead": "drafter"}  # public name -> the module of this folder that defines it
+
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str):
+    return lazy_attribute(__name__, PUBLIC, name)

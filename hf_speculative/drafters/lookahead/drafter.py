@@ -34,7 +34,8 @@ import torch
 
 from ... import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...core.costs import verify_costs_for
+from ..registry import Capabilities, example_label
+
 from ...options import CheckedOnAssignment
 from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree
@@ -82,7 +83,7 @@ class NgramPool:
 
 
 @dataclasses.dataclass
-class Lookahead(CheckedOnAssignment, DraftStrategy):
+class Lookahead(CheckedOnAssignment, DraftStrategy, method="lookahead", capabilities=Capabilities(trees=True)):
     """Lookahead decoding: a Jacobi window and an n-gram pool verified in one tree per target forward.
 
     Runs in hf_speculative's own tree loop (greedy or seeded sampling, lossless either way).
@@ -107,7 +108,7 @@ class Lookahead(CheckedOnAssignment, DraftStrategy):
     pool_size: int = 4096
     text_ngrams: bool = True
     adaptive: bool = True
-    name: ClassVar[str] = "lookahead"
+    examples: ClassVar[tuple[str, ...]] = ("lookahead",)
 
     def __post_init__(self):
         owner = "Lookahead"
@@ -139,6 +140,12 @@ class Lookahead(CheckedOnAssignment, DraftStrategy):
     def open(self, ctx: CallContext) -> "LookaheadCandidateGenerator":
         return LookaheadCandidateGenerator(ctx, self)
 
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options) -> "Lookahead":
+        """``"lookahead"``: the default window and pool, the whole tree verified."""
+        example_label(cls, label)
+        return cls(**{"adaptive": False, **options})
+
 
 class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
     """One call of :class:`Lookahead`: the Jacobi window (``levels``), the pool, the node budget."""
@@ -150,7 +157,7 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
         self.levels: list[list[int]] = []  # levels[l][c]: the token at offset l + c + 1 (oldest level first)
         self.tokens: list[int] = []
         self._pooled_to = 0  # n-grams of the text starting before this are pooled
-        self.costs = verify_costs_for(ctx.target, config.max_nodes)
+        self.costs = ctx.verify_costs(config.max_nodes)
         self.budget = TreeBudget(self.costs, config.max_nodes, config.adaptive)
         self._asked = 0
         self._step: tuple[int, int, int] = (0, 0, 0)  # (verification nodes, levels, columns) of the last tree

@@ -1,0 +1,15 @@
+"""Medusa heads on the target's last hidden state, chains and static trees.
+
+Importing this folder loads nothing heavy: its classes load on first use (``PUBLIC``, read by
+``hf_speculative.drafters.registry``; ``hfs.Medusa`` comes from here).
+"""
+
+from ..registry import lazy_attribute
+
+PUBLIC = {"Medusa": "drafter"}  # public name -> the module of this folder that defines it
+
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str):
+    return lazy_attribute(__name__, PUBLIC, name)

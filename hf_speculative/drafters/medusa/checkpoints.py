@@ -1,32 +1,22 @@
 """Medusa heads on disk: read the three layouts of ``formats.py``, write ours, export to vLLM's and Medusa's.
 
-The helpers are EAGLE's (``drafters/eagle/checkpoints.py``): the same weight readers, sha256 manifest
-(``sha256sums.json``), shipped-folder lookup and error class, so a damaged or mismatched file gives the same
-messages for both drafters.
+What every trained drafter's folder shares (weight readers, the sha256 manifest ``sha256sums.json``, digests,
+shipped-folder lookup, the error class) is ``drafters/checkpoints.py``'s, so a damaged or mismatched file gives
+the same messages for Medusa heads as for EAGLE drafters; the public names are those of every method's checkpoint
+module (see ``drafters/eagle/checkpoints.py``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..eagle.checkpoints import (
-    MANIFEST,
-    _checkpoint_dir,
-    _read_config,
-    _read_file,
-    _read_weights,
-    check_digests,
-    check_manifest,
-    checked_read,
-    find_folder,
-    shipped_names,
-)
+from .. import checkpoints as files
+from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, shipped_names
 from .config import MedusaConfig
-from .formats import MEDUSA_FILES, CheckpointError, detect, read, write
+from .formats import MEDUSA_FILES, detect, read, write
 from .model import MedusaHeads
 
 __all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_heads", "export", "check_manifest",
@@ -36,24 +26,15 @@ __all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_heads"
 def save_pretrained(heads: MedusaHeads, directory: str | Path, *, metadata: dict | None = None) -> Path:
     """Write ``heads`` in our format: ``config.json``, ``model.safetensors`` (dtype kept) and, with
     ``metadata`` (training command, data, results), ``training.json``. Returns the directory."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    heads.config.save(directory)
-    save_file({k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()},
-              str(directory / "model.safetensors"), metadata={"format": "pt"})
-    if metadata is not None:
-        (directory / "training.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
-    return directory
+    return files.save_network(heads, directory, metadata=metadata)
 
 
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
     for name in MEDUSA_FILES:  # FasterDecoding's file names first, then ours / vLLM's
         if (directory / name).exists():
-            return _read_file(directory / name)
+            return files.read_weights_file(directory / name)
     try:
-        return _read_weights(directory)
+        return files.read_weights(directory)
     except CheckpointError as error:
         raise CheckpointError(f"{error} (or, for FasterDecoding's Medusa, {' / '.join(MEDUSA_FILES)})") from None
 
@@ -65,13 +46,7 @@ def validate_state_dict(config: MedusaConfig, state: dict[str, torch.Tensor], so
     heads = (f"the heads its config describes ({config.num_heads} heads of {config.num_layers} blocks, hidden "
              f"{config.hidden_size}, vocabulary {config.vocab_size}, lm_head={config.lm_head!r}, "
              f"block_bias={config.block_bias})")
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    problems = [f"{what} keys {keys[:6]}{' ...' if len(keys) > 6 else ''}"
-                for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)}, heads {tuple(shape)}"
-              for k, shape in expected.items() if k in state and state[k].shape != shape]
-    if shapes:
-        problems.append("shape mismatches " + "; ".join(shapes[:4]))
+    problems = files.state_dict_problems(expected, state, "heads")
     if problems:
         raise CheckpointError(f"{source} does not match {heads}: " + "; ".join(problems) + ". The config.json and the "
                               "weights come from different heads (check medusa_num_heads / medusa_num_layers, "
@@ -93,37 +68,29 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     Returns:
         ``(config, state_dict, format_name)``; the state dict loads into ``MedusaHeads(config)`` strictly.
     """
-    directory = _checkpoint_dir(path)
-    check_manifest(directory)
-    check_digests(directory, sha256)
-    cfg = _read_config(directory / "config.json")
-    state = _weights(directory)
-    fmt = detect(cfg, set(state))
+    directory, cfg, state = files.read_checkpoint(path, sha256, _weights)
     config_path = directory / "config.json"
+    fmt = detect(cfg, set(state))
     # MedusaConfig bounds every size (heads, blocks, widths) before validate_state_dict builds the heads on meta
-    config, state = checked_read(lambda: read(fmt, cfg, state), config_path, fmt)
+    config, state = files.checked_read(lambda: read(fmt, cfg, state), config_path, fmt)
     if target_config is not None:  # first: cheap, and its message names both sides
         _check_target_config(config, target_config, directory)
-    checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})"), config_path, fmt)
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
-    return config, state, fmt
+    files.checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})"),
+                       config_path, fmt)
+    return config, files.cast(state, dtype), fmt
 
 
 def _check_target_config(config: MedusaConfig, target_config: Any, directory: Path) -> None:
     from ... import compat
 
-    text = compat.text_config(target_config)
-    sides = (("hidden size", config.hidden_size, int(text.hidden_size)),
-             ("vocabulary", config.vocab_size, int(text.vocab_size)))
-    problems = [f"{what}: heads {mine}, target {theirs}" for what, mine, theirs in sides if mine != theirs]
+    problems = files.target_mismatches(config, target_config, "heads")
     if problems:
         raise CheckpointError(f"The Medusa heads at {directory} do not fit the target "
-                              f"{getattr(target_config, '_name_or_path', '') or type(target_config).__name__}: "
+                              f"{files.target_name(target_config)}: "
                               + "; ".join(problems) + ". Use heads trained for this target "
                               "(`hf-speculative train-medusa --target ...`).")
     if config.target_num_layers is None:
-        config.target_num_layers = int(text.num_hidden_layers)
+        config.target_num_layers = int(compat.text_config(target_config).num_hidden_layers)
 
 
 def load_heads(path: str | Path, *, dtype: torch.dtype | None = None, target_config: Any = None,
@@ -144,8 +111,6 @@ def export(heads_or_path: MedusaHeads | str | Path, out_dir: str | Path, format:
     TensorRT-LLM's converter read it too). Heads on the target's own lm_head (``lm_head="target"``) need
     ``target``: both layouts store the vocabulary head with the heads (vLLM once, as ``original_lm_head``).
     """
-    from safetensors.torch import save_file
-
     if isinstance(heads_or_path, MedusaHeads):
         config = heads_or_path.config
         state = {k: v.detach().cpu() for k, v in heads_or_path.state_dict().items()}
@@ -157,10 +122,4 @@ def export(heads_or_path: MedusaHeads | str | Path, out_dir: str | Path, format:
         head = target.get_output_embeddings().weight.detach().cpu().to(next(iter(state.values())).dtype)
     name = None if target is None else (getattr(target, "name_or_path", None) or None)
     cfg, out, weights_name = write(format, config, state, target_head=head, target_name=name)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    # clone: one tensor under several names (a shared vocabulary head) is refused by safetensors
-    save_file({k: v.contiguous().clone() for k, v in out.items()}, str(out_dir / weights_name),
-              metadata={"format": "pt"})
-    return out_dir
+    return files.write_folder(out_dir, cfg, out, weights_name)

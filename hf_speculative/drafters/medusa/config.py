@@ -6,8 +6,8 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ... import compat, options
-from .. import saved_config as bounds
-from ..saved_config import SavedConfig
+from .. import checkpoints as bounds
+from ..checkpoints import SavedConfig
 
 FORMAT_NAME = "hf_speculative.medusa"
 LM_HEADS = ("per_head", "shared", "target")
@@ -48,7 +48,7 @@ class MedusaConfig(SavedConfig):
     target_num_layers: int | None = None
 
     def __post_init__(self):
-        # every size within its documented bound (saved_config) before a head is built: a config.json is untrusted
+        # every size within its bound (drafters/checkpoints.py) before a head is built: a config.json is untrusted
         owner = "MedusaConfig"
         self.num_heads = bounds.check_size(owner, "num_heads", self.num_heads, bounds.MAX_MEDUSA_HEADS)
         self.hidden_size = bounds.check_size(owner, "hidden_size", self.hidden_size, bounds.MAX_HIDDEN_SIZE)

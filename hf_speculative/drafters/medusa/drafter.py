@@ -19,7 +19,8 @@ import torch
 
 from ...core.accept import chain_candidates, draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ..registry import Capabilities, SpecFiles, example_label
+from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
@@ -39,8 +40,16 @@ def pretrained_names() -> list[str]:
     return shipped_names(PRETRAINED_DIR)
 
 
+def _checkpoints() -> Any:
+    """The Medusa checkpoint module (imported on use)."""
+    from . import checkpoints
+
+    return checkpoints
+
+
 @dataclasses.dataclass(eq=False)
-class Medusa(CheckedOnAssignment, DraftStrategy):
+class Medusa(CheckedOnAssignment, DraftStrategy, method="medusa",
+             capabilities=Capabilities(trees=True, reads_target="features")):
     """Draft with Medusa heads on the target's last hidden state.
 
     Args:
@@ -64,8 +73,10 @@ class Medusa(CheckedOnAssignment, DraftStrategy):
     confidence_threshold: float = 0.05
     adaptive: bool = True
     draft_cost: float | None = None
-    name: ClassVar[str] = "medusa"
-    reads_target: ClassVar[str] = "features"  # the target's last hidden state, through forward hooks
+    examples: ClassVar[tuple[str, ...]] = ("medusa", "medusa-tree")
+    live_fields: ClassVar[tuple[str, ...]] = ("heads",)
+    spec_files: ClassVar[SpecFiles] = SpecFiles(network="checkpoint", subfolder="medusa", checkpoints=_checkpoints,
+                                                shipped_dir=PRETRAINED_DIR)
 
     def __post_init__(self):
         if not isinstance(self.heads, MedusaHeads):
@@ -146,6 +157,42 @@ class Medusa(CheckedOnAssignment, DraftStrategy):
     def open(self, ctx: CallContext) -> "MedusaCandidateGenerator":
         return MedusaCandidateGenerator(ctx, self)
 
+    # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
+    def spec_network(self) -> MedusaHeads:
+        return self.heads
+
+    @classmethod
+    def load_network(cls, method: str, folder: Any, target: torch.nn.Module) -> "Medusa":
+        return cls.from_pretrained(folder, target=target)
+
+    @classmethod
+    def from_spec_options(cls, method: str, options: dict, network: Any = None) -> "Medusa":
+        return dataclasses.replace(network, **options)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> "Medusa":
+        """Random heads (:func:`random_heads`) drafting at every step: ``"medusa"`` chains of 4, ``"medusa-tree"`` a
+        tree 3 wide at the top, so that side branches win too."""
+        tree = None
+        if example_label(cls, label) == "medusa-tree":
+            tree = StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+        settings = {"heads": random_heads(target), "tree": tree, "num_tokens": 4, "confidence_threshold": 0.0,
+                    "adaptive": False}
+        return cls(**{**settings, **options})
+
+
+def random_heads(target: torch.nn.Module, num_heads: int = 4, seed: int = 7, scale: float = 0.3) -> MedusaHeads:
+    """Random heads shaped for ``target`` (one residual block and lm_head each, weights ~ N(0, scale): every input
+    matters), seeded with ``seed``: the matrix's examples."""
+    from .config import MedusaConfig
+
+    torch.manual_seed(seed)
+    heads = MedusaHeads(MedusaConfig.for_target(target.config, num_heads, lm_head="per_head", num_layers=1))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, scale)
+    return heads.to(next(target.parameters()).dtype).eval().requires_grad_(False)
+
 
 class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
     """Per-call state: the target's newest usable hidden state, the chain policy or the tree budget.
@@ -160,11 +207,11 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         self.config = config
         self.heads = config.heads
         self.num_heads = self.heads.config.num_heads
-        self.features = VerifiedFeatures(ctx.target, [])  # [] = the final norm's output
+        self.features = VerifiedFeatures(ctx.target, [], view=ctx.view)  # [] = the final norm's output
         self.head = ctx.target.get_output_embeddings()
         self.last: torch.Tensor | None = None
         nodes = 0 if config.tree is None else config.tree.size
-        self.verify_costs = verify_costs_for(ctx.target, max(config.num_tokens, nodes))
+        self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
         self.policy = ChainLengthPolicy(self.verify_costs, min(config.num_tokens, self.num_heads), self._draft_price,
                                         config.confidence_threshold, config.adaptive)
         if config.tree is not None:

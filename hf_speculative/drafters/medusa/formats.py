@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ... import options
-from ..eagle.formats import CheckpointError
+from ..checkpoints import CheckpointError
 from .config import FORMAT_NAME, MedusaConfig
 
 NATIVE, FASTERDECODING, VLLM = "native", "fasterdecoding", "vllm"

@@ -1,5 +1,15 @@
-"""Prompt lookup (n-gram matching in the context), chains and trees."""
+"""Prompt lookup (n-gram matching in the context), chains and trees.
 
-from .drafter import PromptLookup
+Importing this folder loads nothing heavy: its classes load on first use (``PUBLIC``, read by
+``hf_speculative.drafters.registry``; ``hfs.PromptLookup`` comes from here).
+"""
 
-__all__ = ["PromptLookup"]
+from ..registry import lazy_attribute
+
+PUBLIC = {"PromptLookup": "drafter"}  # public name -> the module of this folder that defines it
+
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str):
+    return lazy_attribute(__name__, PUBLIC, name)

@@ -11,7 +11,8 @@ import torch
 
 from ... import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...core.costs import verify_costs_for
+from ..registry import Capabilities, example_label
+
 from ...options import CheckedOnAssignment
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree
@@ -20,7 +21,8 @@ from ...core.policy import AcceptanceEstimate, TreeBudget, best_length, check_in
 
 
 @dataclasses.dataclass
-class PromptLookup(CheckedOnAssignment, DraftStrategy):
+class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
+                   capabilities=Capabilities(trees=True, batch=True)):
     """N-gram lookup over the prompt and the generated text.
 
     Better than transformers' ``prompt_lookup_num_tokens``: the longest n-gram first and its *most
@@ -47,7 +49,7 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy):
     min_ngram: int = 1
     adaptive: bool = True
     tree: DynamicTree | None = None
-    name: ClassVar[str] = "prompt-lookup"
+    examples: ClassVar[tuple[str, ...]] = ("prompt-lookup", "prompt-lookup-fixed", "lookup-tree")
 
     def __post_init__(self):
         # types and limits first: the n-gram index and the verify-cost model grow with these numbers
@@ -65,6 +67,14 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy):
 
     def open(self, ctx: CallContext) -> "PromptLookupCandidateGenerator":
         return PromptLookupCandidateGenerator(ctx, self)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options) -> "PromptLookup":
+        """``"prompt-lookup"``: the defaults; ``"prompt-lookup-fixed"``: ``num_tokens`` at every match
+        (``adaptive=False``); ``"lookup-tree"``: trees 3 wide, so that paths other than the first branch win."""
+        settings = {"prompt-lookup": {}, "prompt-lookup-fixed": {"adaptive": False},
+                    "lookup-tree": {"tree": DynamicTree(nodes=8, depth=4, top_k=3), "adaptive": False}}
+        return cls(**{**settings[example_label(cls, label)], **options})
 
 
 class NgramIndex:
@@ -104,7 +114,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         self.config = config
         self.index = NgramIndex(config.min_ngram, config.max_ngram)
         self.acceptance = {n: AcceptanceEstimate() for n in range(config.min_ngram, config.max_ngram + 1)}
-        self.costs = verify_costs_for(ctx.target, max(config.num_tokens, config.tree.nodes if config.tree else 0))
+        self.costs = ctx.verify_costs(max(config.num_tokens, config.tree.nodes if config.tree else 0))
         self._matched_n: int | None = None
         if config.tree is not None:
             self.matches = MultiNgramIndex(config.min_ngram, config.max_ngram, occurrences=config.tree.top_k)

@@ -20,7 +20,7 @@ import torch
 from ... import compat
 from ...core.accept import chain_candidates, draft_chain
 from ..base import CallContext, SpeculativeCandidateGenerator
-from ...core.costs import draft_price, record_draft_step, verify_costs_for
+from ...core.costs import draft_price, record_draft_step
 from .calibration import SkipCalibration, cached_calibration
 from .layer_view import LayerSubset, layer_subset, num_layers
 from ...core.policy import ChainLengthPolicy
@@ -45,7 +45,7 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
                 "to keep it, so %s drafts nothing in this call (the output is still exact). Upgrade hf_speculative, "
                 "or use a transformers version it is tested with (docs/versions.md).",
                 compat.TRANSFORMERS_VERSION, type(config).__name__)
-        self.verify_costs = verify_costs_for(ctx.target, config.num_tokens)
+        self.verify_costs = ctx.verify_costs(config.num_tokens)
         self.subset: LayerSubset | None = None
         self._idle = False  # the calibration found no set worth drafting with
         layers = config.drafted_layers(ctx.target)

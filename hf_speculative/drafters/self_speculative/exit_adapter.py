@@ -41,7 +41,7 @@ SHIPPED_DIR = Path(__file__).parent / "exit_adapters"
 
 def shipped_adapters() -> list[str]:
     """Targets for which a trained exit adapter ships with the package."""
-    from ..eagle.checkpoints import shipped_names
+    from ..checkpoints import shipped_names
 
     return shipped_names(SHIPPED_DIR)
 
@@ -110,7 +110,7 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         self.norm = decoder.norm
         self.embed = ctx.target.get_input_embeddings()
         # raw exit states; position 0 is never an adapter input (its token has no predecessor entry)
-        self.features = VerifiedFeatures(ctx.target, self.net.config.target_layers, skip_first=True)
+        self.features = VerifiedFeatures(ctx.target, self.net.config.target_layers, skip_first=True, view=ctx.view)
         self.adapter_cache = DraftKVCache()
         self.n_true = 0
         self._target_ids = self.net.target_ids()  # [V_draft] or None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -20,17 +21,33 @@ import torch
 from ... import options
 from ...options import CheckedOnAssignment
 from ..base import CallContext, DraftStrategy
+from ..registry import NO_FILES, Capabilities, SpecFiles, example_label
 from ...core.costs import verify_costs_for
-from .calibration import SkipCalibration, calibrate_layer_skip, cached_calibration, remember_calibration
+from .calibration import (SkipCalibration, calibrate_layer_skip, cached_calibration, model_fingerprint,
+                          remember_calibration)
 from .drafter import SelfSpeculativeCandidateGenerator
 from .layer_view import check_structure, layer_subset, num_layers
 from ...core.policy import check_chain_options
 
 
-class _SelfSpeculative(CheckedOnAssignment, DraftStrategy):
-    """What EarlyExit and LayerSkip share (each declares its own fields, in its own order)."""
+ADAPTER_METHOD = "early-exit-adapter"  # the spec method of an EarlyExit with a trained exit adapter
 
-    reads_target: ClassVar[str] = "cache"  # drafts with the target's layers over its dynamic cache
+
+def _eagle_checkpoints():
+    """An exit adapter is an EAGLE network: EAGLE's checkpoint module (imported on use)."""
+    from ..eagle import checkpoints
+
+    return checkpoints
+
+
+# exit_adapter.SHIPPED_DIR, named here without importing that module (it loads the EAGLE network's modelling)
+_ADAPTER_FILES = SpecFiles(network="checkpoint", subfolder="exit-adapter", checkpoints=_eagle_checkpoints,
+                           shipped_dir=Path(__file__).parent / "exit_adapters")
+
+
+class _SelfSpeculative(CheckedOnAssignment, DraftStrategy, capabilities=Capabilities(reads_target="cache")):
+    """What EarlyExit and LayerSkip share (each declares its own fields, in its own order). They draft with the
+    target's own layers over its dynamic KV cache: chains only, one row, no static cache."""
     num_tokens: int
     confidence_threshold: float
     adaptive: bool
@@ -51,7 +68,7 @@ class _SelfSpeculative(CheckedOnAssignment, DraftStrategy):
 
 
 @dataclasses.dataclass(eq=False)
-class EarlyExit(_SelfSpeculative):
+class EarlyExit(_SelfSpeculative, method="early-exit", variants=(ADAPTER_METHOD,)):
     """Draft with the target's first ``exit_layer`` layers, its final norm and its lm_head, or with a
     trained exit adapter instead of the norm and lm_head.
 
@@ -79,7 +96,8 @@ class EarlyExit(_SelfSpeculative):
     draft_cost: float | None = None
     adapter: Any = dataclasses.field(default=None, repr=False)
     adapter_sha256: dict | None = dataclasses.field(default=None, repr=False)
-    name: ClassVar[str] = "early-exit"
+    examples: ClassVar[tuple[str, ...]] = ("early-exit", "early-exit-adapter")
+    live_fields: ClassVar[tuple[str, ...]] = ("adapter", "adapter_sha256")
 
     def __post_init__(self):
         self._adapter_net = None
@@ -133,9 +151,44 @@ class EarlyExit(_SelfSpeculative):
 
         return ExitAdapterCandidateGenerator(ctx, self)
 
+    # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
+    def spec_method(self) -> str:
+        return ADAPTER_METHOD if self.adapter is not None else type(self).method
+
+    @classmethod
+    def files_for(cls, method: str) -> SpecFiles:
+        return _ADAPTER_FILES if method == ADAPTER_METHOD else NO_FILES
+
+    def spec_path(self) -> str | None:
+        return str(self.adapter) if isinstance(self.adapter, (str, os.PathLike)) else None
+
+    def spec_network(self) -> Any:
+        return self._adapter_net
+
+    @classmethod
+    def load_network(cls, method: str, folder: Any, target: torch.nn.Module) -> Any:
+        from .exit_adapter import load_adapter
+
+        return load_adapter(folder)
+
+    @classmethod
+    def from_spec_options(cls, method: str, options: dict, network: Any = None) -> "EarlyExit":
+        return cls(**options) if network is None else cls(adapter=network, **options)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> "EarlyExit":
+        """Chains of 5 at every step from the target's first layer: ``"early-exit"`` through its norm and lm_head,
+        ``"early-exit-adapter"`` through a random exit adapter."""
+        settings = {"exit_layer": 1, "num_tokens": 5, "confidence_threshold": 0.0, "adaptive": False}
+        if example_label(cls, label) == ADAPTER_METHOD:
+            from ..eagle.drafter import random_drafter
+
+            settings = {**settings, "adapter": random_drafter(target, exit_layer=1)}
+        return cls(**{**settings, **options})
+
 
 @dataclasses.dataclass(eq=False)
-class LayerSkip(_SelfSpeculative):
+class LayerSkip(_SelfSpeculative, method="layer-skip"):
     """Draft with the target minus a set of skipped layers.
 
     Args:
@@ -159,7 +212,10 @@ class LayerSkip(_SelfSpeculative):
     draft_cost: float | None = None
     calibration_file: str | os.PathLike | None = None
     calibration_tokens: int = 32
-    name: ClassVar[str] = "layer-skip"
+    examples: ClassVar[tuple[str, ...]] = ("layer-skip", "layer-skip-auto")
+    # a calibration file in a spec: a name inside the model's folder, kept in the package's cache per model
+    spec_files: ClassVar[SpecFiles] = SpecFiles(file_option="calibration_file",
+                                                saved_name="layer-skip-calibration.json", fingerprint=model_fingerprint)
 
     def __post_init__(self):
         if isinstance(self.skip, str):
@@ -213,3 +269,13 @@ class LayerSkip(_SelfSpeculative):
         if self.calibration_file is not None:
             plan.save(self.calibration_file)
         return plan
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> "LayerSkip":
+        """Chains of 5 at every step: ``"layer-skip"`` without layer 0 (the view then sizes its masks from another
+        layer), ``"layer-skip-auto"`` calibrated after the first 4 generated tokens."""
+        skip = {"layer-skip": [0], "layer-skip-auto": "auto"}[example_label(cls, label)]
+        settings = {"skip": skip, "num_tokens": 5, "confidence_threshold": 0.0, "adaptive": False}
+        if skip == "auto":
+            settings["calibration_tokens"] = 4
+        return cls(**{**settings, **options})

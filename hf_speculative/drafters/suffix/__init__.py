@@ -1,5 +1,15 @@
-"""SuffixDecoding: suffix trees over the prompt and earlier outputs."""
+"""SuffixDecoding: suffix trees over the prompt and earlier outputs.
 
-from .drafter import SuffixDecoding
+Importing this folder loads nothing heavy: its classes load on first use (``PUBLIC``, read by
+``hf_speculative.drafters.registry``; ``hfs.SuffixDecoding`` comes from here).
+"""
 
-__all__ = ["SuffixDecoding"]
+from ..registry import lazy_attribute
+
+PUBLIC = {"SuffixDecoding": "drafter"}  # public name -> the module of this folder that defines it
+
+__all__ = list(PUBLIC)
+
+
+def __getattr__(name: str):
+    return lazy_attribute(__name__, PUBLIC, name)

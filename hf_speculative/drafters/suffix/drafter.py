@@ -24,11 +24,12 @@ import torch
 
 from ... import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
-from ...core.costs import verify_costs_for
+from ..registry import Capabilities, SpecFiles, example_label
+
 from ...options import CheckedOnAssignment
 from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree
-from .history import HISTORY_NODE_BYTES, SuffixHistory, history_for
+from .history import HISTORY_NODE_BYTES, MAX_HISTORY_FILE_BYTES, SuffixHistory, history_for
 from .tree import SuffixTrie, best_speculation
 
 MAX_HISTORY_TOKENS = 10_000_000  # the history's trie holds up to ``max_depth`` nodes per token
@@ -36,8 +37,15 @@ MAX_HISTORY_NODES = 1 << 24  # ``history_tokens * max_depth``: the nodes the his
 MAX_CONTEXT_TOKENS = 10_000_000
 
 
+def _fingerprint(target: torch.nn.Module) -> str:
+    """The model identity a spec's history file is kept under in the package's cache (as LayerSkip's calibration)."""
+    from ..self_speculative.calibration import model_fingerprint
+
+    return model_fingerprint(target)
+
+
 @dataclasses.dataclass
-class SuffixDecoding(CheckedOnAssignment, DraftStrategy):
+class SuffixDecoding(CheckedOnAssignment, DraftStrategy, method="suffix", capabilities=Capabilities(trees=True)):
     """Draft trees from suffix tries over the call's text and the model's earlier outputs (SuffixDecoding).
 
     Runs in hf_speculative's own tree loop (greedy or seeded sampling, lossless either way).
@@ -74,7 +82,10 @@ class SuffixDecoding(CheckedOnAssignment, DraftStrategy):
     history_file: str | os.PathLike | None = None
     context_tokens: int = 65_536
     adaptive: bool = True
-    name: ClassVar[str] = "suffix"
+    examples: ClassVar[tuple[str, ...]] = ("suffix",)
+    # a history file in a spec: a name inside the model's folder, kept in the package's cache per model
+    spec_files: ClassVar[SpecFiles] = SpecFiles(file_option="history_file", saved_name="suffix-history.json",
+                                                max_bytes=MAX_HISTORY_FILE_BYTES, fingerprint=_fingerprint)
 
     def __post_init__(self):
         owner = "SuffixDecoding"
@@ -111,6 +122,13 @@ class SuffixDecoding(CheckedOnAssignment, DraftStrategy):
     def open(self, ctx: CallContext) -> "SuffixCandidateGenerator":
         return SuffixCandidateGenerator(ctx, self)
 
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options) -> "SuffixDecoding":
+        """``"suffix"``: no history across calls (every test's drafts come from its own call's text alone), the whole
+        tree verified."""
+        example_label(cls, label)
+        return cls(**{"history_tokens": 0, "adaptive": False, **options})
+
     def history(self, target) -> SuffixHistory | None:
         """``target``'s history of outputs for these settings (``None`` with ``history_tokens=0``)."""
         if not self.history_tokens:
@@ -128,7 +146,7 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
         self.tokens: list[int] = []  # the call's text, as indexed
         self._forgotten = 0  # tokens[:_forgotten] left the call's trie (context_tokens)
         self.history = config.history(ctx.target) if ctx.target is not None else None
-        self.costs = verify_costs_for(ctx.target, config.max_nodes)
+        self.costs = ctx.verify_costs(config.max_nodes)
         self.calibration = 1.0  # accepted tokens / the path probabilities' prediction (decayed)
         self._predicted = 0.0
         self._sequence: torch.LongTensor | None = None

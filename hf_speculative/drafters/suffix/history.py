@@ -13,11 +13,11 @@ import json
 import os
 import tempfile
 import threading
-import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ...core.state import state_of
 from ...registry import integrity
 from .tree import SuffixTrie, best_speculation
 
@@ -128,23 +128,14 @@ class SuffixHistory:
             self._insert(output)
 
 
-_HISTORIES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
 def history_for(model: Any, depth: int, max_tokens: int, path: str | os.PathLike | None) -> SuffixHistory:
     """The history of ``model``'s outputs for these settings, made (and loaded from ``path``) on first use; one
-    per model, trie depth, token bound and file, kept as long as the model lives."""
+    per model, trie depth, token bound and file, kept in the model's state (``core.state``) as long as the model
+    lives or until ``hfs.forget(model)`` (which leaves files as they are)."""
     key = (depth, max_tokens, None if path is None else os.path.abspath(os.fspath(path)))
-    with _LOCK:
-        histories = _HISTORIES.setdefault(model, {})
-        history = histories.get(key)
+    state = state_of(model)
+    with state.lock:
+        history = state.suffix_histories.get(key)
         if history is None:
-            history = histories[key] = SuffixHistory(depth, max_tokens, path)
+            history = state.suffix_histories[key] = SuffixHistory(depth, max_tokens, path)
         return history
-
-
-def forget_history(model: Any) -> None:
-    """Drop every history of ``model``'s outputs kept in this process (files stay as they are)."""
-    with _LOCK:
-        _HISTORIES.pop(model, None)

@@ -1,7 +1,7 @@
 """``make gpu-check``: everything worth knowing about a GPU (or this CPU) in one command, under one folder.
 
-    python -m hf_speculative.bench.gpu_check --device cuda --out gpu-check/     # what `make gpu-check` runs
-    python -m hf_speculative.bench.gpu_check --device cpu --tiny --out /tmp/gc  # the same pipeline in minutes
+    python -m tools.gpu.gpu_check --device cuda --out gpu-check/     # what `make gpu-check` runs
+    python -m tools.gpu.gpu_check --device cpu --tiny --out /tmp/gc  # the same pipeline in minutes
 
 Steps (``--steps``, default all), each writing under ``--out``:
 
@@ -17,10 +17,12 @@ Steps (``--steps``, default all), each writing under ``--out``:
   the compiled forward's outputs), for the machinery's cost: ``e2e.json``.
 - ``project``: ``hf-speculative project`` of the benchmark JSONLs given with ``--bench`` onto each profile.
 - ``real`` (with ``--real-model``): real weights end to end on Spec-Bench prompts, greedy against prompt lookup and
-  EAGLE chains and trees, eager and compiled (:mod:`hf_speculative.bench.real_e2e`): ``real_e2e.json``.
+  EAGLE chains and trees, eager and compiled (``tools/gpu/real_e2e.py``): ``real_e2e.json``.
 
 Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
-this package (``pip install --no-deps --no-build-isolation -e .``).
+this package (``pip install --no-deps --no-build-isolation -e .``), and a clone of the repository (this runner and
+the device battery it runs are the team's tools and tests, not part of the installed package): run it from the
+clone's root.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def environment(device: str) -> dict[str, Any]:
     if device == "cuda":
         info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
     else:
-        from .profile import cpu_model
+        from hf_speculative.bench.profile import cpu_model
 
         info.update(cpu=cpu_model(), threads=torch.get_num_threads())
     return info
@@ -86,7 +88,7 @@ def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str],
                  sizes: tuple[int, ...], compile_mode: str, repeats: int,
                  batches: tuple[int, ...] = ()) -> dict[str, Any]:
     """Each config's profile, eager (with ``batches``: the batch loop's forwards too) and compiled."""
-    from . import profile as profiling
+    from hf_speculative.bench import profile as profiling
 
     summary: dict[str, Any] = {}
     for name in configs:
@@ -121,8 +123,8 @@ DRAFT_VOCAB = 32000  # the reduced vocabulary of the published EAGLE-3 drafters 
 def _random_eagle(model: torch.nn.Module) -> torch.nn.Module:
     """An EAGLE-3 drafter shaped for ``model`` (a 32k draft vocabulary, as published ones have), random weights, on
     its device and dtype."""
-    from ..drafters.eagle.config import EagleConfig
-    from ..drafters.eagle.model import EagleDraftModel
+    from hf_speculative.drafters.eagle.config import EagleConfig
+    from hf_speculative.drafters.eagle.model import EagleDraftModel
 
     weight = model.get_input_embeddings().weight
     vocab = int(model.config.vocab_size)
@@ -169,7 +171,7 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
             acceptance: float, num_tokens: int, repeats: int, compile_mode: str) -> dict[str, Any]:
     import hf_speculative as hfs
 
-    from . import profile as profiling
+    from hf_speculative.bench import profile as profiling
     from .synthetic import SyntheticDrafter
 
     model = profiling.random_model(config, device, dtype)
@@ -263,7 +265,7 @@ def measured_drafting(e2e: dict[str, Any]) -> dict[str, float]:
 def run_projections(out: Path, benches: list[Path], drafting: dict[str, float] | None = None) -> dict[str, Any]:
     """Each benchmark onto each profile; with ``drafting`` (:func:`measured_drafting`), once more with those
     drafting costs for the EAGLE methods (``...@drafting-measured``; the other methods keep the benchmark's own)."""
-    from . import projection
+    from hf_speculative.bench import projection
 
     results = {}
     for bench in benches:

@@ -1,6 +1,6 @@
 """``gpu-check``'s ``real`` step: real weights end to end on Spec-Bench prompts, every arm in the same run.
 
-    python -m hf_speculative.bench.gpu_check --steps real --real-model /tmp/smollm2 \
+    python -m tools.gpu.gpu_check --steps real --real-model /tmp/smollm2 \
         --real-drafter smollm2-135m-instruct                      # after `python -m tools.carry join carry /tmp/smollm2`
 
 On the lent GPU the model comes in parts (``tools/carry.py``: each device call carries at most 64 MiB), the
@@ -43,7 +43,7 @@ def _arms(model: torch.nn.Module, drafter: str | None) -> dict[str, tuple[Any, A
 def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict) -> Callable[[], torch.Tensor]:
     import hf_speculative as hfs
 
-    from ..core.static_cache import draft_budget
+    from hf_speculative.hf.checks import draft_budget
 
     if strategy is None:
         extra = {"cache_implementation": "static"} if compile == "static" else {}
@@ -61,9 +61,9 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
              new_tokens: int, repeats: int) -> dict[str, Any]:
     import hf_speculative as hfs
 
-    from ..tooling.prompting import encode_prompt
+    from hf_speculative.tooling.prompting import encode_prompt
     from .gpu_check import _step_times, log
-    from .spec_bench import load_prompts
+    from hf_speculative.bench.spec_bench import load_prompts
 
     model, tokenizer = hfs.load_model(str(model_dir), dtype=dtype, device=device)
     # each arm's budget is a shape of the target's compiled forward, each drafting width one of the drafter's step:

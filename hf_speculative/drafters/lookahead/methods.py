@@ -1,0 +1,26 @@
+"""Lookahead decoding's method of the command line, the benchmark and the app.
+
+``hf_speculative.tooling.methods`` reads ``METHODS`` (plain data) without importing this module, so that
+``hf-speculative --help`` lists the methods before any drafter loads, and calls an entry's ``build`` on use:
+``build(model, tokenizer, call)`` returns the extra ``generate()`` kwargs of one call. ``call`` is tooling's (this
+module imports nothing of it): ``call.option(key)``, ``call.given(*keys)``, ``call.length()``, ``call.trained(...)``
+... (see ``tooling.methods.MethodCall``). ``source`` declares the trained drafter an option names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+METHODS = [
+    {"name": "lookahead", "order": 140, "label": "Lookahead (hfs)",
+     "description": "hf_speculative's lookahead decoding: a Jacobi window and an n-gram pool verified in one tree per "
+                    "forward.",
+     "options": {"max_ngram": None}, "build": "build_lookahead"},
+]
+
+
+def build_lookahead(model: Any, tokenizer: Any, call: Any) -> dict:
+    from .drafter import Lookahead
+
+    ngram = call.option("max_ngram")  # --max-ngram: the n-gram size N (Lookahead checks it)
+    return {"candidate_generator": Lookahead() if ngram is None else Lookahead(ngram=ngram)}

@@ -1,0 +1,26 @@
+"""SuffixDecoding's method of the command line, the benchmark and the app.
+
+``hf_speculative.tooling.methods`` reads ``METHODS`` (plain data) without importing this module, so that
+``hf-speculative --help`` lists the methods before any drafter loads, and calls an entry's ``build`` on use:
+``build(model, tokenizer, call)`` returns the extra ``generate()`` kwargs of one call. ``call`` is tooling's (this
+module imports nothing of it): ``call.option(key)``, ``call.given(*keys)``, ``call.length()``, ``call.trained(...)``
+... (see ``tooling.methods.MethodCall``). ``source`` declares the trained drafter an option names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+METHODS = [
+    {"name": "suffix", "order": 130, "label": "SuffixDecoding (hfs)",
+     "description": "hf_speculative's SuffixDecoding: draft trees from suffix tries over the call's text and the "
+                    "model's earlier outputs in this process.",
+     "options": {"num_tokens": None}, "build": "build_suffix"},
+]
+
+
+def build_suffix(model: Any, tokenizer: Any, call: Any) -> dict:
+    from .drafter import SuffixDecoding
+
+    nodes = call.option("num_tokens")  # --num-tokens: the most nodes per step (SuffixDecoding checks it)
+    return {"candidate_generator": SuffixDecoding() if nodes is None else SuffixDecoding(max_nodes=nodes)}
