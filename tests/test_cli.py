@@ -414,9 +414,14 @@ def test_showcase_runs_compare_on_its_own_prompt(cli, chat_checkpoint):
 
 
 @pytest.mark.integration
-def test_showcase_pays_off_on_the_default_model(cli):
+def test_showcase_pays_off_on_the_default_model(cli, monkeypatch):
     """The showcase's point: the default model copies the list, so prompt lookup's drafts are accepted (tau well
-    above 1; the getting-started's "Copy this sentence" prompt gave 1.0, the model did not copy)."""
+    above 1; the getting-started's "Copy this sentence" prompt gave 1.0, the model did not copy). Acceptance is the
+    point here, not this machine's timings: verification is priced as cheap and fixed (under a loaded machine the
+    measured costs rightly make prompt lookup draft less)."""
+    from hf_speculative.core.costs import VerifyCostModel
+
+    monkeypatch.setattr(VerifyCostModel, "ratio", lambda self, k: 1.0 + 0.01 * k)
     result = cli("showcase", "--json")
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)

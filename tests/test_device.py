@@ -180,8 +180,9 @@ def check_stats(model, name: str, identical: bool) -> None:
         assert stats.accepted_tokens == 0, stats
 
 
-# -- (a), (b), (c): chains in transformers' loop, trees in ours, our loop on a static cache ---------------
+# -- (a), (b), (c): chains and trees in our loop, chains in transformers' loop, our loop on a static cache ------
 CASES = ([(arch, "chain", name) for arch in ARCHS for name in CHAINS]
+         + [(arch, "transformers", name) for arch in ARCHS for name in CHAINS]
          + [(arch, "tree", name) for arch in ARCHS for name in TREES]
          + [(arch, "static", name) for arch in ARCHS if arch in STATIC_ARCHS for name in CHAINS + TREES])
 
@@ -191,6 +192,8 @@ def test_route_equals_greedy(arch, route, name, loops):
     model, expected = target(arch), references(arch)["greedy"]
     strategy = drafter(name, model, expected)
     static = {"cache_implementation": "static"} if route == "static" else {}
+    if route == "transformers":
+        static = {"speculative_loop": "transformers"}
     if route == "static" and name == "oracle":
         hfs.enable(model, static_budget=6)  # a raw CandidateGenerator does not say how long its drafts are
     out = model.generate(**inputs(), do_sample=False, max_new_tokens=NEW, candidate_generator=strategy, **static)
@@ -198,7 +201,7 @@ def test_route_equals_greedy(arch, route, name, loops):
     check_stats(model, name, identical)
     from hf_speculative.core.static_cache import StaticVerifier
 
-    if route == "chain":
+    if route == "transformers":
         assert loops == []  # transformers' assisted loop
     else:
         assert len(loops) == 1 and isinstance(loops[0], StaticVerifier) == (route == "static")
@@ -230,6 +233,8 @@ def test_eos_and_length_limit_inside_accepted_paths(arch, route):
     start = prompt_inputs()["input_ids"].shape[1]
     eos = int(free[0, start + 4])
     static = {"cache_implementation": "static"} if route == "static" else {}
+    if route == "transformers":
+        static = {"speculative_loop": "transformers"}
     if route == "static":
         hfs.enable(model, static_budget=6)
     for case, kwargs in ((f"{arch}/{route}/eos", dict(max_new_tokens=NEW, eos_token_id=eos)),
@@ -249,6 +254,8 @@ def test_seeded_sampling_equals_the_plain_seeded_call(arch, route):
                 "tree": lambda: hfs.Eagle(random_eagle(model).to(DEVICE), tree=TREE, adaptive=False),
                 "static": lambda: hfs.PromptLookup(tree=TREE, adaptive=False)}[route]()
     static = {"cache_implementation": "static"} if route == "static" else {}
+    if route == "transformers":
+        static = {"speculative_loop": "transformers"}
     out = model.generate(**inputs(), max_new_tokens=NEW, candidate_generator=strategy, **SAMPLING, **static)
     assert_same(model, out, references(arch)["sample"], f"{arch}/{route}/seeded-sampling", sampled=True)
     forget(model)

@@ -311,3 +311,30 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# Per-call state travels on the call object (core/call.CallContext), passed down. A ContextVar only where
+# transformers' entry leaves no other way: the running call, which transformers' callbacks into the enabled model
+# (_get_candidate_generator, _get_logits_processor, _get_stopping_criteria, custom_generate) cannot be handed; and
+# the specs being saved while transformers writes generation_config.json (spec.saving).
+CONTEXT_VARS = {("hf_speculative.hf.integration", "_ACTIVE_CALL"), ("hf_speculative.hf.spec", "_SAVING")}
+
+
+def context_vars() -> set[tuple[str, str]]:
+    """``(module, name)`` of every ``contextvars.ContextVar`` the package creates (ast: assignments to a call)."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            value = getattr(node, "value", None)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(value, ast.Call):
+                name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+                if name == "ContextVar":
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    found |= {(module, t.id) for t in targets if isinstance(t, ast.Name)}
+    return found
+
+
+def test_context_vars_are_only_the_listed_ones():
+    assert context_vars() == CONTEXT_VARS, (
+        "per-call state goes on the call object (hf_speculative/core/call.py), not in a ContextVar")

@@ -119,6 +119,23 @@ def test_every_call_runs_in_our_loop_unless_transformers_loop_is_asked_for(monke
                        speculative_loop="transformer")
 
 
+def test_before_4_57_chains_keep_transformers_loop_and_trees_name_the_version(monkeypatch):
+    """transformers < 4.57 takes no custom_generate callable, the way into our loop: there chains run in transformers'
+    assisted loop by default (identical to greedy), and what only our loop runs is refused naming the version."""
+    from hf_speculative import compat
+
+    model = hfs.enable(build_model("llama"))
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=8)
+    monkeypatch.setattr(compat, "SUPPORTS_CUSTOM_GENERATE_CALLABLE", False)
+    runs = []
+    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1))
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8,
+                         candidate_generator=hfs.PromptLookup(adaptive=False))
+    assert out.tolist() == expected.tolist() and runs == [] and hfs.last_stats(model).target_forwards > 0
+    with pytest.raises(ValueError, match=r"hf_speculative's loop \(draft trees\) needs transformers >= 4.57"):
+        model.generate(**prompt_inputs(), max_new_tokens=8, candidate_generator=hfs.PromptLookup(tree=TREE))
+
+
 @pytest.mark.parametrize("strategy", [hfs.PromptLookup(adaptive=False), hfs.PromptLookup(tree=TREE)],
                          ids=["chain", "tree"])
 def test_a_left_padded_row_is_its_unpadded_text(strategy):

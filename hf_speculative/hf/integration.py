@@ -284,9 +284,18 @@ LOOPS = ("hf_speculative", "transformers")
 
 
 def _our_loop(speculative_loop: str | None, strategy: Any, *, static: bool, batched: bool) -> bool:
-    """Whether a call runs hf_speculative's loop (the default) or, with ``speculative_loop="transformers"``,
-    transformers' own assisted loop (chains of one row on a dynamic cache: our drafters serve it as transformers
-    ``CandidateGenerator`` s)."""
+    """Whether a call runs hf_speculative's loop (the default) or, with ``speculative_loop="transformers"`` (and by
+    default on transformers older than 4.57, which cannot enter ours), transformers' own assisted loop (chains of one
+    row on a dynamic cache: our drafters serve it as transformers ``CandidateGenerator`` s)."""
+    if speculative_loop is None and not compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE:
+        # our loop is entered as a custom_generate callable, which transformers takes from 4.57 on: before, chains
+        # keep transformers' assisted loop, and what only our loop runs says which version it needs
+        if drafts_trees(strategy) or static or batched:
+            what = "draft trees" if drafts_trees(strategy) else ("static caches" if static else "batches")
+            raise ValueError(f"hf_speculative's loop ({what}) needs transformers >= 4.57 (installed: "
+                             f"{compat.TRANSFORMERS_VERSION}): upgrade transformers, or draft chains (tree=None) for "
+                             "one prompt at a time on the dynamic cache.")
+        return False
     if speculative_loop is None or speculative_loop == "hf_speculative":
         return True
     if speculative_loop != "transformers":

@@ -194,7 +194,8 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
         "transformers greedy (eager)": lambda: type(model).generate(model, **base),
         "transformers greedy (static cache, compiled)": lambda: type(model).generate(
             model, **base, cache_implementation="static"),
-        "transformers assisted loop (synthetic drafter)": lambda: model.generate(**base, candidate_generator=synthetic),
+        "transformers assisted loop (synthetic drafter)": lambda: model.generate(
+            **base, candidate_generator=synthetic, speculative_loop="transformers"),
         "transformers prompt lookup": lambda: type(model).generate(model, **base, prompt_lookup_num_tokens=num_tokens),
         "hf_speculative loop, static cache (synthetic drafter)": lambda: model.generate(
             **base, candidate_generator=synthetic, cache_implementation="static"),

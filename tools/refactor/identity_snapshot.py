@@ -30,8 +30,12 @@ def main() -> None:
     torch.set_num_threads(1)
     import hf_speculative as hfs
     from hf_speculative.bench.spec_bench import DATASET
-    from hf_speculative.methods import available_methods, get_method, pad_token_id
-    from hf_speculative.prompting import encode_prompt
+    try:  # the layout since issue 44, else the one before (the snapshot runs on both sides of the move)
+        from hf_speculative.tooling.methods import available_methods, get_method, pad_token_id
+        from hf_speculative.tooling.prompting import encode_prompt
+    except ImportError:
+        from hf_speculative.methods import available_methods, get_method, pad_token_id
+        from hf_speculative.prompting import encode_prompt
 
     model, tok = hfs.load_model("smollm2-135m-instruct")
     hfs.enable(model)

@@ -78,8 +78,8 @@ class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=C
         own_cache = [type(s).__name__ for s in self.strategies if capabilities_of(s).reads_target == "cache"]
         if own_cache and self.tree is not None:
             raise ValueError(f"Hybrid(...) with a draft tree runs in hf_speculative's own loop, where {own_cache[0]} "
-                             "cannot draft (it drafts on the target's own KV cache, which only transformers' loop "
-                             "keeps): drop tree= from the other members, or leave "
+                             "cannot draft (it drafts chains on the target's own KV cache, not beside a draft "
+                             "tree): drop tree= from the other members, or leave "
                              f"{own_cache[0]} out of this Hybrid.")
 
     def labels(self) -> list[str]:
