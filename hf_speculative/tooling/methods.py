@@ -5,8 +5,11 @@ which extra keyword arguments to pass (built fresh for every call) and which opt
 Every method is registered here with :func:`register_method`; callers look them up by name with
 :func:`get_method` and list them with :func:`available_methods`, so no other module keeps its own
 list of methods. hf_speculative's own methods come from the drafter folders: each folder's ``methods.py``
-declares its entries as plain data (``METHODS``, read without importing it) and the builds, which receive a
-:class:`MethodCall`; greedy and transformers' own methods (``hf-*``) are declared here.
+declares its entries as plain data (``METHODS``, read without importing it, so that ``hf-speculative --help`` lists
+the methods before any drafter loads) and the builds: an entry's ``build`` names its function,
+``build(model, tokenizer, call)``, called on use with a :class:`MethodCall` (the folders import nothing of tooling),
+returns the extra ``generate()`` kwargs of one call; an entry's ``source`` declares the trained drafter an option
+names. Greedy and transformers' own methods (``hf-*``) are declared here.
 
 :func:`run_method` runs one method on one prompt and gathers what can be measured about it, the same
 way for every kind of method:

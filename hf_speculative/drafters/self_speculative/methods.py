@@ -1,11 +1,7 @@
 """Self-speculation's methods of the command line, the benchmark and the app: early exit (with or without a trained
 adapter) and layer skip.
 
-``hf_speculative.tooling.methods`` reads ``METHODS`` (plain data) without importing this module, so that
-``hf-speculative --help`` lists the methods before any drafter loads, and calls an entry's ``build`` on use:
-``build(model, tokenizer, call)`` returns the extra ``generate()`` kwargs of one call. ``call`` is tooling's (this
-module imports nothing of it): ``call.option(key)``, ``call.given(*keys)``, ``call.length()``, ``call.trained(...)``
-... (see ``tooling.methods.MethodCall``). ``source`` declares the trained drafter an option names.
+How ``METHODS`` and its builds are read and called: :mod:`hf_speculative.tooling.methods`.
 """
 
 from __future__ import annotations
