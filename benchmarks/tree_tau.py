@@ -100,7 +100,6 @@ def main(argv=None) -> None:
     from hf_speculative.core import tree_shapes as shapes
     from hf_speculative.drafters.base import CallContext
     from hf_speculative.bench.spec_bench import DATASET, load_prompts
-    from hf_speculative.core.chains import ChainDrafter
     from hf_speculative.core.loop import run
     from hf_speculative.tooling.prompting import encode_prompt
     from hf_speculative.core.stats import SpeculativeStats
@@ -133,8 +132,9 @@ def main(argv=None) -> None:
         for budget in budgets:
             stopping = StoppingCriteriaList([MaxLengthCriteria(max_length),
                                              EosTokenCriteria(model.generation_config.eos_token_id)])
-            ctx = CallContext(model, model.generation_config, None, stopping, SpeculativeStats())
-            loop_drafter = ChainDrafter(make_strategy(hfs, drafter, budget, args.adaptive, shapes, medusa).open(ctx))
+            ctx = CallContext(model, model.generation_config, None, stopping, SpeculativeStats(),
+                              prompt_length=ids.shape[1])
+            loop_drafter = (make_strategy(hfs, drafter, budget, args.adaptive, shapes, medusa).open(ctx))
             start = time.perf_counter()
             try:
                 out = run(model, ids, loop_drafter, stopping_criteria=stopping, stats=ctx.stats, max_length=max_length)

@@ -35,6 +35,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "last_stats": (".hf.integration", "last_stats"),
     "speculative_generate": (".hf.integration", "speculative_generate"),
     "DraftTree": (".core.tree", "DraftTree"),
+    "Plan": (".core.budget", "Plan"),
+    "Sizing": (".core.budget", "Sizing"),
     "DynamicTree": (".core.tree_shapes", "DynamicTree"),
     "StaticTree": (".core.tree_shapes", "StaticTree"),
     "forget": (".core.state", "forget"),
@@ -54,6 +56,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs (the dr
     from .registry.models import load_model
     from .core.state import forget
     from .core.stats import SpeculativeStats
+    from .core.budget import Plan, Sizing
     from .core.tree import DraftTree
     from .core.tree_shapes import DynamicTree, StaticTree
 

@@ -25,6 +25,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 import hf_speculative as hfs
 from hf_speculative.drafters.base import SpeculativeCandidateGenerator
 from hf_speculative.drafters.registry import example, examples
+from hf_speculative.core.tree import DraftTree
 
 # Tiny models run faster on one thread than on several (thread start-up dominates), and the CI has 2 cores.
 torch.set_num_threads(1)
@@ -217,17 +218,17 @@ class _AdversaryGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.config = config
 
-    def propose(self, input_ids, max_tokens):
+    def draft(self, input_ids, plan):
         ref, length = self.config.reference, input_ids.shape[1]
         avoid = self.config.avoid | set(self._eos)
         draft = []
-        for j in range(min(self.config.num_tokens, max_tokens)):
+        for j in range(min(self.config.num_tokens, plan.depth)):
             true = ref[length + j] if length + j < len(ref) else None
             token = 4
             while token == true or token in avoid:
                 token = (token + 7) % self.config.vocab_size
             draft.append(token)
-        return torch.tensor(draft, dtype=torch.long), None
+        return DraftTree.from_tokens(draft, input_ids.device)
 
 
 def make_drafter(name: str, target, reference):
@@ -436,3 +437,13 @@ def count_hashes(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(integrity, "sha256_file", counting)
     return hashed
+
+
+def draft_once(generator, input_ids, depth: int):
+    """One step of ``generator``'s drafting after ``input_ids`` `[1, L]`, at most ``depth`` deep, as the loop asks it:
+    its :class:`DraftTree` (``.tokens`` for a chain). The plans come from one budget kept on the generator, so that
+    successive calls see the sizing rules' state as a call would."""
+    from hf_speculative.core.budget import DraftBudget
+
+    budget = generator.__dict__.setdefault("_test_budget", DraftBudget(generator.sizing))
+    return generator.draft(input_ids, budget.plan(depth))

@@ -6,7 +6,7 @@ loading a shipped drafter checks its files against it (``checkpoints.check_manif
 changing a shipped drafter's files, in the repository's root::
 
     python -m tools.drafter_manifests          # rewrite the manifests
-    python -m tools.drafter_manifests --check  # exit 1 if one is stale (tests/test_integrity.py checks too)
+    python -m tools.drafter_manifests --check  # exit 1 if one is stale (tests/registry/test_integrity.py checks too)
 """
 
 from __future__ import annotations

@@ -31,19 +31,20 @@ from .sampling import split_sampler
 from .tree import ROOT, DraftTree, Verdict
 
 if TYPE_CHECKING:
-    from .policy import ChainLengthPolicy
+    from .budget import Plan
 
 
 # -- drafting a chain for the rule ---------------------------------------------------------------
-def draft_chain(policy: ChainLengthPolicy, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int,
-                step) -> list[int]:
+def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step) -> DraftTree:
     """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``, repeat while
-    ``policy`` says it pays. The call's logits processors warp the drafter's logits as they warp the
-    target's; the token is their argmax, or under seeded sampling the seeded draw from them at that
-    position (the target's draw there if the drafter's distribution were the target's).
+    the loop's ``plan`` says it pays (its chain rule: ``wants`` / ``took``, see core/budget.py). The call's logits
+    processors warp the drafter's logits as they warp the target's; the token is their argmax, or under seeded
+    sampling the seeded draw from them at that position (the target's draw there if the drafter's distribution
+    were the target's).
 
-    Whether to draft a position is asked of ``policy.wants`` before its token is chosen (``policy.took``
-    sees the token, and only decides about the positions after it)."""
+    Whether to draft a position is asked of ``plan.wants`` before its token is chosen (``plan.took`` sees the
+    token, and only decides about the positions after it). Returns the chain, ``[k]`` tokens as a one-branch
+    :class:`DraftTree` (empty when nothing paid)."""
     processors, sampler = split_sampler(ctx.logits_processor)
     tokens: list[int] = []
     sequence = input_ids  # [1, L + drafted]: the context the processors and the sampler's positions read
@@ -51,25 +52,15 @@ def draft_chain(policy: ChainLengthPolicy, ctx, input_ids: torch.Tensor, logits:
         if processors:
             logits = processors(sequence, logits[None])[0]
         probs = torch.softmax(logits.float(), dim=-1)  # [V]
-        if not policy.wants(float(probs.max())):
+        if not plan.wants(float(probs.max())):
             break  # its expected gain does not pay for verifying it (its drafting is already paid)
         token = int(torch.argmax(logits) if sampler is None else sampler.choose(sequence, logits[None])[0])
         tokens.append(token)
-        if not policy.took(float(probs[token]), max_tokens):
+        if not plan.took(float(probs[token]), max_tokens):
             break
         sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
         logits = step(token)
-    return tokens
-
-
-def chain_candidates(policy: ChainLengthPolicy, tokens: list[int],
-                     steps: int | None = None) -> tuple[torch.Tensor | None, None]:
-    """Close a chain draft in ``policy`` (``steps`` drafter steps; default one per token) and return it as
-    ``propose`` does: tokens `[k]` and no logits (``(None, None)`` for an empty draft)."""
-    policy.end(len(tokens), steps=steps)
-    if not tokens:
-        return None, None
-    return torch.tensor(tokens, dtype=torch.long), None
+    return DraftTree.from_tokens(tokens, input_ids.device)
 
 
 # -- the rule on a tree ---------------------------------------------------------------------------

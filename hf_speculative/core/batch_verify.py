@@ -31,6 +31,9 @@ from .tree import DraftTree
 from .verify import _window, check_tree_attention
 
 
+_COMPACT_MIN_SLOTS = 8
+
+
 class BatchVerifier:
     """The target's dynamic cache for a batch of rows, and the forwards that verify their drafts.
 
@@ -169,6 +172,12 @@ class BatchVerifier:
     def shrinkable(self) -> int:
         """Slots a :meth:`compact` would cut: the cache's length less its longest row's real slots."""
         return self.slots.shape[1] - (int(self.slots.sum(-1).max()) if self.slots.numel() else 0)
+
+    def tidy(self) -> None:
+        """Re-pack the cache when that cuts a quarter of its slots and at least ``_COMPACT_MIN_SLOTS`` (a re-pack
+        copies the whole cache)."""
+        if self.shrinkable() * 4 > max(self.slots.shape[1], _COMPACT_MIN_SLOTS * 4):
+            self.compact()
 
     def compact(self) -> None:
         """Re-pack every row's real slots to the right end (holes become left padding, cut to the longest row)."""

@@ -53,6 +53,8 @@ class CallContext:
     view: TargetView = dataclasses.field(default_factory=TargetView)
     # ``(padded budget, compiled)`` on a static-cache verifier: its drafts are priced at the padded forward's cost
     cost_key: tuple[int, bool] | None = None
+    # the prompt's length without padding, set when the call starts (transformers' loop: at its first draft)
+    prompt_length: int | None = None
 
     @property
     def max_length(self) -> int:

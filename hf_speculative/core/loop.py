@@ -1,19 +1,25 @@
-"""Our verification loop: draft a tree, verify it in one target forward, keep the accepted path.
+"""Our verification loop: draft a tree per row, verify every row's tree in one target forward, keep the accepted paths.
 
-A ladder of small steps (gpt-fast's shape)::
+One ladder (gpt-fast's shape) for one row or a batch (a row axis, ragged acceptance), on a dynamic or a static
+cache, compiled or not::
 
-    verifier = its cache, empty; pending = the prompt   # the first forward prefills the prompt too
-    until stopped:
-        tree    = drafter.propose_tree(sequence)    # DraftTree (a chain is a tree with one branch)
-        logits  = verifier.forward(pending, tree)   # ONE forward, tree mask (dynamic or static cache)
-        scores  = processed(logits)                 # logits processors, each row with its own branch
-        verdict = accept(tree, scores)              # the accepted path + the target's own token
-        verifier.keep(verdict.path)                 # the cache: prefix, root, accepted path
-        sequence += path tokens + own token, cut at the first stop (EOS, length, stop strings...)
-        drafter.observe(verdict); stats; streamer.put(the block)
-        pending = [own token]
+    verifier = its cache, empty; pending = the prompts        # the first forward prefills them too
+    budget_b = DraftBudget(drafter_b.sizing)                  # the loop decides how much to draft (core/budget.py)
+    until every row stopped:
+        width     = widths.width(rows)                        # one row: its budget decides; a batch: the cost model
+        plan_b    = budget_b.plan(room_b)                     # how deep; the drafter asks it how much pays
+        tree_b    = drafter_b.draft(row_b, plan_b)            # DraftTree (a chain is a tree with one branch)
+        logits    = verifier.forward(pending, trees)          # ONE forward [B, 1 + n, V]: tree masks, depth positions
+        verdict_b = accept(tree_b, processed(logits_b))       # accept.py: the only rule
+        verifier.keep(paths)                                  # the cache: prefix, root, accepted path (per row)
+        row_b    += path tokens + own token, cut at its first stop (EOS, length, stop strings...)
+        budget_b.verified(plan_b, tree_b, verdict_b, s)       # the sizing rules learn (acceptance, costs)
+        drafter_b.observe(row_b, tree_b, verdict_b, scores_b); stats; streamer
+        finished rows leave the batch (their drafter closed, their cache rows dropped)
+        pending = [own token of each row]
 
 The target's own token is never in the cache when the next forward starts: it is the next tree's root.
+:func:`run` enters the ladder with one row, :func:`run_batch` with several (core/rows.py keeps what is per row).
 """
 
 from __future__ import annotations
@@ -23,31 +29,72 @@ import time
 from typing import Any, Protocol
 
 import torch
+from transformers import LogitsProcessorList
 
 from .. import compat
 from .accept import accept_greedy
+from .batch_costs import BatchCostModel, batch_costs_for
+from .batch_verify import BatchVerifier
+from .budget import DraftBudget, Plan, Sizing
+from .call import CallContext, TargetView
+from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, forward_columns, left_padding, row_view
+from .sampling import split_sampler
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
-from .verify import DynamicVerifier
+from .verify import DynamicVerifier, OneRow
 
 
-class TreeDrafter(Protocol):
-    """What the loop asks of a per-call drafter."""
+class Drafter(Protocol):
+    """What the loop asks of a per-call drafter (``strategy.open(ctx)``; drafters/base.py documents it)."""
 
-    def propose_tree(self, sequence: torch.LongTensor, max_depth: int) -> DraftTree:
-        """A draft after ``sequence`` (``[1, L]``, verified), no deeper than ``max_depth`` (>= 1)."""
+    sizing: Sizing
+
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        """A draft after ``sequence`` (``[1, L]``, verified), within ``plan`` (no deeper than ``plan.depth``)."""
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
-        """Learn the verdict; ``sequence`` is the verified text after it (the target's token included) and
+        """Follow the verdict; ``sequence`` is the verified text after it (the target's token included) and
         ``scores`` the forward's processed target logits, ``[1 + n, V]``."""
+
+    def close(self) -> None:
+        """Free the call's resources."""
 
 
 @dataclasses.dataclass
 class LoopResult:
-    sequences: torch.LongTensor  # [1, L + new]
-    scores: list[torch.Tensor]   # per new token, the processed scores it was chosen from, [1, V]
+    sequences: torch.LongTensor  # [B, L + new], finished rows of a batch padded with pad_token_id
+    scores: tuple | None         # per new position the processed scores it was chosen from, [B, V] (if kept)
     stats: SpeculativeStats
-    logits: list[torch.Tensor] = dataclasses.field(default_factory=list)  # per new token, the raw logits, [1, V]
+    logits: tuple | None = None  # per new position the raw logits, [B, V] (if kept)
+
+
+@dataclasses.dataclass(eq=False)
+class Row:
+    """One sequence of the call: its ids (the left-padded prompt and the new tokens, ``[1, L + new]``), its drafter and
+    that drafter's budget, the logits processors that see it, and where its stop fired."""
+
+    ids: torch.LongTensor
+    pad: int
+    drafter: Any
+    processors: Any
+    view: TargetView | None = None  # a batch row's view of the forwards (its columns), for drafters reading states
+    owned: bool = True              # the loop opened its drafter, and closes it when the row finishes
+    budget: DraftBudget = None
+    end: int | None = None          # its length when a stopping criterion fired
+    closed: bool = False
+
+    def __post_init__(self):
+        self.budget = DraftBudget(self.drafter.sizing)
+
+    @property
+    def text(self) -> torch.LongTensor:
+        """What its drafter sees: the row without its padding, ``[1, L' + new]``."""
+        return self.ids[:, self.pad:]
+
+    def close(self) -> None:
+        if not self.closed and self.owned:
+            self.drafter.close()
+        self.closed = True
 
 
 def branch_ids(sequence: torch.LongTensor, tree: DraftTree, node: int) -> torch.LongTensor:
@@ -79,7 +126,127 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
     return None
 
 
-def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDrafter, *,
+# -- the ladder ------------------------------------------------------------------------------------
+def draft_step(rows: list[Row], members: list[int], live: set[int], width: int, widths: Any, max_depth: int,
+               max_length: int) -> tuple[list[Plan], list[DraftTree]]:
+    """Each row in the forward drafts within its plan (rows that finished, or have no room, draft nothing)."""
+    plans, trees = [], []
+    for b in members:
+        row = rows[b]
+        room = min(max_depth, max_length - row.ids.shape[1] - 1, width) if b in live else 0
+        plans.append(row.budget.plan(max(room, 1)))
+        tree = row.drafter.draft(row.text, plans[-1]) if room > 0 else DraftTree.empty(row.ids.device)
+        trees.append(tree if widths.cap is None else tree.first(widths.cap))  # a batch's width bounds nodes
+    return plans, trees
+
+
+def verify_step(rows: list[Row], members: list[int], live: set[int], logits: torch.Tensor,
+                trees: list[DraftTree]) -> tuple[list[Verdict | None], list[torch.Tensor | None]]:
+    """accept.py's rule on each running row's scores (``logits`` ``[B', 1 + n, V]``)."""
+    verdicts, scores_of = [], []
+    for i, (b, tree) in enumerate(zip(members, trees)):
+        if b not in live:
+            verdicts.append(None)
+            scores_of.append(None)
+            continue
+        scores = processed_scores(logits[i, : 1 + tree.size], rows[b].ids, tree, rows[b].processors)  # [1 + n, V]
+        verdicts.append(accept_greedy(tree, scores))
+        scores_of.append(scores)
+    return verdicts, scores_of
+
+
+def ladder(rows: list[Row], verifier: Any, pending: torch.Tensor, pending_mask: torch.Tensor, *,
+           stopping_criteria: Any, stats: SpeculativeStats, max_length: int, max_depth: int, widths: Any,
+           outputs: Outputs, cut_at_stop: bool) -> int | None:
+    """Run every row to its stop (see the module docstring). ``cut_at_stop``: a row ends at its stop (a call with an
+    EOS criterion, or one row); else rows decode on past it until the longest has stopped (transformers' batched
+    loop without EOS), and the returned length is where they end. The rows' ``ids`` hold the text."""
+    batch = len(rows)
+    timed = batch == 1  # a row's own rules learn verify costs only from a forward that is its own
+    members = list(range(batch))  # the rows in the verifier's batch, in order: running ones and finished ones
+    live = set(members)           # the running ones; finished rows stay (decoding nothing) until half are
+    first, limit = True, None
+    while live:
+        tick = time.perf_counter()
+        running = [b for b in members if b in live]
+        room = max(min(max_depth, max_length - rows[b].ids.shape[1] - 1) for b in running)
+        width = widths.width(running, room, len(members), first)
+        plans, trees = draft_step(rows, members, live, width, widths, max_depth, max_length)
+        stats.record_draft(sum(t.size for t in trees), time.perf_counter() - tick)
+
+        tick = time.perf_counter()
+        with torch.no_grad():
+            logits = verifier.forward(pending, pending_mask, trees)  # [B', 1 + n, V]
+        if logits.is_cuda and not timed:
+            torch.cuda.synchronize()
+        widths.observe(len(members), logits.shape[1], time.perf_counter() - tick, first)
+        verdicts, scores_of = verify_step(rows, members, live, logits, trees)
+        verifier.keep([() if v is None else v.path for v in verdicts])
+        stats.record_verify(sum(v.num_accepted for v in verdicts if v is not None), time.perf_counter() - tick)
+
+        for i, (b, tree, verdict) in enumerate(zip(members, trees, verdicts)):
+            if verdict is None:
+                continue
+            row = rows[b]
+            before = row.ids.shape[1]
+            row.ids = torch.cat([row.ids, row.ids.new_tensor([tree.path_tokens(verdict.path) + [verdict.next_token]])],
+                                dim=-1)
+            if row.end is None:
+                row.end = stop_index(row.ids, before, stopping_criteria)
+                if row.end is not None and cut_at_stop:
+                    row.ids = row.ids[:, :row.end]
+            kept = [node + 1 for node in (ROOT, *verdict.path)][: row.ids.shape[1] - before]  # their score rows
+            outputs.add(b, scores_of[i][kept], logits[i, kept])
+            widths.verified(b, tree, verdict, width, max_length - before - 1)
+            # (the first forward also prefilled the prompt: its timing says nothing of verifying)
+            row.budget.verified(plans[i], tree, verdict, None if first or not timed else time.perf_counter() - tick)
+            if row.view is not None:
+                row.view.row = (i, forward_columns(pending_mask[i], tree.size))  # its columns, for EAGLE
+            try:
+                row.drafter.observe(row.text, tree, verdict, scores_of[i])
+            finally:
+                if row.view is not None:
+                    row.view.row = None
+            if (row.end is not None and cut_at_stop) or row.ids.shape[1] >= max_length:
+                live.discard(b)  # finished
+        if not cut_at_stop and all(row.end is not None for row in rows):
+            limit = max(row.end for row in rows)  # rows decode on past their stop until the longest has stopped
+            live = {b for b in live if rows[b].ids.shape[1] < limit}
+        outputs.stream([row.ids for row in rows], live, limit)
+        for b in members:
+            if b not in live:
+                rows[b].close()
+        if live and len(live) * 2 <= len(members):
+            # half the batch finished: drop those rows (before, a smaller batch is not always a faster one:
+            # CPU GEMMs of odd row counts can be slower than of the next even one)
+            keep = [i for i, b in enumerate(members) if b in live]
+            verifier.select(torch.tensor(keep, dtype=torch.long))
+            members = [members[i] for i in keep]
+        if live:
+            verifier.tidy()  # a batch's cache re-packed when holes are a quarter of it
+        pending = torch.stack([rows[b].ids[0, -1:] for b in members])  # [B', 1]
+        pending_mask = torch.ones(len(members), 1, dtype=torch.bool, device=pending.device)
+        first = False
+    return limit
+
+
+def finish(rows: list[Row], input_ids: torch.LongTensor, limit: int | None, fill: int, outputs: Outputs,
+           stats: SpeculativeStats, started: float) -> LoopResult:
+    """The call's result: the rows (cut to ``limit``; shorter ones filled with ``fill``), scores, logits, stats."""
+    length = input_ids.shape[1]
+    total = limit if limit is not None else max(row.ids.shape[1] for row in rows)
+    out = input_ids.new_full((len(rows), total), fill)
+    for b, row in enumerate(rows):
+        ids = row.ids[0, :total]
+        out[b, : ids.numel()] = ids
+    stats.new_tokens = sum(min(row.ids.shape[1], total) - length for row in rows)
+    scores, logits = outputs.finish(out)
+    stats.total_time_s = time.perf_counter() - started
+    return LoopResult(out, scores, stats, logits)
+
+
+# -- the entries: one row, a batch -------------------------------------------------------------------
+def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
         stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
         verifier: Any = None, cached: int = 0) -> LoopResult:
@@ -92,44 +259,70 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: TreeDraft
     ``verifier`` runs the forwards and keeps the cache (``forward(uncached, tree)``, ``keep(prefix, tree, path)``):
     a :class:`~hf_speculative.core.verify.DynamicVerifier` by default, a static-cache one for compiled targets;
     ``cached``: the prompt's first tokens already in its cache (a cache the caller passed), not computed again.
+    The streamer gets each step's new tokens as one block ``[1, k]``; the result keeps every new token's scores and
+    logits ``[1, V]``.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"hf_speculative's loop runs one sequence at a time; got input_ids of shape "
-                         f"{tuple(input_ids.shape)}.")
-    verifier = verifier or DynamicVerifier(target)
+                         f"{tuple(input_ids.shape)} (a batch goes to run_batch).")
     stats = stats or SpeculativeStats()
-    started, sequence, scores_out, logits_out = time.perf_counter(), input_ids, [], []
-    pending, prompt_length = input_ids[0, cached:], input_ids.shape[1]
-    while True:  # (the prompt is the caller's to put into the streamer: generate() does)
-        tick = time.perf_counter()
-        room = max_depth if max_length is None else min(max_depth, max_length - sequence.shape[1] - 1)
-        tree = drafter.propose_tree(sequence, room) if room > 0 else DraftTree.empty(sequence.device)
-        stats.record_draft(tree.size, time.perf_counter() - tick)
-        tick = time.perf_counter()
-        with torch.no_grad():
-            logits = verifier.forward(pending, tree)  # [1 + n, V]
-        scores = processed_scores(logits, sequence, tree, logits_processor)
-        verdict = accept_greedy(tree, scores)
-        verifier.keep(sequence.shape[1] - 1, tree, verdict.path)
-        stats.record_verify(verdict.num_accepted, time.perf_counter() - tick)
-        new = tree.path_tokens(verdict.path) + [verdict.next_token]
-        rows = [node + 1 for node in (ROOT, *verdict.path)]  # the score row each new token came from
-        before = sequence.shape[1]
-        sequence = torch.cat([sequence, sequence.new_tensor([new])], dim=-1)
-        end = stop_index(sequence, before, stopping_criteria)
-        if end is not None:
-            sequence = sequence[:, :end]
-        scores_out += [scores[row: row + 1] for row in rows[: sequence.shape[1] - before]]
-        logits_out += [logits[row: row + 1].float() for row in rows[: sequence.shape[1] - before]]
-        drafter.observe(sequence, tree, verdict, scores)
-        if streamer is not None:
-            streamer.put(sequence[:, before:].cpu())
-        if end is not None:
-            break
-        pending = sequence[0, -1:]
-    if streamer is not None:
-        streamer.end()
-    stats.new_tokens = sequence.shape[1] - prompt_length
-    stats.total_time_s = time.perf_counter() - started
-    return LoopResult(sequence, scores_out, stats, logits_out)
+    started = time.perf_counter()
+    rows = [Row(input_ids, 0, drafter, logits_processor, owned=False)]  # the caller closes its drafter
+    outputs = Outputs(1, input_ids.shape[1], 0, streamer, scores=True, logits=True)
+    pending = input_ids[:, cached:]  # [1, m]
+    verifier = OneRow(verifier or DynamicVerifier(target), cached)
+    limit = ladder(rows, verifier, pending, torch.ones_like(pending, dtype=torch.bool), stopping_criteria=stopping_criteria,
+                   stats=stats, max_length=max_length if max_length is not None else 2 ** 62, max_depth=max_depth,
+                   widths=SoloWidth(), outputs=outputs, cut_at_stop=True)
+    return finish(rows, input_ids, limit, 0, outputs, stats, started)
 
+
+def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
+              strategy: Any, *, generation_config: Any, stopping_criteria: Any, logits_processor: Any = None,
+              stats: SpeculativeStats | None = None, pad_token_id: int | None = None, max_depth: int = 64,
+              costs: BatchCostModel | None = None, streamer: Any = None, output_scores: bool = False,
+              output_logits: bool = False) -> LoopResult:
+    """Speculative decoding of ``input_ids`` (``[B, L]``, left-padded, ``attention_mask`` ``[B, L]``) with a
+    per-row drafter opened from ``strategy`` (checked by :func:`hf_speculative.hf.checks.check_batch_strategy`); token
+    for token what transformers' own batched greedy loop (or, with the call's SeededSampler last in
+    ``logits_processor``, its seeded sampling loop) writes for the same batch.
+
+    ``costs`` decides the draft width per step (default: the target's shared :func:`batch_costs_for`).
+    ``streamer`` gets the new tokens one column ``[B]`` at a time (the prompt is the caller's to put, as
+    ``generate()`` does); ``output_scores`` / ``output_logits`` keep each new position's ``[B, V]`` rows. Rows that
+    finished are filled with ``pad_token_id`` when the call has an EOS criterion, as transformers does.
+    """
+    batch, length = input_ids.shape
+    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    pads = left_padding(mask)
+    stats = stats or SpeculativeStats()
+    has_eos = any(hasattr(c, "eos_token_id") for c in (stopping_criteria or []))
+    if has_eos and pad_token_id is None:
+        raise ValueError("Batched generation with an EOS token needs a pad_token_id for the rows that finish "
+                         "first: pass pad_token_id= to generate() (e.g. tokenizer.pad_token_id).")
+    processors, sampler = split_sampler(logits_processor)
+
+    def row_processors(row: int, offset: int) -> LogitsProcessorList:
+        items = [row_view(p, row, batch) for p in processors]
+        return LogitsProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
+
+    fill = 0 if pad_token_id is None else int(pad_token_id)
+    outputs = Outputs(batch, length, fill, streamer, output_scores, output_logits)
+    started, rows, verifier = time.perf_counter(), [], None
+    try:
+        for b in range(batch):  # per-row drafter state; its own stats, so its rules never see a batched forward
+            view = TargetView()  # its drafter reads its own row of the forwards
+            ctx = CallContext(target, generation_config, row_processors(b, pads[b]), stopping_criteria,
+                              SpeculativeStats(), model_kwargs=None, view=view, prompt_length=length - pads[b])
+            rows.append(Row(input_ids[b:b + 1], pads[b], strategy.open(ctx), row_processors(b, 0), view))
+        verifier = BatchVerifier(target, batch)
+        limit = ladder(rows, verifier, input_ids, mask, stopping_criteria=stopping_criteria, stats=stats,
+                       max_length=int(generation_config.max_length), max_depth=max_depth,
+                       widths=BatchWidth(costs or batch_costs_for(target), batch), outputs=outputs,
+                       cut_at_stop=has_eos)
+    finally:
+        for row in rows:
+            row.close()
+        if verifier is not None:
+            verifier.close()
+    return finish(rows, input_ids, limit, fill, outputs, stats, started)

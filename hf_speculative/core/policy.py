@@ -263,3 +263,35 @@ class TreeBudget:
             else:
                 self.kept[size] = self.kept[size] * self.decay + num_accepted * (1 - self.decay)
             self.measured.add(size)
+
+
+class ScoredPrefix:
+    """How many of a best-first list of draft nodes to verify, given the drafter's probability that each is
+    accepted (SuffixDecoding's path frequencies): all without ``adaptive``; else the ``n`` with the most expected
+    tokens per unit of measured cost, ``(1 + calibration * sum(probs[:n])) / cost(n)``, and 0 unless that beats a
+    plain step by 2% (noise). ``calibration`` (accepted tokens / predicted, decayed) learns from verdicts."""
+
+    def __init__(self, costs: VerifyCostModel, adaptive: bool = True):
+        self.costs, self.adaptive = costs, adaptive
+        self.calibration = 1.0
+        self.predicted = 0.0  # the expected accepted tokens of the pending draft
+
+    def size(self, probs: list[float]) -> int:
+        if not self.adaptive:
+            best = len(probs)
+        else:
+            best, value, gain = 0, 1.0, 0.0
+            for n, prob in enumerate(probs, 1):
+                gain += prob * self.calibration
+                candidate = (1.0 + gain) / self.costs.ratio(n)
+                if candidate > value * 1.02:
+                    best, value = n, candidate
+            if best == 0 and probs:  # nothing paid: forget a pessimistic calibration slowly, so drafting is retried
+                self.calibration += (1.0 - self.calibration) * 0.03
+        self.predicted = sum(probs[:best])
+        return best
+
+    def verified(self, num_accepted: int) -> None:
+        if self.predicted > 0:
+            ratio = num_accepted / self.predicted
+            self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)

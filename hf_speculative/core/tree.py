@@ -62,6 +62,13 @@ class DraftTree:
         return cls(tokens, torch.arange(-1, tokens.numel() - 1, device=tokens.device))
 
     @classmethod
+    def from_tokens(cls, tokens: Sequence[int], device: torch.device | str | None = None) -> DraftTree:
+        """A drafted chain of python ints as a tree on ``device`` (empty for no tokens)."""
+        if not tokens:
+            return cls.empty(device)
+        return cls.chain(torch.tensor(list(tokens), dtype=torch.long, device=device))
+
+    @classmethod
     def empty(cls, device: torch.device | str | None = None) -> DraftTree:
         """No draft: the step is a plain decoding step."""
         none = torch.empty(0, dtype=torch.long, device=device)
@@ -96,6 +103,22 @@ class DraftTree:
 
     def path_tokens(self, path: Sequence[int]) -> list[int]:
         return [int(self.tokens[i]) for i in path]
+
+    def first_branch(self) -> DraftTree:
+        """The branch through every node's first child (a best-first tree's likeliest path), as a chain: what a loop
+        that verifies chains only (transformers') takes of a tree."""
+        if self.is_chain():
+            return self
+        path, node = [], ROOT
+        for i, parent in enumerate(self.parents.tolist()):
+            if parent == node:
+                path.append(i)
+                node = i
+        return DraftTree.chain(self.tokens[path]) if path else DraftTree.empty(self.tokens.device)
+
+    def first(self, n: int) -> DraftTree:
+        """The first ``n`` nodes (every parent comes before its children, so they are a tree)."""
+        return self if n >= self.size else DraftTree(self.tokens[:n], self.parents[:n])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -132,3 +132,30 @@ class DynamicVerifier:
 
     def close(self) -> None:
         self.cache = None
+
+
+class OneRow:
+    """A one-row verifier (:class:`DynamicVerifier`, a static-cache one) with the batch verifier's interface, for the
+    loop's ladder: ``forward(pending [1, m], mask, [tree]) -> [1, 1 + n, V]``, ``keep([path])``. ``cached``: the
+    tokens already in its cache."""
+
+    def __init__(self, inner: Any, cached: int = 0):
+        self.inner, self.length = inner, cached
+        self._tree, self._prefix = None, 0
+
+    def forward(self, pending: torch.Tensor, pending_mask: torch.Tensor, trees: Sequence[DraftTree]) -> torch.Tensor:
+        self._tree, self._prefix = trees[0], self.length + pending.shape[1] - 1  # the new root's position
+        return self.inner.forward(pending[0], trees[0])[None]
+
+    def keep(self, paths: Sequence[Sequence[int]]) -> None:
+        self.inner.keep(self._prefix, self._tree, paths[0])
+        self.length = self._prefix + 1 + len(paths[0])
+
+    def select(self, rows: torch.Tensor) -> None:  # pragma: no cover - one row never leaves half of a batch
+        raise RuntimeError("a one-row verifier keeps its row")
+
+    def tidy(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.inner.close()

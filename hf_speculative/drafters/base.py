@@ -3,10 +3,11 @@
 A :class:`DraftStrategy` is configuration only (a self-validating dataclass, safe to share between
 calls and threads). For each ``generate()`` call, :meth:`DraftStrategy.open` builds a
 :class:`SpeculativeCandidateGenerator`, a transformers ``CandidateGenerator`` that holds the state
-of that one call (caches, n-gram index, adaptive draft length) and is dropped afterwards.
+of that one call (caches, n-gram index, captured features) and is dropped afterwards.
 
-The base generator owns everything that must be right for *every* drafter, so a drafter only
-implements :meth:`~SpeculativeCandidateGenerator.propose`:
+A per-call drafter implements three methods (``draft``, ``observe``, ``close``) and declares its ``sizing``; the
+loop decides how much it drafts (core/budget.py). The base class is also the adapter that runs any drafter in
+transformers' own assisted loop, owning what must be right there for *every* drafter:
 
 - the draft never runs past ``max_length`` (transformers crops there only from 5.14);
 - the draft is cut at a token that would fire a stopping criterion (EOS, stop strings, custom
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import os
 import time
 from typing import Any, ClassVar
@@ -33,7 +33,8 @@ from transformers.generation.stopping_criteria import (
 
 from .. import compat
 from ..core.call import CallContext  # noqa: F401 - drafters and users import it from here
-from ..core.stats import SpeculativeStats
+from ..core.budget import FIXED, DraftBudget, Plan, Sizing
+from ..core.tree import DraftTree, Verdict
 from .registry import CHAINS_ONLY, NO_FILES, Capabilities, Drafter, SpecFiles, register
 
 
@@ -196,11 +197,29 @@ class DraftStrategy(Drafter):
 
 
 class SpeculativeCandidateGenerator(compat.CandidateGenerator):
-    """Per-call candidate generator; subclasses implement :meth:`propose`.
+    """A per-call drafter: what ``strategy.open(ctx)`` returns for one ``generate()`` call.
+
+    The protocol, all a drafter implements (hf_speculative's loop calls it; see core/loop.py)::
+
+        sizing                                   # declared in __init__: how it drafts (core/budget.Sizing)
+        draft(sequence, plan) -> DraftTree       # a chain is a tree with one branch
+        observe(sequence, tree, verdict, scores) # every verified forward, its own draft or not
+        close()                                  # once, when the call ends, even on error
+
+    How much to draft is the loop's decision: ``plan`` (a :class:`~hf_speculative.core.budget.Plan`) says how deep
+    the draft may go and answers the drafter's questions (its node budget, whether the next token pays, how many
+    copied tokens pay); the loop learns from each verdict. A drafter keeps only its own state (caches, indexes,
+    features) and measures its own forwards (``record_draft_step``).
+
+    The same object is a transformers ``CandidateGenerator`` (``get_candidates`` / ``update_candidate_strategy``
+    below): the adapter through which transformers' own assisted loop runs any of our drafters (chains only, as
+    that loop verifies chains), with the same sizing, max-length cap and cuts at stopping tokens.
 
     Args:
-        ctx (`CallContext`): the call this generator serves.
+        ctx (`CallContext`): the call this drafter serves.
     """
+
+    sizing: Sizing = FIXED  # a drafter that sizes its drafts by the cost model declares its own in __init__
 
     def __init__(self, ctx: CallContext):
         self.ctx = ctx
@@ -208,118 +227,81 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
         self._eos = compat.eos_token_ids(ctx.generation_config)
         self._eos_tensor = torch.tensor(self._eos, dtype=torch.long) if self._eos else None
         self._custom_criteria = [c for c in (ctx.stopping_criteria or []) if not isinstance(c, _BUILTIN_CRITERIA)]
-        self._prompt_length: int | None = None
-        self._num_proposed = 0
+        self._adapter: tuple[DraftBudget, Plan | None, DraftTree] | None = None  # transformers' loop's step
         self._proposed_at = 0.0
-        self.last_scores: torch.Tensor | None = None
-        self.last_verify_s = 0.0
+        self.draft_logits: torch.Tensor | None = None  # [k, V]: logits a user's generator drafted from, if any
 
     # -- what a drafter implements ----------------------------------------------------------
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Propose up to ``max_tokens`` tokens after ``input_ids``.
-
-        Args:
-            input_ids (`torch.LongTensor` of shape `[1, L]`): the verified sequence.
-            max_tokens (`int`): at least 1.
-
-        Returns:
-            `tuple`: tokens `[k]` (long, ``k <= max_tokens``, may be 0) and, when the drafter
-            sampled them, the exact logits it sampled from, `[k, V_target]`; else ``None``.
-        """
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        """This step's draft after ``sequence`` (`[1, L]`, verified), within ``plan`` (at most ``plan.depth`` deep;
+        a chain when ``plan.chain_only``). Empty: a plain decoding step."""
         raise NotImplementedError
 
-    def on_verified(self, input_ids: torch.LongTensor, num_accepted: int, num_proposed: int) -> None:
-        """Called after every target forward (adapt the draft length, roll back caches).
-        ``self.last_verify_s`` holds that forward's time, ``self.last_scores`` its processed logits."""
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """After every verifying forward: ``sequence`` is the verified text after it (the target's own token
+        included), ``tree`` what was verified (this drafter's draft, or another's in ``hfs.Hybrid``), ``verdict``
+        its outcome and ``scores`` `[1 + n, V]` the forward's processed target logits. Keep the per-call state in
+        step (caches, captured hidden states); the sizing rules learn in the loop."""
 
-    def follow_verified(self, input_ids: torch.LongTensor, num_accepted: int, num_proposed: int) -> None:
-        """Called instead of :meth:`on_verified` when the forward verified *another* drafter's draft
-        (``hfs.Hybrid``): keep the per-call state that must see every target forward in step (e.g.
-        captured hidden states), without learning from a draft this drafter did not make."""
-
-    def chain_tree(self, input_ids: torch.LongTensor, max_depth: int) -> Any:
-        """This drafter's chain (:meth:`propose`) as a one-branch :class:`~hf_speculative.core.tree.DraftTree` for
-        hf_speculative's loop (empty when it drafts nothing)."""
-        from ..core.tree import DraftTree
-
-        tokens, _ = self.propose(input_ids, max_depth)
-        if tokens is None or tokens.numel() == 0:
-            return DraftTree.empty(input_ids.device)
-        return DraftTree.chain(tokens.reshape(-1)[:max_depth].to(device=input_ids.device, dtype=torch.long))
-
-    def follow_tree(self, input_ids: torch.LongTensor, tree: Any, verdict: Any) -> None:
-        """:meth:`follow_verified` in hf_speculative's own loop, where the verified draft (another member's,
-        ``hfs.Hybrid``) is a :class:`~hf_speculative.core.tree.DraftTree` and ``verdict`` its
-        :class:`~hf_speculative.core.tree.Verdict`. A chain is handed to :meth:`follow_verified`; a drafter that keeps
-        per-forward state along the rows of the forward (an EAGLE drafter's captured features) overrides this
-        to follow a tree's accepted path."""
-        if tree.is_chain():
-            self.follow_verified(input_ids, verdict.num_accepted, tree.size)
-        elif type(self).follow_verified is not SpeculativeCandidateGenerator.follow_verified:
-            raise NotImplementedError(
-                f"{type(self).__name__} follows other drafters' chains (follow_verified) but not their trees: "
-                "implement follow_tree(input_ids, tree, verdict), or combine it in hfs.Hybrid with chain drafters "
-                "only (tree=None).")
-
-    def start(self, prompt_length: int) -> None:
-        """Called once, before the first draft, with the prompt's length (transformers' loop: at the first
-        ``get_candidates``; hf_speculative's loop and ``hfs.Hybrid``: before the first proposal)."""
-        self._prompt_length = prompt_length
+    def close(self) -> None:
+        """Free per-call resources (hooks, caches). Called once when the call ends, even on error."""
 
     @property
     def prompt_length(self) -> int | None:
-        """The call's prompt length once :meth:`start` ran, else ``None``."""
-        return self._prompt_length
+        """The call's prompt length (without padding), once the call started, else ``None``."""
+        return self.ctx.prompt_length
 
     @property
     def after_prefill(self) -> bool:
         """True once the target's forwards are decoding steps (the first one also prefilled the prompt)."""
         return self.stats.target_forwards > 1
 
-    def close(self) -> None:
-        """Free per-call resources (hooks, caches). Called once when the call ends, even on error."""
-
-    # -- transformers' CandidateGenerator interface ------------------------------------------
+    # -- transformers' CandidateGenerator interface: the adapter ------------------------------
     def get_candidates(self, input_ids: torch.LongTensor, *args: Any, **kwargs: Any):
         """Returns the full sequence `[1, L+k]` and the candidate logits `[1, k, V]` or ``None``."""
-        first_call = self._prompt_length is None
+        first_call = self._adapter is None
         if first_call:
-            self.start(input_ids.shape[1])
+            if self.ctx.prompt_length is None:
+                self.ctx.prompt_length = input_ids.shape[1]
+            budget = DraftBudget(self.sizing)
+        else:
+            budget = self._adapter[0]
         start = time.perf_counter()
         # Leave room for the target's own token: L + k + 1 <= max_length.
-        budget = self.ctx.max_length - input_ids.shape[1] - 1
-        tokens, logits = None, None
-        if budget > 0:
-            tokens, logits = self.propose(input_ids, budget)
-            if tokens is not None and tokens.numel() > 0:
-                tokens = tokens.reshape(-1)[:budget].to(device=input_ids.device, dtype=torch.long)
-                keep = self._length_before_stop(input_ids, tokens)
-                tokens = tokens[:keep]
-                logits = None if logits is None or keep == 0 else logits[:keep]
-        num = 0 if tokens is None else int(tokens.numel())
-        if num == 0 and first_call and budget > 0 and self._prompt_already_stopped(input_ids):
+        room = self.ctx.max_length - input_ids.shape[1] - 1
+        plan, tree, logits = budget.plan(max(room, 1), chain_only=True), DraftTree.empty(input_ids.device), None
+        if room > 0:
+            self.draft_logits = None
+            tree = self.draft(input_ids, plan).first_branch().first(room)
+            keep = self._length_before_stop(input_ids, tree.tokens.to(input_ids.device)) if tree.size else 0
+            tree, logits = tree.first(keep), self.draft_logits
+            logits = None if logits is None or keep == 0 else logits[:keep]
+        if tree.size == 0 and first_call and room > 0 and self._prompt_already_stopped(input_ids):
             # transformers < 5.18 drops the last candidate when the candidate sequence already
             # satisfies a stopping criterion, and with no candidate at all that drops the target's
             # own token. One filler candidate keeps the target's token whatever it is (accepted or
             # not, the loop appends exactly the target's choice).
-            tokens, logits, num = input_ids[0, -1:], None, 1
-        self._num_proposed = num
-        self.stats.record_draft(num, time.perf_counter() - start)
+            tree, logits = DraftTree.chain(input_ids[0, -1:]), None
+        self._adapter = (budget, plan, tree)
+        self.stats.record_draft(tree.size, time.perf_counter() - start)
         self._proposed_at = time.perf_counter()
-        if num == 0:
+        if tree.size == 0:
             return input_ids, None
-        candidates = torch.cat([input_ids, tokens[None, :]], dim=-1)  # [1, L+k]
+        candidates = torch.cat([input_ids, tree.tokens.to(input_ids.device)[None, :]], dim=-1)  # [1, L+k]
         if logits is not None:
             logits = self._to_target_vocab(logits)[None].to(input_ids.device)  # [1, k, V]
         return candidates, logits
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: Any) -> None:
-        accepted = min(int(num_matches), self._num_proposed)
-        self.last_verify_s = time.perf_counter() - self._proposed_at
-        self.stats.record_verify(accepted, self.last_verify_s)
-        self.stats.new_tokens = input_ids.shape[1] - (self._prompt_length or input_ids.shape[1])
-        self.last_scores = scores  # processed target logits [1, k+1, V] of this forward
-        self.on_verified(input_ids, accepted, self._num_proposed)
+        budget, plan, tree = self._adapter
+        accepted = min(int(num_matches), tree.size)
+        seconds = time.perf_counter() - self._proposed_at
+        self.stats.record_verify(accepted, seconds)
+        self.stats.new_tokens = input_ids.shape[1] - (self.prompt_length or input_ids.shape[1])
+        verdict = Verdict(tuple(range(accepted)), int(input_ids[0, -1]))
+        # (the prefill's forward is not a verification: it says nothing of verify costs)
+        budget.verified(plan, tree, verdict, seconds if self.after_prefill else None)
+        self.observe(input_ids, tree, verdict, scores[0] if scores is not None and scores.dim() == 3 else scores)
 
     # -- helpers ----------------------------------------------------------------------------
     def _length_before_stop(self, input_ids: torch.LongTensor, tokens: torch.Tensor) -> int:
@@ -378,17 +360,16 @@ class ExternalCandidateGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.inner = inner
 
-    def propose(self, input_ids, max_tokens):
-        candidates, logits = self.inner.get_candidates(input_ids)
-        tokens = candidates[0, input_ids.shape[1]:][:max_tokens]
-        if logits is not None:
-            logits = logits[0, : tokens.numel()]
-        return tokens, logits
+    def draft(self, sequence, plan):
+        candidates, logits = self.inner.get_candidates(sequence)
+        tokens = candidates[0, sequence.shape[1]:][: plan.depth]  # [k]
+        self.draft_logits = None if logits is None else logits[0, : tokens.numel()]
+        return DraftTree.from_tokens(tokens.tolist(), sequence.device)
 
-    def on_verified(self, input_ids, num_accepted, num_proposed):
+    def observe(self, sequence, tree, verdict, scores):
         update = getattr(self.inner, "update_candidate_strategy", None)
         if update is not None:
             try:
-                update(input_ids, self.last_scores, num_accepted)
+                update(sequence, scores[None], verdict.num_accepted)
             except NotImplementedError:  # the abstract base raises before 5.18
                 pass

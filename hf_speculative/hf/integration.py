@@ -215,7 +215,7 @@ def speculative_generate(
     with _temporary_loop_hooks(model), _call(model, strategy, seed) as call:
         call.seeded = False  # the processors above are seeded already
         call.stopping_criteria = stopping_criteria
-        if _batched(input_ids):  # B > 1: the batch loop (batch_loop.py)
+        if _batched(input_ids):  # B > 1: the loop with several rows (run_batch)
             return run_batch_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config,
                                   streamer, synced_gpus, model_kwargs)
         if _our_loop(speculative_loop, strategy, static=False, batched=False):
@@ -589,7 +589,7 @@ def _check_generation_config(model: torch.nn.Module, config: Any) -> None:
 
 
 def _batched(inputs: Any) -> bool:
-    """Whether a call's ``input_ids`` hold several rows (B > 1: the batch loop, batch_loop.py)."""
+    """Whether a call's ``input_ids`` hold several rows (B > 1: the loop with several rows, run_batch)."""
     return isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1
 
 

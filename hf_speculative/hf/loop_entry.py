@@ -1,7 +1,7 @@
 """Where ``model.generate()`` enters our loop.
 
 Every speculative call of an enabled model runs :func:`hf_speculative.core.loop.run` (one row) or
-:func:`hf_speculative.core.batch_loop.run_batch` (a batch), entered as transformers' ``custom_generate`` callable
+:func:`hf_speculative.core.loop.run_batch` (a batch), entered as transformers' ``custom_generate`` callable
 (:func:`tree_generate`, :func:`batch_generate`): ``generate()`` still prepares everything a decoding loop needs
 (the logits processors, the stopping criteria with EOS, the length limit and stop strings, the generation config,
 the cache, the prompt put into the streamer) and hands it over. What it does not hand a ``custom_generate``
@@ -20,7 +20,6 @@ import torch
 
 from .. import compat
 from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator
-from ..core.chains import ChainDrafter
 from ..core.loop import run
 from ..core.verify import DynamicVerifier
 from ..core.static_cache import compiled_mode, static_requested, verifier_for
@@ -77,7 +76,7 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     # under compile the drafters that read the target's states get them from the verifier, not from hooks (the
     # view), and price their drafts at the padded forward's cost (the cost key)
     ctx = CallContext(model, generation_config, logits_processor, stopping_criteria, call.stats, model_kwargs=kwargs,
-                      view=verifier.view, cost_key=verifier.cost_key)
+                      view=verifier.view, cost_key=verifier.cost_key, prompt_length=input_ids.shape[1])
     try:
         generator = (strategy.open(ctx) if isinstance(strategy, DraftStrategy)
                      else ExternalCandidateGenerator(ctx, strategy))
@@ -89,7 +88,7 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
     if pads:  # the processors and criteria see the ids transformers' own loop would: the padding first
         stopping_criteria, logits_processor = _after(padding, stopping_criteria), _after(padding, logits_processor)
     try:
-        result = run(model, input_ids, ChainDrafter(generator), stopping_criteria=stopping_criteria,
+        result = run(model, input_ids, generator, stopping_criteria=stopping_criteria,
                      logits_processor=logits_processor, streamer=streamer, stats=call.stats,
                      max_length=max_length - pads, max_depth=verifier.budget, verifier=verifier, cached=cached)
     finally:
@@ -140,7 +139,7 @@ def _output(result: Any, generation_config: Any, cache: Any = None) -> Any:
                                      **dict(list(extra.items())[:1]))
 
 
-# -- batches (B > 1): batch_loop.py ------------------------------------------------------------------
+# -- batches (B > 1): the same loop, several rows ------------------------------------------------------------------
 def batch_generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_processor: Any = None,
                    stopping_criteria: Any = None, generation_config: Any = None, synced_gpus: bool = False,
                    **model_kwargs: Any) -> Any:
@@ -158,8 +157,8 @@ def batch_generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_p
 def run_batch_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, logits_processor: Any,
                    stopping_criteria: Any, generation_config: Any, streamer: Any, synced_gpus: bool,
                    model_kwargs: dict) -> Any:
-    """:func:`hf_speculative.core.batch_loop.run_batch` for one ``generate()`` call of B > 1 rows."""
-    from ..core.batch_loop import run_batch
+    """:func:`hf_speculative.core.loop.run_batch` for one ``generate()`` call of B > 1 rows."""
+    from ..core.loop import run_batch
 
     check_batch_strategy(call.strategy)
     if synced_gpus:

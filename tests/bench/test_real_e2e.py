@@ -1,6 +1,6 @@
 """gpu-check's ``real`` step on a saved tiny model and drafter: every arm runs, on every prompt, identical to
 transformers' eager greedy in float32; the summary names τ and the per-step times. (The compiled arms run their
-fixed-shape paths without torch.compile here; tests/test_static_cache.py compiles them.)"""
+fixed-shape paths without torch.compile here; tests/core/test_static_cache.py compiles them.)"""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import hf_speculative as hfs
 from hf_speculative import compat
 from hf_speculative.drafters.base import CallContext
 from tests.conftest import (
+    draft_once,
     ARCHS,
     PROMPT,
     VOCAB,
@@ -72,9 +73,9 @@ def test_cache_rollback_after_rejections(arch):
     generator = open_generator(target, drafter)
     text = list(PROMPT)
 
-    tokens, logits = generator.propose(torch.tensor([text]), 5)
+    tokens = draft_once(generator, torch.tensor([text]), 5).tokens
     draft = tokens.tolist()
-    assert logits is None and draft == greedy(drafter, text, 5)
+    assert draft == greedy(drafter, text, 5)
     assert compat.cache_length(generator.cache) == len(generator.fed) == L + 4  # the last draft token is not fed
 
     # verification: 2 accepted, then the target's own (different) token
@@ -86,7 +87,7 @@ def test_cache_rollback_after_rejections(arch):
     check_synced(generator, drafter, text)
 
     # the next draft continues from the verified text exactly
-    tokens, _ = generator.propose(torch.tensor([text]), 5)
+    tokens = draft_once(generator, torch.tensor([text]), 5).tokens
     assert tokens.tolist() == greedy(drafter, text, 5)
 
     # first draft token rejected
@@ -96,13 +97,13 @@ def test_cache_rollback_after_rejections(arch):
     check_synced(generator, drafter, text)
 
     # all accepted plus the target's bonus token: nothing to crop, the bonus token is fed next
-    tokens, _ = generator.propose(torch.tensor([text]), 3)
+    tokens = draft_once(generator, torch.tensor([text]), 3).tokens
     draft = tokens.tolist()
     text = text + draft + [5]
     generator._rollback(torch.tensor([text]))
     assert generator.fed == text[: len(text) - 2]  # the last draft token was never fed
     check_synced(generator, drafter, text)
-    tokens, _ = generator.propose(torch.tensor([text]), 4)
+    tokens = draft_once(generator, torch.tensor([text]), 4).tokens
     assert tokens.tolist() == greedy(drafter, text, 4)
 
 
@@ -114,17 +115,17 @@ def test_cache_stays_synced_through_a_whole_generate(monkeypatch):
     target = hfs.enable(build_model("llama"))
     drafter = noisy_copy(target)
     checks = []
-    original = DraftModelCandidateGenerator.propose
+    original = DraftModelCandidateGenerator.draft
 
-    def spy(self, input_ids, max_tokens):
-        result = original(self, input_ids, max_tokens)
+    def spy(self, input_ids, plan):
+        result = original(self, input_ids, plan)
         verified = input_ids[0].tolist()
         assert compat.cache_length(self.cache) == len(self.fed)
         assert self.fed[: len(verified)] == verified[: len(self.fed)]  # fed = verified text + draft so far
         checks.append(len(self.fed))
         return result
 
-    monkeypatch.setattr(DraftModelCandidateGenerator, "propose", spy)
+    monkeypatch.setattr(DraftModelCandidateGenerator, "draft", spy)
     ref = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30,
                           candidate_generator=hfs.DraftModel(drafter, adaptive=False))
@@ -137,7 +138,7 @@ def test_cache_stays_synced_through_a_whole_generate(monkeypatch):
 def test_close_frees_the_cache():
     target = build_model("llama")
     generator = open_generator(target, sibling_model(target))
-    generator.propose(torch.tensor([PROMPT]), 3)
+    draft_once(generator, torch.tensor([PROMPT]), 3)
     assert compat.cache_length(generator.cache) > 0
     generator.close()
     assert compat.cache_length(generator.cache) == 0 and generator.fed == []

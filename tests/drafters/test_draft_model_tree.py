@@ -87,14 +87,14 @@ def test_the_drafters_cache_holds_the_verified_text_between_steps():
 
     def opened(ctx):
         generator = open_(ctx)
-        grow = generator.propose_tree
+        grow = generator.draft
 
-        def spy(input_ids, max_depth):
-            tree = grow(input_ids, max_depth)
+        def spy(input_ids, plan):
+            tree = grow(input_ids, plan)
             seen.append((compat.cache_length(generator.cache), input_ids.shape[1]))
             return tree
 
-        generator.propose_tree = spy
+        generator.draft = spy
         return generator
 
     object.__setattr__(strategy, "open", opened)

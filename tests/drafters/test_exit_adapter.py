@@ -2,7 +2,7 @@
 trained on, learns, saves and loads, and refuses what does not fit with clear errors.
 
 Greedy identity with every edge case, sampling and threads run through ``DRAFTERS``
-("early-exit-adapter") in tests/conftest.py and tests/test_sampling.py."""
+("early-exit-adapter") in tests/conftest.py and tests/core/test_sampling.py."""
 
 from __future__ import annotations
 
@@ -54,15 +54,15 @@ def test_draft_logits_are_the_training_logits(arch, monkeypatch):
 
     monkeypatch.setattr(exit_adapter.ExitAdapterCandidateGenerator, "_logits", record)
     lengths = []
-    propose = exit_adapter.ExitAdapterCandidateGenerator.propose
+    draft = exit_adapter.ExitAdapterCandidateGenerator.draft
 
-    def track(self, input_ids, max_tokens):
+    def track(self, input_ids, plan):
         start = len(seen)
-        tokens, logits = propose(self, input_ids, max_tokens)
-        lengths.append((input_ids.shape[1], start, len(seen), [] if tokens is None else tokens.tolist()))
-        return tokens, logits
+        tree = draft(self, input_ids, plan)
+        lengths.append((input_ids.shape[1], start, len(seen), tree.tokens.tolist()))
+        return tree
 
-    monkeypatch.setattr(exit_adapter.ExitAdapterCandidateGenerator, "propose", track)
+    monkeypatch.setattr(exit_adapter.ExitAdapterCandidateGenerator, "draft", track)
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.EarlyExit(adapter=net, num_tokens=3, **EXACT))
     assert out.tolist() == stock_generate(model, **prompt_inputs(), **GREEDY).tolist()
     reference = teacher_forced_logits(model, net, out)  # [T, V_draft]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
+from hf_speculative.core.tree import DraftTree
 from hf_speculative.drafters.base import SpeculativeCandidateGenerator
 from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
 from tests.conftest import PROMPT, build_model, prompt_inputs, stock_generate
@@ -36,13 +37,13 @@ class _EveryOtherGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.config, self.asked = config, 0
 
-    def propose(self, input_ids, max_tokens):
+    def draft(self, input_ids, plan):
         self.asked += 1
         if self.config.silent or self.asked % 2:
-            return None, None
+            return DraftTree.empty(input_ids.device)
         length = input_ids.shape[1]
-        draft = self.config.reference[length : length + min(self.config.num_tokens, max_tokens)]
-        return (torch.tensor(draft, dtype=torch.long), None) if draft else (None, None)
+        return DraftTree.from_tokens(self.config.reference[length : length + min(self.config.num_tokens, plan.depth)],
+                                     input_ids.device)
 
 
 @pytest.fixture(scope="module")
@@ -79,14 +80,14 @@ def _spying(strategy_class, label, events):
     class Spy(strategy_class):
         def open(self, ctx):
             generator = super().open(ctx)
-            propose = generator.propose
+            draft = generator.draft
 
-            def spy(input_ids, max_tokens):
-                tokens, logits = propose(input_ids, max_tokens)
-                events.append((label, input_ids.shape[1], [] if tokens is None else tokens.tolist()))
-                return tokens, logits
+            def spy(input_ids, plan):
+                tree = draft(input_ids, plan)
+                events.append((label, input_ids.shape[1], tree.tokens.tolist()))
+                return tree
 
-            generator.propose = spy
+            generator.draft = spy
             return generator
 
     return Spy

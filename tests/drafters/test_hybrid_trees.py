@@ -37,11 +37,10 @@ class _EveryOtherTreeGenerator(SpeculativeCandidateGenerator):
         super().__init__(ctx)
         self.config, self.asked, self.verdicts = config, 0, []
 
-    def propose(self, input_ids, max_tokens):  # pragma: no cover - trees only
-        raise AssertionError("a tree member is asked for trees in our loop")
-
-    def propose_tree(self, input_ids, max_depth):
+    def draft(self, input_ids, plan):
+        assert not plan.chain_only, "a tree member is asked for trees in our loop"
         self.asked += 1
+        max_depth = plan.depth
         length = input_ids.shape[1]
         true = self.config.reference[length: length + min(self.config.depth, max_depth)]
         if self.asked % 2 or not true:
@@ -49,10 +48,12 @@ class _EveryOtherTreeGenerator(SpeculativeCandidateGenerator):
         wrong = (true[0] + 1) % 96
         tokens = [wrong, *true, wrong]  # wrong ─ ; true[0] ─ true[1] ─ ... ; a wrong child of true[0]
         parents = [-1, -1, *range(1, len(true)), 1]
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents))
+        self.mine = DraftTree(torch.tensor(tokens), torch.tensor(parents))
+        return self.mine
 
-    def observe_tree(self, input_ids, tree, verdict):
-        self.verdicts.append((tree.size, list(verdict.path)))
+    def observe(self, input_ids, tree, verdict, scores):
+        if tree is getattr(self, "mine", None):  # (every member observes every forward)
+            self.verdicts.append((tree.size, list(verdict.path)))
 
 
 def _spy_trees(strategy, events, label):
@@ -61,15 +62,14 @@ def _spy_trees(strategy, events, label):
 
     def opened(ctx):
         generator = open_(ctx)
-        grow = generator.propose_tree
+        grow = generator.draft
 
-        def spy(input_ids, max_depth):
-            tree = grow(input_ids, max_depth)
-            if tree is not None:
-                events.append((label, input_ids.shape[1], tree.tokens.tolist(), tree.parents.tolist()))
+        def spy(input_ids, plan):
+            tree = grow(input_ids, plan)
+            events.append((label, input_ids.shape[1], tree.tokens.tolist(), tree.parents.tolist()))
             return tree
 
-        generator.propose_tree = spy
+        generator.draft = spy
         return generator
 
     object.__setattr__(strategy, "open", opened)
@@ -105,7 +105,7 @@ def test_eagle_trees_follow_another_members_tree_paths(trained, eagle_state, mon
     assert eagle_state and not any(eagle_state)  # never lost track of the target's forwards
 
 
-def test_the_drafting_member_learns_its_own_verdicts(trained):  # noqa: F811
+def test_the_drafting_member_observes_its_own_verdicts(trained):  # noqa: F811
     target, net, text = trained
     member = EveryOtherTree(text)
     seen = []
@@ -157,19 +157,3 @@ def test_members_that_draft_on_the_targets_cache_are_refused_beside_trees():
     hfs.Hybrid(hfs.PromptLookup(), hfs.EarlyExit(exit_layer=1))  # chains: transformers' loop keeps its cache
 
 
-def test_following_a_tree_needs_follow_tree_when_following_chains_was_custom():
-    class Follower(SpeculativeCandidateGenerator):
-        def __init__(self):
-            self.followed = []
-
-        def follow_verified(self, input_ids, num_accepted, num_proposed):
-            self.followed.append((num_accepted, num_proposed))
-
-    ids = torch.zeros(1, 5, dtype=torch.long)
-    chain, tree = DraftTree.chain([4, 5, 6]), DraftTree(torch.tensor([4, 5, 6]), torch.tensor([-1, -1, 1]))
-    follower = Follower()
-    follower.follow_tree(ids, chain, Verdict((0, 1), 7))
-    assert follower.followed == [(2, 3)]
-    with pytest.raises(NotImplementedError, match="implement follow_tree"):
-        follower.follow_tree(ids, tree, Verdict((1, 2), 7))
-    SpeculativeCandidateGenerator.__new__(SpeculativeCandidateGenerator).follow_tree(ids, tree, Verdict((1,), 7))

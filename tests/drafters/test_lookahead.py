@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from tests.conftest import draft_once
 import hf_speculative as hfs
 from hf_speculative.core.accept import accept_greedy
 from hf_speculative.drafters.base import CallContext
@@ -70,9 +71,9 @@ def test_one_tree_carries_the_verification_chains_and_the_jacobi_window():
     generator.pool.add(7, (8, 5))  # shares its first token with the other n-gram: merged
     generator.pool.add(6, (1, 1))  # another first token: not verified after 7
     sequence = torch.tensor([[1, 2, 3, 7]])
-    generator.propose_tree(sequence, max_depth=10)  # starts the window (level 0)
+    draft_once(generator, sequence, 10)  # starts the window (level 0)
     generator.levels = [[20, 21, 22], [30, 31, 32]]  # two levels of three columns
-    tree = generator.propose_tree(sequence, max_depth=10)
+    tree = draft_once(generator, sequence, 10)
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
     assert tokens[:3] == [8, 5, 9] or tokens[:3] == [8, 9, 5]
     assert parents[:3] == [ROOT, 0, 0]  # the verification branch: a trie of the n-grams under the root
@@ -91,9 +92,9 @@ def test_one_tree_carries_the_verification_chains_and_the_jacobi_window():
 def test_max_depth_and_the_budget_cut_the_window():
     generator = open_generator(hfs.Lookahead(window=5, ngram=4, guesses=0, adaptive=False, text_ngrams=False))
     sequence = torch.tensor([[1, 2, 3, 4, 5, 6]])
-    generator.propose_tree(sequence, max_depth=10)
+    draft_once(generator, sequence, 10)
     generator.levels = [list(range(10, 15)), list(range(20, 25)), list(range(30, 35))]
-    tree = generator.propose_tree(sequence, max_depth=4)  # the top level's column c is c + 3 deep
+    tree = draft_once(generator, sequence, 4)  # the top level's column c is c + 3 deep
     assert generator._step == (0, 3, 2) and int(tree.depths().max()) + 1 <= 4
 
 
@@ -104,13 +105,12 @@ def test_jacobi_iteration_on_a_bigram_target_pools_its_true_ngrams_and_gets_acce
     sequence = torch.tensor([[11, 4, 9, 30, 2, 17]])
     accepted = 0
     for _ in range(25):
-        tree = generator.propose_tree(sequence, max_depth=16)
+        tree = draft_once(generator, sequence, 16)
         scores = bigram_scores(sequence, tree)
         verdict = accept_greedy(tree, scores[0])
         accepted += verdict.num_accepted
         sequence = torch.cat([sequence, torch.tensor([tree.path_tokens(verdict.path) + [verdict.next_token]])], 1)
-        generator.last_scores = scores
-        generator.observe_tree(sequence, tree, verdict)
+        generator.observe(sequence, tree, verdict, scores[0])
     grams = [(first, *rest) for first in range(V) for rest in generator.pool.get(first)]
     assert len(grams) > 10
     assert all(g[i + 1] == bigram(g[i]) for g in grams for i in range(3))
@@ -140,9 +140,9 @@ def test_the_pool_is_bounded_on_long_inputs():
     text = torch.randint(0, 5000, (1, 6000))
     for end in range(2000, 6001, 500):
         sequence = text[:, :end]
-        tree = generator.propose_tree(sequence, max_depth=16)
-        generator.last_scores = torch.zeros(1, 1 + tree.size, 8)
-        generator.observe_tree(sequence, tree, accept_greedy(tree, generator.last_scores[0]))
+        tree = draft_once(generator, sequence, 16)
+        scores = torch.zeros(1 + tree.size, 8)
+        generator.observe(sequence, tree, accept_greedy(tree, scores), scores)
         assert len(generator.pool) <= 100 and generator.pool.tokens <= 100 * 3 * 2
         assert len(generator.levels) <= 2 and all(len(level) == 4 for level in generator.levels)
 
@@ -151,10 +151,10 @@ def test_the_cost_model_turns_both_branches_off_and_on():
     generator = open_generator(hfs.Lookahead(window=4, ngram=3, guesses=2))
     generator.pool.add(5, (6, 7))
     sequence = torch.tensor([[1, 2, 3, 5]])
-    generator.costs.fix([1.0, 3.0])  # every verified token costs two forwards: nothing pays
-    assert generator.propose_tree(sequence, max_depth=8).size == 0
-    generator.costs.fix([1.0, 1.0])  # verification is free: the whole budget
-    tree = generator.propose_tree(sequence, max_depth=8)
+    generator.sizing.costs.fix([1.0, 3.0])  # every verified token costs two forwards: nothing pays
+    assert draft_once(generator, sequence, 8).size == 0
+    generator.sizing.costs.fix([1.0, 1.0])  # verification is free: the whole budget
+    tree = draft_once(generator, sequence, 8)
     assert tree.size == 2 + 4 * 1 and generator._step == (2, 1, 4)  # one n-gram, the window's one level so far
 
 

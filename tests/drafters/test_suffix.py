@@ -14,7 +14,7 @@ from hf_speculative.drafters.base import CallContext
 from hf_speculative.drafters.suffix.history import history_for
 from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.core.tree import Verdict
-from tests.conftest import ARCHS, PROMPT, build_model, prompt_inputs, stock_generate
+from tests.conftest import ARCHS, PROMPT, build_model, draft_once, prompt_inputs, stock_generate
 from tests.drafters import tree_battery
 
 
@@ -157,21 +157,26 @@ def test_threads_keep_separate_histories_per_model():
 
 
 def test_adaptive_size_weighs_expected_tokens_against_the_measured_cost():
+    """The loop's rule for a best-first list of nodes with probabilities (the suffix drafter's sizing)."""
+    from hf_speculative.core.policy import ScoredPrefix
+
     generator = open_generator(hfs.SuffixDecoding())
-    probs = [0.9, 0.8, 0.7, 0.1, 0.05]
-    generator.costs.fix([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])  # cheap rows: the likely nodes pay, the unlikely do not
-    assert generator._size(probs) == 3
-    generator.costs.fix([1.0, 3.0])  # every row costs two forwards: nothing pays
-    assert generator._size(probs) == 0
-    generator.costs.fix([1.0, 1.0])  # free rows: all but the last node, whose 0.05 is within the 2% margin
-    assert generator._size(probs) == 4
-    assert open_generator(hfs.SuffixDecoding(adaptive=False))._size(probs) == 5
-    generator.costs.fix([1.0, 1.15, 1.3, 1.45, 1.6, 1.75])
-    assert generator._size(probs) == 3
-    generator._predicted = 2.4
+    assert generator.sizing.rule == "scored"
+    costs, probs = generator.sizing.costs, [0.9, 0.8, 0.7, 0.1, 0.05]
+    rule = ScoredPrefix(costs)
+    costs.fix([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])  # cheap rows: the likely nodes pay, the unlikely do not
+    assert rule.size(probs) == 3
+    costs.fix([1.0, 3.0])  # every row costs two forwards: nothing pays
+    assert rule.size(probs) == 0
+    costs.fix([1.0, 1.0])  # free rows: all but the last node, whose 0.05 is within the 2% margin
+    assert rule.size(probs) == 4
+    assert ScoredPrefix(costs, adaptive=False).size(probs) == 5
+    costs.fix([1.0, 1.15, 1.3, 1.45, 1.6, 1.75])
+    assert rule.size(probs) == 3
+    rule.predicted = 2.4
     for _ in range(40):  # drafts predicted to keep 2.4 tokens keep none: the calibration falls, and so does n
-        generator._learn(0)
-    assert generator.calibration == pytest.approx(0.2) and generator._size(probs) == 1
+        rule.verified(0)
+    assert rule.calibration == pytest.approx(0.2) and rule.size(probs) == 1
 
 
 # -- memory bounds on long inputs ------------------------------------------------------------------
@@ -187,8 +192,8 @@ def test_the_calls_trie_is_bounded_on_long_inputs():
     generator = open_generator(strategy)
     text = torch.randint(0, 40, (1, 3000))
     for end in range(1000, 3001, 250):  # grown in blocks, as verified text grows
-        tree = generator.propose_tree(text[:, :end], max_depth=8)
-        generator.observe_tree(text[:, :end], tree, Verdict((), 0))
+        tree = draft_once(generator, text[:, :end], 8)
+        generator.observe(text[:, :end], tree, Verdict((), 0), torch.zeros(1 + tree.size, 40))
         assert generator.local.nodes <= 8 * 500
     fresh = open_generator(hfs.SuffixDecoding(adaptive=False, max_depth=8, context_tokens=500, history_tokens=0))
     fresh.local.extend(text[0, -500:].tolist())

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from ... import compat
-from ...core.accept import chain_candidates, draft_chain
+from ...core.accept import draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
@@ -21,7 +21,8 @@ from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
 from .tree import model_tree_expander
-from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
+from ...core.budget import CHAIN, Plan, Sizing
+from ...core.policy import check_chain_options
 
 
 @dataclasses.dataclass(eq=False)
@@ -149,16 +150,10 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
             config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
         self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
         self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
-        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
-                                        config.confidence_threshold, config.adaptive)
-        if config.tree is not None:
-            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
-                                     draft_steps=lambda m: tree_depth(config.tree, m), chain=config.adaptive)
-        self._asked = 0  # the last choice of the budget: nodes, 0, or TreeBudget.CHAIN
-
-    @property
-    def max_draft(self) -> int:
-        return self.policy.max_draft
+        self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, nodes=nodes, rule="confidence",
+                             adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
+                             draft_price=self._draft_price, chain_option=True,
+                             draft_steps=None if config.tree is None else (lambda m: tree_depth(config.tree, m)))
 
     def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
         """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
@@ -192,56 +187,35 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         return draft_price(self.drafter, self.verify_costs, self.config.draft_cost, self._size_ratio)
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
-        if not self.policy.begin():
-            return None, None
-        common = self._rollback(input_ids)
-        logits = self._forward(input_ids[0, common:].tolist(), input_ids.device)
-        self._synced = input_ids.shape[1]
-        tokens = draft_chain(
-            self.policy, self.ctx, input_ids, logits, max_tokens,
-            lambda token: self._forward([token], input_ids.device),
-        )
-        return chain_candidates(self.policy, tokens)
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        if self.config.tree is not None:
+            nodes = plan.tree_nodes()
+            if nodes == 0:
+                return DraftTree.empty(sequence.device)
+            if nodes != CHAIN:
+                return self._tree(sequence, nodes, plan.depth)
+        if not plan.start_chain():
+            return DraftTree.empty(sequence.device)
+        common = self._rollback(sequence)
+        logits = self._forward(sequence[0, common:].tolist(), sequence.device)
+        self._synced = sequence.shape[1]
+        return draft_chain(plan, self.ctx, sequence, logits, plan.depth,
+                           lambda token: self._forward([token], sequence.device))
 
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        # (the prefill's forward is not a verification: it says nothing of verify costs)
-        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
-
-    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
-    @torch.no_grad()
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
-        """One step's draft tree (``None``: no ``tree=`` option, draft chains)."""
-        shape = self.config.tree
-        if shape is None:
-            return None
-        nodes = self._asked = self.budget.choose()
-        if nodes == TreeBudget.CHAIN:  # the cost model prefers this drafter's own chain this step
-            return self.chain_tree(input_ids, max_depth)
-        if nodes == 0:
-            return DraftTree.empty(input_ids.device)
+    def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+        """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         common = self._rollback(input_ids)
         root = torch.log_softmax(self._forward(input_ids[0, common:].tolist(), input_ids.device).float(), dim=-1)
         self._synced = input_ids.shape[1]
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
-            tree = grow_tree(shape, root, expand, nodes, max_depth)
+            tree = grow_tree(self.config.tree, root, expand, nodes, max_depth)
         finally:
             crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
         steps = drafter_levels(tree)
         record_draft_step(self.drafter, (time.perf_counter() - start) / steps)
         return tree
-
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        if self._asked == TreeBudget.CHAIN:  # a chain step: the chain policy learns, the budget too
-            self.on_verified(input_ids, verdict.num_accepted, tree.size)
-            self.budget.verified_chain(tree.size, verdict.num_accepted)
-            return
-        if self.after_prefill:
-            self.verify_costs.observe_step(tree.size, self.last_verify_s)
-        if tree.size:
-            self.budget.verified(self._asked, verdict.num_accepted)
 
     def close(self):
         self.cache = None

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...core.accept import chain_candidates, draft_chain
+from ...core.accept import draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
@@ -27,7 +27,8 @@ from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
-from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
+from ...core.budget import CHAIN, Plan, Sizing
+from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
 from .static_drafting import frontier_width, open_static
 from .tree_drafting import tree_expander
@@ -209,12 +210,10 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         nodes = 0 if config.tree is None else (
             config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
         self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
-        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
-                                        config.confidence_threshold, config.adaptive)
-        if config.tree is not None:
-            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive, draft_price=self._draft_price,
-                                     draft_steps=lambda m: tree_depth(config.tree, m), chain=config.adaptive)
-        self._asked = 0  # the last choice of the budget: nodes, 0, or TreeBudget.CHAIN
+        self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, nodes=nodes, rule="confidence",
+                             adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
+                             draft_price=self._draft_price, chain_option=True,
+                             draft_steps=None if config.tree is None else (lambda m: tree_depth(config.tree, m)))
         self.graphs = self._open_static(ctx, nodes)
 
     def _open_static(self, ctx: CallContext, nodes: int):
@@ -256,9 +255,20 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         return hidden, logits
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
-        if self.features.lost or self.features.pending is None or not self.policy.begin():
-            return None, None  # before the prefill there are no features yet
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        if self.features.lost or self.features.pending is None:
+            return DraftTree.empty(sequence.device)  # before the prefill there are no features yet
+        if self.config.tree is not None:
+            nodes = plan.tree_nodes()
+            if nodes == 0:
+                return DraftTree.empty(sequence.device)
+            if nodes != CHAIN:
+                return self._tree(sequence, nodes, plan.depth)
+        return self._chain(sequence, plan)
+
+    def _chain(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
+        if not plan.start_chain():
+            return DraftTree.empty(input_ids.device)
         hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
 
@@ -276,31 +286,10 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
             record_draft_step(self.net, time.perf_counter() - start)
             return logits
 
-        tokens = draft_chain(self.policy, self.ctx, input_ids, logits, max_tokens, step)
-        return chain_candidates(self.policy, tokens)
+        return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step)
 
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        self.follow_verified(input_ids, num_accepted, num_proposed)
-        # (the prefill's forward is not a verification: it says nothing of verify costs)
-        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
-
-    def follow_verified(self, input_ids, num_accepted, num_proposed):
-        self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
-
-    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
-    @torch.no_grad()
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
-        """One step's draft tree (``None``: no ``tree=`` option, draft chains)."""
-        shape = self.config.tree
-        if shape is None:
-            return None
-        if self.features.lost or self.features.pending is None:
-            return DraftTree.empty(input_ids.device)  # before the prefill there are no features yet
-        nodes = self._asked = self.budget.choose()
-        if nodes == TreeBudget.CHAIN:  # the cost model prefers this drafter's own chain this step
-            return self.chain_tree(input_ids, max_depth)
-        if nodes == 0:
-            return DraftTree.empty(input_ids.device)
+    def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+        """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
         root = torch.log_softmax(logits.float(), dim=-1)  # [V]
@@ -309,24 +298,14 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         else:
             expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
                                    lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
-        tree = grow_tree(shape, root, expand, nodes, max_depth)
+        tree = grow_tree(self.config.tree, root, expand, nodes, max_depth)
         steps = drafter_levels(tree)
         record_draft_step(self.net, (time.perf_counter() - start) / steps)
         return tree
 
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        if self._asked == TreeBudget.CHAIN:  # a chain step: the chain policy learns, the budget too
-            self.on_verified(input_ids, verdict.num_accepted, tree.size)
-            self.budget.verified_chain(tree.size, verdict.num_accepted)
-            return
-        self.follow_tree(input_ids, tree, verdict)
-        if self.after_prefill:
-            self.verify_costs.observe_step(tree.size, self.last_verify_s)
-        if tree.size:
-            self.budget.verified(self._asked, verdict.num_accepted)
-
-    def follow_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        self.features.follow_tree(input_ids.shape[1], tree.size, list(verdict.path))
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """Queue the target's features of the verified rows (of any drafter's tree, e.g. in ``hfs.Hybrid``)."""
+        self.features.follow_tree(sequence.shape[1], tree.size, list(verdict.path))
 
     def close(self):
         self.features.close()

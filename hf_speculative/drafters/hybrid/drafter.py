@@ -7,10 +7,8 @@ eagle)`` asks the lookup first, and the drafter only when the lookup has no matc
 member keeps its own cost rule). Suffix decoding combined with a model speculator serves agents
 this way (Arctic Inference); here it works with any of the package's strategies.
 
-Every member sees every target forward: the one whose draft was verified learns from it
-(``on_verified``; ``observe_tree`` for a tree), the others only keep their per-call state in step
-(``follow_verified`` / ``follow_tree``: an EAGLE drafter still needs the target's hidden states of every
-accepted token).
+Every member observes every target forward (an EAGLE drafter still needs the target's hidden states of every
+accepted token); the loop's sizing rules of the member whose draft was verified learn from it (core/budget.py).
 
 With a tree member (``hfs.Hybrid(hfs.PromptLookup(tree=...), hfs.Eagle.from_pretrained(..., tree=...))``) the
 call runs in hf_speculative's own loop: members with ``tree=`` propose trees, the others chains (a chain is a
@@ -28,6 +26,7 @@ from ... import options
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, all_of, capabilities_of, example, example_label
 from ...options import CheckedOnAssignment
+from ...core.budget import Plan, Sizing
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree
 
@@ -126,7 +125,8 @@ class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=C
 
 
 class HybridCandidateGenerator(SpeculativeCandidateGenerator):
-    """Per-call state: one generator per member, and which one drafted the pending draft."""
+    """Per-call state: one drafter per member, and which one drafted the pending draft. The loop sizes each
+    member's drafts by its own rules (the sizing's ``members``; ``plan.members`` each step)."""
 
     def __init__(self, ctx: CallContext, config: Hybrid):
         super().__init__(ctx)
@@ -137,70 +137,31 @@ class HybridCandidateGenerator(SpeculativeCandidateGenerator):
         except BaseException:
             self.close()  # members already opened may hold hooks on the target
             raise
+        self.sizing = Sizing(costs=None, members=tuple(member.sizing for member in self.members))
         self.labels = config.labels()
-        self.drafter: SpeculativeCandidateGenerator = self.members[-1]
+        self._drafter = len(self.members) - 1
         self.per_member = {label: {"drafts": 0, "drafted": 0, "accepted": 0} for label in self.labels}
         ctx.stats.extra["hybrid"] = self.per_member
 
-    def start(self, prompt_length):
-        super().start(prompt_length)
-        for member in self.members:  # members never see get_candidates
-            member.start(prompt_length)
-
-    # -- chains (transformers' assisted loop) -------------------------------------------------------
-    def propose(self, input_ids, max_tokens):
-        for member in self.members:
-            tokens, logits = member.propose(input_ids, max_tokens)
-            self.drafter = member
-            if tokens is not None and tokens.numel() > 0:
-                return tokens, logits
-        return None, None  # the last member asked learns from the empty draft's forward
-
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        for member in self._handed_the_forward():
-            if member is self.drafter:
-                member.on_verified(input_ids, num_accepted, num_proposed)
-            else:
-                member.follow_verified(input_ids, num_accepted, num_proposed)
-        self._count(num_accepted, num_proposed)
-
-    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree:
-        """The first member's non-empty draft: its tree (members with ``tree=``) or its chain as a tree."""
-        self._drafted_tree = False
-        for member in self.members:
-            grow = getattr(member, "propose_tree", None)
-            tree = None if grow is None else grow(input_ids, max_depth)
-            self.drafter, self._drafted_tree = member, tree is not None
-            if tree is None:
-                tree = member.chain_tree(input_ids, max_depth)
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        """The first member's non-empty draft (its tree, or its chain: a one-branch tree); when every member drafts
+        nothing, the last one asked learns from the plain step."""
+        tree = DraftTree.empty(sequence.device)
+        for i, (member, member_plan) in enumerate(zip(self.members, plan.members)):
+            tree = member.draft(sequence, member_plan)
+            plan.member = self._drafter = i
             if tree.size:
-                return tree
-        return tree  # empty: the last member asked learns from the empty draft's forward
+                break
+        return tree
 
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        for member in self._handed_the_forward():
-            if member is not self.drafter:
-                member.follow_tree(input_ids, tree, verdict)
-            elif self._drafted_tree:
-                member.observe_tree(input_ids, tree, verdict)
-            else:
-                member.on_verified(input_ids, verdict.num_accepted, tree.size)
-        self._count(verdict.num_accepted, tree.size)
-
-    # -- helpers -----------------------------------------------------------------------------------
-    def _handed_the_forward(self) -> list[SpeculativeCandidateGenerator]:
-        """The members, each given this forward's time and processed scores (what their rules read)."""
-        for member in self.members:
-            member.last_verify_s, member.last_scores = self.last_verify_s, self.last_scores
-        return self.members
-
-    def _count(self, num_accepted: int, num_proposed: int) -> None:
-        if num_proposed:
-            counts = self.per_member[self.labels[self.members.index(self.drafter)]]
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        for member in self.members:  # every member keeps its state in step, whoever drafted
+            member.observe(sequence, tree, verdict, scores)
+        if tree.size:
+            counts = self.per_member[self.labels[self._drafter]]
             counts["drafts"] += 1
-            counts["drafted"] += num_proposed
-            counts["accepted"] += num_accepted
+            counts["drafted"] += tree.size
+            counts["accepted"] += verdict.num_accepted
 
     def close(self):
         for member in self.members:

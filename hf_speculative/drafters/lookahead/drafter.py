@@ -12,7 +12,7 @@ Every target forward verifies one :class:`~hf_speculative.core.tree.DraftTree` w
   at the position of its offset: the mask of the reference implementation (each level's rows see level 0
   causally and the lower levels of their column only), whose level 0 starts at the root itself instead.
 
-The target's argmax at each top-level token (``last_scores``) is the next Jacobi level; once the window holds
+The target's argmax at each top-level token (the verified forward's scores) is the next Jacobi level; once the window holds
 ``ngram - 1`` levels, each column with its new token is a completed n-gram for the pool, the oldest level is
 dropped and the window moves one position on. The lookahead tokens are drafts like any other: when the
 verification walks along them, that is accepted as well, and every token kept is the target's own choice
@@ -39,7 +39,8 @@ from ..registry import Capabilities, example_label
 from ...options import CheckedOnAssignment
 from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree
-from ...core.policy import TreeBudget, check_input_ids
+from ...core.budget import Plan, Sizing
+from ...core.policy import check_input_ids
 
 MAX_POOL_KEYS = 1_000_000
 
@@ -157,9 +158,8 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
         self.levels: list[list[int]] = []  # levels[l][c]: the token at offset l + c + 1 (oldest level first)
         self.tokens: list[int] = []
         self._pooled_to = 0  # n-grams of the text starting before this are pooled
-        self.costs = ctx.verify_costs(config.max_nodes)
-        self.budget = TreeBudget(self.costs, config.max_nodes, config.adaptive)
-        self._asked = 0
+        self.sizing = Sizing(ctx.verify_costs(config.max_nodes), tokens=config.max_nodes, nodes=config.max_nodes,
+                             adaptive=config.adaptive)
         self._step: tuple[int, int, int] = (0, 0, 0)  # (verification nodes, levels, columns) of the last tree
 
     def _index(self, input_ids: torch.LongTensor) -> None:
@@ -174,10 +174,13 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
                 self.pool.add(tokens[start], tuple(tokens[start + 1: start + n]))
             self._pooled_to = max(self._pooled_to, len(tokens) - n + 1)
 
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree:
+    def draft(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         self._index(input_ids)
         self._step = (0, 0, 0)
-        budget = self._asked = self.budget.choose()
+        if plan.chain_only:
+            return self._chain(input_ids, plan.depth)
+        max_depth = plan.depth
+        budget = plan.tree_nodes()
         if budget == 0:
             return DraftTree.empty(input_ids.device)
         tokens, parents = [], []
@@ -221,17 +224,14 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=device),
                          torch.tensor(parents, dtype=torch.long, device=device))
 
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        if self.after_prefill:
-            self.costs.observe_step(tree.size, self.last_verify_s)
-        if tree.size:
-            self.budget.verified(self._asked, verdict.num_accepted)
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """The target's argmax at the window's top level is the next level (``scores`` `[1 + n, V]`)."""
         verified, levels, columns = self._step
         self._step = (0, 0, 0)
-        if not columns or self.last_scores is None or tree.size != verified + levels * columns:
+        if not columns or tree.size != verified + levels * columns:
             return  # no window this step (or the loop verified no tree of ours: no room left)
         top = 1 + verified + (levels - 1) * columns  # the score row of the top level's first column
-        guessed = self.last_scores[0, top: top + columns].argmax(dim=-1).tolist()  # [columns]: the next level
+        guessed = scores[top: top + columns].argmax(dim=-1).tolist()  # [columns]: the next level
         full = levels == self.config.ngram - 1
         if full:  # each column, with the token the target put after it, is a completed n-gram
             for column in range(columns):
@@ -240,14 +240,7 @@ class LookaheadCandidateGenerator(SpeculativeCandidateGenerator):
         new_level = guessed + self.levels[-1][columns:]  # columns left out this step keep their last guess
         self.levels = (self.levels[1:] if full else self.levels) + [new_level]
 
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int):
+    def _chain(self, input_ids: torch.LongTensor, max_tokens: int) -> DraftTree:
         """A chain, for a loop that verifies chains: the pool's most recent n-gram after the last token."""
-        self._index(input_ids)
         grams = self.pool.get(self.tokens[-1])
-        if not grams:
-            return None, None
-        return torch.tensor(grams[0][:max_tokens], dtype=torch.long), None
-
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        if num_proposed and self.after_prefill:
-            self.costs.observe(num_proposed, self.last_verify_s)
+        return DraftTree.from_tokens(list(grams[0][:max_tokens]) if grams else [], input_ids.device)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...core.accept import chain_candidates, draft_chain
+from ...core.accept import draft_chain
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
@@ -26,7 +26,8 @@ from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import StaticTree
-from ...core.policy import ChainLengthPolicy, TreeBudget, check_chain_options
+from ...core.budget import Plan, Sizing
+from ...core.policy import check_chain_options
 from .model import MedusaHeads
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -212,11 +213,9 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         self.last: torch.Tensor | None = None
         nodes = 0 if config.tree is None else config.tree.size
         self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
-        self.policy = ChainLengthPolicy(self.verify_costs, min(config.num_tokens, self.num_heads), self._draft_price,
-                                        config.confidence_threshold, config.adaptive)
-        if config.tree is not None:
-            self.budget = TreeBudget(self.verify_costs, nodes, config.adaptive)
-        self._asked = 0
+        self.sizing = Sizing(self.verify_costs, tokens=min(config.num_tokens, self.num_heads), nodes=nodes,
+                             rule="confidence", adaptive=config.adaptive,
+                             confidence_threshold=config.confidence_threshold, draft_price=self._draft_price)
 
     def _draft_price(self) -> float:
         # one head (a small MLP and a vocabulary projection); until measured, a guess for a large target
@@ -236,36 +235,24 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         return logits
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
-        if self.features.lost or self.last is None or not self.policy.begin():
-            return None, None  # before the prefill there is no hidden state yet
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        if self.features.lost or self.last is None:
+            return DraftTree.empty(sequence.device)  # before the prefill there is no hidden state yet
+        if self.config.tree is not None and not plan.chain_only:
+            return self._tree(sequence, plan)
+        if not plan.start_chain():
+            return DraftTree.empty(sequence.device)
         depth = iter(range(1, self.num_heads))
         # the heads' guesses do not depend on the drafted tokens: the next head, computed only if the chain goes on
-        tokens = draft_chain(self.policy, self.ctx, input_ids, self._head_logits(0), min(max_tokens, self.num_heads),
-                             lambda token: self._head_logits(next(depth)))
-        return chain_candidates(self.policy, tokens)
+        return draft_chain(plan, self.ctx, sequence, self._head_logits(0), min(plan.depth, self.num_heads),
+                           lambda token: self._head_logits(next(depth)))
 
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        self.follow_verified(input_ids, num_accepted, num_proposed)
-        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
-
-    def follow_verified(self, input_ids, num_accepted, num_proposed):
-        self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
-        self._take_last()
-
-    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
-    @torch.no_grad()
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
+    def _tree(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         """One step's draft tree: the first ``nodes`` rank paths of the static tree (parents come first, so
-        any prefix is a tree), down to ``max_depth`` and the number of heads."""
+        any prefix is a tree), down to the plan's depth and the number of heads."""
         shape = self.config.tree
-        if shape is None:
-            return None
-        self._asked = 0
-        if self.features.lost or self.last is None:
-            return DraftTree.empty(input_ids.device)
-        nodes = self._asked = self.budget.choose()
-        depth = min(max_depth, self.num_heads)
+        nodes = plan.tree_nodes()
+        depth = min(plan.depth, self.num_heads)
         paths = [p for p in shape.paths[:nodes] if len(p) <= depth]
         if not paths:
             return DraftTree.empty(input_ids.device)
@@ -277,16 +264,9 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=input_ids.device),
                          torch.tensor(parents, dtype=torch.long, device=input_ids.device))
 
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        self.follow_tree(input_ids, tree, verdict)
-        if self.after_prefill:
-            self.verify_costs.observe_step(tree.size, self.last_verify_s)
-        if self._asked:
-            self.budget.verified(self._asked, verdict.num_accepted)
-
-    def follow_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        """Keep the hidden state of the newest accepted row (any drafter's tree, e.g. in ``hfs.Hybrid``)."""
-        self.features.follow_tree(input_ids.shape[1], tree.size, list(verdict.path))
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """Keep the hidden state of the newest accepted row (of any drafter's tree, e.g. in ``hfs.Hybrid``)."""
+        self.features.follow_tree(sequence.shape[1], tree.size, list(verdict.path))
         self._take_last()
 
     def close(self):

@@ -14,10 +14,11 @@ from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, example_label
 
 from ...options import CheckedOnAssignment
-from ...core.tree import DraftTree, Verdict
+from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree
 from .tree import MultiNgramIndex, lookup_tree
-from ...core.policy import AcceptanceEstimate, TreeBudget, best_length, check_input_ids
+from ...core.budget import Plan, Sizing
+from ...core.policy import check_input_ids
 
 
 @dataclasses.dataclass
@@ -109,56 +110,35 @@ class NgramIndex:
 
 
 class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
+    """One call of :class:`PromptLookup`: the n-gram index of the text so far (and of its several matches, for
+    trees). The chain's length is the loop's choice for the acceptance measured per matched n-gram length."""
+
     def __init__(self, ctx: CallContext, config: PromptLookup):
         super().__init__(ctx)
         self.config = config
         self.index = NgramIndex(config.min_ngram, config.max_ngram)
-        self.acceptance = {n: AcceptanceEstimate() for n in range(config.min_ngram, config.max_ngram + 1)}
-        self.costs = ctx.verify_costs(max(config.num_tokens, config.tree.nodes if config.tree else 0))
-        self._matched_n: int | None = None
+        nodes = config.tree.nodes if config.tree else 0
+        self.sizing = Sizing(ctx.verify_costs(max(config.num_tokens, nodes)), tokens=config.num_tokens, nodes=nodes,
+                             rule="keyed", adaptive=config.adaptive)
         if config.tree is not None:
             self.matches = MultiNgramIndex(config.min_ngram, config.max_ngram, occurrences=config.tree.top_k)
-            self.budget = TreeBudget(self.costs, config.tree.nodes, config.adaptive)
 
-    def propose(self, input_ids, max_tokens):
-        check_input_ids("PromptLookup", input_ids)
-        self.index.extend(input_ids[0, len(self.index.tokens) :].tolist())
-        self._matched_n = None
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        check_input_ids("PromptLookup", sequence)
+        if self.config.tree is not None and not plan.chain_only:
+            return self._tree(sequence, plan)
+        self.index.extend(sequence[0, len(self.index.tokens) :].tolist())
         match = self.index.lookup()
         if match is None:
-            return None, None
+            return DraftTree.empty(sequence.device)
         n, start = match
-        k = min(self.config.num_tokens, max_tokens)
-        if self.config.adaptive:
-            k = best_length(self.costs, self.acceptance[n].rate, k)
-            if k == 0:
-                self.acceptance[n].forgive()
-                return None, None
-        self._matched_n = n
-        draft = self.index.tokens[start : start + k]
-        return torch.tensor(draft, dtype=torch.long), None
+        k = plan.chain_length(n, self.config.num_tokens)  # the matched length's measured acceptance decides
+        return DraftTree.from_tokens(self.index.tokens[start : start + k], sequence.device)
 
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        if self.after_prefill:
-            self.costs.observe(num_proposed, self.last_verify_s)
-        if self._matched_n is not None and num_proposed:
-            self.acceptance[self._matched_n].update(num_accepted, num_proposed)
-
-    # -- trees (hf_speculative's own loop) ---------------------------------------------------------
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree | None:
-        """The matches' continuations as one tree, or ``None`` to draft a chain (no ``tree=`` option)."""
-        shape = self.config.tree
-        if shape is None:
-            return None
-        check_input_ids("PromptLookup", input_ids)
-        self.matches.extend(input_ids[0, len(self.matches.tokens):].tolist())
-        nodes = self._asked = self.budget.choose()
+    def _tree(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        """The matches' continuations as one tree, within the loop's node budget."""
+        self.matches.extend(sequence[0, len(self.matches.tokens):].tolist())
+        nodes = plan.tree_nodes()
         if nodes == 0:
-            return DraftTree.empty(input_ids.device)
-        return lookup_tree(self.matches, nodes, min(shape.depth, max_depth))
-
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        if self.after_prefill:
-            self.costs.observe_step(tree.size, self.last_verify_s)
-        if tree.size:
-            self.budget.verified(self._asked, verdict.num_accepted)
+            return DraftTree.empty(sequence.device)
+        return lookup_tree(self.matches, nodes, min(self.config.tree.depth, plan.depth))

@@ -18,12 +18,13 @@ from typing import Any
 import torch
 
 from ... import compat
-from ...core.accept import chain_candidates, draft_chain
+from ...core.accept import draft_chain
 from ..base import CallContext, SpeculativeCandidateGenerator
 from ...core.costs import draft_price, record_draft_step
 from .calibration import SkipCalibration, cached_calibration
 from .layer_view import LayerSubset, layer_subset, num_layers
-from ...core.policy import ChainLengthPolicy
+from ...core.budget import Plan, Sizing
+from ...core.tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
         elif layers is not None:  # "auto" with a calibration made by an earlier call, or read from a file
             plan = cached_calibration(ctx.target)
             self._use(layers, source="file" if plan.source == "file" else "cached", plan=plan)
-        self.policy = ChainLengthPolicy(self.verify_costs, config.num_tokens, self._draft_price,
-                                        config.confidence_threshold, config.adaptive)
+        self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, rule="confidence", adaptive=config.adaptive,
+                             confidence_threshold=config.confidence_threshold, draft_price=self._draft_price)
 
     def _use(self, layers: list[int], source: str, plan: SkipCalibration | None = None) -> None:
         self.subset = layer_subset(self.ctx.target, layers)
@@ -87,19 +88,20 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
         self._use(plan.drafted_layers, source=plan.source, plan=plan)
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
+    def draft(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
+        none = DraftTree.empty(input_ids.device)
         if self.cache is None or self.stats.target_forwards == 0:
-            return None, None  # the first target forward prefills the prompt; drafts start after it
+            return none  # the first target forward prefills the prompt; drafts start after it
         if self.subset is None:
             self._maybe_calibrate(input_ids)
             if self.subset is None:
-                return None, None
+                return none
         if self._idle:
-            return None, None
+            return none
         subset, device = self.subset, input_ids.device
         position = input_ids.shape[1] - 1
-        if compat.cache_layer_length(self.cache, subset.layers[0]) != position or not self.policy.begin():
-            return None, None
+        if compat.cache_layer_length(self.cache, subset.layers[0]) != position or not plan.start_chain():
+            return none
         fed = 0
 
         def step(token: int) -> torch.Tensor:
@@ -112,14 +114,11 @@ class SelfSpeculativeCandidateGenerator(SpeculativeCandidateGenerator):
 
         try:
             first = step(int(input_ids[0, -1]))
-            tokens = draft_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
+            tree = draft_chain(plan, self.ctx, input_ids, first, plan.depth, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
-        return chain_candidates(self.policy, tokens, steps=fed)
-
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        # (the prefill's forward is not a verification: it says nothing of verify costs)
-        self.policy.verified(num_accepted, num_proposed, self.last_verify_s if self.after_prefill else None)
+            plan.steps = fed  # the first step fed the root: one more than the tokens
+        return tree
 
     def close(self):
         self.cache = None

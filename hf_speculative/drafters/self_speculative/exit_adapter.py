@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from ... import compat
-from ...core.accept import chain_candidates, draft_chain
+from ...core.accept import draft_chain
+from ...core.budget import Plan
+from ...core.tree import DraftTree
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...core.state import all_states, state_of
@@ -140,14 +142,15 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
         return hidden[:, -1:]
 
     @torch.no_grad()
-    def propose(self, input_ids, max_tokens):
+    def draft(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
+        none = DraftTree.empty(input_ids.device)
         if self.features.lost or self.cache is None or self.stats.target_forwards == 0:
-            return None, None
+            return none
         subset, device = self.subset, input_ids.device
         position = input_ids.shape[1] - 1
         if self.features.known != position or compat.cache_layer_length(self.cache, subset.layers[0]) != position \
-                or not self.policy.begin():
-            return None, None
+                or not plan.start_chain():
+            return none
         fed = 0
 
         def step(token: int, first: bool = False) -> torch.Tensor:
@@ -168,18 +171,15 @@ class ExitAdapterCandidateGenerator(SelfSpeculativeCandidateGenerator):
 
         try:
             first = step(int(input_ids[0, -1]), first=True)
-            tokens = draft_chain(self.policy, self.ctx, input_ids, first, max_tokens, step)
+            tree = draft_chain(plan, self.ctx, input_ids, first, plan.depth, step)
         finally:
             subset.rollback(self.cache, fed)  # the verified cache is exactly plain decoding's
             self.features.discard()  # the draft's own passes through layer k - 1 are not verified states
-        return chain_candidates(self.policy, tokens, steps=fed)
+            plan.steps = fed
+        return tree
 
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        self.follow_verified(input_ids, num_accepted, num_proposed)
-        super().on_verified(input_ids, num_accepted, num_proposed)
-
-    def follow_verified(self, input_ids, num_accepted, num_proposed):
-        self.features.follow(input_ids.shape[1], num_accepted, num_proposed)
+    def observe(self, sequence, tree, verdict, scores):
+        self.features.follow_tree(sequence.shape[1], tree.size, list(verdict.path))
 
     def close(self):
         self.features.close()

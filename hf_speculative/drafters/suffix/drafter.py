@@ -27,7 +27,8 @@ from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 
 from ...options import CheckedOnAssignment
-from ...core.tree import ROOT, DraftTree, Verdict
+from ...core.budget import Plan, Sizing
+from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree
 from .history import HISTORY_NODE_BYTES, MAX_HISTORY_FILE_BYTES, SuffixHistory, history_for
 from .tree import SuffixTrie, best_speculation
@@ -146,9 +147,8 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
         self.tokens: list[int] = []  # the call's text, as indexed
         self._forgotten = 0  # tokens[:_forgotten] left the call's trie (context_tokens)
         self.history = config.history(ctx.target) if ctx.target is not None else None
-        self.costs = ctx.verify_costs(config.max_nodes)
-        self.calibration = 1.0  # accepted tokens / the path probabilities' prediction (decayed)
-        self._predicted = 0.0
+        self.sizing = Sizing(ctx.verify_costs(config.max_nodes), tokens=config.max_depth, rule="scored",
+                             adaptive=config.adaptive)
         self._sequence: torch.LongTensor | None = None
         self.last_match = (0, "none")  # (match length, "call" / "history" / "none") of the last draft
 
@@ -162,11 +162,12 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
             self.local.remove_path(self.tokens[start: start + depth])
             self._forgotten += 1
 
-    def propose_tree(self, input_ids: torch.LongTensor, max_depth: int) -> DraftTree:
+    def draft(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
+        """The best speculation tree of the call's text or the model's history, best first (a loop that verifies
+        chains takes its first branch, the likeliest path), as many nodes as the loop's rule says pay."""
         self._index(input_ids)
         self._sequence = input_ids
-        self._predicted = 0.0
-        config = self.config
+        config, max_depth = self.config, plan.depth
         budget = config.node_budget
 
         depth, max_match = min(max_depth, config.max_depth), config.max_depth - 1
@@ -177,64 +178,21 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
             if sum(other[3]) > sum(best[3]):
                 best, where = other, "history"
         length, tokens, parents, probs = best
-        keep = self._size(probs)
+        keep = plan.prefix_size(probs)
         tokens, parents = tokens[:keep], parents[:keep]  # best first: every prefix is a tree
-        self._predicted = sum(probs[:keep])
         self.last_match = (length, where if tokens else "none")
         if not tokens:
             return DraftTree.empty(input_ids.device)
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=input_ids.device),
                          torch.tensor(parents, dtype=torch.long, device=input_ids.device))
 
-    def _size(self, probs: list[float]) -> int:
-        """How many of the best-first nodes to verify: all without ``adaptive``; else the ``n`` with the most
-        expected tokens per unit of measured cost, ``(1 + calibration * sum(probs[:n])) / cost(n)``, and 0
-        unless that beats a plain step by 2% (noise)."""
-        if not self.config.adaptive:
-            return len(probs)
-        best, value, gain = 0, 1.0, 0.0
-        for n, prob in enumerate(probs, 1):
-            gain += prob * self.calibration
-            candidate = (1.0 + gain) / self.costs.ratio(n)
-            if candidate > value * 1.02:
-                best, value = n, candidate
-        if best == 0 and probs:  # nothing paid: forget a pessimistic calibration slowly, so drafting is retried
-            self.calibration += (1.0 - self.calibration) * 0.03
-        return best
-
-    def _learn(self, num_accepted: int) -> None:
-        if self._predicted > 0:
-            ratio = num_accepted / self._predicted
-            self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)
-
-    def observe_tree(self, input_ids: torch.LongTensor, tree: DraftTree, verdict: Verdict) -> None:
-        self._sequence = input_ids
-        if self.after_prefill:
-            self.costs.observe_step(tree.size, self.last_verify_s)
-        if tree.size:
-            self._learn(verdict.num_accepted)
-
-    def propose(self, input_ids: torch.LongTensor, max_tokens: int):
-        """A chain, for a loop that verifies chains: the tree's first branch (its likeliest path)."""
-        tree = self.propose_tree(input_ids, max_tokens)
-        chain, node = [], ROOT
-        for i, parent in enumerate(tree.parents.tolist()):
-            if parent == node:
-                chain.append(int(tree.tokens[i]))
-                node = i
-        return (torch.tensor(chain, dtype=torch.long), None) if chain else (None, None)
-
-    def on_verified(self, input_ids, num_accepted, num_proposed):
-        self._sequence = input_ids
-        if num_proposed:
-            if self.after_prefill:
-                self.costs.observe(num_proposed, self.last_verify_s)
-            self._learn(num_accepted)
+    def observe(self, sequence, tree, verdict, scores):
+        self._sequence = sequence
 
     def close(self) -> None:
         """The call's output joins the model's history (if the call generated anything)."""
-        if self.history is None or self._sequence is None or self._prompt_length is None:
+        if self.history is None or self._sequence is None or self.prompt_length is None:
             return
-        output = self._sequence[0, self._prompt_length:].tolist()
+        output = self._sequence[0, self.prompt_length:].tolist()
         if output:
             self.history.add(output)

@@ -1,7 +1,7 @@
 """EAGLE drafting at fixed shapes under ``hfs.enable(model, compile=...)``: the same drafts as eager drafting, step
 for step (chains, dynamic and static trees, EAGLE-1 and EAGLE-3), every forward at one of three widths but the
 long backlogs, which run eagerly on the same cache; the compiled step is shared by the calls that fit it, one at
-a time. The fixed-shape path runs uncompiled here; the slow test in tests/test_static_cache.py compiles it."""
+a time. The fixed-shape path runs uncompiled here; the slow test in tests/core/test_static_cache.py compiles it."""
 
 from __future__ import annotations
 
@@ -52,17 +52,14 @@ def uncompiled(monkeypatch):
 
 def record_drafts(monkeypatch) -> list:
     drafts = []
-    for name in ("propose", "propose_tree"):
-        original = getattr(EagleCandidateGenerator, name)
+    original = EagleCandidateGenerator.draft
 
-        def recording(self, *args, _original=original, **kwargs):
-            out = _original(self, *args, **kwargs)
-            tree = out[0] if isinstance(out, tuple) else out
-            drafts.append(None if tree is None else
-                          (tree.tokens.tolist(), tree.parents.tolist()) if hasattr(tree, "parents") else tree.tolist())
-            return out
+    def recording(self, *args, **kwargs):
+        tree = original(self, *args, **kwargs)
+        drafts.append((tree.tokens.tolist(), tree.parents.tolist()))
+        return tree
 
-        monkeypatch.setattr(EagleCandidateGenerator, name, recording)
+    monkeypatch.setattr(EagleCandidateGenerator, "draft", recording)
     return drafts
 
 

@@ -10,11 +10,10 @@ from transformers.generation.stopping_criteria import MaxLengthCriteria, Stoppin
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import CallContext
-from hf_speculative.core.chains import ChainDrafter
 from hf_speculative.core.loop import run
 from hf_speculative.core.stats import SpeculativeStats
 from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
-from tests.conftest import ARCHS, PROMPT, build_model, fit_eagle, prompt_inputs, random_eagle, stock_generate
+from tests.conftest import ARCHS, PROMPT, build_model, draft_once, fit_eagle, prompt_inputs, random_eagle, stock_generate
 
 NEW = 40
 
@@ -23,11 +22,11 @@ def loop_generate(target, strategy, new=NEW):
     max_length = len(PROMPT) + new
     stopping = StoppingCriteriaList([MaxLengthCriteria(max_length)])
     ctx = CallContext(target, GenerationConfig(max_length=max_length, do_sample=False), None, stopping,
-                      SpeculativeStats())
-    drafter = ChainDrafter(strategy.open(ctx))
+                      SpeculativeStats(), prompt_length=len(PROMPT))
+    drafter = strategy.open(ctx)
     try:
         return run(target, torch.tensor([PROMPT]), drafter, stopping_criteria=stopping, stats=ctx.stats,
-                   max_length=max_length), drafter.generator
+                   max_length=max_length), drafter
     finally:
         drafter.close()
 
@@ -87,10 +86,10 @@ def test_top_branch_is_the_chain_and_children_follow_their_branch(trained):
     target, net, text = trained
     verified = torch.tensor([text[: len(PROMPT) + 6]])
     gen = _opened(target, net, None, verified)
-    chain = gen.propose(verified, 3)[0].tolist()
+    chain = draft_once(gen, verified, 3).tokens.tolist()
     gen.close()
     gen = _opened(target, net, StaticTree([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]), verified)
-    tree = gen.propose_tree(verified, 8)
+    tree = draft_once(gen, verified, 8)
     gen.close()
     assert tree.parents.tolist() == [-1, -1, 0, 1, 2]
     assert [int(tree.tokens[i]) for i in (0, 2, 4)] == chain
@@ -167,8 +166,8 @@ def test_the_cost_model_picks_chains_or_trees_by_the_devices_costs(trained, devi
 
         def opened(ctx):
             generator = generator_of(ctx)
-            grow = generator.propose_tree
-            generator.propose_tree = lambda ids, depth: drafts.append(grow(ids, depth)) or drafts[-1]
+            grow = generator.draft
+            generator.draft = lambda ids, plan: drafts.append(grow(ids, plan)) or drafts[-1]
             return generator
 
         object.__setattr__(strategy, "open", opened)

@@ -12,7 +12,7 @@ import hf_speculative as hfs
 from hf_speculative.core.sampling import call_seed
 from tests.conftest import PROMPT, build_model, prompt_inputs, recurring_token, stock_generate
 from tests.drafters.medusa.conftest import OracleHeads, random_heads
-from tests.test_integration import check_identity
+from tests.hf.test_integration import check_identity
 
 TREE = hfs.StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)])
 SHAPES = {"chain": None, "tree": TREE}
@@ -113,8 +113,11 @@ def test_tree_nodes_come_from_the_heads_ranked_guesses():
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         target(input_ids=ids[:, :-1])
-    gen.follow_verified(ids, 0, 0)
-    tree = gen.propose_tree(ids, 8)
+    from hf_speculative.core.tree import DraftTree, Verdict
+    from tests.conftest import draft_once
+
+    gen.observe(ids, DraftTree.empty(), Verdict((), 0), None)
+    tree = draft_once(gen, ids, 8)
     hidden = gen.last
     gen.close()
     ranked = heads.logits(hidden).topk(3, dim=-1).indices  # [K, 3]

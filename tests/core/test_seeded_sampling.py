@@ -2,7 +2,7 @@
 decisions, the timings they read, the thread, or earlier calls drafted (hf_speculative.core.sampling).
 
 That the text is a sample of the target's distribution is tested by the chi-square batteries
-(tests/test_sampling.py, tests/test_tree_sampling.py); here only the reproducibility promise.
+(tests/core/test_sampling.py, tests/core/test_tree_sampling.py); here only the reproducibility promise.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Chain drafters written for transformers' assisted loop run in ours through ``ChainDrafter``: identical to
-plain greedy, with EOS and the length limit inside accepted chains."""
+"""Chain drafters (and a user's raw transformers ``CandidateGenerator``) in our loop: a chain is a one-branch tree,
+identical to plain greedy, with EOS and the length limit inside accepted chains."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import CallContext, ExternalCandidateGenerator
-from hf_speculative.core.chains import ChainDrafter
+from hf_speculative.core.budget import DraftBudget
 from hf_speculative.core.loop import run
 from hf_speculative.core.stats import SpeculativeStats
 
@@ -22,12 +22,11 @@ def loop_generate(model, strategy_or_raw, max_new_tokens: int, eos=None):
     stopping = StoppingCriteriaList([MaxLengthCriteria(max_length)])
     if eos is not None:
         stopping.append(EosTokenCriteria(eos))
-    ctx = CallContext(model, config, None, stopping, SpeculativeStats())
+    ctx = CallContext(model, config, None, stopping, SpeculativeStats(), prompt_length=len(PROMPT))
     if isinstance(strategy_or_raw, hfs.DraftStrategy):
-        generator = strategy_or_raw.open(ctx)
+        drafter = strategy_or_raw.open(ctx)
     else:
-        generator = ExternalCandidateGenerator(ctx, strategy_or_raw)
-    drafter = ChainDrafter(generator)
+        drafter = ExternalCandidateGenerator(ctx, strategy_or_raw)
     try:
         result = run(model, torch.tensor([PROMPT]), drafter, stopping_criteria=stopping, stats=ctx.stats,
                      max_length=max_length)
@@ -105,7 +104,8 @@ def test_prompt_lookup_tree_branches_on_disagreeing_matches():
     model = build_model("llama")
     ctx = CallContext(model, GenerationConfig(max_length=64), None, None, SpeculativeStats())
     generator = hfs.PromptLookup(tree=DynamicTree(nodes=8, depth=3, top_k=4), adaptive=False).open(ctx)
-    tree = generator.propose_tree(torch.tensor([[11, 12, 17, 17, 13, 11, 12, 18, 16, 10, 11, 12]]), max_depth=8)
+    plan = DraftBudget(generator.sizing).plan(8)
+    tree = generator.draft(torch.tensor([[11, 12, 17, 17, 13, 11, 12, 18, 16, 10, 11, 12]]), plan)
     assert sorted(tree.tokens[tree.parents == -1].tolist()) == [17, 18]  # two matches, two branches
     assert tree.size == 6 and not tree.is_chain()
 
@@ -114,7 +114,7 @@ def test_prompt_lookup_tree_branches_on_disagreeing_matches():
 @pytest.mark.parametrize("max_new_tokens", [7, 8])
 def test_a_forward_the_loop_verified_without_asking_is_no_draft_of_the_drafter(arch, max_new_tokens):
     """With one token left before the length limit the loop verifies an empty tree without asking the drafter;
-    the drafter learns that forward as an empty draft, not as its previous chain again (Medusa's feature queue
+    the drafter observes that forward as an empty draft, not as its previous chain again (Medusa's feature queue
     raised IndexError on the stale count). Chains of one perfect guess: the prompt's forward gives one token,
     each step two, so an even ``max_new_tokens`` ends on such a forward."""
     from tests.drafters.medusa.conftest import OracleHeads
@@ -127,9 +127,9 @@ def test_a_forward_the_loop_verified_without_asking_is_no_draft_of_the_drafter(a
 
     def recording_open(self, ctx):
         generator = original(self, ctx)
-        on_verified = generator.on_verified
-        generator.on_verified = lambda ids, accepted, proposed: (seen.append(proposed),
-                                                                 on_verified(ids, accepted, proposed))
+        observe = generator.observe
+        generator.observe = lambda ids, tree, verdict, scores: (seen.append(tree.size),
+                                                                observe(ids, tree, verdict, scores))
         return generator
 
     with pytest.MonkeyPatch.context() as patch:

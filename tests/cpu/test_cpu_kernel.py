@@ -16,7 +16,7 @@ from hf_speculative.cpu import kernel as cpu_kernel
 from hf_speculative.cpu.kernel import MAX_ROWS, KernelLinear
 from hf_speculative.cpu.layout import PackedLinear, cpu_layout
 from tests.conftest import build_model, make_drafter, prompt_inputs, stock_generate
-from tests.test_cpu_layout import _linears, convert_keeping_parameters, restore_row_major
+from tests.cpu.test_cpu_layout import _linears, convert_keeping_parameters, restore_row_major
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
 GREEDY = dict(do_sample=False, max_new_tokens=40)

@@ -1,7 +1,7 @@
 """Integrity of shipped drafters: the sha256 manifest written at release matches the files, a corrupt
 copy is refused before its weights are read, and repeat loads do not re-hash unchanged files (the trust
 record lives in the package cache, never in the drafter's folder). The registry models' checks are in
-tests/test_models.py."""
+tests/registry/test_models.py."""
 
 from __future__ import annotations
 

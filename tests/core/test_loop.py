@@ -13,6 +13,7 @@ from transformers.generation.logits_process import LogitsProcessorList, Repetiti
 from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList,
                                                        StopStringCriteria)
 
+from hf_speculative.core.budget import FIXED
 from hf_speculative.core.loop import accept_greedy, run
 from hf_speculative.core.tree import DraftTree, Verdict
 
@@ -31,7 +32,10 @@ class OracleTree:
         token = self.rng.randrange(4, self.vocab)
         return token if token != true else (token + 1) % self.vocab
 
-    def propose_tree(self, sequence, max_depth):
+    sizing = FIXED  # no sizing of its own: it drafts what it drafts
+
+    def draft(self, sequence, plan):
+        max_depth = plan.depth
         at = sequence.shape[1]
         truth = self.reference[at: at + min(self.depth, max_depth)]
         tokens, parents, parent = [], [], -1
@@ -45,6 +49,9 @@ class OracleTree:
             parents += [parent] * len(siblings)
             parent = first + (siblings.index(true) if true in siblings else 0)  # go on below the true one
         return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+    def close(self):
+        pass
 
     def observe(self, sequence, tree, verdict, scores):
         self.verdicts.append(verdict)

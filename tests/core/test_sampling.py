@@ -303,9 +303,10 @@ def test_a_drafter_s_reported_logits_do_not_matter(target, close_drafter):
     gives the text of plain seeded sampling, token for token."""
 
     class Lying(DraftModelCandidateGenerator):
-        def propose(self, input_ids, max_tokens):
-            tokens, _ = super().propose(input_ids, max_tokens)
-            return tokens, None if tokens is None else torch.zeros(tokens.numel(), V)
+        def draft(self, input_ids, plan):
+            tree = super().draft(input_ids, plan)
+            self.draft_logits = torch.zeros(tree.size, V) if tree.size else None  # what transformers' loop reads
+            return tree
 
     class LyingDraftModel(hfs.DraftModel):
         def open(self, ctx):

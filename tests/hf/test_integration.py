@@ -311,7 +311,7 @@ def llama():
 
 
 def test_error_batch_size_two_with_a_drafter_batches_do_not_support(llama):
-    ids = torch.tensor([PROMPT, PROMPT])  # (batches themselves: tests/test_batch.py)
+    ids = torch.tensor([PROMPT, PROMPT])  # (batches themselves: tests/core/test_batch.py)
     with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.PromptLookup\(\), hfs.DraftModel\(...\) and hfs.Eagle"):
         llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
                        candidate_generator=hfs.EarlyExit(exit_layer=1))
@@ -344,7 +344,7 @@ def test_error_custom_generate_on_enabled_model(llama):
 
 def test_static_cache_runs_in_our_loop_and_other_fixed_caches_are_refused(llama):
     """``cache_implementation="static"`` (as an argument or in the config passed) verifies on a static cache in
-    our loop (tests/test_static_cache.py); caches that can neither be rolled back nor written at a chosen
+    our loop (tests/core/test_static_cache.py); caches that can neither be rolled back nor written at a chosen
     position are refused with the fix named."""
     expected = stock_generate(llama, **prompt_inputs(), do_sample=False, max_new_tokens=8)
     out = llama.generate(**prompt_inputs(), max_new_tokens=8, do_sample=False, cache_implementation="static",

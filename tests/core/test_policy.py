@@ -6,7 +6,7 @@ import pytest
 
 from hf_speculative.core.costs import VerifyCostModel
 from hf_speculative.core.policy import AcceptanceEstimate, ChainLengthPolicy, best_length
-from tests.test_costs import measured
+from tests.core.test_costs import measured
 
 
 # -- AcceptanceEstimate ------------------------------------------------------------------------
