@@ -54,14 +54,16 @@ def row_view(processor: Any, row: int, batch: int) -> Any:
 
 
 def left_padding(attention_mask: torch.Tensor) -> list[int]:
-    """The left padding of each row; raises when a row is padded on the right or in the middle."""
+    """The left padding of each row of ``attention_mask`` ``[B, L]`` (one row or a batch); raises when a row is padded
+    on the right or in the middle, or has no token."""
     mask = attention_mask.bool()
     pads = (~mask).long().sum(-1).tolist()
     for row, pad in enumerate(pads):
         if pad >= mask.shape[1] or not bool(mask[row, pad:].all()):
             raise ValueError(
-                "Batched speculative decoding needs left-padded prompts (each row's padding before its tokens, at "
-                "least one token a row): set tokenizer.padding_side = 'left' before tokenizing the batch.")
+                "Speculative decoding needs left-padded prompts: a row of attention_mask masks tokens after its "
+                "first real one (right padding, holes) or masks every token. Set tokenizer.padding_side = 'left' "
+                "before tokenizing, or pass the prompt without padding.")
     return pads
 
 

@@ -136,8 +136,8 @@ class DynamicVerifier:
 
 class OneRow:
     """A one-row verifier (:class:`DynamicVerifier`, a static-cache one) with the batch verifier's interface, for the
-    loop's ladder: ``forward(pending [1, m], mask, [tree]) -> [1, 1 + n, V]``, ``keep([path])``. ``cached``: the
-    tokens already in its cache."""
+    loop's ladder: ``forward(pending [1, m], mask, [tree]) -> [1, 1 + n, V]``, ``keep([path])`` (no ``select``: one row
+    never leaves half of a batch). ``cached``: the tokens already in its cache."""
 
     def __init__(self, inner: Any, cached: int = 0):
         self.inner, self.length = inner, cached
@@ -150,9 +150,6 @@ class OneRow:
     def keep(self, paths: Sequence[Sequence[int]]) -> None:
         self.inner.keep(self._prefix, self._tree, paths[0])
         self.length = self._prefix + 1 + len(paths[0])
-
-    def select(self, rows: torch.Tensor) -> None:  # pragma: no cover - one row never leaves half of a batch
-        raise RuntimeError("a one-row verifier keeps its row")
 
     def tidy(self) -> None:
         pass

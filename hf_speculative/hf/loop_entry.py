@@ -21,6 +21,7 @@ import torch
 from .. import compat
 from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator
 from ..core.loop import run
+from ..core.rows import left_padding
 from ..core.verify import DynamicVerifier
 from ..core.static_cache import compiled_mode, static_requested, verifier_for
 from .checks import check_batch_strategy, check_strategy, draft_budget, drafts_trees
@@ -109,11 +110,7 @@ def _check_inputs(model_kwargs: dict, synced_gpus: bool) -> int:
     mask = model_kwargs.get("attention_mask")
     if mask is None or bool(mask.all()):
         return 0
-    pads = int((~mask[0].bool()).sum())
-    if not bool(mask[0, pads:].all()) or pads >= mask.shape[1]:
-        raise ValueError("This call's attention_mask masks prompt tokens other than a left padding (or every token); "
-                         "pass the prompt left-padded (tokenizer.padding_side = 'left') or without padding.")
-    return pads
+    return left_padding(mask)[0]
 
 
 def _after(padding: torch.LongTensor, function: Any) -> Any:
