@@ -1,6 +1,7 @@
 """τ under sampling on Spec-Bench prompts: how often drafts match the target's draws, by drafter.
 
     python benchmarks/sampling_tau.py --per-category 4 --seeds 3 --temperature 0.7 --out sampling_tau.jsonl
+    python benchmarks/sampling_tau.py --modes seeded,rejection ...     # both rules (speculative_sampling=)
 
 Uses only the public API (``torch.manual_seed`` then ``generate(do_sample=True, ...)``), so the same script
 measures any version of the library: run it from two checkouts to compare their sampling rules. Drafters run
@@ -34,6 +35,8 @@ def main(argv=None) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--methods", default="eagle-chain5,eagle-tree32,lookup")
+    parser.add_argument("--modes", default="", help="speculative_sampling= rules to compare, e.g. seeded,rejection "
+                        "(default: none passed, the library's default)")
     parser.add_argument("--out", default="sampling_tau.jsonl")
     args = parser.parse_args(argv)
 
@@ -45,17 +48,20 @@ def main(argv=None) -> None:
     model, tokenizer = hfs.load_model(args.model)
     hfs.enable(model)
     made = strategies(hfs, model, args)
-    methods = args.methods.split(",")
+    modes = [m for m in args.modes.split(",") if m] or [None]
+    runs = [(method, mode) for method in args.methods.split(",") for mode in modes]
+    methods = [method if mode is None else f"{method}/{mode}" for method, mode in runs]
     totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
     for prompt in load_prompts(categories=args.categories.split(","), per_category=args.per_category):
         ids = encode_prompt(tokenizer, prompt.text)
-        record = {"category": prompt.category, "question_id": prompt.question_id}
-        for method in methods:
+        record = {"category": prompt.category, "question_id": prompt.question_id, "temperature": args.temperature}
+        for method, (name, mode) in zip(methods, runs):
+            extra = {} if mode is None else {"speculative_sampling": mode}
             for seed in range(args.seeds):
                 torch.manual_seed(seed)
                 model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                               candidate_generator=made[method]())
+                               candidate_generator=made[name](), **extra)
                 st = hfs.last_stats(model)
                 for i, v in enumerate((st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens)):
                     totals[method][i] += v

@@ -1,6 +1,8 @@
-"""The acceptance rule: which drafted tokens the target keeps.
+"""The acceptance rules: which drafted tokens the target keeps.
 
-Every drafter's output is exact because of one rule, on one screen here. ``p``: the target's scores at a
+Every drafter's output is exact because of the rule here: greedy decoding and the seeded rule share one
+(:func:`accept_greedy`), sampling by the rejection rule has its own (:func:`accept_rejection`, at the end);
+:func:`accept` picks the call's. ``p``: the target's scores at a
 position, after the call's logits processors; ``x``: the drafted token there::
 
     keep x  iff  x == argmax p;  at the first position not kept emit argmax p
@@ -19,15 +21,22 @@ so a drafter whose ``q`` is close to ``p`` draws the target's token).
 Chains apply the rule position by position up to the first mismatch (transformers' assisted loop, or
 ours); trees follow the target's token from the root down into the child drafting it
 (:func:`accept_greedy`).
+
+With ``speculative_sampling="rejection"`` the call's last processor is a ``RejectionSampler`` instead: a drafted
+token ``x`` drawn from the drafter's ``q`` is kept with probability ``min(1, p(x) / q(x))``, else the target draws
+from the normalised residual ``max(0, p - q)`` (a deterministic guess: kept with probability ``p(x)``); the text
+is an exact sample of the target's distribution that depends on the drafts, with the highest acceptance a single
+draft can have, ``1 - TV(p, q)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import split_sampler
+from .sampling import RejectionSampler, split_sampler
 from .tree import ROOT, DraftTree, Verdict
 
 if TYPE_CHECKING:
@@ -43,10 +52,12 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
     were the target's).
 
     Whether to draft a position is asked of ``plan.wants`` before its token is chosen (``plan.took`` sees the
-    token, and only decides about the positions after it). Returns the chain, ``[k]`` tokens as a one-branch
-    :class:`DraftTree` (empty when nothing paid)."""
+    token, and only decides about the positions after it). Under the rejection rule the token is a draw from the
+    drafter's warped distribution ``q`` instead, and the tree keeps ``q`` (``tree.q``, ``[k, V]``) for the rule.
+    Returns the chain, ``[k]`` tokens as a one-branch :class:`DraftTree` (empty when nothing paid)."""
     processors, sampler = split_sampler(ctx.logits_processor)
     tokens: list[int] = []
+    dists: list[torch.Tensor] = []  # under the rejection rule: the q each token was drawn from, [V] each
     sequence = input_ids  # [1, L + drafted]: the context the processors and the sampler's positions read
     while True:
         if processors:
@@ -54,13 +65,18 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
         probs = torch.softmax(logits.float(), dim=-1)  # [V]
         if not plan.wants(float(probs.max())):
             break  # its expected gain does not pay for verifying it (its drafting is already paid)
-        token = int(torch.argmax(logits) if sampler is None else sampler.choose(sequence, logits[None])[0])
+        if isinstance(sampler, RejectionSampler):  # the rejection rule: draw from q, keep q for the rule
+            token = sampler.draw(probs)
+            dists.append(probs)
+        else:
+            token = int(torch.argmax(logits) if sampler is None else sampler.choose(sequence, logits[None])[0])
         tokens.append(token)
         if not plan.took(float(probs[token]), max_tokens):
             break
         sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
         logits = step(token)
-    return DraftTree.from_tokens(tokens, input_ids.device)
+    tree = DraftTree.from_tokens(tokens, input_ids.device)
+    return dataclasses.replace(tree, q=torch.stack(dists)) if dists else tree
 
 
 # -- the rule on a tree ---------------------------------------------------------------------------
@@ -80,3 +96,63 @@ def accept_greedy(tree: DraftTree, scores: torch.Tensor) -> Verdict:
         node = children[node][best[node + 1]]
         path.append(node)
     return Verdict(tuple(path), best[node + 1])
+
+
+# -- the rejection rule ---------------------------------------------------------------------------
+def accept_rejection(tree: DraftTree, scores: torch.Tensor, sampler: RejectionSampler) -> Verdict:
+    """The rejection rule (speculative sampling; SpecInfer's multi-candidate form for trees).
+
+    ``scores`` `[1 + n, V]` are the target's processed scores (row 0 the root's, ``1 + i`` node ``i``'s), so
+    ``p = softmax(scores[node])`` is the target's distribution after ``node``. From the root down, the node's
+    children are tried in order, each against the current ``p``::
+
+        child x drawn from q (tree.q):  accept with prob min(1, p(x) / q(x));  else p <- max(0, p - q) / Z
+        child x a point mass:           accept with prob p(x)               ;  else p <- p with p(x) = 0, / Z
+        accepted: go down into x (a fresh p: the target's after x); no child left: emit a draw from p
+
+    Each try is an exact decomposition of ``p``: P(emit y) = P(accept x) [y = x] + P(reject) * residual(y) = p(y)
+    (for the q case Leviathan et al. 2023, Thm. 1; for a point mass q = delta_x and the same algebra). Siblings with
+    a q must be drawn from that q independently of each other (with replacement: q stays the same for the next
+    one); deterministic siblings (top-k ranks, copied text) are point masses, tried without replacement. A draw
+    never depends on a later sibling, so trying them in order is exact; a token already rejected at a node has
+    ``p = 0`` there, so a repeated sibling is never accepted.
+    """
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    path, node = [], ROOT
+    while True:
+        p = torch.softmax(scores[node + 1].double(), dim=-1)  # [V]: the target's distribution after `node`
+        for child in children.get(node, []):
+            x = tokens[child]
+            q = None if tree.q is None else tree.q[child].double().to(p.device)
+            accept_x = float(p[x]) if q is None else min(1.0, float(p[x]) / max(float(q[x]), 1e-300))
+            if sampler.uniform() < accept_x:
+                break
+            p = _residual(p, q, x)
+        else:
+            return Verdict(tuple(path), sampler.draw(p))
+        path.append(child)
+        node = child
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+    """What the target draws from after rejecting ``x``: ``max(0, p - q)`` normalised (``q`` ``None``, a point mass
+    at ``x``: ``p`` without ``x``, normalised). Both vanish only when ``p`` was ``q`` up to rounding, where no
+    rejection happens; then ``p`` itself."""
+    residual = p.clone()
+    if q is None:
+        residual[x] = 0.0
+    else:
+        residual = torch.clamp(residual - q, min=0.0)
+    total = float(residual.sum())
+    return p if total <= 0.0 else residual / total
+
+
+def accept(tree: DraftTree, scores: torch.Tensor, sampler=None) -> Verdict:
+    """The call's rule: :func:`accept_rejection` when its sampler is a ``RejectionSampler``, else
+    :func:`accept_greedy` (greedy decoding, and the seeded rule: its scores are the seeded draw already)."""
+    if isinstance(sampler, RejectionSampler):
+        return accept_rejection(tree, scores, sampler)
+    return accept_greedy(tree, scores)

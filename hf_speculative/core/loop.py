@@ -32,13 +32,13 @@ import torch
 from transformers import LogitsProcessorList
 
 from .. import compat
-from .accept import accept_greedy
+from .accept import accept, accept_greedy  # noqa: F401 - accept_greedy: tests import it from here
 from .batch_costs import BatchCostModel, batch_costs_for
 from .batch_verify import BatchVerifier
 from .budget import DraftBudget, Plan, Sizing
 from .call import CallContext, TargetView
 from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, forward_columns, left_padding, row_view
-from .sampling import split_sampler
+from .sampling import RejectionSampler, split_sampler
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
 from .verify import DynamicVerifier, OneRow
@@ -82,9 +82,13 @@ class Row:
     budget: DraftBudget = None
     end: int | None = None          # its length when a stopping criterion fired
     closed: bool = False
+    sampler: Any = None             # a RejectionSampler last in its processors: the rejection rule (accept.py)
 
     def __post_init__(self):
         self.budget = DraftBudget(self.drafter.sizing)
+        if self.sampler is None and isinstance(self.processors, (list, tuple)):
+            sampler = split_sampler(self.processors)[1]
+            self.sampler = sampler if isinstance(sampler, RejectionSampler) else None
 
     @property
     def text(self) -> torch.LongTensor:
@@ -150,7 +154,7 @@ def verify_step(rows: list[Row], members: list[int], live: set[int], logits: tor
             scores_of.append(None)
             continue
         scores = processed_scores(logits[i, : 1 + tree.size], rows[b].ids, tree, rows[b].processors)  # [1 + n, V]
-        verdicts.append(accept_greedy(tree, scores))
+        verdicts.append(accept(tree, scores, rows[b].sampler))
         scores_of.append(scores)
     return verdicts, scores_of
 
@@ -249,7 +253,7 @@ def finish(rows: list[Row], input_ids: torch.LongTensor, limit: int | None, fill
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
         stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
-        verifier: Any = None, cached: int = 0) -> LoopResult:
+        verifier: Any = None, cached: int = 0, sampler: Any = None) -> LoopResult:
     """Speculative decoding of one sequence (``input_ids`` ``[1, L]``) with ``drafter``'s trees: greedy, or under
     sampling an exact sample of the target's distribution when ``logits_processor`` ends with the call's
     :class:`~hf_speculative.core.sampling.SeededSampler` (its scores are then the seeded draw; see accept.py).
@@ -259,7 +263,8 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, 
     ``verifier`` runs the forwards and keeps the cache (``forward(uncached, tree)``, ``keep(prefix, tree, path)``):
     a :class:`~hf_speculative.core.verify.DynamicVerifier` by default, a static-cache one for compiled targets;
     ``cached``: the prompt's first tokens already in its cache (a cache the caller passed), not computed again.
-    The streamer gets each step's new tokens as one block ``[1, k]``; the result keeps every new token's scores and
+    ``sampler``: the call's ``RejectionSampler`` when ``logits_processor`` is a function that hides it (it is found
+    at the end of a processor list otherwise). The streamer gets each step's new tokens as one block ``[1, k]``; the result keeps every new token's scores and
     logits ``[1, V]``.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -267,7 +272,7 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, 
                          f"{tuple(input_ids.shape)} (a batch goes to run_batch).")
     stats = stats or SpeculativeStats()
     started = time.perf_counter()
-    rows = [Row(input_ids, 0, drafter, logits_processor, owned=False)]  # the caller closes its drafter
+    rows = [Row(input_ids, 0, drafter, logits_processor, owned=False, sampler=sampler)]  # the caller closes it
     outputs = Outputs(1, input_ids.shape[1], 0, streamer, scores=True, logits=True)
     pending = input_ids[:, cached:]  # [1, m]
     verifier = OneRow(verifier or DynamicVerifier(target), cached)
@@ -304,6 +309,8 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
 
     def row_processors(row: int, offset: int) -> LogitsProcessorList:
         items = [row_view(p, row, batch) for p in processors]
+        if isinstance(sampler, RejectionSampler):  # one generator: each row's draws its own, in turn
+            return LogitsProcessorList([*items, sampler])
         return LogitsProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
 
     fill = 0 if pad_token_id is None else int(pad_token_id)

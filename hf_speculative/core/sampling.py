@@ -101,18 +101,63 @@ class SeededSampler(LogitsProcessor):
         return out.scatter_(-1, drawn[:, None], 0.0)
 
 
-def split_sampler(processors) -> tuple[LogitsProcessorList, SeededSampler | None]:
-    """``(the processors before it, the call's SeededSampler)``: drafters warp their own logits with the first
-    part and draw with the second (all of ``processors`` and ``None`` when the call is not seeded)."""
+class RejectionSampler(LogitsProcessor):
+    """The last logits processor of a call sampled by the rejection rule (``speculative_sampling="rejection"``).
+
+    It leaves the scores as they are: the loop draws from them (:func:`hf_speculative.core.accept.accept_rejection`),
+    and drafters with a distribution draw their tokens from theirs (``draft_chain``). Every draw of the call, the
+    drafter's and the target's, comes from ``generator`` (default: torch's global generator, so
+    ``torch.manual_seed(s)`` before a call fixes its draws; the text still depends on what was drafted, unlike the
+    seeded rule's).
+    """
+
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
+
+    def draw(self, probs: torch.Tensor) -> int:
+        """One token drawn from ``probs`` `[V]` (non-negative, summing to 1 up to rounding)."""
+        return int(torch.multinomial(probs.float(), 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        """One draw from U[0, 1)."""
+        return float(torch.rand((), generator=self.generator))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores
+
+
+def split_sampler(processors) -> tuple[LogitsProcessorList, SeededSampler | RejectionSampler | None]:
+    """``(the processors before it, the call's sampler)``: drafters warp their own logits with the first part and
+    draw with the second (all of ``processors`` and ``None`` for greedy decoding): a :class:`SeededSampler` (the
+    seeded rule) or a :class:`RejectionSampler` (the rejection rule)."""
     items = list(processors or [])
-    if items and isinstance(items[-1], SeededSampler):
+    if items and isinstance(items[-1], (SeededSampler, RejectionSampler)):
         return LogitsProcessorList(items[:-1]), items[-1]
     return LogitsProcessorList(items), None
 
 
-def seeded_processors(processors, generation_config, seed: int | None) -> LogitsProcessorList:
+SAMPLING_MODES = ("seeded", "rejection")
+
+
+def check_mode(mode: object, seed: object = None) -> str:
+    """``speculative_sampling=``'s value checked (``None``: ``"seeded"``); ``sampling_seed=`` implies the seeded rule."""
+    if mode is None:
+        return "seeded"
+    if mode not in SAMPLING_MODES:
+        raise ValueError(f"speculative_sampling={mode!r}: choose 'seeded' (one seed, one text, whatever is drafted) "
+                         "or 'rejection' (the classic rule: the highest acceptance; the text depends on the drafts).")
+    if mode == "rejection" and seed is not None:
+        raise ValueError("sampling_seed= fixes the text of the seeded rule; speculative_sampling='rejection' draws "
+                         "from torch's generator: drop sampling_seed= (torch.manual_seed(s) fixes the rejection "
+                         "rule's draws) or speculative_sampling='rejection'.")
+    return str(mode)
+
+
+def seeded_processors(processors, generation_config, seed: int | None, mode: str = "seeded",
+                      ours: bool = True) -> LogitsProcessorList:
     """``processors`` (a call's prepared list) ending with a SeededSampler when ``generation_config`` samples:
-    the one already there, else one of ``seed`` (``None``: :func:`call_seed`'s draw). The call's
+    the one already there, else one of ``seed`` (``None``: :func:`call_seed`'s draw); with ``mode="rejection"`` a
+    :class:`RejectionSampler` instead (``ours=False``, transformers' assisted loop: nothing, it samples). The call's
     ``generation_config`` (transformers' per-call copy) is then switched to ``do_sample=False``: the loops
     take the sampler's point mass with an argmax, so nothing else draws from torch's generator and a call
     advances it by the one draw of its seed at most, whatever was drafted. Unchanged for greedy decoding."""
@@ -125,7 +170,12 @@ def seeded_processors(processors, generation_config, seed: int | None) -> Logits
         raise ValueError("sampling_seed= fixes the draws of sampling with num_beams=1; beam-search sampling "
                          "(num_beams > 1) draws its beams together: drop sampling_seed= (use torch.manual_seed) "
                          "or num_beams.")
-    if split_sampler(processors)[1] is None:
+    if mode == "rejection":
+        if not ours:
+            return processors  # transformers' assisted loop samples by its own rejection rule: do_sample stays
+        if split_sampler(processors)[1] is None:
+            processors.append(RejectionSampler())
+    elif split_sampler(processors)[1] is None:
         processors.append(SeededSampler(call_seed(seed)))
     generation_config.do_sample = False
     return processors

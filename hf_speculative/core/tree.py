@@ -38,10 +38,14 @@ class DraftTree:
         tokens: ``[n]`` int64, the drafted token of each node.
         parents: ``[n]`` int64, each node's parent index (``-1`` for children of the root), every parent
             before its children.
+        q: ``[n, V]`` float, *optional*: the distribution each node's token was drawn from (by a drafter sampling
+            under the rejection rule; siblings drawn independently of each other). ``None``: every node is a point
+            mass (a deterministic guess: an argmax, a top-k rank, copied text). See accept.py.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
+    q: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         tokens, parents = self.tokens, self.parents
@@ -50,6 +54,9 @@ class DraftTree:
                              f"and {tuple(parents.shape)}.")
         if tokens.dtype != torch.long or parents.dtype != torch.long:
             raise ValueError("DraftTree: tokens and parents must be int64 (torch.long) tensors.")
+        if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != tokens.numel()):
+            raise ValueError(f"DraftTree: q must be [n, V] with one row per node, got {tuple(self.q.shape)} for "
+                             f"{tokens.numel()} nodes.")
         index = torch.arange(tokens.numel(), device=parents.device)
         if bool(((parents < ROOT) | (parents >= index)).any()):
             raise ValueError("DraftTree: every parent must come before its child (-1 for the root's children); "
@@ -114,11 +121,15 @@ class DraftTree:
             if parent == node:
                 path.append(i)
                 node = i
-        return DraftTree.chain(self.tokens[path]) if path else DraftTree.empty(self.tokens.device)
+        if not path:
+            return DraftTree.empty(self.tokens.device)
+        return dataclasses.replace(DraftTree.chain(self.tokens[path]), q=None if self.q is None else self.q[path])
 
     def first(self, n: int) -> DraftTree:
         """The first ``n`` nodes (every parent comes before its children, so they are a tree)."""
-        return self if n >= self.size else DraftTree(self.tokens[:n], self.parents[:n])
+        if n >= self.size:
+            return self
+        return DraftTree(self.tokens[:n], self.parents[:n], None if self.q is None else self.q[:n])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,7 @@ from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerat
 from .checks import check_batch_strategy, drafts_trees
 from .loop_entry import batch_generate, run_batch_call, run_call, tree_generate
 from ..core.policy import check_input_ids
-from ..core.sampling import check_seed, seeded_processors
+from ..core.sampling import check_mode, check_seed, seeded_processors
 from ..core.state import state_of
 from ..core.stats import SpeculativeStats
 
@@ -78,6 +78,8 @@ class _Call:
     # under sampling, draw with a SeededSampler of ``seed`` (None: one drawn from torch's global generator)
     seeded: bool = True
     seed: int | None = None
+    sampling: str = "seeded"  # the rule of a sampled call: "seeded" or "rejection" (core/sampling.py)
+    ours: bool = True  # our loop (else transformers' assisted loop, which samples by its own rule)
 
 
 _ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
@@ -179,6 +181,7 @@ def speculative_generate(
     streamer: Any = None,
     sampling_seed: int | None = None,
     speculative_loop: str | None = None,
+    speculative_sampling: str | None = None,
     **model_kwargs: Any,
 ):
     """A ``custom_generate`` callable for models that were not enabled (transformers >= 4.57)::
@@ -209,7 +212,9 @@ def speculative_generate(
     strategy = _check_strategy(model, candidate_generator)
     _check_batch(input_ids, strategy)
     seed = None if sampling_seed is None else check_seed(sampling_seed)
-    logits_processor = seeded_processors(logits_processor, generation_config, seed)
+    sampling = check_mode(_sampling_mode(model, speculative_sampling, generation_config, seed), seed)
+    ours = _batched(input_ids) or _our_loop(speculative_loop, strategy, static=False, batched=False)
+    logits_processor = seeded_processors(logits_processor, generation_config, seed, sampling, ours)
     if compat.cache_kwarg() in model_kwargs:
         model_kwargs[compat.cache_kwarg()] = compat.rollbackable_cache(model_kwargs[compat.cache_kwarg()])
     with _temporary_loop_hooks(model), _call(model, strategy, seed) as call:
@@ -235,10 +240,11 @@ def speculative_generate(
 
 # -- the instance methods that enable() installs ------------------------------------------------
 def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNSET, sampling_seed: Any = None,
-              speculative_loop: str | None = None, **kwargs: Any):
+              speculative_loop: str | None = None, speculative_sampling: str | None = None, **kwargs: Any):
     named = _named_arguments(self, args, kwargs)
     passed = named.get("generation_config")
     seed = None if sampling_seed is None else check_seed(sampling_seed)
+    sampling = check_mode(_sampling_mode(self, speculative_sampling, passed, seed), seed)
     strategy, origin = _resolve_strategy(self, candidate_generator, passed)
     if strategy is None:
         if passed is not None and spec.FIELD in vars(passed):
@@ -272,7 +278,7 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
         args, kwargs = _with_config(args, kwargs, config)
     if static:
         kwargs.pop("cache_implementation", None)
-    with _call(self, strategy, seed) as call:
+    with _call(self, strategy, seed, sampling, ours) as call:
         if ours:
             call.streamer, call.tokenizer, call.static = named.get("streamer"), named.get("tokenizer"), static
             call.cache = compat.user_cache(named)
@@ -281,6 +287,19 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
 
 
 LOOPS = ("hf_speculative", "transformers")
+
+
+def _sampling_mode(model: torch.nn.Module, keyword: str | None, passed: Any, seed: int | None = None) -> str | None:
+    """The call's sampling rule: ``speculative_sampling=``, else (``sampling_seed=`` implies the seeded rule) the
+    passed GenerationConfig's ``speculative_sampling``, else the model's own (saved in its ``generation_config.json``);
+    ``None``: seeded."""
+    if keyword is not None or seed is not None:
+        return keyword
+    for config in (passed, getattr(model, "generation_config", None)):
+        mode = getattr(config, "speculative_sampling", None) if config is not None else None
+        if mode is not None:
+            return mode
+    return None
 
 
 def _our_loop(speculative_loop: str | None, strategy: Any, *, static: bool, batched: bool) -> bool:
@@ -355,7 +374,10 @@ def _save_pretrained(self: torch.nn.Module, save_directory: str | os.PathLike, *
     (``strategy.save_pretrained``)."""
     strategy = _model_default(self)
     if strategy is None or not kwargs.get("is_main_process", True):
-        return type(self).save_pretrained(self, save_directory, *args, **kwargs)
+        result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True) and getattr(self.generation_config, "speculative_sampling", None):
+            spec.keep_field_on_load(save_directory)  # the sampling rule survives the load
+        return result
     os.makedirs(save_directory, exist_ok=True)
     saved = strategy.save_pretrained(save_directory)
     with spec.saving(strategy, saved):
@@ -401,7 +423,7 @@ def _get_logits_processor(self: torch.nn.Module, *args: Any, **kwargs: Any):
     call = _ACTIVE_CALL.get()
     if call is not None and call.model is self and call.seeded:
         config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
-        processors = seeded_processors(processors, config, call.seed)
+        processors = seeded_processors(processors, config, call.seed, call.sampling, call.ours)
     if call is not None and call.model is self and call.logits_processor is None:
         call.logits_processor = processors
     return processors
@@ -440,7 +462,7 @@ def _temporary_loop_hooks(model: torch.nn.Module):
 
 
 @contextlib.contextmanager
-def _call(model: torch.nn.Module, strategy: Any, seed: int | None):
+def _call(model: torch.nn.Module, strategy: Any, seed: int | None, sampling: str = "seeded", ours: bool = True):
     """Within: the call of ``model`` in this context (:data:`_ACTIVE_CALL`), which the hooks transformers calls back
     read. Under sampling it draws with a SeededSampler of ``seed`` (``None``: a seed drawn from torch's global
     generator when the processors are built). ``strategy`` ``None``: plain decoding (seeded), no statistics."""
@@ -453,7 +475,7 @@ def _call(model: torch.nn.Module, strategy: Any, seed: int | None):
             _ACTIVE_CALL.reset(token)
         return
     stats = SpeculativeStats(method=getattr(strategy, "name", type(strategy).__name__))
-    call = _Call(model=model, strategy=strategy, stats=stats, seed=seed)
+    call = _Call(model=model, strategy=strategy, stats=stats, seed=seed, sampling=sampling, ours=ours)
     token = _ACTIVE_CALL.set(call)
     start = time.perf_counter()
     try:

@@ -166,12 +166,13 @@ def saving(strategy: Any, spec: dict):
 
 def keep_field_on_load(directory: str | os.PathLike) -> None:
     """transformers drops the unknown keys of a ``generation_config.json`` marked ``_from_model_config``
-    (a config derived from ``config.json``) when it loads it: clear the mark where the file holds a spec."""
+    (a config derived from ``config.json``) when it loads it: clear the mark where the file holds a spec or a
+    sampling rule (``speculative_sampling``)."""
     path = Path(directory) / "generation_config.json"
     if not path.is_file():
         return
     data = json.loads(path.read_text(encoding="utf-8"))
-    if FIELD in data and data.get("_from_model_config"):
+    if (FIELD in data or "speculative_sampling" in data) and data.get("_from_model_config"):
         data["_from_model_config"] = False
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 

@@ -1,0 +1,259 @@
+"""The rejection rule (``speculative_sampling="rejection"``, accept.py) keeps the target's distribution: chi-square
+tests of the emitted tokens for chains and trees drafted from a distribution q (siblings drawn independently) and
+for deterministic guesses (point masses), with negative controls that must fail (a residual that ignores q, a
+rejected guess left in the residual, a residual not renormalised); end to end through generate() for chains, trees
+and a batch, and against the seeded rule's acceptance."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import hf_speculative as hfs
+from hf_speculative.core import accept as accept_module
+from hf_speculative.core.accept import accept_rejection
+from hf_speculative.core.sampling import RejectionSampler, check_mode
+from hf_speculative.core.tree import DraftTree
+from hf_speculative.core.tree_shapes import DynamicTree
+from tests.core.test_sampling import (  # noqa: F401 - fixtures
+    ALPHA as E2E_ALPHA, NEW, PROMPT, assert_same_distribution, cell, close_drafter, far_drafter, inputs,
+    lookup_prompt, references, target)
+
+V = 6
+P_ROOT = torch.tensor([0.30, 0.05, 0.25, 0.10, 0.20, 0.10], dtype=torch.float64)
+P_NEXT = torch.tensor([0.10, 0.40, 0.05, 0.25, 0.10, 0.10], dtype=torch.float64)  # after any first token
+Q = torch.tensor([0.05, 0.30, 0.40, 0.05, 0.15, 0.05], dtype=torch.float64)       # the drafter's, unlike p
+N = 6000
+ALPHA = 1e-3
+N_E2E = 400
+
+
+def chi2_p(samples: list[int], probs: torch.Tensor) -> float:
+    counts = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double()
+    return float(chisquare(counts.numpy(), (probs * counts.sum()).numpy()).pvalue)
+
+
+def make_tree(kind: str, generator: torch.Generator) -> DraftTree:
+    """``chain``: two tokens drawn from Q; ``tree``: three siblings drawn from Q independently, two drawn from Q under
+    the first; ``point``: the same shape, Q's top ranks (deterministic); ``repeat``: point masses that repeat a
+    sibling."""
+    if kind == "chain":
+        tokens = torch.multinomial(Q, 2, replacement=True, generator=generator)
+        return DraftTree(tokens, torch.tensor([-1, 0]), Q.float().expand(2, V).clone())
+    parents = torch.tensor([-1, -1, -1, 0, 0])
+    if kind == "tree":
+        tokens = torch.multinomial(Q, 5, replacement=True, generator=generator)
+        return DraftTree(tokens, parents, Q.float().expand(5, V).clone())
+    if kind == "point":
+        return DraftTree(torch.tensor([2, 1, 4, 1, 2]), parents)
+    return DraftTree(torch.tensor([2, 2, 0, 1, 1]), parents)  # "repeat"
+
+
+def run_rule(kind: str, seed: int = 0) -> tuple[list[int], list[int], int]:
+    generator = torch.Generator().manual_seed(seed)
+    sampler = RejectionSampler(generator)
+    first, second, accepted = [], [], 0
+    for _ in range(N):
+        tree = make_tree(kind, generator)
+        scores = torch.cat([P_ROOT.log()[None]] + [P_NEXT.log()[None]] * tree.size).float()  # [1 + n, V]
+        verdict = accept_rejection(tree, scores, sampler)
+        tokens = tree.path_tokens(verdict.path) + [verdict.next_token]
+        first.append(tokens[0])
+        second += tokens[1:2]
+        accepted += verdict.num_accepted
+    return first, second, accepted
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "point", "repeat"])
+def test_the_rule_keeps_the_target_distribution(kind):
+    first, second, accepted = run_rule(kind)
+    assert chi2_p(first, P_ROOT) > ALPHA
+    assert chi2_p(second, P_NEXT) > ALPHA  # the token after an accepted first one is the target's too
+    assert len(second) > N * 0.3  # drafts were accepted often enough to test the second position
+
+
+def test_a_chain_from_q_is_accepted_at_one_minus_tv():
+    """One drafted token x ~ q is kept with probability sum_x min(p(x), q(x)) = 1 - TV(p, q)."""
+    generator = torch.Generator().manual_seed(3)
+    sampler, kept = RejectionSampler(generator), 0
+    for _ in range(N):
+        token = torch.multinomial(Q, 1, generator=generator)
+        tree = DraftTree(token, torch.tensor([-1]), Q.float()[None])
+        kept += accept_rejection(tree, torch.stack([P_ROOT.log(), P_NEXT.log()]).float(), sampler).num_accepted
+    expected = float(torch.minimum(P_ROOT, Q).sum())
+    assert abs(kept / N - expected) < 4 * (expected * (1 - expected) / N) ** 0.5
+
+
+def _ignores_q(p, q, x):  # the residual of a point mass, for a token drawn from q
+    residual = p.clone()
+    residual[x] = 0.0
+    return residual / residual.sum()
+
+
+def _keeps_the_rejected(p, q, x):  # a rejected guess stays in the residual: it can be tried (and kept) again
+    return p if q is None else torch.clamp(p - q, min=0.0) / torch.clamp(p - q, min=0.0).sum()
+
+
+def _not_renormalised(p, q, x):  # the next sibling is weighed against an unnormalised residual
+    residual = p.clone()
+    if q is None:
+        residual[x] = 0.0
+    else:
+        residual = torch.clamp(residual - q, min=0.0)
+    return residual
+
+
+@pytest.mark.parametrize("broken, kind", [(_ignores_q, "tree"), (_keeps_the_rejected, "repeat"),
+                                          (_not_renormalised, "tree")],
+                         ids=["q-ignored", "sibling-tried-twice", "not-renormalised"])
+def test_negative_control_a_broken_residual_is_caught(monkeypatch, broken, kind):
+    monkeypatch.setattr(accept_module, "_residual", broken)
+    first, second, _ = run_rule(kind)
+    assert min(chi2_p(first, P_ROOT), chi2_p(second, P_NEXT)) < ALPHA
+
+
+# -- the mode, end to end ------------------------------------------------------------------------
+def test_the_mode_is_checked():
+    assert check_mode(None) == "seeded" and check_mode("rejection") == "rejection"
+    with pytest.raises(ValueError, match="choose 'seeded'"):
+        check_mode("greedy")
+    with pytest.raises(ValueError, match="sampling_seed= fixes the text of the seeded rule"):
+        check_mode("rejection", seed=3)
+
+
+def rejection_samples(target, strategy, prompt, n: int = N_E2E, seed: int = 99, **extra):
+    torch.manual_seed(seed)
+    counts, total = Counter(), Counter()
+    for _ in range(n):
+        out = target.generate(**inputs(prompt), do_sample=True, temperature=1.0, max_new_tokens=NEW,
+                              candidate_generator=strategy, **extra)
+        counts[cell(out[0, len(prompt):].tolist(), None)] += 1
+        st = hfs.last_stats(target)
+        total.update(drafted=st.drafted_tokens, accepted=st.accepted_tokens)
+    return counts, total
+
+
+def test_draft_model_chains_follow_the_target_and_accept_more_than_the_seeded_rule(target, close_drafter):
+    exact, plain = references(target, PROMPT)
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    samples, rejection = rejection_samples(target, strategy, PROMPT, speculative_sampling="rejection")
+    assert 0.3 * rejection["drafted"] < rejection["accepted"] < rejection["drafted"], rejection
+    assert_same_distribution(samples, exact, plain)
+    _, seeded = rejection_samples(target, strategy, PROMPT)
+    assert rejection["accepted"] / rejection["drafted"] > seeded["accepted"] / seeded["drafted"], (rejection, seeded)
+
+
+@pytest.mark.parametrize("which", ["far-drafter", "prompt-lookup", "draft-model-tree", "static-cache",
+                                   "transformers-loop"])
+def test_other_drafts_follow_the_target(target, close_drafter, far_drafter, lookup_prompt, which):
+    """Mostly rejected drafts (the residual does the work), point-mass chains, a point-mass tree, a static cache, and
+    transformers' own loop (which samples by its own rule)."""
+    prompt = lookup_prompt if which == "prompt-lookup" else PROMPT
+    strategy = {
+        "far-drafter": lambda: hfs.DraftModel(far_drafter, adaptive=False),
+        "prompt-lookup": lambda: hfs.PromptLookup(adaptive=False),
+        "draft-model-tree": lambda: hfs.DraftModel(close_drafter, tree=DynamicTree(nodes=6, depth=3, top_k=2),
+                                                   adaptive=False),
+        "static-cache": lambda: hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False),
+        "transformers-loop": lambda: hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False),
+    }[which]()
+    extra = {"static-cache": {"cache_implementation": "static"},
+             "transformers-loop": {"speculative_loop": "transformers"}}.get(which, {})
+    exact, plain = references(target, prompt)
+    samples, total = rejection_samples(target, strategy, prompt, speculative_sampling="rejection", **extra)
+    assert 0 < total["accepted"] < total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
+
+
+def test_a_batch_draws_each_row_from_the_target(target, close_drafter):
+    """Two identical rows of one call: each row's tokens follow the target (the first position's marginal), and
+    the rows draw independently (they differ)."""
+    exact, _ = references(target, PROMPT)
+    first = Counter()
+    p_first = Counter()
+    for sample, p in exact.items():
+        p_first[sample[0]] += p
+    torch.manual_seed(5)
+    differ = 0
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    for _ in range(N_E2E // 2):
+        out = target.generate(**inputs(PROMPT, batch=2), do_sample=True, max_new_tokens=NEW, pad_token_id=0,
+                              candidate_generator=strategy, speculative_sampling="rejection")
+        first.update(out[:, len(PROMPT)].tolist())
+        differ += int(out[0].tolist() != out[1].tolist())
+    observed = [first.get(t, 0) for t in range(16)]
+    expected = [p_first.get(t, 0.0) * N_E2E for t in range(16)]
+    keep = [i for i, e in enumerate(expected) if e >= 5]
+    rest_o, rest_e = sum(observed) - sum(observed[i] for i in keep), sum(expected) - sum(expected[i] for i in keep)
+    p_value = chisquare([observed[i] for i in keep] + [rest_o], [expected[i] for i in keep] + [rest_e]).pvalue
+    assert p_value > E2E_ALPHA and differ > N_E2E // 4
+
+
+def test_scores_are_the_processed_scores_and_the_streamer_gets_every_token(target, close_drafter):
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens += value.reshape(-1).tolist()
+
+        def end(self):
+            pass
+
+    streamer = Collect()
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    out = target.generate(**inputs(PROMPT), do_sample=True, temperature=0.7, max_new_tokens=6, streamer=streamer,
+                          candidate_generator=strategy, speculative_sampling="rejection", output_scores=True,
+                          return_dict_in_generate=True)
+    new = out.sequences[0, len(PROMPT):].tolist()
+    assert streamer.tokens[len(PROMPT):] == new and len(out.scores) == len(new)
+    assert all(torch.isfinite(score).sum() > 1 for score in out.scores)  # a distribution, not a point mass
+
+
+def test_the_mode_is_saved_with_the_model(target, close_drafter, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = hfs.enable(AutoModelForCausalLM.from_pretrained(_saved(target, tmp_path)))
+    assert model.generation_config.speculative_sampling == "rejection"
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    torch.manual_seed(0)
+    a = model.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW, candidate_generator=strategy)
+    torch.manual_seed(0)
+    b = model.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW, candidate_generator=strategy,
+                       speculative_sampling="rejection")
+    assert a.tolist() == b.tolist()
+
+
+def _saved(target, folder):
+    target.generation_config.speculative_sampling = "rejection"
+    try:
+        target.save_pretrained(folder)
+    finally:
+        del target.generation_config.speculative_sampling
+    return folder
+
+
+def test_the_mode_is_the_model_s_default_from_its_generation_config(target, close_drafter):
+    strategy = hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False)
+    target.generation_config.speculative_sampling = "rejection"
+    try:
+        torch.manual_seed(0)
+        a = target.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW, candidate_generator=strategy)
+        torch.manual_seed(0)
+        b = target.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW, candidate_generator=strategy,
+                            speculative_sampling="rejection")
+        assert a.tolist() == b.tolist()  # the same draws: the same rule
+        seeded = target.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW, candidate_generator=strategy,
+                                 sampling_seed=1)  # sampling_seed= implies the seeded rule
+        assert seeded.tolist() == target.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW,
+                                                  candidate_generator=None, sampling_seed=1).tolist()
+        with pytest.raises(ValueError, match="sampling_seed= fixes the text of the seeded rule"):
+            target.generate(**inputs(PROMPT), do_sample=True, max_new_tokens=NEW, candidate_generator=strategy,
+                            sampling_seed=1, speculative_sampling="rejection")
+    finally:
+        del target.generation_config.speculative_sampling
