@@ -18,11 +18,15 @@ import torch
 
 def strategies(hfs, model, args):
     eagle = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
-    return {
+    made = {
         "eagle-chain5": lambda: hfs.Eagle(eagle, num_tokens=5, confidence_threshold=0.0, adaptive=False),
         "eagle-tree32": lambda: hfs.Eagle(eagle, adaptive=False, tree=hfs.DynamicTree(nodes=32, depth=8, top_k=8)),
         "lookup": lambda: hfs.PromptLookup(num_tokens=5, adaptive=False),
     }
+    if "medusa-tree" in args.methods:
+        heads = hfs.Medusa.from_pretrained(args.drafter, target=model, tree="calibrated")
+        made["medusa-tree"] = lambda: hfs.Medusa(heads.heads, tree=heads.tree, adaptive=False)
+    return made
 
 
 def main(argv=None) -> None:
@@ -34,7 +38,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--methods", default="eagle-chain5,eagle-tree32,lookup")
+    parser.add_argument("--methods", default="eagle-chain5,eagle-tree32,lookup",
+                        help="of eagle-chain5, eagle-tree32, lookup, medusa-tree")
     parser.add_argument("--modes", default="", help="speculative_sampling= rules to compare, e.g. seeded,rejection "
                         "(default: none passed, the library's default)")
     parser.add_argument("--out", default="sampling_tau.jsonl")

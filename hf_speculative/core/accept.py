@@ -112,10 +112,11 @@ def accept_rejection(tree: DraftTree, scores: torch.Tensor, sampler: RejectionSa
 
     Each try is an exact decomposition of ``p``: P(emit y) = P(accept x) [y = x] + P(reject) * residual(y) = p(y)
     (for the q case Leviathan et al. 2023, Thm. 1; for a point mass q = delta_x and the same algebra). Siblings with
-    a q must be drawn from that q independently of each other (with replacement: q stays the same for the next
-    one); deterministic siblings (top-k ranks, copied text) are point masses, tried without replacement. A draw
-    never depends on a later sibling, so trying them in order is exact; a token already rejected at a node has
-    ``p = 0`` there, so a repeated sibling is never accepted.
+    a q are drawn from it given the siblings before them: independently (the same q each), or without replacement
+    (each its own q without the ones before: recursive rejection sampling, Jeon et al. 2024); the tree records, per
+    node, the q it was drawn from. Deterministic siblings (top-k ranks, copied text) are point masses (a one-hot q
+    row is the same thing), tried without replacement. A draw never depends on a later sibling, so trying them in order is exact; a point mass
+    already rejected at a node has ``p = 0`` there, so a repeated one is never accepted.
     """
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
     children: dict[int, list[int]] = {}

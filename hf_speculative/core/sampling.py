@@ -136,6 +136,13 @@ def split_sampler(processors) -> tuple[LogitsProcessorList, SeededSampler | Reje
     return LogitsProcessorList(items), None
 
 
+def rejection_sampler(ctx) -> RejectionSampler | None:
+    """The call's ``RejectionSampler`` (``ctx``: a ``CallContext``) under the rejection rule, else ``None``: what a tree
+    drafter draws its guesses with."""
+    sampler = split_sampler(ctx.logits_processor)[1]
+    return sampler if isinstance(sampler, RejectionSampler) else None
+
+
 SAMPLING_MODES = ("seeded", "rejection")
 
 

@@ -38,9 +38,10 @@ class DraftTree:
         tokens: ``[n]`` int64, the drafted token of each node.
         parents: ``[n]`` int64, each node's parent index (``-1`` for children of the root), every parent
             before its children.
-        q: ``[n, V]`` float, *optional*: the distribution each node's token was drawn from (by a drafter sampling
-            under the rejection rule; siblings drawn independently of each other). ``None``: every node is a point
-            mass (a deterministic guess: an argmax, a top-k rank, copied text). See accept.py.
+        q: ``[n, V]`` float, *optional*: the distribution each node's token was drawn from, given its parent and
+            the siblings drafted before it (a drafter sampling under the rejection rule: siblings drawn without
+            replacement each have ``q`` without the ones before; a deterministic guess in such a tree is a one-hot
+            row). ``None``: every node is a point mass (an argmax, a top-k rank, copied text). See accept.py.
     """
 
     tokens: torch.Tensor

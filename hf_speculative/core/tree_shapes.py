@@ -177,7 +177,7 @@ class DynamicTree:
         object.__setattr__(self, "top_k", _check_int("DynamicTree", "top_k", self.top_k, 1, MAX_TOP_K))
 
     def grow(self, root_logprobs: torch.Tensor, expand: Callable[[list[int], torch.Tensor, list[int]], torch.Tensor],
-             nodes: int | None = None, depth: int | None = None) -> DraftTree:
+             nodes: int | None = None, depth: int | None = None, sampler=None) -> DraftTree:
         """Grow one step's tree.
 
         Args:
@@ -188,12 +188,16 @@ class DynamicTree:
                 one's next token.
             nodes: this step's budget (defaults to ``self.nodes``; the cost model may lower it).
             depth: this step's deepest level (defaults to ``self.depth``; less near the length limit).
+            sampler: the call's ``RejectionSampler`` under the rejection rule: each node's guesses are then drawn
+                from the drafter's distribution without replacement (Gumbel-top-k with the sampler's generator),
+                in the order drawn, and the tree keeps what each was drawn from (``DraftTree.q``) for the rule.
 
         Each depth adds the ``top_k`` guesses of each frontier node; the next frontier is the ``top_k``
         new nodes of highest cumulative log-probability (the product of the guesses' probabilities along
         the path, the drafter's estimate that the path is kept). The tree keeps the ``nodes`` drafted
         nodes of highest cumulative score: a child never scores above its parent, so a kept node's
-        ancestors are kept too.
+        ancestors are kept too. Drawn guesses score no higher than the sibling drawn before them, so the kept
+        siblings of a node are always the first ones drawn (what the rule for draws without replacement needs).
         """
         budget = min(self.nodes if nodes is None else nodes, MAX_NODES)
         if budget <= 0:
@@ -201,20 +205,44 @@ class DynamicTree:
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
-        top = root_logprobs.float().topk(min(self.top_k, root_logprobs.shape[-1]))
-        frontier = self._add(tokens, parents, scores, [ROOT], [0.0], top.values[None], top.indices[None])
+        dists: list[torch.Tensor] = []  # under the rejection rule: the distribution each node was drawn from
+        values, indices = self._guesses(root_logprobs[None], sampler, dists)
+        frontier = self._add(tokens, parents, scores, [ROOT], [0.0], values, indices)
         for _ in range(1, min(self.depth, depth or self.depth)):
             logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
                               [parents[i] for i in frontier])  # [k, V]
-            top = logprobs.float().topk(min(self.top_k, logprobs.shape[-1]), dim=-1)  # [k, top_k]
-            frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier],
-                                 top.values, top.indices)
+            values, indices = self._guesses(logprobs, sampler, dists)  # [k, top_k] each
+            frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier], values, indices)
         keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:budget]
         keep.sort()  # drafting order is topological: parents were drafted first
         where = {old: new for new, old in enumerate(keep)}
+        q = torch.stack([dists[i] for i in keep]) if dists else None
         return DraftTree(torch.tensor([tokens[i] for i in keep], dtype=torch.long),
                          torch.tensor([ROOT if parents[i] == ROOT else where[parents[i]] for i in keep],
-                                      dtype=torch.long))
+                                      dtype=torch.long), q)
+
+    def _guesses(self, logprobs: torch.Tensor, sampler, dists: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``top_k`` guesses ``[k, top_k]`` (their log-probabilities, their tokens): the top ranks, or under
+        the rejection rule draws without replacement (the Gumbel-top-k trick: the order of ``logprobs + g`` is a
+        sequential draw), each row's distribution appended to ``dists`` once per guess; a drawn guess's value is
+        capped at the one drawn before it."""
+        logprobs = logprobs.float()
+        k = min(self.top_k, logprobs.shape[-1])
+        if sampler is None:
+            top = logprobs.topk(k, dim=-1)
+            return top.values, top.indices
+        best = logprobs.argmax(dim=-1, keepdim=True)  # [k, 1]: the first guess is the drafter's top one
+        uniform = torch.rand(logprobs.shape, generator=sampler.generator).clamp_min(1e-20)
+        perturbed = (logprobs - torch.log(-torch.log(uniform))).scatter(-1, best, float("inf"))
+        order = perturbed.topk(k, dim=-1).indices  # [k, top_k]: the top guess, then draws without replacement
+        values = torch.cummin(logprobs.gather(-1, order), dim=-1).values  # never above the sibling drawn before
+        for row, probs in enumerate(torch.softmax(logprobs, dim=-1)):
+            for i, token in enumerate(order[row].tolist()):  # each guess's q: the row's less the guesses before it
+                dists.append(torch.nn.functional.one_hot(order[row, 0], probs.numel()).float() if i == 0
+                             else probs / probs.sum())
+                probs = probs.clone()
+                probs[token] = 0.0
+        return values, order
 
     def _add(self, tokens, parents, scores, frontier, base, values, indices) -> list[int]:
         """Append each frontier node's guesses; return the next frontier (the ``top_k`` best new nodes)."""
@@ -280,11 +308,14 @@ def tree_depth(shape: "DynamicTree | StaticTree", nodes: int) -> int:
 
 
 def grow_tree(shape: "DynamicTree | StaticTree", root_logprobs: torch.Tensor, expand, nodes: int,
-              max_depth: int) -> DraftTree:
+              max_depth: int, sampler=None) -> DraftTree:
     """One step's tree of ``shape`` with a budget of ``nodes`` (dynamic trees), no deeper than ``max_depth``: what
-    EAGLE and draft models both grow from their root log-probabilities and ``expand`` (see :meth:`DynamicTree.grow`)."""
+    EAGLE and draft models both grow from their root log-probabilities and ``expand`` (see :meth:`DynamicTree.grow`).
+    ``sampler``: the call's ``RejectionSampler``, under which a dynamic tree's guesses are drawn (a static tree's
+    rank paths stay deterministic guesses: a shape may keep rank 2 without rank 1, which draws cannot)."""
     if isinstance(shape, DynamicTree):
-        return shape.grow(root_logprobs, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)))
+        return shape.grow(root_logprobs, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)),
+                          sampler=sampler)
     return grow_static(shape, root_logprobs, expand, max_depth)
 
 

@@ -275,6 +275,8 @@ class SpeculativeCandidateGenerator(compat.CandidateGenerator):
             tree = self.draft(input_ids, plan).first_branch().first(room)
             keep = self._length_before_stop(input_ids, tree.tokens.to(input_ids.device)) if tree.size else 0
             tree, logits = tree.first(keep), self.draft_logits
+            if logits is None and tree.q is not None:  # drawn from q under the rejection rule: transformers reads q
+                logits = tree.q.clamp_min(1e-30).log()
             logits = None if logits is None or keep == 0 else logits[:keep]
         if tree.size == 0 and first_call and room > 0 and self._prompt_already_stopped(input_ids):
             # transformers < 5.18 drops the last candidate when the candidate sequence already

@@ -42,6 +42,7 @@ from types import MethodType
 from typing import Any
 
 import torch
+from transformers import LogitsProcessorList
 
 from .. import compat
 from . import spec
@@ -49,7 +50,7 @@ from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerat
 from .checks import check_batch_strategy, drafts_trees
 from .loop_entry import batch_generate, run_batch_call, run_call, tree_generate
 from ..core.policy import check_input_ids
-from ..core.sampling import check_mode, check_seed, seeded_processors
+from ..core.sampling import RejectionSampler, check_mode, check_seed, seeded_processors
 from ..core.state import state_of
 from ..core.stats import SpeculativeStats
 
@@ -391,12 +392,16 @@ def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
     if call is None:  # transformers' own drafter (prompt_lookup_num_tokens=, assistant_model=...)
         return type(self)._get_candidate_generator(self, *args, **kwargs)
     named = compat.bind_get_candidate_generator_args(self, args, kwargs)
+    # transformers < 4.57 hands the drafter the user's processors only, not the prepared list
+    # (temperature, repetition penalty, ...): prefer the one recorded when it was built.
+    processors = call.logits_processor if call.logits_processor is not None else named.get("logits_processor")
+    if call.sampling == "rejection" and getattr(named["generation_config"], "do_sample", False):
+        # transformers samples by its rejection rule: the drafter draws from its q and hands q over as its logits
+        processors = LogitsProcessorList([*(processors or []), RejectionSampler()])
     ctx = CallContext(
         target=self,
         generation_config=named["generation_config"],
-        # transformers < 4.57 hands the drafter the user's processors only, not the prepared list
-        # (temperature, repetition penalty, ...): prefer the one recorded when it was built.
-        logits_processor=call.logits_processor if call.logits_processor is not None else named.get("logits_processor"),
+        logits_processor=processors,
         stopping_criteria=call.stopping_criteria,
         stats=call.stats,
         model_kwargs=named.get("model_kwargs"),

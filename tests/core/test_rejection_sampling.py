@@ -47,6 +47,28 @@ def make_tree(kind: str, generator: torch.Generator) -> DraftTree:
     if kind == "tree":
         tokens = torch.multinomial(Q, 5, replacement=True, generator=generator)
         return DraftTree(tokens, parents, Q.float().expand(5, V).clone())
+    if kind in ("tree-without", "tree-without-as-with"):  # each node's children drawn without replacement
+        tokens = torch.cat([torch.multinomial(Q, 3, generator=generator), torch.multinomial(Q, 2, generator=generator)])
+        if kind == "tree-without-as-with":  # each recorded as drawn from Q itself: the rule then over-accepts
+            return DraftTree(tokens, parents, Q.float().expand(5, V).clone())
+        rows, q = [], Q.clone()
+        for i, token in enumerate(tokens.tolist()):
+            q = Q.clone() if i in (0, 3) else q  # a new sibling group
+            rows.append(q / q.sum())
+            q = q.clone()
+            q[token] = 0.0
+        return DraftTree(tokens, parents, torch.stack(rows).float())
+    if kind == "top-then-drawn":  # what a DynamicTree drafts: the top guess (one-hot), then draws without it
+        rows, tokens = [], []
+        for group in (3, 2):
+            q = Q.clone()
+            for i in range(group):
+                token = int(q.argmax()) if i == 0 else int(torch.multinomial(q, 1, generator=generator))
+                rows.append(torch.nn.functional.one_hot(torch.tensor(token), V).double() if i == 0 else q / q.sum())
+                tokens.append(token)
+                q = q.clone()
+                q[token] = 0.0
+        return DraftTree(torch.tensor(tokens), parents, torch.stack(rows).float())
     if kind == "point":
         return DraftTree(torch.tensor([2, 1, 4, 1, 2]), parents)
     return DraftTree(torch.tensor([2, 2, 0, 1, 1]), parents)  # "repeat"
@@ -67,7 +89,7 @@ def run_rule(kind: str, seed: int = 0) -> tuple[list[int], list[int], int]:
     return first, second, accepted
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree", "point", "repeat"])
+@pytest.mark.parametrize("kind", ["chain", "tree", "tree-without", "top-then-drawn", "point", "repeat"])
 def test_the_rule_keeps_the_target_distribution(kind):
     first, second, accepted = run_rule(kind)
     assert chi2_p(first, P_ROOT) > ALPHA
@@ -107,10 +129,11 @@ def _not_renormalised(p, q, x):  # the next sibling is weighed against an unnorm
 
 
 @pytest.mark.parametrize("broken, kind", [(_ignores_q, "tree"), (_keeps_the_rejected, "repeat"),
-                                          (_not_renormalised, "tree")],
-                         ids=["q-ignored", "sibling-tried-twice", "not-renormalised"])
-def test_negative_control_a_broken_residual_is_caught(monkeypatch, broken, kind):
-    monkeypatch.setattr(accept_module, "_residual", broken)
+                                          (_not_renormalised, "tree"), (None, "tree-without-as-with")],
+                         ids=["q-ignored", "sibling-tried-twice", "not-renormalised", "drawn-without-as-with"])
+def test_negative_control_a_broken_rule_is_caught(monkeypatch, broken, kind):
+    if broken is not None:
+        monkeypatch.setattr(accept_module, "_residual", broken)
     first, second, _ = run_rule(kind)
     assert min(chi2_p(first, P_ROOT), chi2_p(second, P_NEXT)) < ALPHA
 
@@ -257,3 +280,46 @@ def test_the_mode_is_the_model_s_default_from_its_generation_config(target, clos
                             sampling_seed=1, speculative_sampling="rejection")
     finally:
         del target.generation_config.speculative_sampling
+
+
+def test_a_dynamic_tree_keeps_its_top_guess_then_draws_the_others():
+    """Under the rejection rule a DynamicTree's first guess at a node is the drafter's top one (a point mass: a
+    one-hot q), the next ones draws without replacement from the rest (each with the q it was drawn from), and every
+    node's kept children are the first ones drafted."""
+    torch.manual_seed(0)
+    logits = torch.randn(40)
+    sampler = RejectionSampler(torch.Generator().manual_seed(1))
+
+    def expand(frontier, tokens, parents):
+        return torch.log_softmax(torch.randn(len(frontier), 40, generator=torch.Generator().manual_seed(len(tokens))),
+                                 dim=-1)
+
+    shape = DynamicTree(nodes=9, depth=3, top_k=4)
+    q = torch.softmax(logits, -1)
+    top = int(q.argmax())
+    seen = Counter()
+    for _ in range(300):
+        tree = shape.grow(torch.log_softmax(logits, -1), expand, sampler=sampler)
+        assert tree.q is not None and tree.q.shape == (tree.size, 40)
+        roots = tree.children(-1)
+        assert int(tree.tokens[roots[0]]) == top and float(tree.q[roots[0], top]) == 1.0
+        assert len(roots) > 1 and float(tree.q[roots[1], top]) == 0.0  # the second one drawn without the first
+        for node in range(tree.size):  # kept children: a prefix of the ones drafted (drafting order = index order)
+            kids = tree.children(node)
+            assert kids == list(range(kids[0], kids[0] + len(kids))) if kids else True
+        seen[int(tree.tokens[roots[1]])] += 1
+    rest = q.clone()
+    rest[top] = 0.0
+    expected = [float(rest[t] / rest.sum()) * 300 for t in range(40)]  # the second guess is a draw from the rest
+    keep = [t for t in range(40) if expected[t] >= 5]
+    observed = [seen[t] for t in keep] + [300 - sum(seen[t] for t in keep)]
+    assert chisquare(observed, [expected[t] for t in keep] + [300 - sum(expected[t] for t in keep)]).pvalue > ALPHA
+    deterministic = shape.grow(torch.log_softmax(logits, -1), expand)
+    assert deterministic.q is None and int(deterministic.tokens[0]) == top
+
+
+def test_a_draft_model_tree_accepts_at_least_as_much_as_under_the_seeded_rule(target, close_drafter):
+    strategy = hfs.DraftModel(close_drafter, tree=DynamicTree(nodes=6, depth=3, top_k=2), adaptive=False)
+    _, rejection = rejection_samples(target, strategy, PROMPT, speculative_sampling="rejection")
+    _, seeded = rejection_samples(target, strategy, PROMPT)
+    assert rejection["accepted"] / rejection["drafted"] > seeded["accepted"] / seeded["drafted"], (rejection, seeded)

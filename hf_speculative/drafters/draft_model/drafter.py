@@ -13,6 +13,7 @@ import torch
 
 from ... import compat
 from ...core.accept import draft_chain
+from ...core.sampling import rejection_sampler
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
@@ -210,7 +211,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._synced = input_ids.shape[1]
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
-            tree = grow_tree(self.config.tree, root, expand, nodes, max_depth)
+            tree = grow_tree(self.config.tree, root, expand, nodes, max_depth, rejection_sampler(self.ctx))
         finally:
             crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
         steps = drafter_levels(tree)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...core.accept import draft_chain
+from ...core.sampling import rejection_sampler
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
@@ -298,7 +299,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         else:
             expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
                                    lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
-        tree = grow_tree(self.config.tree, root, expand, nodes, max_depth)
+        tree = grow_tree(self.config.tree, root, expand, nodes, max_depth, rejection_sampler(self.ctx))
         steps = drafter_levels(tree)
         record_draft_step(self.net, (time.perf_counter() - start) / steps)
         return tree
