@@ -18,7 +18,11 @@ them to the copy):
   logits processors (drafters warp their logits alike); under sampling (``num_beams=1``) the processors end with
   the call's :class:`~hf_speculative.core.sampling.SeededSampler`, so the text is a fixed function of the seed
   whatever the drafter does (``sampling_seed=``, else one draw from torch's global generator); a call without a
-  drafter samples so too when ``sampling_seed=`` is given.
+  drafter samples so too when ``sampling_seed=`` is given. ``speculative_sampling="rejection"`` (or the
+  ``GenerationConfig``'s ``speculative_sampling``, saved in ``generation_config.json``) ends them with a
+  :class:`~hf_speculative.core.sampling.RejectionSampler` instead: the classic rule, the highest acceptance, a text
+  that depends on the drafts. The seeded rule is the default because it keeps ``torch.manual_seed(s)`` before a
+  call reproducing its text (docs/recipes/sampling.md has the measured acceptance of both).
 
 The running call (:class:`_Call`) lives in the package's one ``ContextVar``, because transformers calls these
 hooks back without a way to pass it: threads never see each other's calls, and a model without an active call
@@ -191,7 +195,8 @@ def speculative_generate(
 
     Without ``candidate_generator=``, the ``candidate_generator`` of the generation config is used
     (the one passed in, else the model's own). Under sampling, ``sampling_seed=`` fixes the text (see
-    :mod:`hf_speculative.core.sampling`).
+    :mod:`hf_speculative.core.sampling`); ``speculative_sampling="rejection"`` verifies by the rejection rule instead
+    (default ``"seeded"``: the text a seed gives, whatever is drafted).
 
     transformers does not pass ``streamer`` or ``tokenizer`` to a ``custom_generate`` callable
     (so no streaming and no ``stop_strings`` on this route): use :func:`enable` for those.
