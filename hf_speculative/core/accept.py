@@ -115,8 +115,8 @@ def accept_rejection(tree: DraftTree, scores: torch.Tensor, sampler: RejectionSa
     a q are drawn from it given the siblings before them: independently (the same q each), or without replacement
     (each its own q without the ones before: recursive rejection sampling, Jeon et al. 2024); the tree records, per
     node, the q it was drawn from. Deterministic siblings (top-k ranks, copied text) are point masses (a one-hot q
-    row is the same thing), tried without replacement. A draw never depends on a later sibling, so trying them in order is exact; a point mass
-    already rejected at a node has ``p = 0`` there, so a repeated one is never accepted.
+    row is the same thing), tried without replacement. A draw never depends on a later sibling, so trying them in
+    order is exact; a point mass already rejected at a node has ``p = 0`` there, so a repeated one is never accepted.
     """
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
     children: dict[int, list[int]] = {}

@@ -38,7 +38,7 @@ from .batch_verify import BatchVerifier
 from .budget import DraftBudget, Plan, Sizing
 from .call import CallContext, TargetView
 from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, forward_columns, left_padding, row_view
-from .sampling import RejectionSampler, split_sampler
+from .sampling import RejectionSampler, rejection_sampler, split_sampler
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
 from .verify import DynamicVerifier, OneRow
@@ -87,8 +87,7 @@ class Row:
     def __post_init__(self):
         self.budget = DraftBudget(self.drafter.sizing)
         if self.sampler is None and isinstance(self.processors, (list, tuple)):
-            sampler = split_sampler(self.processors)[1]
-            self.sampler = sampler if isinstance(sampler, RejectionSampler) else None
+            self.sampler = rejection_sampler(self.processors)
 
     @property
     def text(self) -> torch.LongTensor:
@@ -131,13 +130,14 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -
 
 
 # -- the ladder ------------------------------------------------------------------------------------
-def draft_step(rows: list[Row], members: list[int], live: set[int], width: int, widths: Any, max_depth: int,
-               max_length: int) -> tuple[list[Plan], list[DraftTree]]:
-    """Each row in the forward drafts within its plan (rows that finished, or have no room, draft nothing)."""
+def draft_step(rows: list[Row], members: list[int], rooms: dict[int, int], width: int,
+               widths: Any) -> tuple[list[Plan], list[DraftTree]]:
+    """Each row in the forward drafts within its plan, at most ``rooms[b]`` deep (the running rows' room before
+    ``max_length``) and ``width``; rows that finished, or have no room, draft nothing."""
     plans, trees = [], []
     for b in members:
         row = rows[b]
-        room = min(max_depth, max_length - row.ids.shape[1] - 1, width) if b in live else 0
+        room = min(rooms.get(b, 0), width)
         plans.append(row.budget.plan(max(room, 1)))
         tree = row.drafter.draft(row.text, plans[-1]) if room > 0 else DraftTree.empty(row.ids.device)
         trees.append(tree if widths.cap is None else tree.first(widths.cap))  # a batch's width bounds nodes
@@ -173,9 +173,9 @@ def ladder(rows: list[Row], verifier: Any, pending: torch.Tensor, pending_mask: 
     while live:
         tick = time.perf_counter()
         running = [b for b in members if b in live]
-        room = max(min(max_depth, max_length - rows[b].ids.shape[1] - 1) for b in running)
-        width = widths.width(running, room, len(members), first)
-        plans, trees = draft_step(rows, members, live, width, widths, max_depth, max_length)
+        rooms = {b: min(max_depth, max_length - rows[b].ids.shape[1] - 1) for b in running}
+        width = widths.width(running, max(rooms.values()), len(members), first)
+        plans, trees = draft_step(rows, members, rooms, width, widths)
         stats.record_draft(sum(t.size for t in trees), time.perf_counter() - tick)
 
         tick = time.perf_counter()
@@ -264,8 +264,8 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, 
     a :class:`~hf_speculative.core.verify.DynamicVerifier` by default, a static-cache one for compiled targets;
     ``cached``: the prompt's first tokens already in its cache (a cache the caller passed), not computed again.
     ``sampler``: the call's ``RejectionSampler`` when ``logits_processor`` is a function that hides it (it is found
-    at the end of a processor list otherwise). The streamer gets each step's new tokens as one block ``[1, k]``; the result keeps every new token's scores and
-    logits ``[1, V]``.
+    at the end of a processor list otherwise). The streamer gets each step's new tokens as one block ``[1, k]``; the
+    result keeps every new token's scores and logits ``[1, V]``.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"hf_speculative's loop runs one sequence at a time; got input_ids of shape "
@@ -276,8 +276,9 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, 
     outputs = Outputs(1, input_ids.shape[1], 0, streamer, scores=True, logits=True)
     pending = input_ids[:, cached:]  # [1, m]
     verifier = OneRow(verifier or DynamicVerifier(target), cached)
-    limit = ladder(rows, verifier, pending, torch.ones_like(pending, dtype=torch.bool), stopping_criteria=stopping_criteria,
-                   stats=stats, max_length=max_length if max_length is not None else 2 ** 62, max_depth=max_depth,
+    limit = ladder(rows, verifier, pending, torch.ones_like(pending, dtype=torch.bool),
+                   stopping_criteria=stopping_criteria, stats=stats,
+                   max_length=max_length if max_length is not None else 2 ** 62, max_depth=max_depth,
                    widths=SoloWidth(), outputs=outputs, cut_at_stop=True)
     return finish(rows, input_ids, limit, 0, outputs, stats, started)
 

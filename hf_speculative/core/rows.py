@@ -69,7 +69,8 @@ def left_padding(attention_mask: torch.Tensor) -> list[int]:
 
 class Outputs:
     """Besides the sequences: the streamer, fed one column of ``B`` tokens at a time as transformers' batched loop
-    feeds it (one row: each step's accepted block at once) (a column once every running row has its token; finished rows give ``fill``), and per row the
+    feeds it (a column once every running row has its token; finished rows give ``fill``; one row: each step's
+    accepted block at once), and per row the
     processed scores and raw logits of each new token, when the call asks for them (``output_scores`` /
     ``output_logits``: per new position a ``[B, V]`` tensor, rows that had finished by then filled with -inf)."""
 

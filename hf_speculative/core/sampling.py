@@ -136,10 +136,10 @@ def split_sampler(processors) -> tuple[LogitsProcessorList, SeededSampler | Reje
     return LogitsProcessorList(items), None
 
 
-def rejection_sampler(ctx) -> RejectionSampler | None:
-    """The call's ``RejectionSampler`` (``ctx``: a ``CallContext``) under the rejection rule, else ``None``: what a tree
-    drafter draws its guesses with."""
-    sampler = split_sampler(ctx.logits_processor)[1]
+def rejection_sampler(processors) -> RejectionSampler | None:
+    """The ``RejectionSampler`` that ends a call's ``processors`` under the rejection rule, else ``None`` (greedy,
+    the seeded rule): what the loop verifies with and a tree drafter draws its guesses with."""
+    sampler = split_sampler(processors)[1]
     return sampler if isinstance(sampler, RejectionSampler) else None
 
 
@@ -147,7 +147,7 @@ SAMPLING_MODES = ("seeded", "rejection")
 
 
 def check_mode(mode: object, seed: object = None) -> str:
-    """``speculative_sampling=``'s value checked (``None``: ``"seeded"``); ``sampling_seed=`` implies the seeded rule."""
+    """``speculative_sampling=``'s value checked (``None``: ``"seeded"``); with ``seed``, only the seeded rule."""
     if mode is None:
         return "seeded"
     if mode not in SAMPLING_MODES:

@@ -33,7 +33,7 @@ from transformers.generation.stopping_criteria import (
 
 from .. import compat
 from ..core.call import CallContext  # noqa: F401 - drafters and users import it from here
-from ..core.budget import FIXED, DraftBudget, Plan, Sizing
+from ..core.budget import CHAIN, FIXED, DraftBudget, Plan, Sizing
 from ..core.tree import DraftTree, Verdict
 from .registry import CHAINS_ONLY, NO_FILES, Capabilities, Drafter, SpecFiles, register
 
@@ -352,6 +352,22 @@ def to_target_vocab(logits: torch.Tensor, width: int, target_ids: torch.Tensor |
         return logits[..., :width]
     pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
     return torch.cat([logits, pad], dim=-1)
+
+
+class TreeOrChainCandidateGenerator(SpeculativeCandidateGenerator):
+    """A per-call drafter that grows trees with ``tree=`` and whose own chain is one more option of the loop's tree
+    budget (``Sizing(..., chain_option=True)``: EAGLE, draft models). Subclasses implement ``_tree(sequence, nodes,
+    max_depth)`` and ``_chain(sequence, plan)``; ``config.tree`` is the strategy's shape (``None``: chains)."""
+
+    @torch.no_grad()
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        if self.config.tree is not None:
+            nodes = plan.tree_nodes()
+            if nodes == 0:
+                return DraftTree.empty(sequence.device)
+            if nodes != CHAIN:
+                return self._tree(sequence, nodes, plan.depth)
+        return self._chain(sequence, plan)
 
 
 class ExternalCandidateGenerator(SpeculativeCandidateGenerator):

@@ -107,7 +107,6 @@ class RandomTrees:
     sizing = FIXED  # no sizing of its own: it drafts what it drafts
 
     def draft(self, sequence, plan):
-        max_depth = plan.depth
         tokens = self.pool[torch.randint(0, self.pool.numel(), (4,), generator=self.generator)]
         return DraftTree(tokens, torch.tensor([-1, -1, 0, 1]))
 

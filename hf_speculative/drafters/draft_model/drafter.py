@@ -14,15 +14,15 @@ import torch
 from ... import compat
 from ...core.accept import draft_chain
 from ...core.sampling import rejection_sampler
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
-from ...core.tree import DraftTree, Verdict
+from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
 from .tree import model_tree_expander
-from ...core.budget import CHAIN, Plan, Sizing
+from ...core.budget import Plan, Sizing
 from ...core.policy import check_chain_options
 
 
@@ -129,7 +129,7 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
         return cls(**{"model": random_sibling(target), "adaptive": False, "tree": tree, **options})
 
 
-class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
+class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
     """Per-call state: the drafter's cache, and the costs and calibration behind the draft length.
 
     Drafting token ``i`` pays when the chance that the whole draft up to it is accepted (the
@@ -187,14 +187,7 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         # until measured: forwards cost in proportion to parameters
         return draft_price(self.drafter, self.verify_costs, self.config.draft_cost, self._size_ratio)
 
-    @torch.no_grad()
-    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
-        if self.config.tree is not None:
-            nodes = plan.tree_nodes()
-            if nodes == 0:
-                return DraftTree.empty(sequence.device)
-            if nodes != CHAIN:
-                return self._tree(sequence, nodes, plan.depth)
+    def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         if not plan.start_chain():
             return DraftTree.empty(sequence.device)
         common = self._rollback(sequence)
@@ -211,7 +204,8 @@ class DraftModelCandidateGenerator(SpeculativeCandidateGenerator):
         self._synced = input_ids.shape[1]
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
-            tree = grow_tree(self.config.tree, root, expand, nodes, max_depth, rejection_sampler(self.ctx))
+            tree = grow_tree(self.config.tree, root, expand, nodes, max_depth,
+                             rejection_sampler(self.ctx.logits_processor))
         finally:
             crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
         steps = drafter_levels(tree)

@@ -19,7 +19,7 @@ import torch
 
 from ...core.accept import draft_chain
 from ...core.sampling import rejection_sampler
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
 from ...cpu.layout import follow_layout
@@ -28,7 +28,7 @@ from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
-from ...core.budget import CHAIN, Plan, Sizing
+from ...core.budget import Plan, Sizing
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
 from .static_drafting import frontier_width, open_static
@@ -189,7 +189,7 @@ def random_drafter(target: torch.nn.Module, version: int = 3, seed: int = 7, dra
     return net.to(next(target.parameters()).dtype).eval().requires_grad_(False)
 
 
-class EagleCandidateGenerator(SpeculativeCandidateGenerator):
+class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
     """Per-call state: the target's verified features, the drafter's KV cache, the length policy.
 
     Invariant between forwards: the drafter's cache holds positions ``[0, n_true)`` computed from
@@ -259,13 +259,7 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
     def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         if self.features.lost or self.features.pending is None:
             return DraftTree.empty(sequence.device)  # before the prefill there are no features yet
-        if self.config.tree is not None:
-            nodes = plan.tree_nodes()
-            if nodes == 0:
-                return DraftTree.empty(sequence.device)
-            if nodes != CHAIN:
-                return self._tree(sequence, nodes, plan.depth)
-        return self._chain(sequence, plan)
+        return super().draft(sequence, plan)
 
     def _chain(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         if not plan.start_chain():
@@ -299,7 +293,8 @@ class EagleCandidateGenerator(SpeculativeCandidateGenerator):
         else:
             expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
                                    lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
-        tree = grow_tree(self.config.tree, root, expand, nodes, max_depth, rejection_sampler(self.ctx))
+        tree = grow_tree(self.config.tree, root, expand, nodes, max_depth,
+                         rejection_sampler(self.ctx.logits_processor))
         steps = drafter_levels(tree)
         record_draft_step(self.net, (time.perf_counter() - start) / steps)
         return tree
