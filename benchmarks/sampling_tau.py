@@ -2,10 +2,14 @@
 
     python benchmarks/sampling_tau.py --per-category 4 --seeds 3 --temperature 0.7 --out sampling_tau.jsonl
     python benchmarks/sampling_tau.py --modes seeded,rejection ...     # both rules (speculative_sampling=)
+    python benchmarks/sampling_tau.py --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \
+        --methods draft-model,lookup --modes seeded,rejection --device cuda           # the Qwen draft-model pair
 
 Uses only the public API (``torch.manual_seed`` then ``generate(do_sample=True, ...)``), so the same script
 measures any version of the library: run it from two checkouts to compare their sampling rules. Drafters run
-with fixed draft lengths (``adaptive=False``), so τ does not depend on this machine's timings.
+with fixed draft lengths (``adaptive=False``), so τ does not depend on this machine's timings. Every call is timed,
+and plain sampling (no drafter, same seed) runs before each prompt's drafted calls: the summary gives each
+method's tokens/s over plain's, pooled (a speed figure only on a quiet machine or a GPU).
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ def strategies(hfs, model, args):
         "eagle-tree32": lambda: hfs.Eagle(eagle, adaptive=False, tree=hfs.DynamicTree(nodes=32, depth=8, top_k=8)),
         "lookup": lambda: hfs.PromptLookup(num_tokens=5, adaptive=False),
     }
+    if "draft-model" in args.methods:
+        if not args.draft_model:
+            raise SystemExit("--methods draft-model needs --draft-model NAME (a registry model or a folder)")
+        draft, _ = hfs.load_model(args.draft_model, device=None if args.device == "cpu" else args.device)
+        made["draft-model"] = lambda: hfs.DraftModel(draft, num_tokens=5, confidence_threshold=0.0, adaptive=False)
     if "medusa-tree" in args.methods:
         heads = hfs.Medusa.from_pretrained(args.drafter, target=model, tree="calibrated")
         made["medusa-tree"] = lambda: hfs.Medusa(heads.heads, tree=heads.tree, adaptive=False)
@@ -39,44 +48,72 @@ def main(argv=None) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--methods", default="eagle-chain5,eagle-tree32,lookup",
-                        help="of eagle-chain5, eagle-tree32, lookup, medusa-tree")
+                        help="of eagle-chain5, eagle-tree32, lookup, medusa-tree, draft-model")
     parser.add_argument("--modes", default="", help="speculative_sampling= rules to compare, e.g. seeded,rejection "
                         "(default: none passed, the library's default)")
+    parser.add_argument("--draft-model", default="", help="the draft model of --methods draft-model")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="sampling_tau.jsonl")
     args = parser.parse_args(argv)
+
+    import time
 
     import hf_speculative as hfs
     from hf_speculative.bench.spec_bench import load_prompts
     from hf_speculative.tooling.prompting import encode_prompt
 
     torch.set_num_threads(1)
-    model, tokenizer = hfs.load_model(args.model)
+    model, tokenizer = hfs.load_model(args.model, device=None if args.device == "cpu" else args.device)
+
+    def sync():
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     hfs.enable(model)
     made = strategies(hfs, model, args)
     modes = [m for m in args.modes.split(",") if m] or [None]
     runs = [(method, mode) for method in args.methods.split(",") for mode in modes]
     methods = [method if mode is None else f"{method}/{mode}" for method, mode in runs]
     totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
+    seconds = {m: [0, 0.0] for m in ["plain", *methods]}  # new tokens, wall seconds
     for prompt in load_prompts(categories=args.categories.split(","), per_category=args.per_category):
-        ids = encode_prompt(tokenizer, prompt.text)
+        ids = encode_prompt(tokenizer, prompt.text).to(model.device)
+        for seed in range(args.seeds):  # plain sampling, the speed baseline
+            torch.manual_seed(seed)
+            sync()
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                 temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                 candidate_generator=None)
+            sync()
+            seconds["plain"][0] += out.shape[1] - ids.shape[1]
+            seconds["plain"][1] += time.perf_counter() - start
         record = {"category": prompt.category, "question_id": prompt.question_id, "temperature": args.temperature}
         for method, (name, mode) in zip(methods, runs):
             extra = {} if mode is None else {"speculative_sampling": mode}
             for seed in range(args.seeds):
                 torch.manual_seed(seed)
+                sync()
+                start = time.perf_counter()
                 model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                                candidate_generator=made[name](), **extra)
+                sync()
+                seconds[method][1] += time.perf_counter() - start
                 st = hfs.last_stats(model)
+                seconds[method][0] += st.new_tokens
                 for i, v in enumerate((st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens)):
                     totals[method][i] += v
                 record.setdefault(method, []).append(st.tau)
         print(prompt.category, prompt.question_id, {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(record) + "\n")
+    plain_rate = seconds["plain"][0] / max(seconds["plain"][1], 1e-9)
+    print(f"plain sampling: {plain_rate:.2f} tokens/s")
     for method, (new, forwards, drafted, accepted) in totals.items():
+        rate = seconds[method][0] / max(seconds[method][1], 1e-9)
         print(f"{method}: tau {new / forwards:.3f} (tokens over forwards, pooled), acceptance "
-              f"{accepted / max(drafted, 1):.3f}, {new} tokens")
+              f"{accepted / max(drafted, 1):.3f}, {new} tokens; {rate:.2f} tokens/s, {rate / plain_rate:.3f}x plain")
 
 
 if __name__ == "__main__":

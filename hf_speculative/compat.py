@@ -328,3 +328,39 @@ def reorder_cache_slots(cache: Any, order: torch.Tensor) -> None:
 def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
     """Keep the batch rows ``rows`` (``[B']`` indices) of every key and value tensor."""
     _replace_cache_tensors(cache, lambda tensor: tensor.index_select(0, rows.to(tensor.device)))
+
+
+# -- Gemma-4 assistants (hfs.Assistant) -------------------------------------------------------------
+GEMMA4_ASSISTANT_VERSION = "5.24"  # transformers' first version with Gemma4AssistantForCausalLM used here
+
+
+def gemma4_assistant_classes() -> tuple[type, ...]:
+    """transformers' Gemma-4 assistant classes (``Gemma4AssistantForCausalLM``, and ``Gemma4UnifiedAssistantForCausalLM``
+    where it exists); an ``ImportError`` naming the version needed on a transformers without them (4.x)."""
+    try:
+        from transformers import Gemma4AssistantForCausalLM
+    except ImportError:
+        raise ImportError(
+            f"Gemma-4 assistants need transformers' Gemma4AssistantForCausalLM, which transformers "
+            f"{TRANSFORMERS_VERSION} lacks: pip install \"transformers>={GEMMA4_ASSISTANT_VERSION}\".") from None
+    try:
+        from transformers import Gemma4UnifiedAssistantForCausalLM
+    except ImportError:
+        return (Gemma4AssistantForCausalLM,)
+    return (Gemma4AssistantForCausalLM, Gemma4UnifiedAssistantForCausalLM)
+
+
+# -- MTP modules built into the target (hfs.MTP) ----------------------------------------------------
+MTP_VERSION = "5.24"  # transformers' first version with MtpModel used here (generate(use_mtp=True))
+
+
+def mtp_model_class() -> type:
+    """transformers' ``MtpModel`` (the target's own multi-token-prediction layers); an ``ImportError`` naming the
+    version needed on a transformers without it (4.x)."""
+    try:
+        from transformers.modeling_layers import MtpModel
+    except ImportError:
+        raise ImportError(
+            f"hfs.MTP drafts with transformers' MtpModel, which transformers {TRANSFORMERS_VERSION} lacks: "
+            f"pip install \"transformers>={MTP_VERSION}\".") from None
+    return MtpModel

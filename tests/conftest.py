@@ -24,7 +24,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import SpeculativeCandidateGenerator
-from hf_speculative.drafters.registry import example, examples
+from hf_speculative.drafters.registry import ExampleNotApplicable, example, examples
 from hf_speculative.core.tree import DraftTree
 
 # Tiny models run faster on one thread than on several (thread start-up dominates), and the CI has 2 cores.
@@ -248,7 +248,10 @@ def make_drafter(name: str, target, reference):
         from hf_speculative.core.costs import verify_costs_for
 
         verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
-    return example(name, target)
+    try:
+        return example(name, target)
+    except ExampleNotApplicable as why:  # a drafter for some targets only (a Gemma-4 assistant): its own tests run it
+        pytest.skip(f"{name} on {type(target).__name__}: {why}")
 
 
 def random_eagle(target, version: int = 3, seed: int = 7, draft_vocab_size: int | None = None):

@@ -58,6 +58,9 @@ FUNCTION_LEVEL_UP: dict[tuple[str, str], str] = {
     ("hf_speculative.registry.models", "hf_speculative.hf.spec"):
         "load_model reads a folder's generation_config.json within the spec's bounds (SpecError, check_bounds, "
         "MAX_GENERATION_CONFIG_BYTES) before transformers does; goes when those bounds live below the registry",
+    ("hf_speculative.drafters.draft_model.saved_tokenizers", "hf_speculative.hf.spec"):
+        "the tokenizers a saved across-tokenizer DraftModel reads beside the model fail as the spec's SpecError, as "
+        "every other file the spec reads does; goes with the entry above, when SpecError lives below the drafters",
 }
 # A method's folder importing another method's: (importing folder, imported folder) -> why.
 CROSS_METHOD: dict[tuple[str, str], str] = {
@@ -65,6 +68,8 @@ CROSS_METHOD: dict[tuple[str, str], str] = {
                                    "loaded by EAGLE's checkpoint module, and EarlyExit drafts with EAGLE's drafter",
     ("suffix", "self_speculative"): "SuffixDecoding names its history file by LayerSkip's model_fingerprint "
                                     "(calibration.py); goes when the fingerprint moves to a shared module",
+    ("dflash", "eagle"): "the DFlash network keeps its context keys and values in EAGLE's DraftKVCache and attends "
+                         "with EAGLE's attend() (SDPA under an explicit mask); goes when both move to a shared module",
 }
 
 

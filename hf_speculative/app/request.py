@@ -141,7 +141,7 @@ def check_exposure(allow_local_paths: bool, host: str | None = None, share: bool
 
 def selectable_methods() -> list[str]:
     """Registry names a visitor can compare with the baseline (every method but the baseline)."""
-    return [name for name in available_methods() if get_method(name).kind != "baseline"]
+    return [name for name in available_methods() if get_method(name).kind != "baseline" and get_method(name).app]
 
 
 def baseline_method() -> str:

@@ -670,6 +670,9 @@ def _register_training_commands() -> None:
 
     app.command("train-medusa")(medusa_cli.train_medusa)
     app.command("export-medusa")(medusa_cli.export_medusa)
+    from ..training import dflash_cli
+
+    app.command("train-dflash")(dflash_cli.train_dflash)
 
 
 _register_training_commands()

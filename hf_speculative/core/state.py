@@ -55,6 +55,8 @@ class ModelState:
         draft_graph (`tuple`, *optional*): ``((drafter, capacity, mode, vocab), (DraftStep, compiled step), Lock)``:
             the fixed-shape EAGLE drafting step that compiled calls share (``drafters.eagle.static_drafting``).
         compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
+        mtp_modules (`MtpModel`, *optional*): its own MTP layers loaded from its folder for ``hfs.MTP()``
+            (``drafters.mtp.drafter.modules_for``).
         suffix_histories (`dict[tuple, SuffixHistory]`): SuffixDecoding's histories of its outputs, by trie depth,
             token bound and file (``drafters.suffix.history.history_for``).
         hook_users (`Users`): the calls running now that installed ``generate()``'s loop hooks on it for their
@@ -80,6 +82,7 @@ class ModelState:
     compile_mode: str | None = None
     static_budget: int | None = None
     suffix_histories: dict = dataclasses.field(default_factory=dict)
+    mtp_modules: Any = None
     hook_users: Users = dataclasses.field(default_factory=Users)
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
     forward_turn: Any = dataclasses.field(default_factory=threading.Lock, repr=False)

@@ -28,7 +28,6 @@ from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
     MaxTimeCriteria,
-    StoppingCriteriaList,
 )
 
 from .. import compat
@@ -354,6 +353,24 @@ def to_target_vocab(logits: torch.Tensor, width: int, target_ids: torch.Tensor |
     return torch.cat([logits, pad], dim=-1)
 
 
+def check_network_once(target: torch.nn.Module, network: torch.nn.Module, check, name: str, field: str) -> None:
+    """A strategy's ``validate_target`` for a drafter with its own network: ``check(target)`` (raises where the
+    network does not fit the target), then the same device as the target's, once per (target, network) pair (the
+    target's state remembers it). ``name`` (e.g. ``"The EAGLE drafter"``) and ``field`` (the strategy's attribute
+    holding the network) word the device error."""
+    from ..core.state import state_of
+
+    checked = state_of(target).checked
+    if network in checked:
+        return
+    check(target)
+    device = next(target.parameters()).device
+    if next(network.parameters()).device != device:
+        raise ValueError(f"{name} is on {next(network.parameters()).device} and the target on "
+                         f"{device}; move it with strategy.{field}.to({str(device)!r}).")
+    checked.add(network)
+
+
 class TreeOrChainCandidateGenerator(SpeculativeCandidateGenerator):
     """A per-call drafter that grows trees with ``tree=`` and whose own chain is one more option of the loop's tree
     budget (``Sizing(..., chain_option=True)``: EAGLE, draft models). Subclasses implement ``_tree(sequence, nodes,
@@ -368,6 +385,21 @@ class TreeOrChainCandidateGenerator(SpeculativeCandidateGenerator):
             if nodes != CHAIN:
                 return self._tree(sequence, nodes, plan.depth)
         return self._chain(sequence, plan)
+
+    def _size_tree_or_chain(self, ctx: CallContext, config: Any) -> int:
+        """Set ``self.verify_costs`` and ``self.sizing`` for ``config.tree`` (or chains of ``config.num_tokens``),
+        ``config.adaptive``, ``config.confidence_threshold`` and ``self._draft_price``: the confidence rule, the chain
+        one more option of the tree budget, one drafter step per tree depth. Returns the tree's nodes (0: chains)."""
+        from ..core.tree_shapes import DynamicTree, tree_depth
+
+        nodes = 0 if config.tree is None else (
+            config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
+        self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
+        self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, nodes=nodes, rule="confidence",
+                             adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
+                             draft_price=self._draft_price, chain_option=True,
+                             draft_steps=None if config.tree is None else (lambda m: tree_depth(config.tree, m)))
+        return nodes
 
 
 class ExternalCandidateGenerator(SpeculativeCandidateGenerator):

@@ -298,6 +298,12 @@ def examples() -> dict[str, type]:
     return labels
 
 
+class ExampleNotApplicable(Exception):
+    """Raised by a class's ``example`` when its drafter cannot be built for that tiny target (a Gemma-4 assistant
+    for a Llama target; a class transformers of this version lacks). The matrix skips the pair, saying why; a
+    drafter that applies to every target never raises it."""
+
+
 def example(label: str, target: Any, **options: Any) -> Any:
     """The matrix's drafter ``label`` (see :func:`examples`) built for the tiny model ``target``; ``options``
     replace the example's settings (``example("eagle3", target, num_tokens=3)``)."""

@@ -148,6 +148,9 @@ def save_strategy(strategy: Any, directory: str | os.PathLike, subfolder: str | 
         _save_file_option(spec, method, files, directory, subfolder)
     if files.network == "model":
         spec["path"] = _draft_model_location(strategy, directory, subfolder or files.subfolder)
+        beside = getattr(strategy, "spec_save_beside", None)  # files kept with the draft model (DraftModel's tokenizers)
+        if beside is not None:
+            spec["options"].update(beside(directory, spec["path"]))
     elif files.network == "checkpoint":
         spec.update(_save_network(strategy.spec_network(), directory, files, subfolder or files.subfolder))
     return spec
@@ -416,7 +419,8 @@ def _options(spec: dict, method: str, where: str) -> dict:
     if not isinstance(options, dict):
         raise SpecError(f"{where}.options must be an object of option names and values, got {shown(options)}.")
     cls = _methods()[method]
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in cls.live_fields}
+    fields = {f.name: f.default for f in dataclasses.fields(cls) if f.init and f.name not in cls.live_fields}
+    fields.update(getattr(cls, "spec_only_options", {}))  # options a spec records beyond the fields, with defaults
     unknown = sorted(set(options) - set(fields))
     if unknown:
         raise SpecError(f"{where}.options: unknown option(s) {shown(unknown)} for the {method} method; known: "
@@ -428,7 +432,7 @@ def _options(spec: dict, method: str, where: str) -> dict:
         except (TypeError, ValueError) as error:
             raise SpecError(f"{where}.options.tree: {error}") from error
     for key, value in options.items():
-        default = fields[key].default
+        default = fields[key]
         expected = (bool,) if isinstance(default, bool) else (int,) if isinstance(default, int) else \
             (int, float) if isinstance(default, float) else None
         if expected and (not isinstance(value, expected) or (bool not in expected and isinstance(value, bool))):
@@ -493,6 +497,9 @@ def _build(method: str, spec: dict, options: dict, target: Any, base_dir: Any, w
     network = None
     if files.network == "model":
         network = _load_draft_model(spec, target, base_dir, where)
+        beside = getattr(cls, "spec_load_beside", None)  # files kept with the draft model (DraftModel's tokenizers)
+        if beside is not None:
+            options = beside(options, spec["path"], base_dir, where)
     elif files.network == "checkpoint":
         folder = _network_folder(spec, method, files, base_dir, where)
         _check_digests(folder, spec.get("sha256"), where)

@@ -69,6 +69,8 @@ class MethodSpec:
             the underlying strategy's own default); the forms of the app and the CLI offer them.
         unlisted_options (`tuple[str, ...]`): options the method also reads that no form offers (e.g. a folder
             of trained Medusa heads); :func:`check_options` accepts them like :attr:`options`.
+        app (`bool`, defaults to `True`): the demo app offers it (the methods with a drafter of another tokenizer
+            are the command line's and the benchmark's only: the app's draft-model list holds same-tokenizer models).
     """
 
     name: str
@@ -78,6 +80,7 @@ class MethodSpec:
     build: BuildFn
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     unlisted_options: tuple[str, ...] = ()
+    app: bool = True
 
     @property
     def needs_draft_model(self) -> bool:
@@ -193,9 +196,27 @@ def resolve_draft_model(spec: MethodSpec, options: dict, target: Any = None) -> 
         from ..registry.models import load_model
 
         device = getattr(target, "device", None)
-        draft, _ = load_model(draft, device=None if device is None or device.type == "cpu" else device)
+        draft, tokenizer = load_model(draft, device=None if device is None or device.type == "cpu" else device)
         options["draft_model"] = draft
+        options["_draft_tokenizer"] = (draft, tokenizer)  # for the methods that draft across tokenizers
     return draft
+
+
+def resolve_draft_tokenizer(spec: MethodSpec, options: dict, target: Any = None) -> Any:
+    """The tokenizer of the draft model of ``options`` (:func:`resolve_draft_model`): the one loaded with it, else the
+    one saved in the folder it was loaded from (never downloaded)."""
+    draft = resolve_draft_model(spec, options, target)
+    known = options.get("_draft_tokenizer")
+    if known is not None and known[0] is draft:
+        return known[1]
+    from ..drafters.draft_model.drafter import _local_tokenizer
+
+    tokenizer = _local_tokenizer(draft)
+    if tokenizer is None:
+        raise ValueError(f"method {spec.name!r} needs the draft model's tokenizer: name the draft model by its "
+                         "registry name or a folder that holds its tokenizer (--draft-model NAME)")
+    options["_draft_tokenizer"] = (draft, tokenizer)
+    return tokenizer
 
 
 class _ForwardCounter:
@@ -471,6 +492,10 @@ class MethodCall:
         """:func:`resolve_draft_model`: the draft model of the options, loaded once onto the target's device."""
         return resolve_draft_model(self.spec, self.options, self.model)
 
+    def draft_tokenizer(self) -> Any:
+        """:func:`resolve_draft_tokenizer`: the draft model's own tokenizer."""
+        return resolve_draft_tokenizer(self.spec, self.options, self.model)
+
     def trained(self, source_option: str, load: Callable[[Any, dict], Any], *, cache_key: str,
                 settings: dict | None = None) -> dict:
         """:func:`_trained_strategy`: the kwargs of a method whose drafter is trained, named by ``source_option``."""
@@ -529,7 +554,7 @@ def _declared_methods() -> list[tuple[float, MethodSpec]]:
             build = functools.partial(_declared_build, folder, entry["build"], entry["name"])
             found.append((float(entry.get("order", float("inf"))), MethodSpec(
                 entry["name"], entry["label"], entry["description"], "hfs", build, dict(entry.get("options", {})),
-                tuple(entry.get("unlisted_options", ())))))
+                tuple(entry.get("unlisted_options", ())), bool(entry.get("app", True)))))
             if "source" in entry:
                 _SOURCES[entry["source"]["option"]] = TrainedSource(folder=folder, **entry["source"])
     return found
@@ -551,6 +576,20 @@ def _build_hf_prompt_lookup(model: Any, tokenizer: Any, options: dict) -> dict:
 def _build_hf_assisted(model: Any, tokenizer: Any, options: dict) -> dict:
     spec = get_method("hf-assisted")
     kwargs = {"assistant_model": resolve_draft_model(spec, options, model)}
+    if spec.option(options, "num_tokens") is not None:
+        kwargs["num_assistant_tokens"] = _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)
+    return kwargs
+
+
+def _build_hf_assisted_uag(model: Any, tokenizer: Any, options: dict) -> dict:
+    spec = get_method("hf-assisted-uag")
+    if tokenizer is None:
+        raise ValueError(f"method {spec.name!r} needs the target's tokenizer")
+    kwargs = {"assistant_model": resolve_draft_model(spec, options, model), "tokenizer": tokenizer,
+              "assistant_tokenizer": resolve_draft_tokenizer(spec, options, model)}
+    if kwargs["assistant_tokenizer"].get_vocab() == tokenizer.get_vocab():  # transformers refuses the pair itself
+        raise ValueError(f"method {spec.name!r} is transformers' assisted generation with a draft model of another "
+                         "tokenizer; this draft model shares the target's tokenizer: use method 'hf-assisted'")
     if spec.option(options, "num_tokens") is not None:
         kwargs["num_assistant_tokens"] = _checked(spec, options, "num_tokens", 1, MAX_DRAFT_TOKENS)
     return kwargs
@@ -597,6 +636,16 @@ def _own_methods() -> list[tuple[float, MethodSpec]]:
             "transformers",
             _build_hf_early_exit,
             {"exit_layer": 8, "num_tokens": None},
+        )),
+        (125, MethodSpec(
+            "hf-assisted-uag",
+            "Universal assisted (transformers)",
+            "transformers' own assisted generation with a draft model of another tokenizer (assistant_model with "
+            "tokenizer and assistant_tokenizer; greedy: universal assisted generation).",
+            "transformers",
+            _build_hf_assisted_uag,
+            {"draft_model": None, "num_tokens": None},
+            app=False,
         )),
     ]
 

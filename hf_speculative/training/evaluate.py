@@ -20,13 +20,23 @@ def validation_tau(net: Any, target: Any, examples: list, new_tokens: int = 64, 
     dtype = next(target.parameters()).dtype
     if next(net.parameters()).dtype != dtype:  # a float32 drafter in training, a bfloat16 target: draft as it will ship
         net = copy.deepcopy(net).to(dtype)
-    enabled_here = not hfs.is_enabled(target)
-    if enabled_here:
-        hfs.enable(target)
     if net.config.exit_layer is not None:
         strategy = hfs.EarlyExit(adapter=net, num_tokens=draft, confidence_threshold=0.0, adaptive=False)
     else:
         strategy = Eagle(net, num_tokens=draft, confidence_threshold=0.0, adaptive=False)
+    return greedy_tau(target, strategy, examples, new_tokens)
+
+
+@torch.no_grad()
+def greedy_tau(target: Any, strategy: Any, examples: list, new_tokens: int = 64) -> float:
+    """Mean tokens per target forward of greedy generation (``new_tokens`` per prompt) drafting with ``strategy``,
+    over the prompts of ``examples`` (their tokens before the first learnt one), rounded to 3 decimals. ``target``
+    is enabled for the measurement when it is not yet, and disabled again after it."""
+    import hf_speculative as hfs
+
+    enabled_here = not hfs.is_enabled(target)
+    if enabled_here:
+        hfs.enable(target)
     tokens = forwards = 0
     try:
         for ex in examples:

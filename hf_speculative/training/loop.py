@@ -61,6 +61,29 @@ def process_state():
     return state
 
 
+def start_run(cfg: Any) -> tuple[Any, Any, Path, float]:
+    """The start every training loop shares (``train``, ``train_medusa``, ``train_dflash``): ``cfg.threads`` CPU
+    threads when set, the ``cfg.out`` folder made, accelerate's process state (:func:`process_state`), an
+    ``Accelerator`` accumulating ``cfg.grad_accum`` batches, every generator seeded with ``cfg.seed``.
+
+    Returns:
+        ``(accelerator, tqdm, out, started)``: tqdm's progress bar class, ``cfg.out`` as a ``Path`` and
+        ``time.perf_counter()`` at the start.
+    """
+    Accelerator = require("accelerate", "train", FEATURE).Accelerator
+    set_seed = require("accelerate.utils", "train", FEATURE).set_seed
+    tqdm = require("tqdm.auto", "train", FEATURE).tqdm
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    process_state()
+    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
+    set_seed(cfg.seed)
+    return accelerator, tqdm, out, time.perf_counter()
+
+
 class TrainingStep(torch.nn.Module):
     """The training loss of a drafter as a module's forward: what ``accelerate`` prepares (wraps in
     DDP with several processes). The target's embedding and lm_head are passed at call time, so
@@ -94,21 +117,10 @@ def _unprefixed_checkpoint(module, state_dict, prefix, *args) -> None:
 
 def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     """Train a drafter as ``cfg`` says; returns the folder of the trained drafter (``cfg.out``)."""
-    Accelerator = require("accelerate", "train", FEATURE).Accelerator
-    set_seed = require("accelerate.utils", "train", FEATURE).set_seed
-    tqdm = require("tqdm.auto", "train", FEATURE).tqdm
+    accelerator, tqdm, out, started = start_run(cfg)
 
     from ..drafters.eagle import checkpoints
     from ..registry.models import load_model
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    process_state()
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
-    set_seed(cfg.seed)
-    started = time.perf_counter()
 
     dtype = cfg.target_dtype or ("float32" if accelerator.device.type == "cpu" else "auto")  # load_model's default
     target, tokenizer = load_model(cfg.target, dtype=dtype)

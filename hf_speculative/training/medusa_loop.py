@@ -16,11 +16,9 @@ from typing import Any
 
 import torch
 
-from ..extras import require
 from .batches import CachedExamples, EpochOrder, pad_batch
-from .config import FEATURE
 from .data import FeatureCache, read_examples
-from .loop import _Progress, float32_pieces, process_state
+from .loop import _Progress, float32_pieces, start_run
 from .medusa import LOG, STATE, MedusaTrainConfig, medusa_loss, new_heads, real_tau, validate
 from .online import OnlineFeatures
 
@@ -42,23 +40,12 @@ class MedusaStep(torch.nn.Module):
 
 def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
     """Train Medusa heads as ``cfg`` says; returns the folder of the heads (``cfg.out``)."""
-    Accelerator = require("accelerate", "train", FEATURE).Accelerator
-    set_seed = require("accelerate.utils", "train", FEATURE).set_seed
-    tqdm = require("tqdm.auto", "train", FEATURE).tqdm
+    accelerator, tqdm, out, started = start_run(cfg)
 
     from ..drafters.medusa.checkpoints import save_pretrained
     from ..drafters.medusa.drafter import TREE_FILE
     from ..registry.models import load_model
     from ..core.tree_shapes import StaticTree
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    process_state()
-    accelerator = Accelerator(gradient_accumulation_steps=cfg.grad_accum)
-    set_seed(cfg.seed)
-    started = time.perf_counter()
     target, tokenizer = load_model(cfg.target, dtype="float32" if accelerator.device.type == "cpu" else "auto")
     target.requires_grad_(False).eval().to(accelerator.device)
     examples = [ex for path in cfg.data for ex in read_examples(path, tokenizer, cfg.max_length)]

@@ -27,7 +27,9 @@ def _parse(prompt="hello", model="", picked=("prompt-lookup",), max_new=16, samp
 
 def test_methods_and_knobs_come_from_the_registry(monkeypatch):
     assert baseline_method() == "greedy"
-    assert selectable_methods() == [n for n in methods.available_methods() if n != "greedy"]
+    assert selectable_methods() == [n for n in methods.available_methods()
+                                    if n != "greedy" and methods.get_method(n).app]
+    assert {"draft-model-uag", "hf-assisted-uag"} <= set(methods.available_methods()) - set(selectable_methods())
     expected = [(n, k) for n in selectable_methods() for k in methods.get_method(n).options if k != "calibration_file"]
     assert [(s.method, s.key) for s in option_slots()] == expected, "every option but the server-only ones"
     assert ("layer-skip", "calibration_file") not in {(s.method, s.key) for s in option_slots()}

@@ -8,13 +8,16 @@ drafter."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import hf_speculative as hfs
+from hf_speculative import compat
 from hf_speculative.core.static_cache import StaticCacheError
 from hf_speculative.hf.checks import check_batch_strategy, check_strategy, draft_budget
 from hf_speculative.drafters import registry
@@ -34,8 +37,16 @@ def target():
 
 @pytest.fixture(scope="module")
 def built(target) -> dict:
-    """Every example of the matrix, built once for the tiny Llama."""
-    return {label: registry.example(label, target) for label in registry.examples()}
+    """Every example of the matrix, built once for the tiny Llama (a drafter for some targets only, such as a Gemma-4
+    assistant, on its class's own tiny ``example_target()``; left out where this transformers lacks its classes)."""
+    out = {}
+    for label, cls in registry.examples().items():
+        try:
+            out[label] = registry.example(label, target)
+        except registry.ExampleNotApplicable:
+            with contextlib.suppress(ImportError, AttributeError, registry.ExampleNotApplicable):
+                out[label] = registry.example(label, cls.example_target())
+    return out
 
 
 # -- declaring registers ---------------------------------------------------------------------------------
@@ -73,22 +84,31 @@ def test_the_registry_lists_the_methods_as_the_tools_do():
     ("lookahead", True, False, "outputs", True),
     ("hybrid", False, False, "features", True),  # its members: a lookup chain and an EAGLE chain
     ("hybrid-tree", True, False, "features", True),  # a member drafts trees; a hybrid never batches
+    ("mtp", False, True, "features", (True, False)),  # static cache, not yet tested compiled
+    ("mtp-tree", True, True, "features", (True, False)),
+    ("dflash", False, True, "features", True),
+    ("dflash-tree", True, True, "features", True),
+    ("gemma4-assistant", False, False, "features", False),  # reads the target's own dynamic cache's shared K/V
+    ("gemma4-assistant-tree", True, False, "features", False),
 ])
 def test_capabilities_of_each_drafter(built, label, trees, batch, reads, static):
+    if label not in built:
+        pytest.skip(f"{label} cannot be built with transformers {transformers.__version__}")
+    static, compiled = static if isinstance(static, tuple) else (static, static)
     strategy = built[label]
     got = capabilities_of(strategy)
     assert (got.trees, got.batch, got.reads_target, got.static_cache, got.compile) == (trees, batch, reads, static,
-                                                                                       static), label
+                                                                                       compiled), label
     assert drafts_trees(strategy) == trees
     if batch:
         check_batch_strategy(strategy)
     else:
-        with pytest.raises(ValueError, match=r"supports hfs.PromptLookup\(\), hfs.DraftModel\(...\) and hfs.Eagle"):
+        with pytest.raises(ValueError, match=r"supports .*hfs.PromptLookup\(\), .*hfs.DraftModel\(...\) and hfs.Eagle"):
             check_batch_strategy(strategy)
     if static:
-        check_strategy(strategy, compiled=True)
+        check_strategy(strategy, compiled=compiled)
     else:
-        with pytest.raises(StaticCacheError, match="dynamic KV cache"):
+        with pytest.raises(StaticCacheError, match="static cache"):
             check_strategy(strategy)
 
 
@@ -238,7 +258,11 @@ def test_the_public_drafter_names_come_from_the_folders():
 # -- who reads the registry ----------------------------------------------------------------------------------
 def test_the_matrix_covers_every_registered_method(built):
     covered = {strategy.spec_method() for strategy in built.values()}
-    assert set(registry.registered()) <= covered, set(registry.registered()) - covered
+    # a drafter whose classes this transformers lacks (MTP, Gemma-4 assistants on 4.x) is left out here; it must say
+    # so rather than fail when built
+    lacking = {method for method, cls in registry.registered().items() if method not in covered and _lacks(cls)}
+    assert set(registry.registered()) - lacking <= covered, set(registry.registered()) - lacking - covered
+    assert not lacking or not compat.IS_TRANSFORMERS_5, lacking
     assert set(registry.examples()) <= set(DRAFTERS)
     for label in ("medusa", "suffix", "lookahead"):
         assert label in DRAFTERS
@@ -246,9 +270,36 @@ def test_the_matrix_covers_every_registered_method(built):
         assert type(strategy) is registry.examples()[label]
 
 
-def test_the_matrix_builds_each_example_through_conftest(target):
+def _lacks(cls) -> bool:
+    """Whether ``cls``'s example says this transformers lacks what it needs."""
+    try:
+        registry.example(cls.examples[0], cls.example_target() if hasattr(cls, "example_target") else None)
+    except registry.ExampleNotApplicable as why:
+        return "transformers" in str(why)
+    except ImportError as why:
+        return "transformers" in str(why)
+    except Exception:  # noqa: BLE001 - built on no target: it needs one, so this transformers has its classes
+        return False
+    return False
+
+
+def test_the_matrix_builds_each_example_through_conftest(target, built):
     for label in registry.examples():
-        assert type(make_drafter(label, target, None)) is registry.examples()[label], label
+        if label not in built:
+            continue
+        try:
+            drafter = make_drafter(label, target, None)
+        except pytest.skip.Exception:  # a drafter for other targets (a Gemma-4 assistant on a Llama)
+            continue
+        assert type(drafter) is registry.examples()[label], label
+
+
+# Drafter folders with no method of the command line, the benchmark and the app, and why.
+WITHOUT_METHODS = {
+    "hf_speculative.drafters.mtp": "no registry model has MTP layers (DeepSeek-V3, GLM-4.5 are far larger)",
+    "hf_speculative.drafters.assistant": "no registry model is a Gemma-4 target with a published assistant",
+    "hf_speculative.drafters.dflash": "no DFlash drafter ships for a registry model yet (issue 47 trains one)",
+}
 
 
 def test_every_registered_method_is_a_method_of_the_tools():
@@ -256,6 +307,9 @@ def test_every_registered_method_is_a_method_of_the_tools():
                 for folder, entries in registry.folder_data("methods", "METHODS")}
     for method, cls in registry.registered().items():
         folder = cls.__module__.rsplit(".", 1)[0]
+        if folder in WITHOUT_METHODS:  # no model of the offline registry can run it: nothing to build a method on
+            assert declared.get(folder, []) == [], f"{folder} declares methods now: drop it from WITHOUT_METHODS"
+            continue
         assert declared.get(folder), f"{folder} declares no method of the tools"
         for name in declared[folder]:
             assert methods.get_method(name).kind == "hfs", name

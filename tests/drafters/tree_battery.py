@@ -60,10 +60,11 @@ def check_stop_strings(make, arch: str) -> None:
         assert model.generate(**kwargs, candidate_generator=make()).tolist() == expected.tolist()
 
 
-def check_seeded_sampling(make, arch: str = "llama") -> None:
-    """One seed, one text: the same as the plain seeded call, whatever was drafted or measured before."""
-    model = hfs.enable(build_model(arch))
-    inputs = prompt_inputs()
+def check_seeded_sampling(make, arch: str = "llama", target=None, inputs=None) -> None:
+    """One seed, one text: the same as the plain seeded call, whatever was drafted or measured before. ``target``:
+    the model (default: a tiny ``arch`` model); ``inputs``: ``generate``'s inputs (default: ``prompt_inputs()``)."""
+    model = hfs.enable(build_model(arch) if target is None else target)
+    inputs = prompt_inputs() if inputs is None else inputs
     torch.manual_seed(5)
     expected = model.generate(**inputs, **SAMPLING, sampling_seed=call_seed())
     strategy, drafted = make(), 0
@@ -78,33 +79,51 @@ def check_seeded_sampling(make, arch: str = "llama") -> None:
     assert other.tolist() == model.generate(**inputs, **SAMPLING, sampling_seed=4).tolist()
 
 
-def check_sampling_distribution(make, seeds: int = 2000, alpha: float = 1e-3, new: int = 3) -> int:
-    """Chi-square of the first sampled token against the target's softmax, over ``seeds`` seeded calls with one
-    strategy (its state carried from call to call, as in use); returns the accepted draft tokens (the test needs
-    some, to reach the rule's accept branch). A peaked model (``init=0.3``) makes drafts land often."""
+def check_sampling_distribution(make, seeds: int = 2000, alpha: float = 1e-3, new: int = 3, rule: str = "seeded",
+                                target=None) -> int:
+    """Chi-square of the first two sampled tokens against the target's own distributions, over ``seeds`` calls with
+    one strategy (its state carried from call to call, as in use): the first token against the target's softmax
+    after the prompt, the second against its exact marginal ``sum_x1 p(x1) p(. | x1)`` (for a drafter that reads the
+    target's hidden states the first token comes from the prefill alone: the second is the first one a draft can
+    decide). ``rule``: ``"seeded"`` (``sampling_seed=seed``) or ``"rejection"`` (``speculative_sampling=
+    "rejection"`` after ``torch.manual_seed(seed)``). ``target``: the model (default: a peaked tiny Llama,
+    ``init=0.3``, so that drafts land often). Returns the accepted draft tokens (the test needs some, to reach the
+    rule's accept branch); a negative control (the same counts against a distribution one token off) must fail."""
     from scipy.stats import chisquare
 
     from tests.conftest import PROMPT
 
-    model = hfs.enable(build_model("llama", init=0.3))
+    model = hfs.enable(build_model("llama", init=0.3) if target is None else target)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         p1 = torch.softmax(model(ids).logits[0, -1].double(), -1)  # [V]
-    strategy, firsts, accepted = make(), [], 0
+        vocab = p1.numel()
+        both = torch.cat([ids.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)  # [V, T + 1]: every first token
+        p2 = p1 @ torch.softmax(model(both).logits[:, -1].double(), -1)  # [V]: the second token's marginal
+    strategy, firsts, seconds, accepted = make(), [], [], 0
+    if rule not in ("seeded", "rejection"):
+        raise ValueError(rule)
     for seed in range(seeds):
+        if rule == "seeded":
+            extra = {"sampling_seed": seed}
+        else:
+            torch.manual_seed(seed)
+            extra = {"speculative_sampling": "rejection"}
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                             top_k=0, top_p=1.0, max_new_tokens=new, sampling_seed=seed, candidate_generator=strategy)
+                             top_k=0, top_p=1.0, max_new_tokens=new, candidate_generator=strategy, eos_token_id=None,
+                             **extra)
         firsts.append(int(out[0, len(PROMPT)]))
+        seconds.append(int(out[0, len(PROMPT) + 1]))
         accepted += hfs.last_stats(model).accepted_tokens
-    keep = p1 * seeds >= 5  # chi-square needs expected counts of 5 or more: the rest in one bin
-    counts = torch.bincount(torch.tensor(firsts), minlength=p1.numel()).double()
-    observed = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
-    expected = torch.cat([p1[keep], p1[~keep].sum(0, keepdim=True)]) * seeds
-    assert chisquare(observed.numpy(), expected.numpy()).pvalue > alpha
-    # negative control: the same counts against a distribution one token off are refused
-    shifted = torch.roll(p1, 1)
-    expected_off = torch.cat([shifted[keep], shifted[~keep].sum(0, keepdim=True)]) * seeds
-    assert chisquare(observed.numpy(), expected_off.numpy()).pvalue < alpha
+    for samples, probs in ((firsts, p1), (seconds, p2)):
+        keep = probs * seeds >= 5  # chi-square needs expected counts of 5 or more: the rest in one bin
+        counts = torch.bincount(torch.tensor(samples), minlength=vocab).double()
+        observed = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+        expected = torch.cat([probs[keep], probs[~keep].sum(0, keepdim=True)]) * seeds
+        assert chisquare(observed.numpy(), expected.numpy()).pvalue > alpha
+        shifted = torch.roll(probs, 1)
+        expected_off = torch.cat([shifted[keep], shifted[~keep].sum(0, keepdim=True)]) * seeds
+        assert chisquare(observed.numpy(), expected_off.numpy()).pvalue < alpha
     return accepted
 
 

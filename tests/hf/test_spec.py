@@ -302,8 +302,12 @@ def test_a_drafter_that_does_not_fit_the_model(eagle_folder, tmp_path):
 def test_spec_methods_are_registry_methods():
     from hf_speculative.tooling import methods
 
+    from hf_speculative.drafters.registry import strategy_class
+    from tests.drafters.test_registry import WITHOUT_METHODS
+
     for name in spec._methods():
-        if name != "hybrid":
+        folder = strategy_class(name).__module__.rsplit(".", 1)[0]
+        if name != "hybrid" and folder not in WITHOUT_METHODS:  # (drafters no registry model can run: see there)
             assert methods.get_method(name).kind == "hfs", name
 
 

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 import hf_speculative as hfs
 from tests.conftest import CHAT_WORDS
+
+
+def write_prompts(path: Path) -> Path:
+    """24 six-word prompts of the chat words (``{"id", "prompt"}`` rows) written to ``path`` as JSON lines."""
+    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 3 + j) % len(CHAT_WORDS)] for j in range(6))}
+            for i in range(24)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    """``prompts.jsonl`` in the test's folder (:func:`write_prompts`)."""
+    return write_prompts(tmp_path / "prompts.jsonl")
 
 
 @pytest.fixture

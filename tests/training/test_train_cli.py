@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 import hf_speculative as hfs
 from hf_speculative.cli.main import app
-from tests.conftest import CHAT_WORDS
 from tests.training.conftest import assert_drafts_exactly
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
@@ -23,15 +22,6 @@ def run(*args):
     result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
     assert result.exit_code == 0, result.output + repr(result.exception)
     return result
-
-
-@pytest.fixture
-def prompts(tmp_path):
-    words = CHAT_WORDS
-    rows = [{"id": f"q{i}", "prompt": " ".join(words[(i * 3 + j) % len(words)] for j in range(6))} for i in range(24)]
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.mark.parametrize("version", ["--eagle3", "--eagle1"])

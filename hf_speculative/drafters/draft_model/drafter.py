@@ -1,5 +1,6 @@
 """Classic two-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a smaller
-model with the same tokenizer drafts, the target verifies."""
+model with the same tokenizer drafts, the target verifies. With another tokenizer, given as ``tokenizer=`` beside the
+target's ``target_tokenizer=``, the drafts go through text (other_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import copy
 import dataclasses
 import os
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -20,9 +22,12 @@ from ...core.costs import draft_price, record_draft_step
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree
-from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
+from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree
+from .feed import feed
+from .other_tokenizer import OtherTokenizerCandidateGenerator, TokenizerBridge, bridge_for, check_tokenizer
+from .saved_tokenizers import SPEC_OPTION, load_tokenizers, save_tokenizers
 from .tree import model_tree_expander
-from ...core.budget import Plan, Sizing
+from ...core.budget import Plan
 from ...core.policy import check_chain_options
 
 
@@ -48,9 +53,13 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
         draft_cost (`float`, *optional*): the cost of one drafter forward in target forwards
             (e.g. 0.1); by default it is measured during the calls (and, until measured, taken as
             the ratio of the two models' parameter counts).
-        tokenizer / target_tokenizer (*optional*): the two tokenizers, for a complete vocabulary
-            check; without them the check compares vocabulary sizes and special tokens, and the
-            tokenizers saved beside both models when both were loaded from local folders.
+        tokenizer / target_tokenizer (*optional*): the drafter's and the target's tokenizers. When the
+            drafter's spells some token otherwise than the target's, the drafter drafts across tokenizers
+            (universal assisted generation: its drafts are decoded to text and encoded with the target's tokenizer;
+            chains only). When they agree (or are not given) the drafter's ids are the target's; without them the
+            check compares vocabulary sizes and special tokens, and the tokenizers saved beside both models when
+            both were loaded from local folders. A model saved with a drafter drafting across tokenizers as its
+            default keeps both tokenizers in its folder, and loads them back (saved_tokenizers.py).
         tree (`DynamicTree` or `StaticTree`, *optional*): draft a tree of the draft model's top guesses, verified
             in one forward by hf_speculative's own loop: ``hfs.DynamicTree(nodes, depth, top_k)`` expands the
             ``top_k`` likeliest nodes of each depth (one drafter forward per depth, with a tree attention mask
@@ -73,6 +82,8 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
     # a spec names the draft model (its registry name, or its folder inside the model's); one loaded from elsewhere
     # is saved beside the model first, into draft-model/
     spec_files: ClassVar[SpecFiles] = SpecFiles(network="model", subfolder="draft-model")
+    # recorded by a spec beyond the fields: both tokenizers are kept with the model (saved_tokenizers.py)
+    spec_only_options: ClassVar[dict[str, Any]] = {SPEC_OPTION: False}
 
     def __post_init__(self):
         if not hasattr(self.model, "config") or not callable(self.model):
@@ -81,12 +92,26 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
         if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
             raise ValueError(f"DraftModel(tree={shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
                              f"top_k=...), hfs.StaticTree(paths) or None for chains.")
+        for field in ("tokenizer", "target_tokenizer"):
+            if getattr(self, field) is not None:
+                check_tokenizer("DraftModel", field, getattr(self, field))
+        if self.tree is not None and self.other_tokenizer():
+            raise ValueError("DraftModel(tree=...) drafts trees with the target's tokenizer only: the drafter's "
+                             "tokenizer differs from the target's here, and its drafts are chains (tree=None).")
+
+    def other_tokenizer(self) -> TokenizerBridge | None:
+        """The bridge between the two tokenizers when both are given and the drafter's differs from the target's
+        (it drafts across tokenizers), else ``None`` (compared once per pair of tokenizers)."""
+        if self.tokenizer is None or self.target_tokenizer is None:
+            return None
+        return bridge_for(self.tokenizer, self.target_tokenizer)
 
     def validate_target(self, target: torch.nn.Module) -> None:
         # checked once per pair of models: loading two tokenizers to compare them takes seconds, and
         # strategies are rebuilt per call by the benchmark and the app
         checked = state_of(target).checked
-        if self.model in checked:
+        across = self.other_tokenizer() is not None  # (the tokenizers' check is remembered per pair, not here)
+        if self.model in checked and not across:
             return
         if self.model is target:
             raise ValueError("DraftModel(model=...) is the target itself; use a smaller model (or hfs.EarlyExit).")
@@ -96,6 +121,8 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
                 f"The draft model is on {draft_device} and the target on {target_device}; move the draft model "
                 f"with draft.to({str(target_device)!r})."
             )
+        if across:
+            return
         check_same_vocabulary(target, self.model, self.target_tokenizer, self.tokenizer)
         if self.tree is not None:
             from ...core.verify import check_tree_attention
@@ -103,7 +130,10 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
             check_tree_attention(self.model)  # the drafter's own forwards take a tree mask too
         checked.add(self.model)
 
-    def open(self, ctx: CallContext) -> "DraftModelCandidateGenerator":
+    def open(self, ctx: CallContext) -> DraftModelCandidateGenerator | OtherTokenizerCandidateGenerator:
+        bridge = self.other_tokenizer()
+        if bridge is not None:
+            return OtherTokenizerCandidateGenerator(ctx, self, bridge)
         return DraftModelCandidateGenerator(ctx, self)
 
     # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
@@ -113,6 +143,18 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
 
     def spec_network(self) -> torch.nn.Module:
         return self.model
+
+    def spec_save_beside(self, directory: os.PathLike, path: str) -> dict:
+        """After the spec named the draft model by ``path``: when it drafts across tokenizers, write both tokenizers
+        with the model saved in ``directory`` (saved_tokenizers.py); the options that records."""
+        if self.other_tokenizer() is None:
+            return {}
+        return save_tokenizers(self, Path(directory), path, "generation_config.candidate_generator.path")
+
+    @classmethod
+    def spec_load_beside(cls, options: dict, path: str, base_dir: Any, where: str) -> dict:
+        """The spec's ``options`` with the tokenizers it keeps beside the model (``across_tokenizers``) read back."""
+        return load_tokenizers(options, path, base_dir, where)
 
     @classmethod
     def from_spec_options(cls, method: str, options: dict, network=None) -> "DraftModel":
@@ -147,25 +189,12 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
-        nodes = 0 if config.tree is None else (
-            config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
-        self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
         self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
-        self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, nodes=nodes, rule="confidence",
-                             adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
-                             draft_price=self._draft_price, chain_option=True,
-                             draft_steps=None if config.tree is None else (lambda m: tree_depth(config.tree, m)))
+        self._size_tree_or_chain(ctx, config)
 
     def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
         """Feed ``tokens`` to the drafter; its logits for the next position `[V_target]` (float32)."""
-        start = time.perf_counter()
-        ids = torch.tensor([tokens], dtype=torch.long, device=device)
-        out = self.drafter(input_ids=ids, **{compat.cache_kwarg(): self.cache}, use_cache=True, **self._keep_last)
-        self.cache = compat.output_cache(out)
-        self.fed.extend(tokens)
-        if len(tokens) == 1:
-            record_draft_step(self.drafter, time.perf_counter() - start)
-        return self._to_target_vocab(out.logits[0, -1])
+        return self._to_target_vocab(feed(self, tokens, device))
 
     def _rollback(self, input_ids: torch.LongTensor) -> int:
         """Crop the drafter's cache to the longest prefix it shares with the verified sequence."""
@@ -285,15 +314,16 @@ def check_same_vocabulary(target, drafter, target_tokenizer=None, draft_tokenize
         if mismatched:
             raise ValueError(
                 f"The tokenizers of the {names} differ ({len(mismatched)} tokens, e.g. {mismatched[:3]}): a "
-                "draft model must share the target's tokenizer. Pick a drafter of the same family."
+                "draft model must share the target's tokenizer, or be given both to draft across tokenizers: "
+                "DraftModel(draft, tokenizer=draft_tok, target_tokenizer=target_tok)."
             )
         return
     target_size, draft_size = _vocab_size(target), _vocab_size(drafter)
     if target_size != draft_size:
         raise ValueError(
-            f"The vocabularies of the {names} differ in size ({target_size} vs {draft_size}): a draft model must "
-            "share the target's tokenizer. If they do share it (one lm_head padded), pass "
-            "DraftModel(..., tokenizer=draft_tok, target_tokenizer=target_tok) for a full check."
+            f"The vocabularies of the {names} differ in size ({target_size} vs {draft_size}): pass both "
+            "tokenizers, DraftModel(..., tokenizer=draft_tok, target_tokenizer=target_tok), to draft across "
+            "tokenizers (or, if they are one tokenizer and an lm_head is padded, for a full check)."
         )
     for field in ("eos_token_id", "bos_token_id"):
         a, b = getattr(target.generation_config, field, None), getattr(drafter.generation_config, field, None)

@@ -19,16 +19,15 @@ import torch
 
 from ...core.accept import draft_chain
 from ...core.sampling import rejection_sampler
-from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
+from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
 from ...cpu.layout import follow_layout
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
-from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree, tree_depth
-from ...core.budget import Plan, Sizing
+from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree
+from ...core.budget import Plan
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
 from .static_drafting import frontier_width, open_static
@@ -129,15 +128,7 @@ class Eagle(CheckedOnAssignment, DraftStrategy, method="eagle",
         return strategy
 
     def validate_target(self, target: torch.nn.Module) -> None:
-        checked = state_of(target).checked
-        if self.drafter in checked:
-            return
-        self.drafter.config.check_target(target)
-        device = next(target.parameters()).device
-        if next(self.drafter.parameters()).device != device:
-            raise ValueError(f"The EAGLE drafter is on {next(self.drafter.parameters()).device} and the target on "
-                             f"{device}; move it with strategy.drafter.to({str(device)!r}).")
-        checked.add(self.drafter)
+        check_network_once(target, self.drafter, self.drafter.config.check_target, "The EAGLE drafter", "drafter")
 
     def open(self, ctx: CallContext) -> "EagleCandidateGenerator":
         return EagleCandidateGenerator(ctx, self)
@@ -208,13 +199,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         self.cache = DraftKVCache()
         self.n_true = 0
         self._target_ids = self.net.target_ids()  # [V_draft] or None
-        nodes = 0 if config.tree is None else (
-            config.tree.nodes if isinstance(config.tree, DynamicTree) else config.tree.size)
-        self.verify_costs = ctx.verify_costs(max(config.num_tokens, nodes))
-        self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, nodes=nodes, rule="confidence",
-                             adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
-                             draft_price=self._draft_price, chain_option=True,
-                             draft_steps=None if config.tree is None else (lambda m: tree_depth(config.tree, m)))
+        nodes = self._size_tree_or_chain(ctx, config)
         self.graphs = self._open_static(ctx, nodes)
 
     def _open_static(self, ctx: CallContext, nodes: int):

@@ -15,8 +15,8 @@ from hf_speculative.drafters.medusa.config import MedusaConfig
 from hf_speculative.drafters.medusa.model import MedusaHeads
 from hf_speculative.core.features import tapped_features
 from hf_speculative.training.medusa import MedusaTrainConfig, medusa_loss, new_heads
-from tests.conftest import CHAT_WORDS, PROMPT, build_model, prompt_inputs, stock_generate
-from tests.training.conftest import assert_drafts_exactly
+from tests.conftest import PROMPT, build_model, prompt_inputs, stock_generate
+from tests.training.conftest import assert_drafts_exactly, write_prompts
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
@@ -29,11 +29,7 @@ def run(*args):
 
 @pytest.fixture
 def prompts(tmp_path):
-    rows = [{"id": f"q{i}", "prompt": " ".join(CHAT_WORDS[(i * 3 + j) % len(CHAT_WORDS)] for j in range(6))}
-            for i in range(24)]
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_prompts(tmp_path / "prompts.jsonl")
 
 
 @pytest.mark.parametrize("lm_head", ["target", "per_head"])

@@ -1,0 +1,277 @@
+"""``hfs.DFlash``: DFlash block drafters (Chen et al. 2026) as a strategy and its per-call generator.
+
+One drafter forward drafts a whole block: the window ``[anchor, mask x (B - 1)]`` after the last verified token
+attends to the target's own hidden states on every verified token (the raw outputs of the layers
+``target_layer_ids``, read through forward hooks) and to itself, and the target's lm_head turns its positions
+1 .. B-1 into B-1 distributions, one per drafted position, all at once. A chain is their argmax (as long as the loop's
+plan says it pays); a tree takes the top-k of each position under every node (Medusa's shape: the same children under
+every parent, since a position's guess does not depend on the tokens before it in the block).
+
+The drafter's context cache is kept in step with the verified text: only the features of verified tokens (the
+prompt's, then the accepted path's of each verify forward, gathered along the accepted path of a tree) enter it, in
+order, each once; nothing is ever rolled back (the window's keys and values are never stored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ...core.accept import draft_chain
+from ...core.budget import Plan, Sizing
+from ...core.costs import draft_price, record_draft_step
+from ...core.features import VerifiedFeatures
+from ...core.policy import check_chain_options
+from ...core.sampling import rejection_sampler
+from ...core.tree import DraftTree, Verdict
+from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
+from ...options import CheckedOnAssignment, shown
+from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
+from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
+from .model import DFlashDraftModel
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"  # none ship yet (issue 47 trains one)
+
+
+def _checkpoints() -> Any:
+    """The DFlash checkpoint module (imported on use)."""
+    from . import checkpoints
+
+    return checkpoints
+
+
+@dataclasses.dataclass(eq=False)
+class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
+             capabilities=Capabilities(trees=True, batch=True, reads_target="features")):
+    """Draft blocks with a DFlash network that reads the target's hidden states.
+
+    Args:
+        network (`DFlashDraftModel`): the network (see :meth:`from_pretrained`), on the target's device and dtype.
+        num_tokens (`int`, defaults to 16): the longest chain; at most the network's ``block_size - 1``.
+        confidence_threshold (`float`, defaults to 0.05): end a chain after a position the drafter gives less than this
+            probability (0 disables).
+        adaptive (`bool`, defaults to `True`): chains: draft a position only while its calibrated chance of acceptance
+            pays for verifying it; trees: the node count per step follows the measured verify costs.
+        draft_cost (`float`, *optional*): one drafter forward in target forwards; measured by default.
+        tree (`StaticTree` or `DynamicTree`, *optional*): draft a tree of each position's ranked guesses, verified in
+            one forward by hf_speculative's loop (``StaticTree`` rank paths: depth ``d`` is position ``d``'s guess of
+            that rank; ``DynamicTree``: the likeliest nodes, the same guesses under every parent). ``None``: chains.
+    """
+
+    network: DFlashDraftModel = dataclasses.field(repr=False)
+    num_tokens: int = 16
+    confidence_threshold: float = 0.05
+    adaptive: bool = True
+    draft_cost: float | None = None
+    tree: StaticTree | DynamicTree | None = None
+    examples: ClassVar[tuple[str, ...]] = ("dflash", "dflash-tree")
+    live_fields: ClassVar[tuple[str, ...]] = ("network",)
+    spec_files: ClassVar[SpecFiles] = SpecFiles(network="checkpoint", subfolder="dflash", checkpoints=_checkpoints,
+                                                shipped_dir=PRETRAINED_DIR)
+
+    def __post_init__(self):
+        if not isinstance(self.network, DFlashDraftModel):
+            raise TypeError(f"DFlash(network=...) needs a DFlashDraftModel (use hfs.DFlash.from_pretrained(path, "
+                            f"target=model)), got {type(self.network).__name__}.")
+        check_chain_options(self)
+        if self.tree is not None and not isinstance(self.tree, (StaticTree, DynamicTree)):
+            raise ValueError(f"DFlash(tree={shown(self.tree)}): use hfs.StaticTree(paths), hfs.DynamicTree(...) or "
+                             "None for chains.")
+        block = self.network.config.block_size
+        if isinstance(self.tree, StaticTree) and self.tree.depth > block - 1:
+            raise ValueError(f"DFlash(tree=...): the tree is {self.tree.depth} deep but the network drafts "
+                             f"{block - 1} positions (block_size {block}); drop the deeper rank paths.")
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, target: torch.nn.Module | None = None, *,
+                        sha256: dict[str, str] | None = None, **options: Any) -> DFlash:
+        """Load a drafter folder in transformers'/Meta's format (``model_type: "muse_glimmer_assistant"``) or z-lab's
+        (``architectures: ["DFlashDraftModel"]``): safetensors only, no remote code (see ``checkpoints.py``).
+
+        Args:
+            path (`str`): the folder (``huggingface_hub.snapshot_download("z-lab/Qwen3-8B-DFlash-b16")`` gives one).
+            target (`PreTrainedModel`, *optional*): the model it drafts for; gives the device and dtype, and is checked
+                against the drafter (hidden size, vocabulary and mask id, layer ids).
+            sha256 (`dict[str, str]`, *optional*): expected digests of the folder's files.
+            **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``, ``tree``.
+        """
+        from ...options import OptionTypeError
+        from . import checkpoints
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise OptionTypeError(f"DFlash.from_pretrained(path={shown(path)}): must be a folder (str or os.PathLike).")
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"No DFlash drafter at {str(path)!r}: give a folder with config.json and "
+                                    "model.safetensors (e.g. huggingface_hub.snapshot_download('z-lab/Qwen3-8B-DFlash-"
+                                    "b16')).")
+        param = None if target is None else next(target.parameters())
+        net = checkpoints.load_drafter(path, dtype=None if param is None else param.dtype,
+                                       target_config=None if target is None else target.config, sha256=sha256)
+        if param is not None:
+            net.to(param.device)
+        strategy = cls(network=net, **options)
+        if target is not None:
+            strategy.validate_target(target)
+        return strategy
+
+    def save_pretrained_network(self, directory: str | os.PathLike):
+        """Write the network in z-lab's format (``config.json``, ``model.safetensors``), which vLLM and SGLang load."""
+        from .checkpoints import save_pretrained
+
+        return save_pretrained(self.network, directory)
+
+    def validate_target(self, target: torch.nn.Module) -> None:
+        check_network_once(target, self.network, self.network.config.check_target, "The DFlash drafter", "network")
+
+    def open(self, ctx: CallContext) -> DFlashCandidateGenerator:
+        return DFlashCandidateGenerator(ctx, self)
+
+    # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
+    def spec_network(self) -> DFlashDraftModel:
+        return self.network
+
+    @classmethod
+    def load_network(cls, method: str, folder: Any, target: torch.nn.Module) -> DFlash:
+        return cls.from_pretrained(folder, target=target)
+
+    @classmethod
+    def from_spec_options(cls, method: str, options: dict, network: Any = None) -> DFlash:
+        return dataclasses.replace(network, **options)
+
+    @classmethod
+    def example(cls, target: torch.nn.Module, label: str | None = None, **options: Any) -> DFlash:
+        """A random network (:func:`random_network`) drafting at every step: ``"dflash"`` chains of its 5 positions,
+        ``"dflash-tree"`` a static tree 3 wide at the top."""
+        tree = None
+        if example_label(cls, label) == "dflash-tree":
+            tree = StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])
+        settings = {"tree": tree, "num_tokens": 5, "confidence_threshold": 0.0, "adaptive": False}
+        return cls(**{"network": random_network(target), **settings, **options})
+
+
+def random_network(target: torch.nn.Module, seed: int = 7, scale: float = 0.3, **fields: Any) -> DFlashDraftModel:
+    """A random DFlash network shaped for ``target`` (its hidden size and vocabulary, layers before its last, the mask
+    id its last token id, a block of 6), weights ~ N(0, scale) seeded with ``seed``: the matrix's examples."""
+    from ... import compat
+    from .config import DFlashConfig
+
+    if int(compat.text_config(target.config).num_hidden_layers) < 2:
+        raise ExampleNotApplicable("a DFlash drafter reads a layer before the target's last; this target has one")
+    torch.manual_seed(seed)
+    net = DFlashDraftModel(DFlashConfig.for_target(target.config, **{"block_size": 6, **fields}))
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, scale)
+    param = next(target.parameters())
+    return net.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
+
+
+class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
+    """Per-call state: the target's verified features, the drafter's context cache, the sizing.
+
+    Invariant between forwards: the context cache holds positions ``[0, n_ctx)``; ``features.pending`` holds the
+    verified features of ``[n_ctx, L - 1)`` (``L`` = verified length; the newest token, the next anchor, has none
+    until the next target forward). Drafting feeds the pending ones and runs the window at ``L - 1 .. L - 2 + B``.
+    """
+
+    def __init__(self, ctx: CallContext, config: DFlash):
+        super().__init__(ctx)
+        self.config = config
+        self.net = config.network
+        net_config = self.net.config
+        self.features = VerifiedFeatures(ctx.target, net_config.target_layer_ids, view=ctx.view)
+        self.embed = ctx.target.get_input_embeddings()
+        self.head = ctx.target.get_output_embeddings()
+        self.cache = self.net.new_cache()
+        self.n_ctx = 0
+        self.drafted = net_config.drafted  # positions one forward drafts
+        tree = config.tree
+        nodes = 0 if tree is None else (tree.nodes if isinstance(tree, DynamicTree) else tree.size)
+        tokens = min(config.num_tokens, self.drafted)
+        self.verify_costs = ctx.verify_costs(max(tokens, nodes))
+        self.sizing = Sizing(self.verify_costs, tokens=tokens, nodes=nodes, rule="confidence",
+                             adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
+                             draft_price=self._draft_price, chain_option=True,
+                             draft_steps=None if tree is None else (lambda m: 1))
+
+    def _draft_price(self) -> float:
+        # until measured: a few layers over one block against a whole model
+        return draft_price(self.net, self.verify_costs, self.config.draft_cost, 0.1)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The window's embeddings `[1, B, H]`: the target's embedding module (an ``embed_norm`` left out, as
+        transformers does), or a raw table lookup times ``embed_scale`` (z-lab's)."""
+        scale = self.net.config.embed_scale
+        if scale is None and getattr(self.embed, "embed_norm", None) is None:
+            return self.embed(ids)
+        weight = self.embed.weight
+        return F.embedding(ids, weight) * (scale if scale is not None else getattr(self.embed, "embed_scale", 1.0))
+
+    def window_logits(self, sequence: torch.LongTensor) -> torch.Tensor | None:
+        """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + B - 2`` over the
+        target's vocabulary, `[B - 1, V]` (float32); ``None`` when the features are not in step."""
+        length = sequence.shape[1]
+        pending = self.features.pop()  # [1, P, F]: positions n_ctx .. L - 2
+        fed = 0 if pending is None else pending.shape[1]
+        if self.n_ctx + fed != length - 1:  # a forward not seen: features and tokens no longer line up
+            self.features.lost = True
+            return None
+        start = time.perf_counter()
+        device = sequence.device
+        mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
+        window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
+        positions = torch.arange(self.n_ctx, length - 1 + self.drafted + 1, device=device)[None]  # [1, P + B]
+        hidden = self.net(window, pending, positions, self.cache)  # [1, B, H]
+        self.n_ctx = length - 1
+        logits = self._to_target_vocab(self.net.draft_logits(hidden, self.head)[0])  # [B - 1, V]
+        record_draft_step(self.net, time.perf_counter() - start)
+        return logits
+
+    @torch.no_grad()
+    def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        if self.features.lost or self.features.pending is None:
+            return DraftTree.empty(sequence.device)  # before the prefill there are no features yet
+        return super().draft(sequence, plan)
+
+    def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        if not plan.start_chain():
+            return DraftTree.empty(sequence.device)
+        logits = self.window_logits(sequence)
+        if logits is None:
+            return DraftTree.empty(sequence.device)
+        depth = iter(range(1, self.drafted))
+        # the block's positions do not depend on the drafted tokens: the next one is already there
+        return draft_chain(plan, self.ctx, sequence, logits[0], min(plan.depth, self.drafted),
+                           lambda token: logits[next(depth)])
+
+    def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+        """Each depth's guesses under every node of the level above (one forward for the whole tree)."""
+        logits = self.window_logits(sequence)
+        if logits is None:
+            return DraftTree.empty(sequence.device)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B - 1, V]
+        level = 0
+
+        def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+            nonlocal level  # shapes expand one level at a time, from the root's children down
+            level += 1
+            return logprobs[level].expand(len(frontier), -1)  # [k, V]: the same guesses under every parent
+
+        tree = grow_tree(self.config.tree, logprobs[0], expand, nodes, min(max_depth, self.drafted),
+                         rejection_sampler(self.ctx.logits_processor))
+        return dataclasses.replace(tree, tokens=tree.tokens.to(sequence.device), parents=tree.parents.to(sequence.device))
+
+    def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
+        """Queue the target's features of the verified rows (the accepted path of any drafter's tree)."""
+        self.features.follow_tree(sequence.shape[1], tree.size, list(verdict.path))
+
+    def close(self) -> None:
+        self.features.close()
+        self.cache = self.net.new_cache()

@@ -1,0 +1,31 @@
+"""Feeding a draft model on its own KV cache: shared by the same-tokenizer generator (drafter.py) and the one that
+drafts across tokenizers (other_tokenizer.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ... import compat
+from ...core.costs import record_draft_step
+
+
+def feed(generator: Any, tokens: list[int], device: torch.device) -> torch.Tensor:
+    """Feed ``tokens`` (the drafter's ids) to ``generator.drafter`` on its cache: ``generator.cache`` becomes the
+    extended cache and ``generator.fed`` gains ``tokens``; a one-token forward is timed as one draft step
+    (core/costs.py). Returns the drafter's logits for the next position, `[V_draft]`.
+
+    ``generator`` holds ``drafter`` (the model), ``cache``, ``fed`` (the tokens whose keys/values are in the cache)
+    and ``_keep_last`` (``compat.logits_to_keep_kwargs(drafter, 1)``).
+    """
+    start = time.perf_counter()
+    ids = torch.tensor([tokens], dtype=torch.long, device=device)  # [1, T]
+    out = generator.drafter(input_ids=ids, **{compat.cache_kwarg(): generator.cache}, use_cache=True,
+                            **generator._keep_last)
+    generator.cache = compat.output_cache(out)
+    generator.fed.extend(tokens)
+    if len(tokens) == 1:
+        record_draft_step(generator.drafter, time.perf_counter() - start)
+    return out.logits[0, -1]
