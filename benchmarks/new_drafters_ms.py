@@ -208,8 +208,7 @@ def main() -> int:
                 samples["ours_draft"] += [d for d, _, _ in drafted]
                 samples["ours_verify"] += [v for _, v, _ in drafted]
                 samples["ours_tokens"] += [n for _, _, n in drafted]
-                tf_drafts = [d for d in recorder.draft_s]
-                samples["tf_draft"] += tf_drafts[1:]  # the first call returns the prompt unchanged (no draft)
+                samples["tf_draft"] += recorder.draft_s[1:]  # the first call returns the prompt unchanged (no draft)
                 samples["tf_verify"] += recorder.verify_s[1:]  # the prefill left out
                 samples["ours_s"].append(ours_s)
                 samples["tf_s"].append(tf_s)

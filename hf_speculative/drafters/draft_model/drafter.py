@@ -23,7 +23,7 @@ from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree
-from .feed import feed
+from .feed import feed, size_ratio
 from .other_tokenizer import OtherTokenizerCandidateGenerator, TokenizerBridge, bridge_for, check_tokenizer
 from .saved_tokenizers import SPEC_OPTION, load_tokenizers, save_tokenizers
 from .tree import model_tree_expander
@@ -189,7 +189,7 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
-        self._size_ratio = _num_params(self.drafter) / max(_num_params(ctx.target), 1)
+        self._size_ratio = size_ratio(self.drafter, ctx.target)
         self._size_tree_or_chain(ctx, config)
 
     def _forward(self, tokens: list[int], device: torch.device) -> torch.Tensor:
@@ -267,9 +267,6 @@ def copy_of(target: torch.nn.Module) -> torch.nn.Module:
     param = next(target.parameters())
     return clone.to(device=param.device, dtype=param.dtype).eval()
 
-
-def _num_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

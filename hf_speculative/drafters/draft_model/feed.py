@@ -12,6 +12,12 @@ from ... import compat
 from ...core.costs import record_draft_step
 
 
+def size_ratio(drafter: torch.nn.Module, target: torch.nn.Module) -> float:
+    """The drafter's parameters over the target's: the price of one drafter forward, in target forwards, until both
+    are measured (forwards cost in proportion to parameters)."""
+    return sum(p.numel() for p in drafter.parameters()) / max(sum(p.numel() for p in target.parameters()), 1)
+
+
 def feed(generator: Any, tokens: list[int], device: torch.device) -> torch.Tensor:
     """Feed ``tokens`` (the drafter's ids) to ``generator.drafter`` on its cache: ``generator.cache`` becomes the
     extended cache and ``generator.fed`` gains ``tokens``; a one-token forward is timed as one draft step

@@ -29,7 +29,7 @@ from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price
 from ...core.tree import DraftTree
 from ..base import CallContext, SpeculativeCandidateGenerator
-from .feed import feed
+from .feed import feed, size_ratio
 
 LOOKBEHIND = 10  # target tokens re-encoded behind the newest ones (transformers' target_lookbehind, the same default)
 _REPLACEMENT = "\ufffd"  # what a byte-level tokenizer decodes an incomplete UTF-8 character to
@@ -144,8 +144,7 @@ class OtherTokenizerCandidateGenerator(SpeculativeCandidateGenerator):
         self.anchor = (0, len(self.draft_ids))  # (target position, drafter position) where both split the text
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
         self.verify_costs = ctx.verify_costs(config.num_tokens)
-        target_params = sum(p.numel() for p in ctx.target.parameters())
-        self._size_ratio = sum(p.numel() for p in self.drafter.parameters()) / max(target_params, 1)
+        self._size_ratio = size_ratio(self.drafter, ctx.target)
         self.sizing = Sizing(self.verify_costs, tokens=config.num_tokens, rule="confidence",
                              adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
                              draft_price=self._draft_price)
