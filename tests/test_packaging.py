@@ -41,9 +41,10 @@ def _names(requirements: list[str]) -> set[str]:
 def _runtime_data_files() -> list[Path]:
     """The files outside Python modules the package reads at run time."""
     needed = [PACKAGE / "cpu" / "csrc" / "skinny_linear.cpp"]
-    for folder in ("drafters/eagle/pretrained", "drafters/medusa/pretrained",
-                   "drafters/self_speculative/exit_adapters"):
-        needed += [p for p in (PACKAGE / folder).glob("*/*") if p.suffix in (".json", ".safetensors")]
+    folders = [*PACKAGE.glob("drafters/*/pretrained"), PACKAGE / "drafters/self_speculative/exit_adapters"]
+    assert PACKAGE / "drafters/dflash/pretrained" in folders
+    for folder in folders:  # every drafter folder's shipped networks
+        needed += [p for p in folder.glob("*/*") if p.suffix in (".json", ".safetensors")]
     needed += sorted((PACKAGE / "bench" / "data" / "spec_bench").iterdir())
     return needed
 

@@ -1,7 +1,8 @@
 """Write (or check) the ``sha256sums.json`` of every drafter shipped inside the package.
 
 Each shipped drafter folder (``hf_speculative/drafters/eagle/pretrained/<name>/``,
-``hf_speculative/drafters/medusa/pretrained/<name>/``, ``hf_speculative/drafters/exit_adapters/<name>/``) carries the sha256 of its files, recorded at release;
+``hf_speculative/drafters/medusa/pretrained/<name>/``, ``hf_speculative/drafters/dflash/pretrained/<name>/``,
+``hf_speculative/drafters/exit_adapters/<name>/``) carries the sha256 of its files, recorded at release;
 loading a shipped drafter checks its files against it (``checkpoints.check_manifest``). Run after
 changing a shipped drafter's files, in the repository's root::
 
@@ -24,8 +25,10 @@ def shipped_folders() -> list[Path]:
     from hf_speculative.drafters.eagle.drafter import PRETRAINED_DIR
     from hf_speculative.drafters.self_speculative.exit_adapter import SHIPPED_DIR
     from hf_speculative.drafters.medusa.drafter import PRETRAINED_DIR as MEDUSA_DIR
+    from hf_speculative.drafters.dflash.drafter import PRETRAINED_DIR as DFLASH_DIR
 
-    return [root / name for root in (PRETRAINED_DIR, MEDUSA_DIR, SHIPPED_DIR) for name in shipped_names(root)]
+    roots = (PRETRAINED_DIR, MEDUSA_DIR, DFLASH_DIR, SHIPPED_DIR)
+    return [root / name for root in roots for name in shipped_names(root)]
 
 
 def manifest_of(folder: Path) -> dict:

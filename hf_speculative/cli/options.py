@@ -51,14 +51,15 @@ EagleOpt = Annotated[
 TreeNodesOpt = Annotated[
     Optional[int],
     typer.Option("--tree-nodes", min=1, max=64,
-                 help="Largest draft tree of the tree methods (eagle-tree, eagle+lookup-tree; default 32): each step "
-                 "verifies as many of them as the measured verification cost says pay (0 to this)."),
+                 help="Largest draft tree of the tree methods (eagle-tree, eagle+lookup-tree, dflash-tree; default "
+                 "32): each step verifies as many of them as the measured verification cost says pay (0 to this)."),
 ]
 AdaptiveOpt = Annotated[
     Optional[bool],
     typer.Option("--adaptive/--fixed-budget",
-                 help="Tree methods: choose each step's tree size from the measured verification cost (default), or "
-                 "always draft the whole --tree-nodes (to measure tau by budget)."),
+                 help="Tree methods (and the dflash and draft-model-uag chains): choose each step's draft size from "
+                 "the measured verification cost (default), or always draft the whole --tree-nodes / --num-tokens (to "
+                 "measure tau by budget)."),
 ]
 
 

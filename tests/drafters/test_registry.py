@@ -298,7 +298,6 @@ def test_the_matrix_builds_each_example_through_conftest(target, built):
 WITHOUT_METHODS = {
     "hf_speculative.drafters.mtp": "no registry model has MTP layers (DeepSeek-V3, GLM-4.5 are far larger)",
     "hf_speculative.drafters.assistant": "no registry model is a Gemma-4 target with a published assistant",
-    "hf_speculative.drafters.dflash": "no DFlash drafter ships for a registry model yet (issue 47 trains one)",
 }
 
 

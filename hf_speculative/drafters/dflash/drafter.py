@@ -36,7 +36,14 @@ from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, ch
 from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
 from .model import DFlashDraftModel
 
-PRETRAINED_DIR = Path(__file__).parent / "pretrained"  # none ship yet (issue 47 trains one)
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+
+
+def pretrained_names() -> list[str]:
+    """Targets for which a trained DFlash drafter ships with the package."""
+    from ..checkpoints import shipped_names
+
+    return shipped_names(PRETRAINED_DIR)
 
 
 def _checkpoints() -> Any:
@@ -89,27 +96,29 @@ class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
                              f"{block - 1} positions (block_size {block}); drop the deeper rank paths.")
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, target: torch.nn.Module | None = None, *,
+    def from_pretrained(cls, path_or_name: str | os.PathLike, target: torch.nn.Module | None = None, *,
                         sha256: dict[str, str] | None = None, **options: Any) -> DFlash:
-        """Load a drafter folder in transformers'/Meta's format (``model_type: "muse_glimmer_assistant"``) or z-lab's
-        (``architectures: ["DFlashDraftModel"]``): safetensors only, no remote code (see ``checkpoints.py``).
+        """Load a drafter: a folder in transformers'/Meta's format (``model_type: "muse_glimmer_assistant"``) or
+        z-lab's (``architectures: ["DFlashDraftModel"]``), safetensors only, no remote code (see ``checkpoints.py``);
+        or the name of a target whose drafter ships with hf_speculative
+        (``hfs.DFlash.from_pretrained("smollm2-135m-instruct", target=model)``).
 
         Args:
-            path (`str`): the folder (``huggingface_hub.snapshot_download("z-lab/Qwen3-8B-DFlash-b16")`` gives one).
+            path_or_name (`str`): the folder (``huggingface_hub.snapshot_download("z-lab/Qwen3-8B-DFlash-b16")``
+                gives one), or a name from ``pretrained_names()``.
             target (`PreTrainedModel`, *optional*): the model it drafts for; gives the device and dtype, and is checked
                 against the drafter (hidden size, vocabulary and mask id, layer ids).
             sha256 (`dict[str, str]`, *optional*): expected digests of the folder's files.
             **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``, ``tree``.
         """
-        from ...options import OptionTypeError
+        from ..checkpoints import find_folder
         from . import checkpoints
 
-        if not isinstance(path, (str, os.PathLike)):
-            raise OptionTypeError(f"DFlash.from_pretrained(path={shown(path)}): must be a folder (str or os.PathLike).")
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"No DFlash drafter at {str(path)!r}: give a folder with config.json and "
-                                    "model.safetensors (e.g. huggingface_hub.snapshot_download('z-lab/Qwen3-8B-DFlash-"
-                                    "b16')).")
+        path = find_folder(
+            path_or_name, PRETRAINED_DIR, owner="DFlash.from_pretrained", argument="path_or_name",
+            missing=f"No DFlash drafter at {str(path_or_name)!r}: give a folder with config.json and model.safetensors "
+            "(train one with `hf-speculative train-dflash`, or e.g. huggingface_hub.snapshot_download("
+            f"'z-lab/Qwen3-8B-DFlash-b16')), or one of the shipped drafters {pretrained_names()}.")
         param = None if target is None else next(target.parameters())
         net = checkpoints.load_drafter(path, dtype=None if param is None else param.dtype,
                                        target_config=None if target is None else target.config, sha256=sha256)
@@ -214,23 +223,40 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         weight = self.embed.weight
         return F.embedding(ids, weight) * (scale if scale is not None else getattr(self.embed, "embed_scale", 1.0))
 
-    def window_logits(self, sequence: torch.LongTensor) -> torch.Tensor | None:
-        """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + B - 2`` over the
-        target's vocabulary, `[B - 1, V]` (float32); ``None`` when the features are not in step."""
+    def window_hidden(self, sequence: torch.LongTensor) -> torch.Tensor | None:
+        """One drafter forward after ``sequence`` `[1, L]`: the window's hidden states `[1, B, H]` (row ``d + 1``
+        drafts position ``L + d``); ``None`` when the features are not in step."""
         length = sequence.shape[1]
         pending = self.features.pop()  # [1, P, F]: positions n_ctx .. L - 2
         fed = 0 if pending is None else pending.shape[1]
         if self.n_ctx + fed != length - 1:  # a forward not seen: features and tokens no longer line up
             self.features.lost = True
             return None
-        start = time.perf_counter()
         device = sequence.device
         mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
         window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
         positions = torch.arange(self.n_ctx, length - 1 + self.drafted + 1, device=device)[None]  # [1, P + B]
         hidden = self.net(window, pending, positions, self.cache)  # [1, B, H]
         self.n_ctx = length - 1
-        logits = self._to_target_vocab(self.net.draft_logits(hidden, self.head)[0])  # [B - 1, V]
+        self.window_sequence = sequence
+        return hidden
+
+    def rows(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """The logits `[stop - start, V]` (float32) of drafted positions ``start .. stop - 1`` of the window after
+        :attr:`window_sequence` (0: the token right after it), through the target's lm_head."""
+        return self._to_target_vocab(self.net.draft_logits(hidden[:, start: stop + 1], self.head)[0])
+
+    def window_logits(self, sequence: torch.LongTensor, depth: int | None = None) -> torch.Tensor | None:
+        """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + D - 1`` over the
+        target's vocabulary, `[D, V]` (float32), ``D = depth`` (default: all ``B - 1``); ``None`` when the features
+        are not in step. The target's lm_head over a position costs more than the drafter's layers over the whole
+        window, so only the positions a step can use go through it."""
+        start = time.perf_counter()
+        hidden = self.window_hidden(sequence)
+        if hidden is None:
+            return None
+        depth = self.drafted if depth is None else max(1, min(depth, self.drafted))
+        logits = self.rows(hidden, 0, depth)  # [D, V]
         record_draft_step(self.net, time.perf_counter() - start)
         return logits
 
@@ -243,20 +269,25 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
     def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         if not plan.start_chain():
             return DraftTree.empty(sequence.device)
-        logits = self.window_logits(sequence)
-        if logits is None:
+        start = time.perf_counter()
+        hidden = self.window_hidden(sequence)
+        if hidden is None:
             return DraftTree.empty(sequence.device)
+        first = self.rows(hidden, 0, 1)[0]  # [V]
+        record_draft_step(self.net, time.perf_counter() - start)
         depth = iter(range(1, self.drafted))
-        # the block's positions do not depend on the drafted tokens: the next one is already there
-        return draft_chain(plan, self.ctx, sequence, logits[0], min(plan.depth, self.drafted),
-                           lambda token: logits[next(depth)])
+        # the block's positions do not depend on the drafted tokens: each goes through the lm_head only once the
+        # chain gets there (a chain the cost rule ends early pays for the positions it drafted, not the block's)
+        return draft_chain(plan, self.ctx, sequence, first, min(plan.depth, self.drafted),
+                           lambda token: self.rows(hidden, (d := next(depth)), d + 1)[0])
 
     def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """Each depth's guesses under every node of the level above (one forward for the whole tree)."""
-        logits = self.window_logits(sequence)
+        depth = min(max_depth, self.drafted)
+        logits = self.window_logits(sequence, depth)
         if logits is None:
             return DraftTree.empty(sequence.device)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B - 1, V]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [D, V]
         level = 0
 
         def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
@@ -264,9 +295,10 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
             level += 1
             return logprobs[level].expand(len(frontier), -1)  # [k, V]: the same guesses under every parent
 
-        tree = grow_tree(self.config.tree, logprobs[0], expand, nodes, min(max_depth, self.drafted),
+        tree = grow_tree(self.config.tree, logprobs[0], expand, nodes, depth,
                          rejection_sampler(self.ctx.logits_processor))
-        return dataclasses.replace(tree, tokens=tree.tokens.to(sequence.device), parents=tree.parents.to(sequence.device))
+        return dataclasses.replace(tree, tokens=tree.tokens.to(sequence.device),
+                                   parents=tree.parents.to(sequence.device))
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
         """Queue the target's features of the verified rows (the accepted path of any drafter's tree)."""

@@ -15,7 +15,7 @@ METHODS = [
     {"name": "draft-model-uag", "order": 130, "label": "Draft model, another tokenizer (hfs)",
      "description": "hf_speculative's draft model with a drafter of another tokenizer: its drafts are decoded to text "
                     "and encoded with the target's tokenizer (universal assisted generation).",
-     "options": {"draft_model": None, "num_tokens": None}, "build": "build_draft_model_uag",
+     "options": {"draft_model": None, "num_tokens": None, "adaptive": True}, "build": "build_draft_model_uag",
      "app": False},  # the app's draft-model list holds same-tokenizer models only
 ]
 
@@ -32,5 +32,6 @@ def build_draft_model_uag(model: Any, tokenizer: Any, call: Any) -> dict:
     if tokenizer is None:
         raise ValueError(f"method {call.name!r} needs the target's tokenizer")
     draft = call.draft_model()
+    # adaptive=False (--fixed-budget): always the whole num_tokens, to measure τ without the cost model
     return {"candidate_generator": DraftModel(draft, tokenizer=call.draft_tokenizer(), target_tokenizer=tokenizer,
-                                              **call.given("num_tokens"))}
+                                              adaptive=call.flag("adaptive"), **call.given("num_tokens"))}

@@ -22,15 +22,14 @@ SHAPES = {"chain": None, "tree": TREE, "dynamic": hfs.DynamicTree(nodes=8, depth
 class OracleGenerator(DFlashCandidateGenerator):
     """The real drafter's forward (its cache kept in step), its logits replaced by the known greedy text's."""
 
-    def window_logits(self, sequence):
-        logits = super().window_logits(sequence)
-        if logits is None:
-            return None
-        text, length = self.config.text, sequence.shape[1]
+    def rows(self, hidden, start, stop):
+        logits = super().rows(hidden, start, stop)
+        text, sequence = self.config.text, self.window_sequence
+        length = sequence.shape[1]
         oracle = torch.full_like(logits, -10.0)
-        for d in range(logits.shape[0]):
+        for i, d in enumerate(range(start, stop)):
             if length + d < len(text) and list(text[:length]) == sequence[0].tolist():
-                oracle[d, text[length + d]] = 10.0
+                oracle[i, text[length + d]] = 10.0
         return oracle
 
 
@@ -120,6 +119,27 @@ def test_negative_control_a_wrong_q_is_caught(monkeypatch):
         battery.check_sampling_distribution(lambda: strategy, seeds=600, rule="rejection", target=target)
 
 
+def test_lm_head_runs_over_the_positions_a_step_uses():
+    """A chain of at most 2 puts at most 2 of the block's 5 positions through the target's lm_head, each once."""
+    model = hfs.enable(build_model("llama"))
+    strategy = DFlash(random_network(model), num_tokens=2, confidence_threshold=0.0, adaptive=False)
+    rows = []
+    original = DFlashCandidateGenerator.rows
+
+    def spy(self, hidden, start, stop):
+        rows.append((start, stop))
+        return original(self, hidden, start, stop)
+
+    DFlashCandidateGenerator.rows = spy
+    try:
+        out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12, candidate_generator=strategy)
+    finally:
+        DFlashCandidateGenerator.rows = original
+    assert set(rows) == {(0, 1), (1, 2)}, rows  # position 0, then 1 after the chain took its token
+    plain = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12)
+    assert out.tolist() == plain.tolist()
+
+
 def test_context_is_the_accepted_path_s_features():
     """After a tree verify, the drafter's context cache equals one built from scratch on the verified text."""
     from hf_speculative.core.features import tapped_features
@@ -129,8 +149,8 @@ def test_context_is_the_accepted_path_s_features():
     seen = []
     original = DFlashCandidateGenerator.window_logits
 
-    def spy(self, sequence):
-        out = original(self, sequence)
+    def spy(self, sequence, depth=None):
+        out = original(self, sequence, depth)
         seen.append((sequence.clone(), [layer.k[:, :, : layer.length].clone() for layer in self.cache.layers]))
         return out
 
