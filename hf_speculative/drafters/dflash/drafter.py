@@ -269,17 +269,15 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
     def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         if not plan.start_chain():
             return DraftTree.empty(sequence.device)
-        start = time.perf_counter()
-        hidden = self.window_hidden(sequence)
-        if hidden is None:
+        # every position the chain may reach through the lm_head at once: one pass over its weight (on a CPU a
+        # 49k-row lm_head is read from memory once per call, so row by row costs as many passes as rows)
+        length = min(plan.depth, self.sizing.tokens, self.drafted)
+        logits = self.window_logits(sequence, length)
+        if logits is None:
             return DraftTree.empty(sequence.device)
-        first = self.rows(hidden, 0, 1)[0]  # [V]
-        record_draft_step(self.net, time.perf_counter() - start)
-        depth = iter(range(1, self.drafted))
-        # the block's positions do not depend on the drafted tokens: each goes through the lm_head only once the
-        # chain gets there (a chain the cost rule ends early pays for the positions it drafted, not the block's)
-        return draft_chain(plan, self.ctx, sequence, first, min(plan.depth, self.drafted),
-                           lambda token: self.rows(hidden, (d := next(depth)), d + 1)[0])
+        depth = iter(range(1, length))
+        # the block's positions do not depend on the drafted tokens: the next one is already there
+        return draft_chain(plan, self.ctx, sequence, logits[0], length, lambda token: logits[next(depth)])
 
     def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """Each depth's guesses under every node of the level above (one forward for the whole tree)."""

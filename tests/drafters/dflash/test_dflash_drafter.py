@@ -120,7 +120,8 @@ def test_negative_control_a_wrong_q_is_caught(monkeypatch):
 
 
 def test_lm_head_runs_over_the_positions_a_step_uses():
-    """A chain of at most 2 puts at most 2 of the block's 5 positions through the target's lm_head, each once."""
+    """A chain of at most 2 puts 2 of the block's 5 positions through the target's lm_head, in one call (a CPU reads
+    the lm_head's weight once per call, so fewer rows in one call is what saves, not rows one by one)."""
     model = hfs.enable(build_model("llama"))
     strategy = DFlash(random_network(model), num_tokens=2, confidence_threshold=0.0, adaptive=False)
     rows = []
@@ -135,7 +136,8 @@ def test_lm_head_runs_over_the_positions_a_step_uses():
         out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12, candidate_generator=strategy)
     finally:
         DFlashCandidateGenerator.rows = original
-    assert set(rows) == {(0, 1), (1, 2)}, rows  # position 0, then 1 after the chain took its token
+    # (0, 1) only where the call had room for one more token
+    assert rows and set(rows) <= {(0, 1), (0, 2)} and rows.count((0, 2)) >= len(rows) - 1, rows
     plain = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12)
     assert out.tolist() == plain.tolist()
 
