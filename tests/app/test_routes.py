@@ -29,7 +29,8 @@ MAX_NEW = 24
 # Methods that run on the tiny chat model; the others need the drafters trained for the real default model.
 TINY = ["prompt-lookup", "draft-model", "early-exit", "layer-skip", "hf-prompt-lookup", "hf-assisted",
         "hf-early-exit", "suffix", "lookahead"]
-REAL = ["eagle", "eagle+lookup", "eagle-tree", "eagle+lookup-tree", "early-exit-adapter", "medusa", "medusa-tree"]
+REAL = ["eagle", "eagle+lookup", "eagle-tree", "eagle+lookup-tree", "early-exit-adapter", "medusa", "medusa-tree",
+        "dflash", "dflash-tree"]
 REAL_PROMPT = ("Rewrite this sentence in the plural: The cat sat on the mat and the dog sat on the mat, and the cat "
                "looked at the dog on the mat.")
 
