@@ -223,40 +223,26 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         weight = self.embed.weight
         return F.embedding(ids, weight) * (scale if scale is not None else getattr(self.embed, "embed_scale", 1.0))
 
-    def window_hidden(self, sequence: torch.LongTensor) -> torch.Tensor | None:
-        """One drafter forward after ``sequence`` `[1, L]`: the window's hidden states `[1, B, H]` (row ``d + 1``
-        drafts position ``L + d``); ``None`` when the features are not in step."""
+    def window_logits(self, sequence: torch.LongTensor, depth: int | None = None) -> torch.Tensor | None:
+        """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + D - 1`` over the
+        target's vocabulary, `[D, V]` (float32), ``D = depth`` (default: all ``B - 1``); ``None`` when the features
+        are not in step. The target's lm_head over a position costs more than the drafter's layers over the whole
+        window, so only the positions a step can use go through it, in one call."""
         length = sequence.shape[1]
         pending = self.features.pop()  # [1, P, F]: positions n_ctx .. L - 2
         fed = 0 if pending is None else pending.shape[1]
         if self.n_ctx + fed != length - 1:  # a forward not seen: features and tokens no longer line up
             self.features.lost = True
             return None
+        start = time.perf_counter()
         device = sequence.device
         mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
         window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
         positions = torch.arange(self.n_ctx, length - 1 + self.drafted + 1, device=device)[None]  # [1, P + B]
         hidden = self.net(window, pending, positions, self.cache)  # [1, B, H]
         self.n_ctx = length - 1
-        self.window_sequence = sequence
-        return hidden
-
-    def rows(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """The logits `[stop - start, V]` (float32) of drafted positions ``start .. stop - 1`` of the window after
-        :attr:`window_sequence` (0: the token right after it), through the target's lm_head."""
-        return self._to_target_vocab(self.net.draft_logits(hidden[:, start: stop + 1], self.head)[0])
-
-    def window_logits(self, sequence: torch.LongTensor, depth: int | None = None) -> torch.Tensor | None:
-        """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + D - 1`` over the
-        target's vocabulary, `[D, V]` (float32), ``D = depth`` (default: all ``B - 1``); ``None`` when the features
-        are not in step. The target's lm_head over a position costs more than the drafter's layers over the whole
-        window, so only the positions a step can use go through it."""
-        start = time.perf_counter()
-        hidden = self.window_hidden(sequence)
-        if hidden is None:
-            return None
         depth = self.drafted if depth is None else max(1, min(depth, self.drafted))
-        logits = self.rows(hidden, 0, depth)  # [D, V]
+        logits = self._to_target_vocab(self.net.draft_logits(hidden[:, : depth + 1], self.head)[0])  # [D, V]
         record_draft_step(self.net, time.perf_counter() - start)
         return logits
 

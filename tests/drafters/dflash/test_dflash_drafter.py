@@ -22,14 +22,15 @@ SHAPES = {"chain": None, "tree": TREE, "dynamic": hfs.DynamicTree(nodes=8, depth
 class OracleGenerator(DFlashCandidateGenerator):
     """The real drafter's forward (its cache kept in step), its logits replaced by the known greedy text's."""
 
-    def rows(self, hidden, start, stop):
-        logits = super().rows(hidden, start, stop)
-        text, sequence = self.config.text, self.window_sequence
-        length = sequence.shape[1]
+    def window_logits(self, sequence, depth=None):
+        logits = super().window_logits(sequence, depth)
+        if logits is None:
+            return None
+        text, length = self.config.text, sequence.shape[1]
         oracle = torch.full_like(logits, -10.0)
-        for i, d in enumerate(range(start, stop)):
+        for d in range(logits.shape[0]):
             if length + d < len(text) and list(text[:length]) == sequence[0].tolist():
-                oracle[i, text[length + d]] = 10.0
+                oracle[d, text[length + d]] = 10.0
         return oracle
 
 
@@ -125,19 +126,20 @@ def test_lm_head_runs_over_the_positions_a_step_uses():
     model = hfs.enable(build_model("llama"))
     strategy = DFlash(random_network(model), num_tokens=2, confidence_threshold=0.0, adaptive=False)
     rows = []
-    original = DFlashCandidateGenerator.rows
+    original = DFlashCandidateGenerator.window_logits
 
-    def spy(self, hidden, start, stop):
-        rows.append((start, stop))
-        return original(self, hidden, start, stop)
+    def spy(self, sequence, depth=None):
+        out = original(self, sequence, depth)
+        rows.append(None if out is None else out.shape[0])
+        return out
 
-    DFlashCandidateGenerator.rows = spy
+    DFlashCandidateGenerator.window_logits = spy
     try:
         out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12, candidate_generator=strategy)
     finally:
-        DFlashCandidateGenerator.rows = original
-    # (0, 1) only where the call had room for one more token
-    assert rows and set(rows) <= {(0, 1), (0, 2)} and rows.count((0, 2)) >= len(rows) - 1, rows
+        DFlashCandidateGenerator.window_logits = original
+    # 1 only where the call had room for one more token
+    assert rows and set(rows) <= {1, 2} and rows.count(2) >= len(rows) - 1, rows
     plain = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12)
     assert out.tolist() == plain.tolist()
 
