@@ -351,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the real step's model folder (on a lent GPU: carried in parts, tools/carry.py)")
     parser.add_argument("--real-drafter", default=None, help="the real step's EAGLE drafter: a shipped name or a folder")
     parser.add_argument("--real-per-category", type=int, default=2)
+    parser.add_argument("--real-medusa", default=None, help="the real step's Medusa heads: a shipped name or a folder")
+    parser.add_argument("--real-fixed", action="store_true",
+                        help="also compiled arms drafting their full budget every step (adaptive=False)")
+    parser.add_argument("--real-repeats", type=int, default=None, help="timed runs per arm and prompt (default 3)")
+    parser.add_argument("--real-new-tokens", type=int, default=None, help="new tokens per call (default 128)")
+    parser.add_argument("--real-max-minutes", type=float, default=None,
+                        help="start no prompt after this many minutes of the real step (a lent GPU's call is limited)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --tiny for a quick run).")
@@ -394,11 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     if "real" in steps and args.real_model is not None:
         from .real_e2e import run_real
 
-        report["real"] = run_real(args.real_model, args.device, dtype, drafter=args.real_drafter,
-                                  per_category=args.real_per_category, new_tokens=24 if tiny else 128,
-                                  repeats=1 if tiny else 3)
-        (args.out / "real_e2e.json").write_text(json.dumps(report["real"], indent=1) + "\n")
-        save()
+        def saved(real: dict) -> None:  # after every prompt: a call cut off at its limit keeps what it measured
+            report["real"] = real
+            (args.out / "real_e2e.json").write_text(json.dumps(real, indent=1) + "\n")
+            save()
+
+        saved(run_real(args.real_model, args.device, dtype, drafter=args.real_drafter, medusa=args.real_medusa,
+                       fixed=args.real_fixed, per_category=args.real_per_category,
+                       new_tokens=args.real_new_tokens or (24 if tiny else 128),
+                       repeats=args.real_repeats or (1 if tiny else 3), max_minutes=args.real_max_minutes,
+                       on_prompt=saved))
     log("summary:", args.out / "summary.md")
     failed = [k for k, v in report.get("tests", {}).items() if v["returncode"] != 0]
     return 1 if failed else 0

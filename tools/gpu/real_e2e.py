@@ -1,16 +1,19 @@
 """``gpu-check``'s ``real`` step: real weights end to end on Spec-Bench prompts, every arm in the same run.
 
     python -m tools.gpu.gpu_check --steps real --real-model /tmp/smollm2 \
-        --real-drafter smollm2-135m-instruct                      # after `python -m tools.carry join carry /tmp/smollm2`
+        --real-drafter smollm2-135m-instruct --real-medusa smollm2-135m-instruct   # after `tools.carry join`
 
 On the lent GPU the model comes in parts (``tools/carry.py``: each device call carries at most 64 MiB), the
 drafter with the package (the shipped EAGLE drafters are a few MiB). Per prompt, after a warm-up round that also
 compiles, each arm runs ``repeats`` times, interleaved: transformers' greedy eager (the reference) and on a static
-cache (compiled by transformers where it compiles), prompt lookup and EAGLE chains and trees through our loop,
-eager and compiled (``hfs.enable(model, compile=...)``: the target's forward and EAGLE's drafting steps). Reported
+cache (one cache size for every prompt, compiled by transformers where it compiles), prompt lookup chains and
+32-node trees, SuffixDecoding, Medusa's calibrated tree (``--real-medusa``) and EAGLE chains and trees through our
+loop, eager and compiled (``hfs.enable(model, compile=...)``: the target's forward and EAGLE's drafting steps). Reported
 per arm: tokens/s, the median over prompts of its speed relative to each greedy, τ, the prompts whose output is
 identical to the eager greedy's (bfloat16 near-ties can make two exact loops part ways: see the device battery),
-and the median drafting and verification milliseconds per step.
+and the median drafting and verification milliseconds per step. The longest prompt runs first, so the static caches
+and graphs made for it serve every later prompt; ``--real-max-minutes`` starts no prompt past a time limit, and the
+report is written after every prompt (a call cut off at its limit still returns what it measured).
 """
 
 from __future__ import annotations
@@ -24,30 +27,65 @@ from typing import Any, Callable
 import torch
 
 
-def _arms(model: torch.nn.Module, drafter: str | None) -> dict[str, tuple[Any, Any]]:
+class Fresh:
+    """An arm whose strategy is made anew for every call: SuffixDecoding keeps its suffix tree across calls, so a
+    strategy shared by the warm-up and the timed repeats of one prompt drafts the previous run's answer (the first
+    H200 run measured τ 8.5 that way)."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self.make = make
+
+
+def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None,
+          fixed: bool = False) -> dict[str, tuple[Any, Any]]:
     """label -> (strategy, compile): ``None`` strategies are transformers' greedy (compile ``"static"``: on a
-    static cache)."""
+    static cache). ``fixed`` adds compiled arms that draft their full budget every step (``adaptive=False``): what
+    a drafter's τ and drafting cost are where the cost model chooses not to draft."""
     import hf_speculative as hfs
 
+    tree32 = hfs.DynamicTree(nodes=32)
     arms: dict[str, tuple[Any, Any]] = {"transformers greedy (eager)": (None, False),
                                         "transformers greedy (static cache)": (None, "static"),
-                                        "prompt lookup, compiled": (hfs.PromptLookup(), True)}
+                                        "prompt lookup, compiled": (hfs.PromptLookup(), True),
+                                        "prompt lookup tree 32, compiled": (hfs.PromptLookup(tree=tree32), True),
+                                        "SuffixDecoding, compiled": (Fresh(hfs.SuffixDecoding), True)}
+    if fixed:
+        arms["prompt lookup tree 32, compiled, fixed"] = (hfs.PromptLookup(tree=tree32, adaptive=False), True)
     if drafter is not None:
         chain = hfs.Eagle.from_pretrained(drafter, target=model)
         tree = hfs.Eagle.from_pretrained(drafter, target=model, tree=hfs.DynamicTree())
         arms.update({"EAGLE chain (eager)": (chain, False), "EAGLE chain, compiled": (chain, True),
                      "EAGLE tree 32 (eager)": (tree, False), "EAGLE tree 32, compiled": (tree, True)})
+        if fixed:
+            arms.update({
+                "EAGLE chain, compiled, fixed": (hfs.Eagle.from_pretrained(drafter, target=model, adaptive=False), True),
+                "EAGLE tree 32, compiled, fixed": (hfs.Eagle.from_pretrained(
+                    drafter, target=model, tree=hfs.DynamicTree(), adaptive=False), True)})
+    if medusa is not None:
+        arms["Medusa tree, compiled"] = (hfs.Medusa.from_pretrained(medusa, target=model, tree="calibrated"), True)
+        if fixed:
+            arms["Medusa tree, compiled, fixed"] = (hfs.Medusa.from_pretrained(
+                medusa, target=model, tree="calibrated", adaptive=False), True)
     return arms
 
 
-def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict) -> Callable[[], torch.Tensor]:
+def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict,
+          capacity: int | None = None) -> Callable[[], torch.Tensor]:
+    """One arm's call; transformers' static-cache greedy gets a fresh cache of ``capacity`` positions each call (one
+    size for every prompt, so transformers compiles its decoding forward once rather than per prompt length)."""
     import hf_speculative as hfs
 
+    from hf_speculative.compat import cache_kwarg, new_static_cache
     from hf_speculative.hf.checks import draft_budget
 
+    if isinstance(strategy, Fresh):
+        strategy = strategy.make()
     if strategy is None:
-        extra = {"cache_implementation": "static"} if compile == "static" else {}
-        return lambda: type(model).generate(model, **base, **extra)
+        if compile != "static":
+            return lambda: type(model).generate(model, **base)
+        if capacity is None:
+            return lambda: type(model).generate(model, **base, cache_implementation="static")
+        return lambda: type(model).generate(model, **base, **{cache_kwarg(): new_static_cache(model, capacity)})
     hfs.enable(model, compile=compile, static_budget=draft_budget(strategy))  # chains are not padded to a tree's size
     return lambda: model.generate(**base, candidate_generator=strategy)
 
@@ -58,59 +96,102 @@ def _sync(device: str) -> None:
 
 
 def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str | None, per_category: int,
-             new_tokens: int, repeats: int) -> dict[str, Any]:
+             new_tokens: int, repeats: int, medusa: str | None = None, fixed: bool = False,
+             max_minutes: float | None = None,
+             on_prompt: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every arm on Spec-Bench's first ``per_category`` prompts per category, longest prompt first (so that the
+    static caches and compiled graphs made for it fit every later call: no recompiling per prompt length), then
+    round robin. ``max_minutes``: start no prompt after that many minutes (a lent GPU's call has a time limit);
+    ``on_prompt`` receives the report so far after each prompt."""
     import hf_speculative as hfs
 
     from hf_speculative.tooling.prompting import encode_prompt
-    from .gpu_check import _step_times, log
+    from .gpu_check import log
     from hf_speculative.bench.spec_bench import load_prompts
 
+    began = time.perf_counter()
     model, tokenizer = hfs.load_model(str(model_dir), dtype=dtype, device=device)
     # each arm's budget is a shape of the target's compiled forward, each drafting width one of the drafter's step:
     # more than torch's default of 8 graphs per function in one process (the library leaves the limit alone)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     hfs.enable(model)
-    arms = _arms(model, drafter)
+    arms = _arms(model, drafter, medusa, fixed)
+    prompts = [(prompt, encode_prompt(tokenizer, prompt.text).to(device))  # [1, L]
+               for prompt in load_prompts(per_category=per_category)]
+    longest = max(range(len(prompts)), key=lambda i: prompts[i][1].shape[1])
+    prompts.insert(0, prompts.pop(longest))
+    capacity = -(-(prompts[0][1].shape[1] + new_tokens + 1) // 256) * 256
     rows: dict[str, list[dict]] = {label: [] for label in arms}
-    for prompt in load_prompts(per_category=per_category):
-        ids = encode_prompt(tokenizer, prompt.text).to(device)  # [1, L]
-        base = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
-        times: dict[str, list[float]] = {label: [] for label in arms}
-        outputs: dict[str, Any] = {}
-        for repeat in range(repeats + 1):  # round 0 warms up and compiles
-            for label, (strategy, compile) in arms.items():
-                try:
-                    call = _call(model, strategy, compile, base)
-                    _sync(device)
-                    tick = time.perf_counter()
-                    out = call()
-                    _sync(device)
-                    seconds = time.perf_counter() - tick
-                except Exception:  # noqa: BLE001 - one failing arm must not lose the others
-                    outputs[label] = traceback.format_exc()[-1500:]
-                    continue
-                finally:
-                    hfs.enable(model, compile=False)
-                if repeat:
-                    times[label].append(seconds)
-                outputs[label] = (out, hfs.last_stats(model) if strategy is not None else None)
-        reference = outputs["transformers greedy (eager)"][0]
-        new = reference.shape[1] - ids.shape[1]
-        for label in arms:
-            if isinstance(outputs.get(label), str) or not times[label]:
-                rows[label].append({"question_id": prompt.question_id, "error": outputs.get(label, "not run")})
-                continue
-            out, stats = outputs[label]
-            row = {"question_id": prompt.question_id, "category": prompt.category, "new_tokens": new,
-                   "seconds": statistics.median(times[label]), "identical": bool(torch.equal(out, reference))}
-            if stats is not None:
-                row.update(tau=round(stats.tau, 3), **_step_times(stats))
-            rows[label].append(row)
-        log("real", prompt.category, prompt.question_id,
+    report = {"model": str(model_dir), "drafter": drafter, "medusa": medusa, "fixed": fixed, "dtype": str(dtype).replace("torch.", ""),
+              "per_category": per_category, "new_tokens": new_tokens, "repeats": repeats, "rows": rows}
+    for done, (prompt, ids) in enumerate(prompts):
+        minutes = (time.perf_counter() - began) / 60
+        if max_minutes is not None and done and minutes > max_minutes:
+            log("real", f"stopping after {done} of {len(prompts)} prompts: {minutes:.1f} min > --real-max-minutes")
+            report["stopped_after_prompts"] = done
+            break
+        _run_prompt(model, arms, prompt, ids, new_tokens, repeats, capacity, device, rows)
+        log("real", f"{time.perf_counter() - began:.0f}s", prompt.category, prompt.question_id,
             {label: round(r[-1].get("seconds", float("nan")), 3) for label, r in rows.items()})
-    return {"model": str(model_dir), "drafter": drafter, "dtype": str(dtype).replace("torch.", ""),
-            "per_category": per_category, "new_tokens": new_tokens, "repeats": repeats,
-            "arms": _summarize(rows), "rows": rows}
+        report["arms"] = _summarize(rows)
+        if on_prompt is not None:
+            on_prompt(report)
+    report["arms"] = _summarize(rows)
+    return report
+
+
+def _run_prompt(model: torch.nn.Module, arms: dict[str, tuple[Any, Any]], prompt: Any, ids: torch.Tensor,
+                new_tokens: int, repeats: int, capacity: int, device: str, rows: dict[str, list[dict]]) -> None:
+    """One prompt: a warm-up round (it compiles), then ``repeats`` rounds of every arm in turn; a row per arm."""
+    import hf_speculative as hfs
+
+    from .gpu_check import _step_times
+
+    base = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    times: dict[str, list[float]] = {label: [] for label in arms}
+    outputs: dict[str, Any] = {}
+    for repeat in range(repeats + 1):  # round 0 warms up and compiles
+        for label, (strategy, compile) in arms.items():
+            try:
+                call = _call(model, strategy, compile, base, capacity)
+                _sync(device)
+                tick = time.perf_counter()
+                out = call()
+                _sync(device)
+                seconds = time.perf_counter() - tick
+            except Exception:  # noqa: BLE001 - one failing arm must not lose the others
+                outputs[label] = traceback.format_exc()[-1500:]
+                continue
+            finally:
+                hfs.enable(model, compile=False)
+            if repeat:
+                times[label].append(seconds)
+            outputs[label] = (out, hfs.last_stats(model) if strategy is not None else None)
+    reference = outputs["transformers greedy (eager)"][0]
+    static = outputs.get("transformers greedy (static cache)")
+    static = static[0] if isinstance(static, tuple) else None
+    new = reference.shape[1] - ids.shape[1]
+    for label in arms:
+        if isinstance(outputs.get(label), str) or not times[label]:
+            rows[label].append({"question_id": prompt.question_id, "error": outputs.get(label, "not run")})
+            continue
+        out, stats = outputs[label]
+        row = {"question_id": prompt.question_id, "category": prompt.category, "new_tokens": new,
+               "seconds": statistics.median(times[label]), "identical": bool(torch.equal(out, reference)),
+               "first_divergence": _first_divergence(out, reference, ids.shape[1])}
+        if static is not None:
+            row["identical_to_static"] = bool(torch.equal(out, static))
+        if stats is not None:
+            row.update(tau=round(stats.tau, 3), **_step_times(stats))
+        rows[label].append(row)
+
+
+def _first_divergence(out: torch.Tensor, reference: torch.Tensor, prompt: int) -> int | None:
+    """The first new token (0-based) where ``out`` leaves ``reference``; ``None`` when they are identical."""
+    a, b = out[0, prompt:].tolist(), reference[0, prompt:].tolist()
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _summarize(rows: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
@@ -124,11 +205,15 @@ def _summarize(rows: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
             summary[label] = {"error": next((r["error"][-300:] for r in runs if "error" in r), "not run")}
             continue
         arm = {"prompts": len(done), "identical": sum(r["identical"] for r in done),
+               "identical_to_static": sum(r.get("identical_to_static", False) for r in done),
                "tokens_per_s": round(sum(r["new_tokens"] for r in done) / sum(r["seconds"] for r in done), 2)}
         for name, by_id in greedy.items():
             ratios = [by_id[r["question_id"]] / r["seconds"] for r in done if r["question_id"] in by_id]
             if ratios:
                 arm[f"vs {name}"] = round(statistics.median(ratios), 3)
+        parted = [r["first_divergence"] for r in done if r.get("first_divergence") is not None]
+        if parted:  # where bfloat16 near-ties part it from eager greedy: the new token's index, median
+            arm["first_divergence"] = statistics.median(parted)
         for key in ("tau", "draft_ms_per_step", "verify_ms_per_step"):
             values = [r[key] for r in done if key in r]
             if values:
@@ -144,9 +229,14 @@ def summary_lines(real: dict[str, Any]) -> list[str]:
     keys = ("tokens_per_s", "vs transformers greedy (eager)", "vs transformers greedy (static cache)", "tau",
             "draft_ms_per_step", "verify_ms_per_step")
     rows = [(label, arm["error"] if "error" in arm else [*(arm.get(k, "") for k in keys),
-                                                         f"{arm['identical']}/{arm['prompts']}"])
+                                                         f"{arm['identical']}/{arm['prompts']}",
+                                                         f"{arm.get('identical_to_static', 0)}/{arm['prompts']}",
+                                                         arm.get("first_divergence", "")])
             for label, arm in real["arms"].items()]
-    return [f"## Real weights: {real['model']} ({real['dtype']}), drafter {real['drafter']}, {real['per_category']} "
-            f"Spec-Bench prompts per category, {real['new_tokens']} new tokens, median of {real['repeats']}", "",
+    prompts = len(real["rows"]["transformers greedy (eager)"])
+    return [f"## Real weights: {real['model']} ({real['dtype']}), EAGLE drafter {real['drafter']}, Medusa heads "
+            f"{real.get('medusa')}, {prompts} Spec-Bench prompts (up to {real['per_category']} per category), "
+            f"{real['new_tokens']} new tokens, median of {real['repeats']}", "",
             *table_lines(["arm", "tokens/s", "vs eager greedy", "vs static-cache greedy", "τ", "drafting ms/step",
-                          "verification ms/step", "identical"], rows), ""]
+                          "verification ms/step", "identical to eager greedy", "to static-cache greedy",
+                          "parts from eager at (median)"], rows), ""]
