@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -114,6 +115,8 @@ def main(argv=None) -> None:
     parser.add_argument("--head-top1", action="store_true", help="each Medusa head's top-1 on greedy's output, "
                         "also without medusa budgets")
     parser.add_argument("--out", default="tree_tau.jsonl")
+    parser.add_argument("--resume", action="store_true", help="skip the prompts --out holds already (a run stopped "
+                        "early goes on where it stopped; each prompt's greedy is timed again beside its budgets)")
     parser.add_argument("--bench-out", default=None, help="also write every run as `hf-speculative bench` rows (the "
                         "budget as the method, greedy as the baseline, per-step records) for `hf-speculative project`")
     args = parser.parse_args(argv)
@@ -145,7 +148,13 @@ def main(argv=None) -> None:
     # round robin over the categories: a run stopped early still covers every category alike
     rank = {id(p): i for c in {p.category for p in prompts}
             for i, p in enumerate(q for q in prompts if q.category == c)}
+    done = set()
+    if args.resume and os.path.exists(args.out):
+        with open(args.out) as f:
+            done = {json.loads(line)["question_id"] for line in f if line.strip()}
     for prompt in sorted(prompts, key=lambda p: rank[id(p)]):
+        if prompt.question_id in done:
+            continue
         ids = encode_prompt(tokenizer, prompt.text)
         max_length = ids.shape[1] + args.max_new_tokens
         start = time.perf_counter()
@@ -195,6 +204,12 @@ def main(argv=None) -> None:
         if args.bench_out:
             with open(args.bench_out, "a") as f:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
+    if args.resume:  # the table covers the whole run, the prompts of earlier invocations included
+        with open(args.out) as f:
+            results = [r for r in map(json.loads, filter(str.strip, f)) if all(b in r for b in budgets)]
+    if not results:
+        print("no prompts run")
+        return
     print("\ncells: τ (pooled) / median speed against greedy / median over prompts of the median drafting ms of a "
           "step that drafted")
     print("\n| category | " + " | ".join(budgets) + " |\n|---|" + "---|" * len(budgets))
