@@ -10,7 +10,10 @@ machine slows them alike; medians after dropping the first 20% of the runs.
     python benchmarks/verify_costs.py --linears --layouts all,all+kernel --tokens 1,2,4,8
 
 times the model's linear products alone instead (every ``nn.Linear`` in order, on random rows):
-what the weights cost, without attention and the per-op overhead.
+what the weights cost, without attention and the per-op overhead. ``all+kernel@avx2`` and ``all+kernel@avx512`` run
+the kernel on one instruction set (interleaved in one process; without ``@`` it runs the CPU's best):
+
+    python benchmarks/verify_costs.py --linears --layouts all+kernel@avx2,all+kernel@avx512 --tokens 1,2,4,8,16
 """
 
 from __future__ import annotations
@@ -31,9 +34,17 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     models = {}
     for layout in layouts:
         model, _ = hfs.load_model(name)
-        apply_layout(model, layout)
+        apply_layout(model, layout.partition("@")[0])
         models[layout] = model.eval()
     return models
+
+
+def select_isa(layout: str) -> None:
+    """Before timing ``layout``: the kernel's instruction set it names after ``@`` (else the CPU's best)."""
+    if "kernel" in layout:
+        from hf_speculative.cpu.kernel import load_kernel
+
+        load_kernel().set_isa(layout.partition("@")[2] or "auto")
 
 
 def prefill(models: dict, context: int, seed: int = 0) -> dict:
@@ -57,6 +68,7 @@ def interleaved_seconds(run, layouts, tokens: list[int], repeats: int, after=Non
     for _ in range(repeats):
         for k in tokens:
             for layout in layouts:
+                select_isa(layout)
                 start = time.perf_counter()
                 run(k, layout)
                 times[k, layout].append(time.perf_counter() - start)

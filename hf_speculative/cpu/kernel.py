@@ -17,6 +17,9 @@ order plus the bias, whatever the number of rows or threads, so a row's product 
 same computed alone or with the rows of a draft. The copy costs one more copy of the weights in
 memory (as ``pack=True``).
 
+Where the CPU has AVX-512F the same blocked copy is read with 16-lane registers, up to 16 rows per pass
+(``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal.
+
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``). x86-64 CPUs with AVX2 and FMA only.
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 from ..extras import require
 
 SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.cpp"
-EXTENSION = "hfs_skinny_linear_v2"
+EXTENSION = "hfs_skinny_linear_v4"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
 BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
 _LOCK = threading.Lock()
@@ -96,6 +99,12 @@ def block_weight(weight: torch.Tensor) -> torch.Tensor:
     padded = weight.detach().new_zeros(blocks * BLOCK, in_features)
     padded[:out_features] = weight.detach()
     return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()  # [blocks, in, 16]
+
+
+def kernel_isa() -> str:
+    """The instruction set the kernel runs here: ``"avx512"`` (AVX-512F, up to 16 rows a pass over the weight) or
+    ``"avx2"`` (8 rows a pass); ``HFS_KERNEL_ISA=avx2`` forces the second. Both give bitwise the same results."""
+    return (_KERNEL or load_kernel()).isa()
 
 
 def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:

@@ -76,6 +76,51 @@ def test_a_rows_product_does_not_depend_on_the_other_rows():
         torch.set_num_threads(threads)
 
 
+_PRODUCTS = """
+import sys, torch
+from hf_speculative.cpu import kernel
+g = torch.Generator().manual_seed(3)
+weight, bias = torch.randn(1100, 72, generator=g), torch.randn(1100, generator=g)
+blocked = kernel.block_weight(weight)
+x = torch.randn(19, 72, generator=g)
+torch.save({"isa": kernel.kernel_isa(), "out": [kernel.skinny_linear(x[:m], blocked, bias, 1100) for m in range(1, 20)]},
+           sys.argv[1])
+"""
+
+
+@needs_kernel
+def test_avx512_and_avx2_give_bitwise_the_same_products(tmp_path):
+    """Each output is the same FMA chain on either instruction set, so the choice never changes a token. (Where
+    the CPU has no AVX-512 both runs take the AVX2 code and the comparison is trivially true: `isa` says which.)"""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "products.py"
+    script.write_text(_PRODUCTS)
+    results = {}
+    for isa in ("default", "avx2"):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        env.pop("HFS_KERNEL_ISA", None)
+        if isa == "avx2":
+            env["HFS_KERNEL_ISA"] = "avx2"
+        subprocess.run([sys.executable, str(script), str(tmp_path / f"{isa}.pt")], env=env, check=True, timeout=600)
+        results[isa] = torch.load(tmp_path / f"{isa}.pt")
+    assert results["avx2"]["isa"] == "avx2"
+    assert results["default"]["isa"] == ("avx512" if "avx512f" in _cpu_flags() else "avx2")
+    for rows, (a, b) in enumerate(zip(results["default"]["out"], results["avx2"]["out"]), start=1):
+        assert torch.equal(a, b), rows
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
 @needs_kernel
 def test_kernel_errors_on_a_wrong_copy():
     weight = torch.randn(40, 8)
