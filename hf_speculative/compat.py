@@ -6,9 +6,12 @@ transformers' assisted-generation internals; keep new shims here rather than in 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from typing import Any
+import os
+import threading
+from typing import Any, Iterator
 
 import torch
 import transformers
@@ -364,3 +367,54 @@ def mtp_model_class() -> type:
             f"hfs.MTP drafts with transformers' MtpModel, which transformers {TRANSFORMERS_VERSION} lacks: "
             f"pip install \"transformers>={MTP_VERSION}\".") from None
     return MtpModel
+
+
+# -- grouped-query SDPA in the multi-token forwards of verification (CPU) ------------------------------
+# transformers' SDPA path repeats the keys and values of a grouped-query model (`repeat_kv`) for every head
+# whenever a forward has a mask (several tokens after a cache), unless TRANSFORMERS_SDPA_FORCE_GQA=1 (read per
+# call, in the 5.x versions that have it); then it passes `enable_gqa=True` to torch (2.5+). On a CPU that copy is
+# ~14% of a verification forward of SmolLM2 with the kernel layout (k = 2..11, benchmarks in docs/how-it-works.md).
+# On CUDA a masked GQA call would fall back to SDPA's math kernel, so it stays off there.
+_GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
+_GQA_LOCK = threading.Lock()
+_GQA_USERS = 0
+
+
+@functools.cache
+def reads_force_gqa() -> bool:
+    """Whether this transformers reads ``TRANSFORMERS_SDPA_FORCE_GQA`` and torch takes ``enable_gqa``."""
+    try:
+        from transformers.integrations import sdpa_attention
+    except ImportError:
+        return False
+    has_switch = _GQA_VARIABLE in inspect.getsource(sdpa_attention)
+    return has_switch and Version(torch.__version__.split("+")[0]) >= Version("2.5")
+
+
+@contextlib.contextmanager
+def grouped_query_sdpa(model: Any, tokens: int) -> Iterator[None]:
+    """Around one of our target forwards over ``tokens`` tokens: on a CPU SDPA model, transformers' grouped-query
+    SDPA instead of its ``repeat_kv`` copies. A value the user set (``0`` or ``1``) is left as it is; concurrent
+    calls share one setting, restored when the last one ends."""
+    global _GQA_USERS
+    config = getattr(model, "config", None)
+    wanted = (tokens > 1 and reads_force_gqa() and getattr(config, "_attn_implementation", None) == "sdpa"
+              and getattr(getattr(model, "device", None), "type", "cpu") == "cpu")
+    if not wanted:
+        yield
+        return
+    with _GQA_LOCK:
+        if _GQA_USERS == 0 and _GQA_VARIABLE in os.environ:
+            wanted = False  # the user's own choice
+        else:
+            _GQA_USERS += 1
+            os.environ[_GQA_VARIABLE] = "1"
+    try:
+        yield
+    finally:
+        if wanted:
+            with _GQA_LOCK:
+                _GQA_USERS -= 1
+                if _GQA_USERS == 0:
+                    os.environ.pop(_GQA_VARIABLE, None)
+
