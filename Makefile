@@ -87,11 +87,13 @@ GPU_STEPS ?=
 # Real weights (the `real` step): a model folder, e.g. joined from parts with `python -m tools.carry join`, and a drafter.
 GPU_MODEL ?=
 GPU_DRAFTER ?=
+# More options of the real step, e.g. GPU_REAL_ARGS="--real-fixed --real-medusa smollm2-135m-instruct --real-max-minutes 7"
+GPU_REAL_ARGS ?=
 gpu-check:
 	$(GPU_PY) -c "import hf_speculative" 2>/dev/null || $(GPU_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(GPU_PY) -m tools.gpu.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
 		$(foreach bench,$(GPU_BENCH),--bench $(bench)) $(if $(GPU_MODEL),--real-model $(GPU_MODEL)) \
-		$(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER))
+		$(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER)) $(GPU_REAL_ARGS)
 
 # The documentation site (mkdocs-material, offline): docs/ -> site/; the test suite builds it too.
 docs: install
