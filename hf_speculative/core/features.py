@@ -149,8 +149,22 @@ class VerifiedFeatures:
         self.tap = FeatureTap(target, layers, view)
         self.skip_first = skip_first
         self.known = 0
-        self.pending: torch.Tensor | None = None  # [1, P, F]
-        self.lost = False
+        self._queued: list[torch.Tensor] = []  # [1, P_i, F] each, joined once by pop(): a drafter that pauses
+        self.lost = False                      # for many steps would otherwise copy the whole queue every step
+
+    @property
+    def empty(self) -> bool:
+        """Whether no features are queued (without joining the queue)."""
+        return not self._queued
+
+    @property
+    def pending(self) -> torch.Tensor | None:
+        """The queued features `[1, P, F]`, or ``None`` when none are queued."""
+        if not self._queued:
+            return None
+        if len(self._queued) > 1:
+            self._queued = [torch.cat(self._queued, dim=1)]
+        return self._queued[0]
 
     def follow(self, length: int, num_accepted: int, num_proposed: int) -> None:
         """Queue the verified features of the forward that just ran (``num_accepted`` of
@@ -178,11 +192,12 @@ class VerifiedFeatures:
         self.known += valid.shape[1]
         if first and self.skip_first:
             valid = valid[:, 1:]
-        self.pending = valid if self.pending is None else torch.cat([self.pending, valid], dim=1)
+        self._queued.append(valid)
 
     def pop(self) -> torch.Tensor | None:
         """The queued features `[1, P, F]` (``None`` if none), emptying the queue."""
-        pending, self.pending = self.pending, None
+        pending = self.pending
+        self._queued = []
         return pending
 
     def discard(self) -> None:
@@ -192,7 +207,7 @@ class VerifiedFeatures:
 
     def close(self) -> None:
         self.tap.remove()
-        self.pending = None
+        self._queued = []
 
 
 @torch.no_grad()

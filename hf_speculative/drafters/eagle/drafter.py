@@ -242,7 +242,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
 
     @torch.no_grad()
     def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
-        if self.features.lost or self.features.pending is None:
+        if self.features.lost or self.features.empty:
             return DraftTree.empty(sequence.device)  # before the prefill there are no features yet
         return super().draft(sequence, plan)
 
