@@ -385,9 +385,10 @@ def reads_force_gqa() -> bool:
     """Whether this transformers reads ``TRANSFORMERS_SDPA_FORCE_GQA`` and torch takes ``enable_gqa``."""
     try:
         from transformers.integrations import sdpa_attention
-    except ImportError:
+
+        has_switch = _GQA_VARIABLE in inspect.getsource(sdpa_attention)
+    except (ImportError, OSError, TypeError):  # no such module, or installed without its sources
         return False
-    has_switch = _GQA_VARIABLE in inspect.getsource(sdpa_attention)
     return has_switch and Version(torch.__version__.split("+")[0]) >= Version("2.5")
 
 
