@@ -1,1 +1,1 @@
-"""CPU fast paths: the weight layout and the AVX2 kernel (C++ source in csrc/)."""
+"""CPU fast paths: the weight layout and the AVX2/AVX-512 kernel (C++ source in csrc/)."""
