@@ -125,7 +125,8 @@ LayoutOpt = Annotated[
         help="Re-lay out the target's fp32 CPU linear weights column-major (hfs.optimize_for_cpu) before running "
         "greedy and every method: none, output (the lm_head only) or all; output+packed / all+packed also run "
         "products of several rows on oneDNN-packed copies (pack=True); output+kernel / all+kernel run products of "
-        "1-16 rows on hf_speculative's AVX2/AVX-512 kernel (kernel=True, compiled on first use; greedy runs on it too). "
+        "1-16 rows on hf_speculative's AVX2/AVX-512 kernel (kernel=True, compiled on first use; greedy runs on "
+        "it too). "
         "Multi-token verification gets cheaper.",
     ),
 ]

@@ -80,9 +80,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             decoding) are unchanged.
         kernel (`bool`, defaults to `False`): instead of packing, run those layers' inference
             products of 1-16 rows (decoding, drafting, verification) on hf_speculative's own AVX2 kernel
-            (AVX-512F from 4 rows where the CPU has it; `hf_speculative.cpu.kernel.KernelLinear`), which reads a blocked copy of each
-            weight, made here (and again after in-place changes to the weight), once for all
-            rows: one-token forwards are 15% faster than on MKL, and a forward on 2 / 4 / 8 tokens
+            (AVX-512F from 4 rows where the CPU has it; `hf_speculative.cpu.kernel.KernelLinear`), which
+            reads a blocked copy of each weight, made here (and again after in-place changes to the
+            weight), once for all rows: one-token forwards are 15% faster than on MKL, and a forward on 2 / 4 / 8 tokens
             costs 1.13 / 1.31 / 1.57 of them (SmolLM2-135M, AVX2 EPYC). One more copy of those
             weights in memory. Compiled on first use (a C++ compiler and ninja, about a minute
             once).

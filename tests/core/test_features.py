@@ -15,7 +15,8 @@ def test_the_queue_keeps_order_and_joins_only_when_read(monkeypatch):
     chunks = [torch.full((1, n, 4), float(i)) for i, n in enumerate((5, 1, 2, 1))]
     joins = []
     cat = torch.cat
-    monkeypatch.setattr(features_module.torch, "cat", lambda tensors, dim=0: joins.append(len(tensors)) or cat(tensors, dim=dim))
+    monkeypatch.setattr(features_module.torch, "cat",
+                        lambda tensors, dim=0: joins.append(len(tensors)) or cat(tensors, dim=dim))
     assert queue.empty and queue.pending is None and queue.pop() is None
     for chunk in chunks:
         queue._queue(chunk)

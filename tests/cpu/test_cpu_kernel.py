@@ -83,8 +83,8 @@ g = torch.Generator().manual_seed(3)
 weight, bias = torch.randn(1100, 72, generator=g), torch.randn(1100, generator=g)
 blocked = kernel.block_weight(weight)
 x = torch.randn(19, 72, generator=g)
-torch.save({"isa": kernel.kernel_isa(), "out": [kernel.skinny_linear(x[:m], blocked, bias, 1100) for m in range(1, 20)]},
-           sys.argv[1])
+out = [kernel.skinny_linear(x[:m], blocked, bias, 1100) for m in range(1, 20)]
+torch.save({"isa": kernel.kernel_isa(), "out": out}, sys.argv[1])
 """
 
 

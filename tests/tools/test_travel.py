@@ -34,8 +34,9 @@ def test_aside_and_back_change_what_travels_and_restore_every_file(tmp_path):
     (root / "docs/img").rmdir()
     assert travel.back(root) == ["benchmarks/results", "docs/img"]
     assert travel.size(root)[0] == before and not (root / ".aside/docs/img").exists()
-    assert subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True,
-                          text=True).stdout.strip() == "A  .gitignore\nA  benchmarks/results/r.jsonl\nA  docs/img/a.png\nA  pkg/code.py"
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status.split() == ["A", ".gitignore", "A", "benchmarks/results/r.jsonl", "A", "docs/img/a.png", "A",
+                              "pkg/code.py"]
 
 
 def test_back_refuses_to_overwrite(tmp_path):

@@ -58,7 +58,8 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
                      "EAGLE tree 32 (eager)": (tree, False), "EAGLE tree 32, compiled": (tree, True)})
         if fixed:
             arms.update({
-                "EAGLE chain, compiled, fixed": (hfs.Eagle.from_pretrained(drafter, target=model, adaptive=False), True),
+                "EAGLE chain, compiled, fixed": (
+                    hfs.Eagle.from_pretrained(drafter, target=model, adaptive=False), True),
                 "EAGLE tree 32, compiled, fixed": (hfs.Eagle.from_pretrained(
                     drafter, target=model, tree=hfs.DynamicTree(), adaptive=False), True)})
     if medusa is not None:
@@ -122,7 +123,8 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
     prompts.insert(0, prompts.pop(longest))
     capacity = -(-(prompts[0][1].shape[1] + new_tokens + 1) // 256) * 256
     rows: dict[str, list[dict]] = {label: [] for label in arms}
-    report = {"model": str(model_dir), "drafter": drafter, "medusa": medusa, "fixed": fixed, "dtype": str(dtype).replace("torch.", ""),
+    report = {"model": str(model_dir), "drafter": drafter, "medusa": medusa, "fixed": fixed,
+              "dtype": str(dtype).replace("torch.", ""),
               "per_category": per_category, "new_tokens": new_tokens, "repeats": repeats, "rows": rows}
     for done, (prompt, ids) in enumerate(prompts):
         minutes = (time.perf_counter() - began) / 60
