@@ -14,6 +14,12 @@ what the weights cost, without attention and the per-op overhead. ``all+kernel@a
 the kernel on one instruction set (interleaved in one process; without ``@`` it runs the CPU's best):
 
     python benchmarks/verify_costs.py --linears --layouts all+kernel@avx2,all+kernel@avx512 --tokens 1,2,4,8,16
+
+``#gqa`` / ``#repeat`` after a layout set transformers' ``TRANSFORMERS_SDPA_FORCE_GQA`` to 1 / 0 before each of its
+forwards (grouped-query SDPA, or ``repeat_kv`` copies, in masked multi-token forwards; what hf_speculative's own
+verification chooses on a CPU: ``compat.grouped_query_sdpa``):
+
+    python benchmarks/verify_costs.py --layouts "all+kernel#repeat,all+kernel#gqa" --tokens 1,2,6,11
 """
 
 from __future__ import annotations
@@ -34,17 +40,23 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     models = {}
     for layout in layouts:
         model, _ = hfs.load_model(name)
-        apply_layout(model, layout.partition("@")[0])
+        apply_layout(model, layout.partition("#")[0].partition("@")[0])
         models[layout] = model.eval()
     return models
 
 
 def select_isa(layout: str) -> None:
-    """Before timing ``layout``: the kernel's instruction set it names after ``@`` (else the CPU's best)."""
-    if "kernel" in layout:
+    """Before timing ``layout``: the kernel's instruction set it names after ``@`` (else the CPU's best), and the
+    grouped-query SDPA switch it names after ``#``."""
+    import os
+
+    name, _, attention = layout.partition("#")
+    if attention:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if attention == "gqa" else "0"
+    if "kernel" in name:
         from hf_speculative.cpu.kernel import load_kernel
 
-        load_kernel().set_isa(layout.partition("@")[2] or "auto")
+        load_kernel().set_isa(name.partition("@")[2] or "auto")
 
 
 def prefill(models: dict, context: int, seed: int = 0) -> dict:
