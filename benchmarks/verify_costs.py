@@ -45,7 +45,7 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
     return models
 
 
-def select_isa(layout: str) -> None:
+def select_variant(layout: str) -> None:
     """Before timing ``layout``: the kernel's instruction set it names after ``@`` (else the CPU's best), and the
     grouped-query SDPA switch it names after ``#``."""
     import os
@@ -80,7 +80,7 @@ def interleaved_seconds(run, layouts, tokens: list[int], repeats: int, after=Non
     for _ in range(repeats):
         for k in tokens:
             for layout in layouts:
-                select_isa(layout)
+                select_variant(layout)
                 start = time.perf_counter()
                 run(k, layout)
                 times[k, layout].append(time.perf_counter() - start)

@@ -18,6 +18,7 @@ report is written after every prompt (a call cut off at its limit still returns 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 import traceback
@@ -49,24 +50,18 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
                                         "prompt lookup, compiled": (hfs.PromptLookup(), True),
                                         "prompt lookup tree 32, compiled": (hfs.PromptLookup(tree=tree32), True),
                                         "SuffixDecoding, compiled": (Fresh(hfs.SuffixDecoding), True)}
-    if fixed:
-        arms["prompt lookup tree 32, compiled, fixed"] = (hfs.PromptLookup(tree=tree32, adaptive=False), True)
     if drafter is not None:
         chain = hfs.Eagle.from_pretrained(drafter, target=model)
         tree = hfs.Eagle.from_pretrained(drafter, target=model, tree=hfs.DynamicTree())
         arms.update({"EAGLE chain (eager)": (chain, False), "EAGLE chain, compiled": (chain, True),
                      "EAGLE tree 32 (eager)": (tree, False), "EAGLE tree 32, compiled": (tree, True)})
-        if fixed:
-            arms.update({
-                "EAGLE chain, compiled, fixed": (
-                    hfs.Eagle.from_pretrained(drafter, target=model, adaptive=False), True),
-                "EAGLE tree 32, compiled, fixed": (hfs.Eagle.from_pretrained(
-                    drafter, target=model, tree=hfs.DynamicTree(), adaptive=False), True)})
     if medusa is not None:
         arms["Medusa tree, compiled"] = (hfs.Medusa.from_pretrained(medusa, target=model, tree="calibrated"), True)
-        if fixed:
-            arms["Medusa tree, compiled, fixed"] = (hfs.Medusa.from_pretrained(
-                medusa, target=model, tree="calibrated", adaptive=False), True)
+    if fixed:  # the same strategies (their loaded networks shared), drafting the whole budget every step
+        for label in ("prompt lookup tree 32", "EAGLE chain", "EAGLE tree 32", "Medusa tree"):
+            if f"{label}, compiled" in arms:
+                strategy = arms[f"{label}, compiled"][0]
+                arms[f"{label}, compiled, fixed"] = (dataclasses.replace(strategy, adaptive=False), True)
     return arms
 
 

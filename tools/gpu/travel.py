@@ -45,33 +45,33 @@ def size(root: Path) -> tuple[float, list[tuple[str, float]]]:
     return total / 2**20, [(k, v / 2**20) for k, v in by_folder.most_common(10)]
 
 
-def aside(root: Path) -> list[str]:
-    """Move each present folder of ``ASIDE`` under ``.aside/`` (same relative path)."""
+def _move(root: Path, into_stash: bool) -> list[str]:
+    """Move each folder of ``ASIDE`` between its place and ``.aside/`` (same relative path); refuse, naming it,
+    where the destination exists already. Returns the folders moved."""
     moved = []
     for rel in ASIDE:
-        source, stash = root / rel, root / STASH / rel
+        place, stash = root / rel, root / STASH / rel
+        source, target = (place, stash) if into_stash else (stash, place)
         if not source.exists():
             continue
-        if stash.exists():
+        if target.exists() and into_stash:
             raise SystemExit(f"{stash} exists already: put it back first (python -m tools.gpu.travel back).")
-        stash.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(source), str(stash))
+        if target.exists():
+            raise SystemExit(f"{place} exists and {stash} too: compare them and remove one by hand.")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), str(target))
         moved.append(rel)
     return moved
+
+
+def aside(root: Path) -> list[str]:
+    """Move each present folder of ``ASIDE`` under ``.aside/``."""
+    return _move(root, into_stash=True)
 
 
 def back(root: Path) -> list[str]:
-    """Move every folder set aside back to its place; refuse (naming it) where something is there already."""
-    moved = []
-    for rel in ASIDE:
-        source, stash = root / rel, root / STASH / rel
-        if not stash.exists():
-            continue
-        if source.exists():
-            raise SystemExit(f"{source} exists and {stash} too: compare them and remove one by hand.")
-        shutil.move(str(stash), str(source))
-        moved.append(rel)
-    return moved
+    """Move every folder set aside back to its place."""
+    return _move(root, into_stash=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@
 // rows, threads, blocks or streams: a row's result is bitwise the same computed alone (plain
 // decoding) or with the rows of a draft (verification).
 //
-// Two instruction sets, chosen when the module loads: AVX2 (a block is two 8-lane registers, up to 8 rows a pass)
+// Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for calls of 4+ rows): AVX2 (a block is two 8-lane registers, up to 8 rows a pass)
 // and, where the CPU has it, AVX-512F (a block is one 16-lane register; 32 registers hold the sums of up to 16
 // rows a pass, or of more streams). Each lane computes the same FMA chain in both, so their results are bitwise
 // equal: the choice changes speed, never a token. HFS_KERNEL_ISA=avx2 forces the AVX2 code.
