@@ -4,6 +4,7 @@ fixed-shape paths without torch.compile here; tests/core/test_static_cache.py co
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import hf_speculative as hfs
@@ -88,7 +89,7 @@ def test_the_longest_prompt_runs_first_and_a_time_limit_keeps_what_was_measured(
     reports = []
     clock = iter(range(0, 10_000, 60))  # each reading a minute later than the last
     monkeypatch.setattr(real_e2e.time, "perf_counter", lambda: float(next(clock)))
-    monkeypatch.setattr(real_e2e, "_arms", lambda model, drafter, medusa=None, fixed=False: {
+    monkeypatch.setattr(real_e2e, "_arms", lambda *args: {
         "transformers greedy (eager)": (None, False), "transformers greedy (static cache)": (None, "static")})
     real = real_e2e.run_real(chat_checkpoint, "cpu", torch.float32, drafter=None, per_category=1, new_tokens=3,
                              repeats=1, max_minutes=2.5, on_prompt=lambda report: reports.append(
@@ -101,3 +102,14 @@ def test_the_longest_prompt_runs_first_and_a_time_limit_keeps_what_was_measured(
     lengths = {p.question_id: encode_prompt(tokenizer, p.text).shape[1] for p in load_prompts(per_category=1)}
     assert lengths[reports[0][0]] == max(lengths.values())
     assert real["arms"]["transformers greedy (static cache)"]["identical"] == done  # one cache size for all prompts
+
+
+def test_only_the_named_arms_run_beside_both_greedy_arms(chat_checkpoint, chat_model, tmp_path):
+    drafter = save_pretrained(random_eagle(chat_model, version=1), tmp_path / "drafter")
+    model, _ = hfs.load_model(str(chat_checkpoint))
+    arms = real_e2e._arms(model, str(drafter), fixed=True, only=["fixed", "SuffixDecoding"])
+    assert list(arms) == ["transformers greedy (eager)", "transformers greedy (static cache)",
+                          "SuffixDecoding, compiled", "prompt lookup tree 32, compiled, fixed",
+                          "EAGLE chain, compiled, fixed", "EAGLE tree 32, compiled, fixed"]
+    with pytest.raises(ValueError, match=r"\['Medusa'\] match no arm"):
+        real_e2e._arms(model, None, only=["Medusa"])

@@ -354,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-medusa", default=None, help="the real step's Medusa heads: a shipped name or a folder")
     parser.add_argument("--real-fixed", action="store_true",
                         help="also compiled arms drafting their full budget every step (adaptive=False)")
+    parser.add_argument("--real-arms", default=None,
+                        help="comma-separated parts of the real step's arm labels to run, e.g. 'fixed' (greedy stays)")
     parser.add_argument("--real-repeats", type=int, default=None, help="timed runs per arm and prompt (default 3)")
     parser.add_argument("--real-new-tokens", type=int, default=None, help="new tokens per call (default 128)")
     parser.add_argument("--real-max-minutes", type=float, default=None,
@@ -408,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
 
         saved(run_real(args.real_model, args.device, dtype, drafter=args.real_drafter, medusa=args.real_medusa,
                        fixed=args.real_fixed, per_category=args.real_per_category,
+                       only=[a.strip() for a in args.real_arms.split(",") if a.strip()] if args.real_arms else None,
                        new_tokens=args.real_new_tokens or (24 if tiny else 128),
                        repeats=args.real_repeats or (1 if tiny else 3), max_minutes=args.real_max_minutes,
                        on_prompt=saved))

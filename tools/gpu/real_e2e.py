@@ -38,10 +38,11 @@ class Fresh:
 
 
 def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None,
-          fixed: bool = False) -> dict[str, tuple[Any, Any]]:
+          fixed: bool = False, only: list[str] | None = None) -> dict[str, tuple[Any, Any]]:
     """label -> (strategy, compile): ``None`` strategies are transformers' greedy (compile ``"static"``: on a
     static cache). ``fixed`` adds compiled arms that draft their full budget every step (``adaptive=False``): what
-    a drafter's τ and drafting cost are where the cost model chooses not to draft."""
+    a drafter's τ and drafting cost are where the cost model chooses not to draft. ``only``: keep the arms whose
+    label contains one of these strings (both greedy arms always stay: every speed is relative to them)."""
     import hf_speculative as hfs
 
     tree32 = hfs.DynamicTree(nodes=32)
@@ -62,6 +63,12 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
             if f"{label}, compiled" in arms:
                 strategy = arms[f"{label}, compiled"][0]
                 arms[f"{label}, compiled, fixed"] = (dataclasses.replace(strategy, adaptive=False), True)
+    if only:
+        unknown = [o for o in only if not any(o in label for label in arms)]
+        if unknown:
+            raise ValueError(f"--real-arms: {unknown} match no arm; the arms are {list(arms)}.")
+        arms = {label: arm for label, arm in arms.items()
+                if label.startswith("transformers greedy") or any(o in label for o in only)}
     return arms
 
 
@@ -93,11 +100,11 @@ def _sync(device: str) -> None:
 
 def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str | None, per_category: int,
              new_tokens: int, repeats: int, medusa: str | None = None, fixed: bool = False,
-             max_minutes: float | None = None,
+             max_minutes: float | None = None, only: list[str] | None = None,
              on_prompt: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run every arm on Spec-Bench's first ``per_category`` prompts per category, longest prompt first (so that the
     static caches and compiled graphs made for it fit every later call: no recompiling per prompt length), then
-    round robin. ``max_minutes``: start no prompt after that many minutes (a lent GPU's call has a time limit);
+    round robin. ``only``: the arms to run (:func:`_arms`). ``max_minutes``: start no prompt after that many minutes (a lent GPU's call has a time limit);
     ``on_prompt`` receives the report so far after each prompt."""
     import hf_speculative as hfs
 
@@ -111,7 +118,7 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
     # more than torch's default of 8 graphs per function in one process (the library leaves the limit alone)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     hfs.enable(model)
-    arms = _arms(model, drafter, medusa, fixed)
+    arms = _arms(model, drafter, medusa, fixed, only)
     prompts = [(prompt, encode_prompt(tokenizer, prompt.text).to(device))  # [1, L]
                for prompt in load_prompts(per_category=per_category)]
     longest = max(range(len(prompts)), key=lambda i: prompts[i][1].shape[1])
