@@ -104,8 +104,8 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
              on_prompt: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run every arm on Spec-Bench's first ``per_category`` prompts per category, longest prompt first (so that the
     static caches and compiled graphs made for it fit every later call: no recompiling per prompt length), then
-    round robin. ``only``: the arms to run (:func:`_arms`). ``max_minutes``: start no prompt after that many minutes (a lent GPU's call has a time limit);
-    ``on_prompt`` receives the report so far after each prompt."""
+    round robin. ``only``: the arms to run (:func:`_arms`). ``max_minutes``: start no prompt after that many minutes
+    (a lent GPU's call has a time limit); ``on_prompt`` receives the report so far after each prompt."""
     import hf_speculative as hfs
 
     from hf_speculative.tooling.prompting import encode_prompt
