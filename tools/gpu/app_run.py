@@ -40,6 +40,13 @@ def run_app(model_dir: Path, name: str, methods: list[str], prompts: dict[str, s
     if len(methods) > MAX_PANES - 1:
         raise SystemExit(f"--methods: the page shows greedy and at most {MAX_PANES - 1} methods, got {len(methods)}.")
 
+    if Path(name).name == name != model_dir.name:  # the page finds shipped drafters by the registry folder's name
+        import tempfile
+
+        link = Path(tempfile.mkdtemp()) / name
+        link.symlink_to(model_dir.resolve(), target_is_directory=True)
+        model_dir = link
+
     def loader(_name: str, device: Any = None) -> tuple[Any, Any]:
         return load_model(str(model_dir), device=device)
 
