@@ -25,6 +25,9 @@ def test_every_example_runs_every_round_and_the_plot_is_drawn_from_the_saved_res
     summary = report["summary"]
     assert summary["prompt-lookup"]["prompts"] == summary["prompt-lookup"]["identical"] == 2
     assert summary["greedy"]["speedup"] == 1.0 and summary["suffix"]["tau"] >= 1
+    first = report["prompts"]["a"][0]
+    over_time, _ = app_run.figure_from_results(first).axes
+    assert over_time.get_ylim()[1] >= max(r["new_tokens"] for r in first["methods"])  # every token on the axis
     (tmp_path / "app_results.json").write_text(json.dumps(report))
     assert app_run.main(["--model-dir", "unused", "--out", str(tmp_path), "--plots", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("app_plot_*.png")) == ["app_plot_0.png", "app_plot_1.png"]

@@ -124,6 +124,7 @@ def figure_from_results(result: dict[str, Any]):
     for row in result["methods"]:
         trace = MethodTrace(get_method(row["method"]), result["max_new_tokens"])
         trace.token_times = [tuple(t) for t in row["token_times"]]
+        trace.ids = list(row["output_ids"])
         trace.accepted_lengths = list(row["accepted_lengths"])
         traces.append(trace)
     return comparison_figure(traces)
