@@ -33,6 +33,8 @@ the steps, gradient norm clipped at 1.0 (SpecForge's defaults); a cosine decay t
 
 from __future__ import annotations
 
+from collections import Counter
+
 import dataclasses
 import math
 from collections.abc import Callable
@@ -72,6 +74,9 @@ class DFlashTrainConfig:
             held-out prompts (greedy, chains of every drafted position, no cost rule).
         max_minutes (`float`, *optional*): stop training after this much wall time (then validate and save).
         save_dtype (`str`, ``"float32"``): the dtype of the saved drafter (``float16`` or ``bfloat16`` to ship).
+        draft_vocab (`int`, *optional*): save a draft vocabulary of this many ids with the drafter: the most frequent
+            tokens of the training examples (``draft_vocab.safetensors``; the drafter then reads only those
+            rows of the lm_head: on a CPU about half a drafting step). Training itself uses the whole vocabulary.
         features (`str`, ``"cache"``), feature_batch_tokens, target_dtype, threads, seed, max_examples: as
             ``train-eagle``'s.
     """
@@ -99,6 +104,7 @@ class DFlashTrainConfig:
     val_new_tokens: int = 64
     max_minutes: float | None = None
     save_dtype: str = "float32"
+    draft_vocab: int | None = None
     features: str = "cache"
     feature_batch_tokens: int | None = None
     target_dtype: str | None = None
@@ -127,6 +133,12 @@ class DFlashTrainConfig:
         if self.features == "online" and self.feature_batch_tokens is not None:
             raise ValueError("DFlashTrainConfig(features='online', feature_batch_tokens=...): the feature cache's batch "
                              "does not apply online; drop --feature-batch-tokens or use --features cache.")
+        if self.draft_vocab is not None:
+            from ..drafters.dflash.checkpoints import MAX_DRAFT_VOCAB
+
+            if not isinstance(self.draft_vocab, int) or not 1 <= self.draft_vocab <= MAX_DRAFT_VOCAB:
+                raise ValueError(f"DFlashTrainConfig(draft_vocab={self.draft_vocab!r}): must be 1 to {MAX_DRAFT_VOCAB} "
+                                 "ids (the recipe: 8192 for a 49k vocabulary), or None for the whole vocabulary.")
         if self.save_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"DFlashTrainConfig(save_dtype={self.save_dtype!r}): use float32, float16 or bfloat16.")
         if self.target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
@@ -339,3 +351,26 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
         return (step + 1) / warmup_steps
     done = min((step - warmup_steps) / max(total_steps - warmup_steps, 1), 1.0)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def draft_vocabulary(examples: list, size: int) -> tuple[torch.Tensor, Counter]:
+    """The ``size`` most frequent tokens of ``examples``, prompts included (answers copy their prompts' words: on
+    the shipped drafter's data 8,192 ids of every token cover 93.5% of held-out answer tokens, of answer tokens only
+    92.4%), sorted (ties: the lower id), and the counts they were picked from."""
+    counts: Counter = Counter()
+    for example in examples:
+        counts.update(example.ids)
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
+    return torch.tensor(sorted(t for t, _ in top), dtype=torch.long), counts
+
+
+def vocabulary_coverage(examples: list, ids: torch.Tensor) -> float:
+    """The share of ``examples``' learnt tokens inside ``ids`` (1.0 when they learn none)."""
+    inside, total = set(ids.tolist()), 0
+    hits = 0
+    for example in examples:
+        for t, m in zip(example.ids[1:], example.loss_mask):
+            if m:
+                total += 1
+                hits += t in inside
+    return hits / total if total else 1.0

@@ -23,7 +23,8 @@ import torch
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, read_examples
 from .evaluate import greedy_tau
-from .dflash import LOG, STATE, DFlashTrainConfig, dflash_loss, lr_factor, new_network, tau_estimate, window_embedder
+from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary, lr_factor, new_network, tau_estimate,
+                     vocabulary_coverage, window_embedder)
 from .loop import _Progress, float32_pieces, start_run
 from .online import OnlineFeatures
 
@@ -115,6 +116,11 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
     if not train_idx:
         raise ValueError(f"train-dflash: {len(examples)} examples leave none to train on after every "
                          f"{cfg.val_every}th is held out; give more data.")
+    vocab = None
+    if cfg.draft_vocab:  # picked from the training examples only; its coverage measured on the held-out ones
+        vocab, _ = draft_vocabulary([examples[i] for i in train_idx], cfg.draft_vocab)
+        coverage = vocabulary_coverage([examples[i] for i in val_idx], vocab)
+        accelerator.print(f"draft vocabulary: {vocab.numel()} ids, {coverage:.4f} of the held-out learnt tokens")
     layers = net.config.target_layer_ids
     online = None
     if cfg.features == "online":
@@ -162,10 +168,17 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
             record.update(teacher_forced(drafter, embed, head_weight, examples, source, val_idx[:64], cfg.anchors,
                                          cfg.gamma))
             prompts = [examples[i] for i in val_idx[: cfg.val_prompts]]
-            if prompts:
-                record["val_tau"] = validation_tau(drafter, target, prompts, cfg.val_new_tokens)
+            if vocab is not None:
+                record.update(draft_vocab=vocab.numel(), val_vocab_coverage=round(coverage, 4))
+            if prompts:  # with the vocabulary it ships with (training's loss reads the whole one)
+                drafter.set_draft_vocab(vocab)
+                try:
+                    record["val_tau"] = validation_tau(drafter, target, prompts, cfg.val_new_tokens)
+                finally:
+                    drafter.set_draft_vocab(None)
             drafter.train()
             saved_net = copy.deepcopy(drafter).to(device="cpu", dtype=getattr(torch, cfg.save_dtype))
+            saved_net.set_draft_vocab(vocab)
             save_pretrained(saved_net, out)
             meta = {"train_config": cfg.to_dict(), "last_validation": record, "train_examples": len(train_idx),
                     "val_examples": len(val_idx), "processes": processes}

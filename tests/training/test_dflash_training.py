@@ -160,14 +160,17 @@ def test_train_dflash_end_to_end_and_resume(tmp_path, deep_chat_checkpoint, prom
     assert cfg["num_target_layers"] == 6 and cfg["num_hidden_layers"] == 1
     assert json.loads((out / "training_summary.json").read_text())["optimizer_steps"] == 22
 
-    result = run(*common, "--epochs", 2)  # continues from the checkpoint
-    assert "resumed from" in result.output
+    assert not (out / "draft_vocab.safetensors").exists()
+    result = run(*common, "--epochs", 2, "--draft-vocab", 10)  # continues from the checkpoint, ships a vocabulary
+    assert "resumed from" in result.output and "draft vocabulary: 10 ids" in result.output
     assert json.loads((out / "training_summary.json").read_text())["optimizer_steps"] == 44
+    last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert last["draft_vocab"] == 10 and 0 < last["val_vocab_coverage"] <= 1 and 1.0 <= last["val_tau"]
 
     model, tokenizer = hfs.load_model(str(deep_chat_checkpoint))
     hfs.enable(model)
     strategy = hfs.DFlash.from_pretrained(out, target=model, adaptive=False, confidence_threshold=0.0)
-    assert strategy.network.config.target_layer_ids == [1, 2, 3]
+    assert strategy.network.config.target_layer_ids == [1, 2, 3] and strategy.network.draft_vocab.numel() == 10
     assert_drafts_exactly(model, tokenizer, strategy)
     assert_drafts_exactly(model, tokenizer, hfs.DFlash.from_pretrained(
         out, target=model, adaptive=False, confidence_threshold=0.0, tree=hfs.StaticTree([(0,), (1,), (0, 0)])))
@@ -191,4 +194,7 @@ def test_train_dflash_refuses_bad_arguments(tmp_path, deep_chat_checkpoint, prom
     assert "save_dtype='int8'" in refused(*base, *data, "--save-dtype", "int8")
     assert "gamma=-1.0" in refused(*base, *data, "--gamma", -1)
     assert "anchors=0" in refused(*base, *data, "--anchors", 0)
+    assert "--draft-vocab" in refused(*base, *data, "--draft-vocab", 0)
+    with pytest.raises(ValueError, match="draft_vocab=2097152"):
+        DFlashTrainConfig(target="t", data=["x"], out="o", draft_vocab=2 ** 21)
     assert not (tmp_path / "o").exists()  # refused before anything ran

@@ -6,8 +6,9 @@ Spec-Bench prompts (one category after another, the first ``max(--sizes)``), lef
 per size, after a warm-up round, ``--repeats`` interleaved rounds of both arms (eager, the model's dtype on the
 device). Reported per size: tokens/s over the batch (new tokens of every row up to its EOS), the speed ratio,
 whether every row equals the batched greedy's row, and our loop's target forwards (greedy's: one per new token of
-the longest row) and tokens per batched forward (every row's tokens: up to the batch size times τ). Rows of a batched greedy can differ from the same prompt alone
-(padding changes the reduction order): the reference is the batched greedy of the same batch.
+the longest row) and tokens per batched forward (every row's tokens: up to the batch size times τ). Rows of a
+batched greedy can differ from the same prompt alone (padding changes the reduction order): the reference is the
+batched greedy of the same batch.
 """
 
 from __future__ import annotations

@@ -18,7 +18,13 @@ Sources of the formats (read for facts; no code is executed or copied, ``trust_r
 We write z-lab's format (``save_pretrained``), the one vLLM's and SGLang's DFlash support reads; a drafter that embeds
 with the target's embedding module (transformers' semantics, ``embed_scale=None``) records that as
 ``dflash_config.embed_with_module`` (readers other than ours ignore it: they differ only for scaled embeddings such as
-Gemma's). Weights are safetensors only; config.json is untrusted (types, ranges and sizes checked before anything is
+Gemma's).
+
+A reduced draft vocabulary (``DFlashDraftModel.set_draft_vocab``) is ours: z-lab's format has no field for one, so
+it is written beside the weights as ``draft_vocab.safetensors`` holding one int64 tensor ``d2t`` `[N]` in EAGLE-3's
+convention (target id = draft id + d2t[draft id]); other readers ignore the file and draft over the full vocabulary.
+
+Weights are safetensors only; config.json is untrusted (types, ranges and sizes checked before anything is
 built, files confined to the folder, see ``drafters/checkpoints.py``).
 """
 
@@ -30,6 +36,7 @@ from typing import Any
 import torch
 
 from .. import checkpoints as files
+from ...registry import integrity
 from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, shipped_names
 from .config import DFlashConfig
 from .model import DFlashDraftModel
@@ -51,6 +58,8 @@ FORMATS = ("transformers", "z-lab")
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 META_RENAMES = {"encoder.fc.weight": "fc.weight", "encoder.output_norm_enc.weight": "hidden_norm.weight"}
 IGNORED = ("rotary_emb.inv_freq",)  # a non-persistent buffer some exports keep
+DRAFT_VOCAB = "draft_vocab.safetensors"
+MAX_DRAFT_VOCAB = 1 << 20  # ids; more than any tokenizer here (Gemma's 262k) and far below a file that could hurt
 
 
 def detect(cfg: dict) -> str:
@@ -191,12 +200,48 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
 
 def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, target_config: Any = None,
                  sha256: dict[str, str] | None = None) -> DFlashDraftModel:
-    """:func:`load_checkpoint` into a ready network (eval mode, no gradients). Built with its constructor, never
-    ``to_empty``: the rotary embedding's ``inv_freq`` is not in the state dict."""
+    """:func:`load_checkpoint` into a ready network (eval mode, no gradients), with the folder's draft vocabulary
+    when it has one (:func:`read_draft_vocab`). Built with its constructor, never ``to_empty``: the rotary
+    embedding's ``inv_freq`` is not in the state dict."""
     config, state, _ = load_checkpoint(path, dtype=dtype, target_config=target_config, sha256=sha256)
+    vocab = read_draft_vocab(files.checkpoint_dir(path))
     net = DFlashDraftModel(config)
     net.load_state_dict(state, strict=True)
-    return (net.to(dtype) if dtype is not None else net).eval().requires_grad_(False)
+    net = (net.to(dtype) if dtype is not None else net).eval().requires_grad_(False)
+    net.set_draft_vocab(vocab)
+    return net
+
+
+def read_draft_vocab(directory: Path) -> torch.Tensor | None:
+    """The target ids `[N]` of ``directory``'s ``draft_vocab.safetensors`` (``None`` without one): a file of the
+    folder (a symlink out of it is refused), sized for at most ``MAX_DRAFT_VOCAB`` ids before it is read, holding
+    exactly ``d2t``, int64, 1-D, whose target ids are distinct and non-negative (against the target's vocabulary
+    when the drafter attaches: ``drafter.check_fits``)."""
+    try:
+        path = integrity.confined(directory, DRAFT_VOCAB, "the draft vocabulary")
+    except integrity.FileRefused as error:
+        raise CheckpointError(str(error)) from None
+    if not path.exists():
+        return None
+    files.check_weights_file(path)
+    limit = 8 * MAX_DRAFT_VOCAB + (1 << 16)  # the ids and a header
+    if path.stat().st_size > limit:
+        raise CheckpointError(f"{path} has {path.stat().st_size} bytes, more than a draft vocabulary of "
+                              f"{MAX_DRAFT_VOCAB} ids takes ({limit}): not a draft vocabulary. Remove it, or write it "
+                              "again with the drafter's save_pretrained.")
+    tensors = files.read_weights_file(path)
+    d2t = tensors.get("d2t")
+    if set(tensors) != {"d2t"} or d2t.dim() != 1 or d2t.dtype != torch.int64 or not 1 <= d2t.numel():
+        found = ", ".join(f"{k} {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in
+                          list(tensors.items())[:4])
+        raise CheckpointError(f"{path} must hold exactly one tensor, d2t (int64, 1-D, target id = draft id + d2t[draft "
+                              f"id]); it holds {found or 'nothing'}. Write it again with the drafter's "
+                              "save_pretrained.")
+    ids = torch.arange(d2t.numel()) + d2t
+    if int(ids.min()) < 0 or ids.unique().numel() != ids.numel():
+        raise CheckpointError(f"{path}: its target ids (draft id + d2t) must be distinct and non-negative. Write it "
+                              "again with the drafter's save_pretrained.")
+    return ids
 
 
 def zlab_config(config: DFlashConfig, dtype: torch.dtype | None = None) -> dict:
@@ -234,7 +279,23 @@ def save_pretrained(net: DFlashDraftModel, directory: str | Path) -> Path:
     load as a DFlash drafter, and what :func:`load_checkpoint` reads back. Returns the folder."""
     state = {k: v.detach().cpu() for k, v in net.state_dict().items()}
     dtype = next(iter(state.values())).dtype
-    return files.write_folder(directory, zlab_config(net.config, dtype), state)
+    out = files.write_folder(directory, zlab_config(net.config, dtype), state)
+    write_draft_vocab(out, net.draft_vocab)
+    return out
+
+
+def write_draft_vocab(directory: str | Path, target_ids: torch.Tensor | None) -> None:
+    """Write ``target_ids`` `[N]` as ``directory``'s ``draft_vocab.safetensors`` (``d2t``); ``None`` removes the file,
+    so that a folder written again without a vocabulary does not get the old one back on load."""
+    path = Path(directory) / DRAFT_VOCAB
+    if target_ids is None:
+        path.unlink(missing_ok=True)
+        return
+    from safetensors.torch import save_file
+
+    ids = target_ids.detach().cpu().long()
+    save_file({"d2t": (ids - torch.arange(ids.numel())).contiguous()}, str(path), metadata={"format": "pt"})
+    path.chmod(0o644)  # readable as the weights are (safetensors writes its file private)
 
 
 def to_transformers(net: DFlashDraftModel) -> tuple[dict, dict[str, torch.Tensor]]:

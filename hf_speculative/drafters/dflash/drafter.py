@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from ... import compat
 from ...core.accept import draft_chain
 from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
@@ -136,7 +137,8 @@ class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
         return save_pretrained(self.network, directory)
 
     def validate_target(self, target: torch.nn.Module) -> None:
-        check_network_once(target, self.network, self.network.config.check_target, "The DFlash drafter", "network")
+        check_network_once(target, self.network, lambda t: check_fits(self.network, t), "The DFlash drafter",
+                           "network")
 
     def open(self, ctx: CallContext) -> DFlashCandidateGenerator:
         return DFlashCandidateGenerator(ctx, self)
@@ -162,6 +164,19 @@ class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
             tree = StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])
         settings = {"tree": tree, "num_tokens": 5, "confidence_threshold": 0.0, "adaptive": False}
         return cls(**{"network": random_network(target), **settings, **options})
+
+
+def check_fits(net: DFlashDraftModel, target: Any) -> None:
+    """Raise a ValueError unless ``net`` fits ``target`` (``DFlashConfig.check_target``) and its draft vocabulary,
+    if any, holds target ids only."""
+    net.config.check_target(target)
+    if net.draft_vocab is not None:
+        vocab = int(compat.text_config(getattr(target, "config", target)).vocab_size)
+        highest = int(net.draft_vocab.max())
+        if highest >= vocab:
+            raise ValueError(f"This DFlash drafter's draft vocabulary holds the id {highest}, outside the target's "
+                             f"vocabulary of {vocab}: it was made for another tokenizer. Use the draft_vocab."
+                             "safetensors saved with this drafter, or none (drafter.network.set_draft_vocab(None)).")
 
 
 def random_network(target: torch.nn.Module, seed: int = 7, scale: float = 0.3, **fields: Any) -> DFlashDraftModel:
@@ -242,7 +257,8 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         hidden = self.net(window, pending, positions, self.cache)  # [1, B, H]
         self.n_ctx = length - 1
         depth = self.drafted if depth is None else max(1, min(depth, self.drafted))
-        logits = self._to_target_vocab(self.net.draft_logits(hidden[:, : depth + 1], self.head)[0])  # [D, V]
+        logits = self.net.draft_logits(hidden[:, : depth + 1], self.head)[0]  # [D, V] or [D, N]
+        logits = self._to_target_vocab(logits, self.net.draft_vocab)  # [D, V]
         record_draft_step(self.net, time.perf_counter() - start)
         return logits
 

@@ -17,6 +17,11 @@ to the context and to itself, bidirectionally::
 The context is the same for every layer (not re-normalised per layer). After the last layer, ``norm``; the
 target's lm_head on window positions 1 .. B-1 gives the B-1 drafted distributions.
 
+A *draft vocabulary* (``set_draft_vocab``: the target ids the drafter may propose, e.g. the most frequent tokens of
+its training answers) restricts the lm_head to those rows: on a CPU the 49k-row lm_head dominates a drafting
+step, and a few thousand rows cover nearly every token a small model writes. Drafts stay exact: the target still
+verifies every token, and a token outside the vocabulary is simply never proposed.
+
 The context's keys and values never change once computed, so :class:`DFlashCache` keeps them per layer (only verified
 tokens ever enter it); a window's keys and values are used in its forward and dropped. Only the norms, the MLP and
 the rotary embedding come from transformers (Llama's, on both supported versions); the attention is SDPA over the
@@ -29,6 +34,7 @@ loads as is; transformers' ``MuseGlimmerAssistantModel`` names two differently (
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
@@ -135,6 +141,10 @@ class DFlashDraftModel(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(config, self.llama_config) for _ in range(config.num_hidden_layers))
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=self.llama_config)
+        # the target ids this drafter may propose ([N], None: every id); not in the state dict: the vocabulary travels
+        # in its own file beside the z-lab weights (checkpoints.DRAFT_VOCAB), which other readers ignore
+        self.register_buffer("draft_vocab", None, persistent=False)
+        self._head_rows: tuple | None = None  # (the lm_head weight's identity, its rows of draft_vocab)
 
     def new_cache(self) -> DFlashCache:
         return DFlashCache(len(self.layers))
@@ -228,7 +238,35 @@ class DFlashDraftModel(nn.Module):
             seen &= ~padding[:, None, :]
         return seen[:, None]
 
+    def set_draft_vocab(self, target_ids: torch.Tensor | None) -> None:
+        """Propose only ``target_ids`` `[N]` (distinct target ids, int64); ``None``: the whole vocabulary. The ids are
+        checked against a target when the drafter attaches to it (``DFlashConfig.check_target``'s caller)."""
+        if target_ids is not None:
+            if target_ids.dim() != 1 or target_ids.dtype != torch.long or target_ids.numel() == 0:
+                raise ValueError(f"a draft vocabulary is a non-empty 1-D int64 tensor of target ids, got shape "
+                                 f"{tuple(target_ids.shape)} {target_ids.dtype}.")
+            if int(target_ids.min()) < 0 or target_ids.unique().numel() != target_ids.numel():
+                raise ValueError("a draft vocabulary's target ids must be distinct and non-negative.")
+            device = next(self.parameters()).device
+            target_ids = target_ids.to(device)
+        self.draft_vocab = target_ids
+        self._head_rows = None
+
     def draft_logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
-        """The drafted positions' logits `[B, W - 1, V]` from the window's hidden states `[B, W, H]` (the anchor's
-        own output is not a draft)."""
-        return target_head(hidden[:, 1:])
+        """The drafted positions' logits from the window's hidden states `[B, W, H]` (the anchor's own output is not
+        a draft): `[B, W - 1, V]`, or `[B, W - 1, N]` over ``draft_vocab`` (position i is target id
+        ``draft_vocab[i]``) when one is set."""
+        hidden = hidden[:, 1:]
+        if self.draft_vocab is None:
+            return target_head(hidden)
+        weight = getattr(target_head, "weight", None)
+        if not isinstance(weight, torch.Tensor):  # a head given as a function: its full logits, then the rows
+            return target_head(hidden)[..., self.draft_vocab]
+        key = (weight.data_ptr(), weight._version, weight.device, weight.dtype)
+        if self._head_rows is None or self._head_rows[0] != key:  # copied once, again after the head changes
+            ids = self.draft_vocab.to(weight.device)
+            bias = getattr(target_head, "bias", None)
+            self._head_rows = (key, weight.detach()[ids].contiguous(),  # [N, H]
+                               None if bias is None else bias.detach()[ids].contiguous())
+        _, rows, bias = self._head_rows
+        return F.linear(hidden, rows, bias)  # [B, W - 1, N]
