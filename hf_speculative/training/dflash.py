@@ -33,10 +33,9 @@ the steps, gradient norm clipped at 1.0 (SpecForge's defaults); a cosine decay t
 
 from __future__ import annotations
 
-from collections import Counter
-
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 

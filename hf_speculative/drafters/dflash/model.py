@@ -18,7 +18,7 @@ The context is the same for every layer (not re-normalised per layer). After the
 target's lm_head on window positions 1 .. B-1 gives the B-1 drafted distributions.
 
 A *draft vocabulary* (``set_draft_vocab``: the target ids the drafter may propose, e.g. the most frequent tokens of
-its training answers) restricts the lm_head to those rows: on a CPU the 49k-row lm_head dominates a drafting
+its training data) restricts the lm_head to those rows: on a CPU the 49k-row lm_head dominates a drafting
 step, and a few thousand rows cover nearly every token a small model writes. Drafts stay exact: the target still
 verifies every token, and a token outside the vocabulary is simply never proposed.
 
@@ -240,7 +240,7 @@ class DFlashDraftModel(nn.Module):
 
     def set_draft_vocab(self, target_ids: torch.Tensor | None) -> None:
         """Propose only ``target_ids`` `[N]` (distinct target ids, int64); ``None``: the whole vocabulary. The ids are
-        checked against a target when the drafter attaches to it (``DFlashConfig.check_target``'s caller)."""
+        checked against a target when the drafter attaches to it (``drafter.check_fits``)."""
         if target_ids is not None:
             if target_ids.dim() != 1 or target_ids.dtype != torch.long or target_ids.numel() == 0:
                 raise ValueError(f"a draft vocabulary is a non-empty 1-D int64 tensor of target ids, got shape "
