@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_speculative.drafters.dflash.checkpoints import write_draft_vocab
     from hf_speculative.registry.models import resolve
     from hf_speculative.training.data import read_examples
-    from hf_speculative.training.dflash import DFlashTrainConfig, draft_vocabulary, vocabulary_coverage
+    from hf_speculative.training.dflash import DFlashTrainConfig, draft_vocabulary_all_tokens, vocabulary_coverage
 
     training = json.loads((args.drafter / "training.json").read_text()).get("train_config", {})
     defaults = DFlashTrainConfig(target=args.target, data=["-"], out="-")
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = [ex for path in args.data for ex in read_examples(path, tokenizer, max_length)]
     train = [ex for i, ex in enumerate(examples) if i % val_every]
     held_out = [ex for i, ex in enumerate(examples) if i % val_every == 0]
-    ids, _ = draft_vocabulary(train, args.size)
+    ids = draft_vocabulary_all_tokens(train, args.size)
     write_draft_vocab(args.drafter, ids)
     print(f"{args.drafter}: {ids.numel()} ids from {len(train)} training examples; they cover "
           f"{vocabulary_coverage(held_out, ids):.4f} of the {len(held_out)} held-out examples' learnt tokens")

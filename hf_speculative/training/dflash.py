@@ -352,24 +352,24 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done))
 
 
-def draft_vocabulary(examples: list, size: int) -> tuple[torch.Tensor, Counter]:
-    """The ``size`` most frequent tokens of ``examples``, prompts included (answers copy their prompts' words: on
-    the shipped drafter's data 8,192 ids of every token cover 93.5% of held-out answer tokens, of answer tokens only
-    92.4%), sorted (ties: the lower id), and the counts they were picked from."""
+def draft_vocabulary_all_tokens(examples: list, size: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of ``examples``, sorted (ties: the lower id). Unlike
+    :func:`~hf_speculative.training.data.draft_vocabulary` (EAGLE-3's: learnt tokens only, EOS always, filled up to
+    ``size``), every token counts, prompts included: answers copy their prompts' words (on the shipped DFlash
+    drafter's data 8,192 ids of every token cover 93.5% of held-out answer tokens, of learnt tokens only 92.4%), and
+    a DFlash drafter does not need a complete map (its vocabulary may be smaller than ``size``)."""
     counts: Counter = Counter()
     for example in examples:
         counts.update(example.ids)
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]
-    return torch.tensor(sorted(t for t, _ in top), dtype=torch.long), counts
+    return torch.tensor(sorted(t for t, _ in top), dtype=torch.long)
 
 
 def vocabulary_coverage(examples: list, ids: torch.Tensor) -> float:
     """The share of ``examples``' learnt tokens inside ``ids`` (1.0 when they learn none)."""
-    inside, total = set(ids.tolist()), 0
-    hits = 0
-    for example in examples:
-        for t, m in zip(example.ids[1:], example.loss_mask):
-            if m:
-                total += 1
-                hits += t in inside
-    return hits / total if total else 1.0
+    from .data import token_frequencies
+
+    counts = token_frequencies(examples)
+    inside = set(ids.tolist())
+    total = sum(counts.values())
+    return sum(n for t, n in counts.items() if t in inside) / total if total else 1.0

@@ -23,8 +23,8 @@ import torch
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, read_examples
 from .evaluate import greedy_tau
-from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary, lr_factor, new_network, tau_estimate,
-                     vocabulary_coverage, window_embedder)
+from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary_all_tokens, lr_factor, new_network,
+                     tau_estimate, vocabulary_coverage, window_embedder)
 from .loop import _Progress, float32_pieces, start_run
 from .online import OnlineFeatures
 
@@ -118,7 +118,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
                          f"{cfg.val_every}th is held out; give more data.")
     vocab = None
     if cfg.draft_vocab:  # picked from the training examples only; its coverage measured on the held-out ones
-        vocab, _ = draft_vocabulary([examples[i] for i in train_idx], cfg.draft_vocab)
+        vocab = draft_vocabulary_all_tokens([examples[i] for i in train_idx], cfg.draft_vocab)
         coverage = vocabulary_coverage([examples[i] for i in val_idx], vocab)
         accelerator.print(f"draft vocabulary: {vocab.numel()} ids, {coverage:.4f} of the held-out learnt tokens")
     layers = net.config.target_layer_ids
