@@ -339,6 +339,19 @@ def integration():
     return model, tokenizer
 
 
+def drafts_exactly_on_real_model(model, tokenizer, strategy, prompt: str = "What is photosynthesis?",
+                                 new_tokens: int = 40) -> hfs.SpeculativeStats:
+    """``strategy`` on the real model (``integration``) for one chat prompt gives transformers' greedy tokens;
+    returns the call's statistics."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
+    ref = type(model).generate(model, **ids, max_new_tokens=new_tokens, do_sample=False)
+    out = model.generate(**ids, max_new_tokens=new_tokens, do_sample=False, candidate_generator=strategy)
+    assert out.tolist() == ref.tolist()
+    return hfs.last_stats(model)
+
+
 # -- a tiny chat checkpoint (word-level tokenizer with a chat template) for the CLI and the bench --
 CHAT_WORDS = "the a cat dog sat on mat and ran to house big small red blue code def return value x y".split()
 CHAT_TEMPLATE = (

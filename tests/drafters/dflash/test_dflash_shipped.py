@@ -11,6 +11,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.drafters.dflash.drafter import PRETRAINED_DIR, pretrained_names
+from tests.conftest import drafts_exactly_on_real_model
 
 NAME = "smollm2-135m-instruct"
 
@@ -29,17 +30,10 @@ def test_the_shipped_drafter_drafts_exactly_inside_its_vocabulary(integration, t
     strategy = hfs.DFlash.from_pretrained(NAME, target=model, tree=tree, adaptive=False, confidence_threshold=0.0)
     vocab = strategy.network.draft_vocab
     assert vocab.numel() == 8192 and int(vocab.max()) < model.config.vocab_size
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is photosynthesis?"}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
-    ref = type(model).generate(model, **ids, max_new_tokens=40, do_sample=False)
-    out = model.generate(**ids, max_new_tokens=40, do_sample=False, candidate_generator=strategy)
-    assert out.tolist() == ref.tolist()
-    with_vocab = hfs.last_stats(model)
+    with_vocab = drafts_exactly_on_real_model(model, tokenizer, strategy)
     assert with_vocab.accepted_tokens > 0
     strategy.network.set_draft_vocab(None)
-    out = model.generate(**ids, max_new_tokens=40, do_sample=False, candidate_generator=strategy)
-    assert out.tolist() == ref.tolist()
-    assert with_vocab.tau >= 0.9 * hfs.last_stats(model).tau  # the vocabulary keeps what the drafter gets right
+    without = drafts_exactly_on_real_model(model, tokenizer, strategy)
+    assert with_vocab.tau >= 0.9 * without.tau  # the vocabulary keeps what the drafter gets right
     strategy.network.set_draft_vocab(vocab)
     assert torch.equal(strategy.network.draft_vocab, vocab)

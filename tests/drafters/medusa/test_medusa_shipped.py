@@ -9,6 +9,7 @@ import pytest
 
 import hf_speculative as hfs
 from hf_speculative.drafters.medusa.drafter import PRETRAINED_DIR, pretrained_names
+from tests.conftest import drafts_exactly_on_real_model
 
 NAME = "smollm2-135m-instruct"
 
@@ -31,11 +32,5 @@ def test_shipped_heads_draft_exactly_on_the_real_model(integration, tree):
     model, tokenizer = integration
     hfs.enable(model)
     strategy = hfs.Medusa.from_pretrained(NAME, target=model, tree=tree, adaptive=False)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is photosynthesis?"}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    ids = {k: ids[k] for k in ("input_ids", "attention_mask")}
-    ref = type(model).generate(model, **ids, max_new_tokens=40, do_sample=False)
-    out = model.generate(**ids, max_new_tokens=40, do_sample=False, candidate_generator=strategy)
-    assert out.tolist() == ref.tolist()
-    stats = hfs.last_stats(model)
+    stats = drafts_exactly_on_real_model(model, tokenizer, strategy)
     assert stats.accepted_tokens > 0 and stats.tau > 1.2
