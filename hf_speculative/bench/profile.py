@@ -63,19 +63,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_verification(model: torch.nn.Module, cache: Any, tree: DraftTree, repeats: int, warmup: int) -> float:
-    """Median seconds of one forward over a root and ``tree`` on top of ``cache`` (left as it was found)."""
+def time_verifications(model: torch.nn.Module, cache: Any, trees: Sequence[DraftTree], repeats: int,
+                       warmup: int) -> list[float]:
+    """Median seconds of one forward over a root and each of ``trees`` on top of ``cache`` (left as it was found).
+
+    The trees take turns within every round rather than one after the other: the profile is read as ratios
+    to the one-token forward, and a drift in the machine's speed (another tenant, the clock) then moves every
+    size alike instead of whichever size was being timed when it came.
+    """
     device = model.get_input_embeddings().weight.device
-    times = []
+    times: list[list[float]] = [[] for _ in trees]
     for i in range(warmup + repeats):
-        _sync(device)
-        start = time.perf_counter()
-        forward_tree(model, cache, 5, tree)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-        compat.crop_cache(cache, tree.size + 1)
-    return statistics.median(times)
+        for tree, kept in zip(trees, times):
+            _sync(device)
+            start = time.perf_counter()
+            forward_tree(model, cache, 5, tree)
+            _sync(device)
+            if i >= warmup:
+                kept.append(time.perf_counter() - start)
+            compat.crop_cache(cache, tree.size + 1)
+    return [statistics.median(kept) for kept in times]
 
 
 @dataclasses.dataclass
@@ -135,12 +142,12 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
             model(input_ids=prompt, use_cache=True, **{compat.cache_kwarg(): cache})
             row = seconds.setdefault(str(context), {})
             for shape in settings.shapes:
-                for n in settings.sizes:
-                    tree = tree_of(n, shape)
-                    row.setdefault(shape, {})[str(n)] = time_verification(
-                        model, cache, tree, settings.repeats, settings.warmup)
-                    if progress:
-                        progress(f"context {context} {shape} {n}: {row[shape][str(n)] * 1e3:.2f} ms")
+                medians = time_verifications(model, cache, [tree_of(n, shape) for n in settings.sizes],
+                                             settings.repeats, settings.warmup)
+                row[shape] = {str(n): t for n, t in zip(settings.sizes, medians)}
+                if progress:
+                    for n, t in zip(settings.sizes, medians):
+                        progress(f"context {context} {shape} {n}: {t * 1e3:.2f} ms")
     relative = {c: {s: {n: t / by_shape[s]["0"] for n, t in times.items()} for s, times in by_shape.items()}
                 for c, by_shape in seconds.items()}
     batches = {}

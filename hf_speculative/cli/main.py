@@ -552,7 +552,8 @@ def profile(
     contexts: Annotated[str, typer.Option(help="Comma-separated context lengths.")] = "512,2048",
     sizes: Annotated[str, typer.Option(help="Comma-separated draft tokens per forward (0 = one-token forward).")]
     = "0,1,2,4,8,16,32,64",
-    repeats: Annotated[int, typer.Option(min=1, help="Timed forwards per size (the median is kept).")] = 10,
+    repeats: Annotated[int, typer.Option(
+        min=1, help="Timed forwards per size, the sizes taking turns (the median is kept).")] = 10,
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads.")] = 1,
     out: Annotated[Path, typer.Option(help="JSON file to write (a .png plot goes next to it with --plot).")]
     = Path("profile.json"),
