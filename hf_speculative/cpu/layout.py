@@ -17,21 +17,24 @@ column-major weight. ``kernel=True`` instead runs products of 1-16 rows on a ker
 that reads a blocked copy of each weight once for all rows (SmolLM2's weights: 0.63 one-row MKL
 products for 1 row, 0.65 for 2, 1.03 for 4, 1.20 for 8).
 
-    hfs.optimize_for_cpu(model)              # once, after loading
-    hfs.optimize_for_cpu(model, pack=True)   # and oneDNN-packed products of 2+ rows
-    hfs.optimize_for_cpu(model, kernel=True) # or hf_speculative's kernel for 1-16 rows (kernel.py)
-    hfs.optimize_for_cpu(model, False)       # back to the usual layout
+    hfs.optimize_for_cpu(model)               # once, after loading: the kernel where it runs, else the layout
+    hfs.optimize_for_cpu(model, kernel=False) # the column-major layout alone
+    hfs.optimize_for_cpu(model, pack=True)    # and oneDNN-packed products of 2+ rows
+    hfs.optimize_for_cpu(model, kernel=True)  # the kernel or an error that names what it lacks (kernel.py)
+    hfs.optimize_for_cpu(model, False)        # back to the usual layout
 
 Plain greedy ``generate`` runs on the same weights, so speedups measured against it stay fair.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
 from ..core.costs import forget_costs
-from .kernel import BlockedWeight, KernelLinear, WeightCopy, load_kernel
+from .kernel import BlockedWeight, KernelLinear, WeightCopy, cpu_supports_kernel, load_kernel
 
 
 def _converted(weight: torch.Tensor) -> bool:
@@ -60,8 +63,17 @@ def _modules(model: torch.nn.Module, layers: str) -> list[torch.nn.Module]:
     return [] if head is None else [head]
 
 
+def _kernel_runs_here() -> str | None:
+    """``None`` when the kernel runs on this machine (compiling it now if it was not), else why not."""
+    try:
+        load_kernel()
+    except (RuntimeError, ImportError) as err:
+        return str(err)
+    return None
+
+
 def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str = "all", pack: bool = False,
-                     kernel: bool = False) -> int:
+                     kernel: bool | None = None) -> int:
     """Store ``model``'s fp32 CPU ``nn.Linear`` weights column-major (``enable=True``) or back in
     PyTorch's usual row-major layout (``enable=False``), in place; with ``pack=True`` their products
     of several rows also run on oneDNN-packed copies (`PackedLinear`).
@@ -78,14 +90,17 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             weight, made here (and again after in-place changes to the weight): one more copy of
             those weights in memory. The parameters, state dict, hooks and one-row products (plain
             decoding) are unchanged.
-        kernel (`bool`, defaults to `False`): instead of packing, run those layers' inference
+        kernel (`bool`, *optional*): instead of packing, run those layers' inference
             products of 1-16 rows (decoding, drafting, verification) on hf_speculative's own AVX2 kernel
             (AVX-512F from 4 rows where the CPU has it; `hf_speculative.cpu.kernel.KernelLinear`), which
             reads a blocked copy of each weight, made here (and again after in-place changes to the
             weight), once for all rows: one-token forwards are 15% faster than on MKL, and a forward on 2 / 4 / 8 tokens
             costs 1.13 / 1.31 / 1.57 of them (SmolLM2-135M, AVX2 EPYC). One more copy of those
             weights in memory. Compiled on first use (a C++ compiler and ninja, about a minute
-            once).
+            once). ``None`` (default, without ``pack``): the kernel where it runs (an AVX2 CPU, the
+            compiler and ninja at hand), else the column-major layout alone (on an AVX2 CPU with a
+            warning naming what is missing); ``True``: the kernel or a ``RuntimeError`` naming what it
+            lacks; ``False``: never.
 
     Returns:
         `int`: how many linear layers changed (0 when there was nothing to do, e.g. on a GPU).
@@ -97,6 +112,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             "optimize_for_cpu(pack=True) needs a PyTorch build with oneDNN (torch.backends.mkldnn); "
             "use optimize_for_cpu(model) without pack on this build."
         )
+    if kernel is None:
+        kernel = enable and not pack and any(_eligible(m) for m in _modules(model, layers)) and _auto_kernel()
     if kernel and enable:
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
@@ -124,6 +141,17 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     if changed:
         forget_costs(model)  # verify costs measured in the old layout no longer hold
     return changed
+
+
+def _auto_kernel() -> bool:
+    """``kernel=None``: whether the kernel runs here; when it does not, the layout alone, saying why."""
+    if not cpu_supports_kernel():
+        return False  # another CPU: the layout is what runs here, nothing to fix
+    problem = _kernel_runs_here()
+    if problem is not None:
+        warnings.warn(f"optimize_for_cpu: the CPU kernel is not used, only the column-major layout: {problem}",
+                      stacklevel=3)
+    return problem is None
 
 
 LAYOUT_NAMES = ("none", "output", "all", "output+packed", "all+packed", "output+kernel", "all+kernel")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ def test_values_parameters_and_output_are_kept(arch):
         before = model(ids).logits
     params = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
 
-    changed = hfs.optimize_for_cpu(model)
+    changed = hfs.optimize_for_cpu(model, kernel=False)
 
     assert changed == len(_linears(model)) > 0
     assert cpu_layout(model) == "all"
@@ -61,7 +62,7 @@ def test_values_parameters_and_output_are_kept(arch):
         assert m.weight.stride() == (1, m.weight.shape[0])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
-    assert hfs.optimize_for_cpu(model) == 0  # already done
+    assert hfs.optimize_for_cpu(model, kernel=False) == 0  # already done
 
     assert hfs.optimize_for_cpu(model, enable=False) == changed
     assert cpu_layout(model) == "none"
@@ -123,11 +124,11 @@ def test_measured_verify_costs_are_forgotten():
 
 def test_output_layer_only_and_bad_option():
     model = build_model("qwen2")
-    assert hfs.optimize_for_cpu(model, layers="output") == 1
+    assert hfs.optimize_for_cpu(model, layers="output", kernel=False) == 1
     assert cpu_layout(model) == "output"
     assert model.lm_head.weight.stride() == (1, model.lm_head.weight.shape[0])
     assert all(m.weight.is_contiguous() for m in _linears(model) if m is not model.lm_head)
-    assert hfs.optimize_for_cpu(model) == len(_linears(model)) - 1
+    assert hfs.optimize_for_cpu(model, kernel=False) == len(_linears(model)) - 1
     assert cpu_layout(model) == "all"
     model.model.layers[0].mlp.up_proj.weight.data = model.model.layers[0].mlp.up_proj.weight.data.contiguous()
     assert cpu_layout(model) == "mixed"
@@ -270,3 +271,43 @@ def test_a_loaded_eagle_drafter_follows_the_targets_layout(tmp_path, layout):
     out = target.generate(**prompt_inputs(), **GREEDY, candidate_generator=eagle)
     assert out.tolist() == ref.tolist()
     assert hfs.last_stats(target).drafted_tokens > 0
+
+
+def test_the_default_runs_the_kernel_where_it_runs_else_the_layout_saying_why(monkeypatch):
+    """``kernel=None`` (the default): the kernel where this CPU and toolchain run it; without a compiler (simulated),
+    the column-major layout alone and a warning that names the missing piece, while ``kernel=True`` still raises;
+    on a CPU without AVX2 (simulated), the layout without a word. Outputs keep their values in every case."""
+    from hf_speculative.cpu import kernel as cpu_kernel
+
+    ids = prompt_inputs()["input_ids"]
+    reference = build_model("llama")
+    with torch.no_grad():
+        before = reference(ids).logits
+    if cpu_kernel.cpu_supports_kernel():
+        model = copy.deepcopy(reference)
+        hfs.optimize_for_cpu(model)
+        assert cpu_layout(model) == "all+kernel"
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+
+    def no_compiler():
+        raise RuntimeError("optimize_for_cpu(kernel=True) could not compile its CPU kernel (no g++).")
+
+    monkeypatch.setattr(cpu_layout_module, "cpu_supports_kernel", lambda: True)
+    monkeypatch.setattr(cpu_layout_module, "load_kernel", no_compiler)
+    model = copy.deepcopy(reference)
+    with pytest.warns(UserWarning, match=r"the CPU kernel is not used, only the column-major layout: .*no g\+\+"):
+        assert hfs.optimize_for_cpu(model) == len(_linears(model))
+    assert cpu_layout(model) == "all"
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="could not compile"):
+        hfs.optimize_for_cpu(copy.deepcopy(reference), kernel=True)
+    assert hfs.optimize_for_cpu(build_model("llama").to(torch.bfloat16)) == 0  # nothing to lay out: nothing tried
+
+    monkeypatch.setattr(cpu_layout_module, "cpu_supports_kernel", lambda: False)
+    model = copy.deepcopy(reference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hfs.optimize_for_cpu(model)
+    assert cpu_layout(model) == "all"
