@@ -283,8 +283,13 @@ class HfsEngine(Engine):
 
         if method == BASELINE:
             return BASELINE
-        label = get_method(method).label
-        return label.replace(" (hfs)", "").replace("Prompt lookup (transformers)", "transformers' prompt lookup")
+        label = get_method(method).label.replace(" (hfs)", "")
+        first = label.split()[0]
+        if first[1:].islower() and first != "Medusa":  # "Prompt lookup" -> "prompt lookup"; names stay
+            label = label[0].lower() + label[1:]
+        if label.endswith(" (transformers)"):
+            label = "transformers' " + label[: -len(" (transformers)")]
+        return label
 
     def versions(self) -> dict:
         import torch
