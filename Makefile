@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo demo test test-fast fresh-check compare bench clean docs docs-serve gpu-check
+.PHONY: install install-demo install-openvino demo test test-fast fresh-check compare bench clean docs docs-serve gpu-check
 
 # The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
 $(VENV_STAMP):
@@ -40,6 +40,25 @@ install: $(STAMP)
 
 # What the demo needs: the package, the app's gradio and matplotlib, the registry's GGUF reader.
 install-demo: $(DEMO_STAMP)
+
+# OpenVINO GenAI and optimum-intel (`hf-speculative export-eagle --format openvino`, the `-m openvino` tests) in a
+# venv of their own: optimum-intel 2.2 pins transformers to its own range (5.5.x), which the main venv's newest 5.x
+# is outside of; pip resolves transformers from that pin. optimum-intel also requires torchvision, whose newest wheel
+# requires the newest torch (a CUDA build): TORCH_SPEC in the same pip command keeps the CPU wheel and picks the
+# torchvision of that torch, which is then uninstalled, because the PyPI torchvision (a CUDA build) breaks
+# optimum-cli's import beside the CPU torch, and nothing here uses it.
+OV_VENV ?= .venv-ov
+OPENVINO_SPEC ?= openvino-genai==2026.4.1.0 optimum-intel==2.2.0
+OV_STAMP := $(OV_VENV)/.hf_speculative-openvino
+$(OV_STAMP): setup.cfg pyproject.toml Makefile
+	$(MAKE) --no-print-directory VENV=$(OV_VENV) $(OV_VENV)/.hf_speculative-venv
+	$(OV_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(OPENVINO_SPEC) -e ".[openvino,dev,registry,cli]"
+	$(OV_VENV)/bin/python -m pip uninstall --quiet --yes torchvision 2>/dev/null || true
+	@$(OV_VENV)/bin/python -c "import openvino_genai, optimum.intel, transformers, torch; print('installed: torch', \
+		torch.__version__, '| transformers', transformers.__version__, '| openvino_genai', openvino_genai.__version__)"
+	touch $(OV_STAMP)
+
+install-openvino: $(OV_STAMP)
 
 # The Gradio app on localhost (prints its URL); DEMO_ARGS e.g. "--port 7861 --threads 2".
 DEMO_ARGS ?= --threads 1
@@ -103,4 +122,4 @@ docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
-	rm -rf $(VENV) .venv-tf4 build *.egg-info .pytest_cache site
+	rm -rf $(VENV) .venv-tf4 $(OV_VENV) build *.egg-info .pytest_cache site

@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "cli": ("typer", "rich", "tqdm"),
     "kernel": ("ninja",),
     "app": ("gradio", "matplotlib"),
+    "openvino": ("openvino-genai", "optimum-intel"),
 }
 
 
