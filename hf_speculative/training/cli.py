@@ -284,11 +284,19 @@ def train_eagle(
 def export_eagle(
     drafter: Annotated[str, typer.Argument(help="Drafter folder (any supported format) or a shipped drafter's name.")],
     out: Annotated[Path, typer.Option("--out", help="Folder to write.")],
-    format: Annotated[str, typer.Option("--format", help="vllm (speculators format, for vLLM) or safeailab "
+    format: Annotated[str, typer.Option("--format", help="vllm (speculators format, for vLLM), safeailab "
                                                           "(SafeAILab EAGLE format, for SGLang and EAGLE's "
-                                                          "repo).")] = "vllm",
+                                                          "repo) or openvino (an OpenVINO GenAI draft model; "
+                                                          "needs the [openvino] extra).")] = "vllm",
     target: Annotated[Optional[str], typer.Option("--target", help="The target (registry name, folder or Hub id) "
-                                                                   "recorded as the verifier.")] = None,
+                                                                   "recorded as the verifier; for openvino, the "
+                                                                   "model it drafts for (default: the one the "
+                                                                   "drafter records).")] = None,
+    target_out: Annotated[Optional[Path], typer.Option("--target-out", help="openvino: also export the target "
+                                                                            "to this folder (with its "
+                                                                            "tokenizer).")] = None,
+    weight_format: Annotated[str, typer.Option("--weight-format", help="openvino: fp16 or fp32 weights in the "
+                                                                       "IR.")] = "fp16",
 ) -> None:
     """Write a drafter in the format a serving engine loads."""
     from ..drafters.eagle import checkpoints
@@ -297,9 +305,18 @@ def export_eagle(
     source = Path(drafter)
     if not source.is_dir() and drafter in pretrained_names():
         source = PRETRAINED_DIR / drafter
-    if format not in ("vllm", "safeailab"):
-        raise typer.BadParameter(f"--format {format!r}: use vllm or safeailab")
+    if format not in ("vllm", "safeailab", "openvino"):
+        raise typer.BadParameter(f"--format {format!r}: use vllm, safeailab or openvino")
+    if format != "openvino" and (target_out is not None or weight_format != "fp16"):
+        raise typer.BadParameter("--target-out and --weight-format go with --format openvino")
     try:
+        if format == "openvino":
+            from ..drafters.eagle.openvino_export import export_openvino
+
+            written = export_openvino(source, out, target, weight_format=weight_format, target_out=target_out)
+            typer.echo(json.dumps({"format": format, "out": str(written),
+                                   "target_out": None if target_out is None else str(target_out)}))
+            return
         target_config = None
         if target is not None:
             from transformers import AutoConfig
@@ -308,7 +325,7 @@ def export_eagle(
 
             target_config = AutoConfig.from_pretrained(resolve(target))
         written = checkpoints.export(source, out, format=format, target_config=target_config)
-    except (OSError, ValueError) as err:
+    except (ImportError, OSError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     typer.echo(json.dumps({"format": format, "out": str(written or out)}))
