@@ -19,6 +19,7 @@ import torch
 
 from .. import compat
 from .call import TargetView
+from .kv_room import make_room
 from .tree import DraftTree, additive_mask, position_ids, visibility
 
 # Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
@@ -110,7 +111,8 @@ class DynamicVerifier:
     Chains verify with the model's own causal masks, so any attention implementation serves them; the
     model's attention is checked for tree masks at the first branching tree (``trees=True``: at once, for a
     call whose strategy drafts trees, so that it fails before generating). ``cache``: a dynamic cache to fill
-    (the caller's), else a new one."""
+    (the caller's), else a new one, whose layers then write new positions in place (kv_room.py) after the
+    first forward made them."""
 
     budget = 64  # the most draft nodes a step verifies
     cost_key = None  # verification costs are the dynamic forward's own (not a padded one's)
@@ -121,12 +123,17 @@ class DynamicVerifier:
         self.model, self._checked = model, trees
         self.view = TargetView()  # drafters that read the target's hidden states take them from forward hooks
         self.cache = compat.new_dynamic_cache() if cache is None else cache
+        self._roomy = cache is not None  # a cache of our own writes in place once its layers exist (kv_room.py)
 
     def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
         if not self._checked and not tree.is_chain():
             check_tree_attention(self.model)
             self._checked = True
-        return forward_tree(self.model, self.cache, uncached, tree)  # [1 + n, V]
+        logits = forward_tree(self.model, self.cache, uncached, tree)  # [1 + n, V]
+        if not self._roomy:
+            make_room(self.cache)
+            self._roomy = True
+        return logits
 
     def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         keep_path(self.cache, prefix_length, tree, path)
