@@ -5,7 +5,7 @@
 Engines (``--engines``):
 
 - ``hfs-default``: hf_speculative with its defaults (PyTorch fp32, the registry's weights);
-- ``hfs-kernel``: the same with ``hfs.optimize_for_cpu(model, kernel=True)`` on every linear layer and transformers'
+- ``hfs-kernel``: the same with ``hfs.optimize_for_cpu(model)`` on every linear layer and transformers'
   grouped-query SDPA (``hf-speculative bench --cpu-layout all+kernel --sdpa-gqa``);
 - ``openvino``: OpenVINO GenAI on the target's fp32 IR, exported once by optimum-intel into the cache
   (``~/.cache/hf_speculative/peers/openvino``), run by ``openvino_worker.py`` in the OpenVINO venv (``make
@@ -237,7 +237,7 @@ class HfsEngine(Engine):
     def label(self) -> str:  # type: ignore[override]
         version = self.meta.get("hf_speculative", "")
         if self.kernel:
-            return (f"hf_speculative {version} with `hfs.optimize_for_cpu(model, kernel=True)` + GQA SDPA "
+            return (f"hf_speculative {version} with `hfs.optimize_for_cpu(model)` + GQA SDPA "
                     "(`--cpu-layout all+kernel --sdpa-gqa`)")
         return f"hf_speculative {version} defaults (PyTorch fp32)"
 
