@@ -1,6 +1,6 @@
-"""benchmarks/peers/run.py: the interleaved order, the rows and tables, the docs section, the OpenVINO engine over
-a fake worker process and the llama.cpp engine over fake programs; our engines end to end on the real model
-(``integration``)."""
+"""benchmarks/peers (run.py and the modules beside it): the interleaved order, the rows and tables, the docs section,
+the OpenVINO engine over a fake worker process and the llama.cpp engine over fake programs; our engines end to end on
+the real model (``integration``)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,14 @@ def load(name: str):
     return module
 
 
-run = load("run")
+run = load("run")  # puts benchmarks/peers on sys.path: run.py imports the modules beside it by name
+engines, tables = importlib.import_module("engines"), importlib.import_module("tables")
+openvino_engine = importlib.import_module("openvino_engine")
+llamacpp_engine = importlib.import_module("llamacpp_engine")
 PROMPTS = [Prompt(81, "writing", "a"), Prompt(241, "summarization", "b")]
 
 
-class FakeEngine(run.Engine):
+class FakeEngine(engines.Engine):
     """Outputs ``[index, 1, 2...]``; ``wrong`` methods change the last token; times from ``seconds``."""
 
     def __init__(self, name, methods, calls, seconds=None, wrong=()):
@@ -51,14 +54,14 @@ class FakeEngine(run.Engine):
         if method in self.wrong:
             out[-1] = -1
         seconds = self.seconds.get(method, 1.0) * (1 + 0.5 * (self.count % 3 == 0))
-        return run.Run(method, out, len(out), seconds, target_forwards=max_new_tokens // 2 if method != "greedy"
-                       else max_new_tokens)
+        return engines.Run(method, out, len(out), seconds, target_forwards=max_new_tokens // 2 if method != "greedy"
+                           else max_new_tokens)
 
 
 def test_interleave_runs_every_engine_and_method_per_prompt_and_round():
     a = FakeEngine("a", ["x"], [])
     b = FakeEngine("b", ["y", "z"], [])
-    order = [(i, r, e.name, m) for i, r, e, m in run.interleave([a, b], prompts=2, repeats=2)]
+    order = [(i, r, e.name, m) for i, r, e, m in engines.interleave([a, b], prompts=2, repeats=2)]
     one_round = [("a", "greedy"), ("a", "x"), ("b", "greedy"), ("b", "y"), ("b", "z")]
     assert order == [(i, r, e, m) for i in range(2) for r in range(2) for e, m in one_round]
 
@@ -68,7 +71,7 @@ def test_run_all_warms_up_then_interleaves_and_keeps_medians():
     a = FakeEngine("a", ["x"], calls, seconds={"greedy": 2.0, "x": 1.0})
     b = FakeEngine("b", ["y"], calls, wrong=("y",))
     written = []
-    rows = run.run_all([a, b], PROMPTS, [10, 20], max_new_tokens=32, repeats=3, on_row=written.append)
+    rows = engines.run_all([a, b], PROMPTS, [10, 20], max_new_tokens=32, repeats=3, on_row=written.append)
     warmup = [("a", 0, "greedy", 16), ("a", 0, "x", 16), ("b", 0, "greedy", 16), ("b", 0, "y", 16)]
     assert calls[:4] == warmup
     assert [c[:3] for c in calls[4:]] == [(e, i, m) for i in range(2) for _ in range(3)
@@ -83,7 +86,7 @@ def test_run_all_warms_up_then_interleaves_and_keeps_medians():
     assert first["input_tokens"] == 10 and rows[5]["input_tokens"] == 20
     assert [r["identical_to_greedy"] for r in rows] == [True, True, True, False] * 2
     with pytest.raises(ValueError, match="repeats"):
-        run.run_all([a], PROMPTS, [1, 1], max_new_tokens=4, repeats=0)
+        engines.run_all([a], PROMPTS, [1, 1], max_new_tokens=4, repeats=0)
 
 
 def _rows():
@@ -92,15 +95,15 @@ def _rows():
                                                                               "eagle": 4.0})
     b = FakeEngine("openvino", ["prompt-lookup"], calls, wrong=("prompt-lookup",))
     a.method_label = lambda m: {"eagle": "EAGLE"}.get(m, m)
-    return run.run_all([a, b], PROMPTS, [10, 20], max_new_tokens=16, repeats=1), [
+    return engines.run_all([a, b], PROMPTS, [10, 20], max_new_tokens=16, repeats=1), [
         {"name": "hfs-default", "label": "ours", "weights": "fp32", "notes": ["hf-assisted: needs --draft-model"]},
         {"name": "openvino", "label": "OpenVINO", "weights": "IR", "notes": ["eagle+lookup: no counterpart",
                                                                              "hf-prompt-lookup: no counterpart"]}]
 
 
 def test_tables_give_each_engine_its_own_baseline():
-    rows, engines = _rows()
-    compact = run.compact_table(rows, engines).splitlines()
+    rows, described = _rows()
+    compact = tables.compact_table(rows, described).splitlines()
     assert compact[0].startswith("| engine | weights | plain tok/s | prompt lookup tok/s | vs plain |")
     ours = compact[2].split(" | ")
     # seconds per call: 1 × (1.5 every third call of the engine), so aggregate rates are computed, not assumed
@@ -108,7 +111,7 @@ def test_tables_give_each_engine_its_own_baseline():
     assert "EAGLE" in ours[5] and "(τ 2.00)" in ours[5]
     ov = compact[3].split(" | ")
     assert ov[0] == "| OpenVINO" and ov[5] == "–" and ov[-1] == "0/2 |"
-    full = run.full_table(rows, engines).splitlines()
+    full = tables.full_table(rows, described).splitlines()
     assert len(full) == 2 + 5
     assert full[2].startswith("| hfs-default | greedy | 2 |") and "| 1.00× | 1.00× |" in full[2]
     assert full[4].startswith("| hfs-default | EAGLE | 2 |")
@@ -116,15 +119,15 @@ def test_tables_give_each_engine_its_own_baseline():
 
 
 def test_markdown_names_machine_versions_command_and_notes():
-    rows, engines = _rows()
-    meta = {"engines": engines, "prompts": [81, 241], "load": {"start": [1.0, 0.5, 0.25], "end": [1.5, 1.0, 0.5]},
+    rows, described = _rows()
+    meta = {"engines": described, "prompts": [81, 241], "load": {"start": [1.0, 0.5, 0.25], "end": [1.5, 1.0, 0.5]},
             "date": "2026-11-27 10:00 UTC", "command": "python benchmarks/peers/run.py --repeats 3", "cpu": "AMD EPYC",
             "cores": 2, "model": "smollm2-135m-instruct", "max_new_tokens": 16, "threads": 1, "repeats": 1,
             "versions": {"torch": "2.13.0", "transformers": "5.24.0", "hf_speculative": "0.1.0",
                          "openvino_venv": {"openvino": "2026.4.1", "openvino_genai": "2026.4.1.0",
                                            "optimum_intel": "2.2.0", "transformers": "5.5.4", "torch": "2.13.0"}},
             "skipped": ["llama.cpp: no --llama-cpp DIR (a built tree) and --gguf FILE given"]}
-    text = run.markdown(rows, meta)
+    text = tables.markdown(rows, meta)
     assert "Measured 2026-11-27 10:00 UTC with `python benchmarks/peers/run.py --repeats 3`." in text
     assert "**Machine:** AMD EPYC, 2 cores; load average (1, 5, 15 min) 1.00 0.50 0.25 at the start" in text
     assert ("**Versions:** torch 2.13.0, transformers 5.24.0, hf_speculative 0.1.0; OpenVINO 2026.4.1, OpenVINO GenAI "
@@ -135,20 +138,21 @@ def test_markdown_names_machine_versions_command_and_notes():
 
 
 def test_replace_section_and_the_docs_markers(tmp_path):
-    page = "# T\n\nbefore\n\n" + run.BEGIN + "\nold\ntable\n" + run.END + "\n\nafter\n"
-    once = run.replace_section(page, "new table\n")
-    assert once == "# T\n\nbefore\n\n" + run.BEGIN + "\nnew table\n" + run.END + "\n\nafter\n"
-    assert run.replace_section(once, "new table") == once
+    page = "# T\n\nbefore\n\n" + tables.BEGIN + "\nold\ntable\n" + tables.END + "\n\nafter\n"
+    once = tables.replace_section(page, "new table\n")
+    assert once == "# T\n\nbefore\n\n" + tables.BEGIN + "\nnew table\n" + tables.END + "\n\nafter\n"
+    assert tables.replace_section(once, "new table") == once
     with pytest.raises(ValueError, match="section"):
-        run.replace_section("no markers", "x")
+        tables.replace_section("no markers", "x")
     docs = run.DOCS.read_text(encoding="utf-8")
-    assert docs.count(run.BEGIN) == 1 and docs.count(run.END) == 1 and docs.index(run.BEGIN) < docs.index(run.END)
+    assert docs.count(tables.BEGIN) == 1 and docs.count(tables.END) == 1
+    assert docs.index(tables.BEGIN) < docs.index(tables.END)
     path = tmp_path / "benchmark.md"
     path.write_text(docs, encoding="utf-8")
-    run.write_docs(path, "| engine |\n|---|\n")
+    tables.write_docs(path, "| engine |\n|---|\n")
     written = path.read_text(encoding="utf-8")
-    assert written.split(run.BEGIN)[0] == docs.split(run.BEGIN)[0]
-    assert written.split(run.END)[1] == docs.split(run.END)[1]
+    assert written.split(tables.BEGIN)[0] == docs.split(tables.BEGIN)[0]
+    assert written.split(tables.END)[1] == docs.split(tables.END)[1]
     assert "| engine |" in written
 
 
@@ -185,12 +189,12 @@ w.serve(sys.stdin, out, pipes, types.SimpleNamespace(GenerationConfig=Config), l
 def test_openvino_engine_over_a_worker_process(tmp_path, monkeypatch):
     fake = tmp_path / "worker.py"
     fake.write_text(FAKE_WORKER.format(peers=str(PEERS)), encoding="utf-8")
-    monkeypatch.setattr(run, "WORKER", fake)
-    monkeypatch.setattr(run, "exported", lambda name, python, **kw: tmp_path / f"{name}-ir")
-    engine = run.OpenVinoEngine("m", ["prompt-lookup", "eagle", "eagle+lookup", "draft-model"], [[4, 5, 6]],
-                                python=Path(sys.executable), draft_model=None, eagle3=None, threads=1,
-                                num_assistant_tokens=5, max_ngram_size=3, log=tmp_path / "log" / "w.log",
-                                meta={"run_id": "r", "max_new_tokens": 8, "repeats": 1, "cpu": "cpu"})
+    monkeypatch.setattr(openvino_engine, "WORKER", fake)
+    monkeypatch.setattr(openvino_engine, "exported", lambda name, python, **kw: tmp_path / f"{name}-ir")
+    engine = openvino_engine.OpenVinoEngine(
+        "m", ["prompt-lookup", "eagle", "eagle+lookup", "draft-model"], [[4, 5, 6]], python=Path(sys.executable),
+        draft_model=None, eagle3=None, threads=1, num_assistant_tokens=5, max_ngram_size=3,
+        log=tmp_path / "log" / "w.log", meta={"run_id": "r", "max_new_tokens": 8, "repeats": 1, "cpu": "cpu"})
     try:
         engine.start()
         assert engine.methods == ["greedy", "prompt-lookup"]
@@ -206,8 +210,8 @@ def test_openvino_engine_over_a_worker_process(tmp_path, monkeypatch):
 
 
 def test_the_openvino_worker_is_skipped_with_a_reason(tmp_path):
-    assert "make install-openvino" in run.openvino_problem(tmp_path / "none" / "bin" / "python")
-    assert run.openvino_python(".venv-ov") == ROOT / ".venv-ov" / "bin" / "python"
+    assert "make install-openvino" in openvino_engine.openvino_problem(tmp_path / "none" / "bin" / "python")
+    assert openvino_engine.openvino_python(".venv-ov") == ROOT / ".venv-ov" / "bin" / "python"
 
 
 LLAMA_PLAIN = """#!/bin/sh
@@ -237,10 +241,10 @@ def test_llama_cpp_engine_over_fake_programs(tmp_path):
         path = bin_dir / name
         path.write_text(textwrap.dedent(script), encoding="utf-8")
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    engine = run.LlamaCppEngine(tmp_path / "llama", tmp_path / "m.gguf", ["prompt-lookup", "eagle", "draft-model"],
-                                ["<|user|>Say it.<|assistant|>"], draft_gguf=None, threads=1, draft_max=3,
-                                meta={"run_id": "r", "model": "m", "max_new_tokens": 8, "repeats": 1},
-                                workdir=tmp_path / "work")
+    engine = llamacpp_engine.LlamaCppEngine(
+        tmp_path / "llama", tmp_path / "m.gguf", ["prompt-lookup", "eagle", "draft-model"],
+        ["<|user|>Say it.<|assistant|>"], draft_gguf=None, threads=1, draft_max=3,
+        meta={"run_id": "r", "model": "m", "max_new_tokens": 8, "repeats": 1}, workdir=tmp_path / "work")
     engine.start()
     assert engine.methods == ["greedy", "prompt-lookup"] and engine.version == "4242 (deadbeef)"
     assert [n.split(":")[0] for n in engine.notes] == ["eagle", "draft-model"]
@@ -254,7 +258,8 @@ def test_llama_cpp_engine_over_fake_programs(tmp_path):
 
 
 def test_parse_llama_tells_prompt_eval_from_eval():
-    figures = run.parse_llama("prompt eval time =  12.50 ms /  3 tokens\n       eval time =  40.00 ms /   4 runs\n")
+    figures = llamacpp_engine.parse_llama(
+        "prompt eval time =  12.50 ms /  3 tokens\n       eval time =  40.00 ms /   4 runs\n")
     assert figures == {"prompt_ms": 12.5, "eval_ms": 40.0, "eval_runs": 4.0}
 
 
