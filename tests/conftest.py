@@ -417,13 +417,17 @@ def cheap_verification():
 
 
 def load_benchmark(name: str):
-    """The script ``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package)."""
+    """The script ``benchmarks/<name>.py`` as a module (the benchmarks are scripts, not a package); ``name`` may
+    name a folder's script (``"peers/run"``). Registered in ``sys.modules`` under ``benchmarks_<name>`` while it
+    runs and after, since dataclasses look their module up there."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location("benchmarks_" + name.replace("/", "_"), path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 

@@ -4,7 +4,7 @@ the real model (``integration``)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import stat
@@ -16,20 +16,13 @@ import pytest
 
 import hf_speculative
 from hf_speculative.bench.spec_bench import Prompt
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "benchmarks" / "peers"
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-run = load("run")  # puts benchmarks/peers on sys.path: run.py imports the modules beside it by name
+run = load_benchmark("peers/run")  # puts benchmarks/peers on sys.path: run.py imports its siblings by name
 engines, tables = importlib.import_module("engines"), importlib.import_module("tables")
 openvino_engine = importlib.import_module("openvino_engine")
 llamacpp_engine = importlib.import_module("llamacpp_engine")

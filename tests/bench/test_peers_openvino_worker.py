@@ -3,7 +3,6 @@ with OpenVINO GenAI itself (``-m openvino``: the OpenVINO venv of ``make install
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import subprocess
@@ -13,20 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "benchmarks" / "peers"
 OV_PYTHON = ROOT / ".venv-ov" / "bin" / "python"
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"peers_{name}", PEERS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-worker = load("openvino_worker")
+worker = load_benchmark("peers/openvino_worker")
 
 
 class Config:
@@ -185,7 +177,7 @@ def test_openvino_plain_and_prompt_lookup_give_the_same_text(tmp_path):
 
     from hf_speculative.tooling.prompting import encode_prompt
 
-    run = load("run")
+    run = load_benchmark("peers/run")
     model = "smollm2-135m-instruct"
     tokenizer = AutoTokenizer.from_pretrained(str(run.registry_folder(model)))
     ids = encode_prompt(tokenizer, "Repeat this line: the quick brown fox jumps over the lazy dog.")[0].tolist()
