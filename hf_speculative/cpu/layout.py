@@ -63,15 +63,6 @@ def _modules(model: torch.nn.Module, layers: str) -> list[torch.nn.Module]:
     return [] if head is None else [head]
 
 
-def _kernel_runs_here() -> str | None:
-    """``None`` when the kernel runs on this machine (compiling it now if it was not), else why not."""
-    try:
-        load_kernel()
-    except (RuntimeError, ImportError) as err:
-        return str(err)
-    return None
-
-
 def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str = "all", pack: bool = False,
                      kernel: bool | None = None) -> int:
     """Store ``model``'s fp32 CPU ``nn.Linear`` weights column-major (``enable=True``) or back in
@@ -114,7 +105,7 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         )
     if kernel is None:
         kernel = enable and not pack and any(_eligible(m) for m in _modules(model, layers)) and _auto_kernel()
-    if kernel and enable:
+    elif kernel and enable:
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
     changed, seen = 0, set()
@@ -144,14 +135,17 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
 
 
 def _auto_kernel() -> bool:
-    """``kernel=None``: whether the kernel runs here; when it does not, the layout alone, saying why."""
+    """``kernel=None``: whether the kernel runs here, compiled now (not inside the first forward) if it was not;
+    when it does not, the layout alone, saying why."""
     if not cpu_supports_kernel():
         return False  # another CPU: the layout is what runs here, nothing to fix
-    problem = _kernel_runs_here()
-    if problem is not None:
-        warnings.warn(f"optimize_for_cpu: the CPU kernel is not used, only the column-major layout: {problem}",
+    try:
+        load_kernel()
+    except (RuntimeError, ImportError) as err:
+        warnings.warn(f"optimize_for_cpu: the CPU kernel is not used, only the column-major layout: {err}",
                       stacklevel=3)
-    return problem is None
+        return False
+    return True
 
 
 LAYOUT_NAMES = ("none", "output", "all", "output+packed", "all+packed", "output+kernel", "all+kernel")
