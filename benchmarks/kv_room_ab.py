@@ -54,7 +54,8 @@ def main() -> None:
     model, tokenizer = hfs.load_model(args.model)
     if not args.no_kernel:
         hfs.optimize_for_cpu(model, kernel=True)
-    categories = ("writing", "summarization", "qa", "math_reasoning", "rag", "translation")  # as benchmarks/peers
+    from peers.run import CATEGORIES as categories  # the peers table's prompts (benchmarks/ is this script's path)
+
     prompts = load_prompts(categories=categories, per_category=args.per_category)
     encoded = [encode_prompt(tokenizer, p.text, True) for p in prompts]
     arms = [("greedy", "greedy", False)] + [(f"{m} in place", m, False) for m in args.methods.split(",")] + \
