@@ -63,26 +63,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_verifications(model: torch.nn.Module, cache: Any, trees: Sequence[DraftTree], repeats: int,
-                       warmup: int) -> list[float]:
-    """Median seconds of one forward over a root and each of ``trees`` on top of ``cache`` (left as it was found).
+def in_turns(steps: Sequence[tuple[Callable[[], Any], Callable[[], Any]]], device: torch.device, repeats: int,
+             warmup: int) -> list[float]:
+    """Median seconds of each ``(run, tidy)`` step's ``run`` (``tidy``, untimed, puts the cache back).
 
-    The trees take turns within every round rather than one after the other: the profile is read as ratios
-    to the one-token forward, and a drift in the machine's speed (another tenant, the clock) then moves every
-    size alike instead of whichever size was being timed when it came.
+    The steps take turns within every round rather than one after the other: a profile is read as ratios to the
+    one-token forward, and a drift in the machine's speed (another tenant, the clock) then moves every size alike
+    instead of whichever size was being timed when it came.
     """
-    device = model.get_input_embeddings().weight.device
-    times: list[list[float]] = [[] for _ in trees]
+    times: list[list[float]] = [[] for _ in steps]
     for i in range(warmup + repeats):
-        for tree, kept in zip(trees, times):
+        for (run, tidy), kept in zip(steps, times):
             _sync(device)
             start = time.perf_counter()
-            forward_tree(model, cache, 5, tree)
+            run()
             _sync(device)
             if i >= warmup:
                 kept.append(time.perf_counter() - start)
-            compat.crop_cache(cache, tree.size + 1)
+            tidy()
     return [statistics.median(kept) for kept in times]
+
+
+def time_verifications(model: torch.nn.Module, cache: Any, trees: Sequence[DraftTree], repeats: int,
+                       warmup: int) -> list[float]:
+    """Median seconds of one forward over a root and each of ``trees`` on top of ``cache`` (left as it was
+    found), the trees taking turns (:func:`in_turns`)."""
+    device = model.get_input_embeddings().weight.device
+    steps = [(lambda tree=tree: forward_tree(model, cache, 5, tree),
+              lambda tree=tree: compat.crop_cache(cache, tree.size + 1)) for tree in trees]
+    return in_turns(steps, device, repeats, warmup)
 
 
 @dataclasses.dataclass
@@ -220,20 +229,14 @@ def _batch_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: int
                 mask = torch.ones_like(prompt, dtype=torch.bool)
                 verifier.forward(prompt[:, :-1], mask[:, :-1], [DraftTree.empty(device)] * batch)
                 verifier.keep([()] * batch)
-                for n in settings.sizes:
-                    trees = [tree_of(n, "chain")] * batch
-                    times = []
-                    for i in range(settings.warmup + settings.repeats):
-                        _sync(device)
-                        start = time.perf_counter()
-                        verifier.forward(prompt[:, -1:], mask[:, -1:], trees)
-                        _sync(device)
-                        verifier.undo()
-                        if i >= settings.warmup:
-                            times.append(time.perf_counter() - start)
-                    seconds.setdefault(str(context), {}).setdefault(str(batch), {})[str(n)] = statistics.median(times)
-                    if progress:
-                        progress(f"context {context} batch {batch} {n}: {statistics.median(times) * 1e3:.2f} ms")
+                trees = [[tree_of(n, "chain")] * batch for n in settings.sizes]
+                steps = [(lambda rows=rows: verifier.forward(prompt[:, -1:], mask[:, -1:], rows), verifier.undo)
+                         for rows in trees]
+                medians = in_turns(steps, device, settings.repeats, settings.warmup)
+                seconds.setdefault(str(context), {})[str(batch)] = {str(n): t for n, t in zip(settings.sizes, medians)}
+                if progress:
+                    for n, t in zip(settings.sizes, medians):
+                        progress(f"context {context} batch {batch} {n}: {t * 1e3:.2f} ms")
                 verifier.close()
     return seconds
 
