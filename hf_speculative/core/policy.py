@@ -18,12 +18,15 @@ from .. import options
 from .costs import VerifyCostModel, verify_costs_for  # noqa: F401 - verify_costs_for: tests/app still import it here
 
 
+PRIOR_RATE = 0.6  # AcceptanceEstimate's prior per-token acceptance
+
+
 @dataclasses.dataclass
 class AcceptanceEstimate:
     """Decayed counts of accepted tokens and rejections (geometric model of acceptance)."""
 
-    accepted: float = 1.2
-    rejected: float = 0.8  # prior r = 0.6: optimistic enough to try, cheap to unlearn
+    accepted: float = 2 * PRIOR_RATE
+    rejected: float = 2 * (1 - PRIOR_RATE)  # prior r = 0.6: optimistic enough to try, cheap to unlearn
     decay: float = 0.9
 
     @property
@@ -39,14 +42,15 @@ class AcceptanceEstimate:
         self.rejected *= factor
 
 
-def best_length(costs: VerifyCostModel, rate: float, max_tokens: int) -> int:
+def best_length(costs: VerifyCostModel, rate: float, max_tokens: int, price: float = 0.0) -> int:
     """The draft length in ``[0, max_tokens]`` with the best expected tokens per unit of cost, for a
-    per-token acceptance ``rate`` and ``costs``' ratios (see the module docstring)."""
+    per-token acceptance ``rate`` and ``costs``' ratios (see the module docstring); ``price``: one drafter step
+    per drafted token, in target forwards (0: drafting is free, e.g. a copy from the prompt)."""
     best_k, best_value, gain, term = 0, 1.0, 0.0, 1.0
     for k in range(1, max_tokens + 1):
         term *= rate
         gain += term
-        value = (1.0 + gain) / costs.ratio(k)
+        value = (1.0 + gain) / (costs.ratio(k) + price * k)
         if value > best_value * 1.02:  # a 2% margin: do not draft for noise
             best_k, best_value = k, value
     return best_k
@@ -77,8 +81,15 @@ class ChainLengthPolicy:
     token ``i`` pays when the chance that the whole draft up to it is accepted (the product of the
     drafter's confidences, calibrated against what was really accepted) exceeds its price in
     target forwards: the extra cost of verifying one more token, plus one drafter step for every
-    token after the first. When even the first token does not pay for several steps, drafting
-    pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own backoff) while the measured
+    token after the first. Before any drafter work a step asks whether a draft could pay at all: at the
+    per-token acceptance seen so far in the call (:class:`AcceptanceEstimate`, prior 0.6), the best length
+    by :func:`best_length` with every drafter step priced, the first one included. When none pays the step
+    drafts nothing and the drafter does not run, not even to catch up with the tokens since its last
+    draft (a draft model's prefill included). Each such step forgives a little of the measured rejections,
+    up to the prior: a probe draft comes back where drafting pays at the prior acceptance, and never where the
+    measured costs alone forbid it (a catch-up after a long pause, or a draft model's prefill, can cost more
+    than the tokens a probe could win). When even the first token does not pay for several
+    steps, drafting pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own backoff) while the measured
     profit of recent attempts is negative: accepted tokens minus what the attempt cost in target
     forwards (its drafter steps, the first one included, plus the extra verification). An attempt
     that drafted nothing still paid its first drafter step, and counts as that loss. This is what
@@ -114,14 +125,30 @@ class ChainLengthPolicy:
         self.profit = 0.5  # decayed mean of (accepted tokens - cost in target forwards) per draft
         self._steps = 0
         self._loss_backoff = 1
+        self.acceptance = AcceptanceEstimate()  # per-token acceptance of this call's drafts
+        self.gated = 0  # steps on which no draft could pay (the drafter did not run)
 
     def begin(self) -> bool:
-        """Start a draft; ``False`` while drafting is paused (then draft nothing this step)."""
+        """Start a draft; ``False`` while drafting is paused or no draft could pay (then draft nothing this
+        step, and run no drafter)."""
         self.predicted, self._accept_all, self._drafted = 0.0, 1.0, 0
         if self._pause > 0:
             self._pause -= 1
             return False
+        if self.adaptive and not self.could_pay():
+            # back towards the prior, never past it: where no draft pays even at the prior acceptance (the costs
+            # alone forbid it), the drafter never runs, not even to probe
+            if self.acceptance.rate < PRIOR_RATE:
+                self.acceptance.forgive()
+            self.gated += 1
+            return False
         return True
+
+    def could_pay(self) -> bool:
+        """Whether a draft of some length pays at the acceptance seen so far, each of its tokens priced at one
+        drafter step plus its share of the verification (decided before the drafter runs)."""
+        # the longest draft the options allow, not today's cap: the cap grows back only after a draft
+        return best_length(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price()) > 0
 
     def _verify_price(self, i: int) -> float:
         return self.verify_costs.ratio(i) - self.verify_costs.ratio(i - 1)
@@ -152,6 +179,7 @@ class ChainLengthPolicy:
             self._unprofitable, self._backoff = 0, 1
             return
         self._learn(-max(self._steps, 1) * self.draft_price())  # the step that chose to draft nothing
+        self.acceptance.update(0, 1)  # the drafter was not sure enough of any token: as good as a rejection
         self._unprofitable += 1
         if self._unprofitable >= 2:
             self._pause = max(self._pause, self._backoff)
@@ -165,6 +193,7 @@ class ChainLengthPolicy:
             self.verify_costs.observe(num_proposed, seconds)
         if num_proposed == 0:
             return
+        self.acceptance.update(num_accepted, num_proposed)
         cost = self._steps * self.draft_price() + self.verify_costs.ratio(num_proposed) - 1.0
         self._learn(num_accepted - cost)
         if self.predicted > 0:

@@ -57,9 +57,9 @@ def test_keyed_chains_learn_the_acceptance_of_their_key_only():
 
 
 def test_confidence_chains_pause_and_the_pause_is_asked_before_drafting():
-    budget = DraftBudget(Sizing(costs(0.5), tokens=4, rule="confidence", draft_price=lambda: 0.3))
+    budget = DraftBudget(Sizing(costs(0.1), tokens=4, rule="confidence", draft_price=lambda: 0.3))
     began = []
-    for _ in range(8):  # every draft fully wrong: the profit turns negative and drafting pauses
+    for _ in range(20):  # every draft fully wrong: the profit turns negative and drafting pauses
         plan = budget.plan(4)
         began.append(plan.start_chain())
         if plan.began:
@@ -68,7 +68,8 @@ def test_confidence_chains_pause_and_the_pause_is_asked_before_drafting():
             budget.verified(plan, chain(1), Verdict((), 7), None)
         else:
             budget.verified(plan, DraftTree.empty(), Verdict((), 7), None)
-    assert began[:2] == [True, True] and began.count(False) >= 3  # paused, retried, paused longer
+    # the first draft fails at once: no draft could pay at the acceptance seen (or the profit pauses); retried later
+    assert began[0] and not began[1] and began.count(False) >= 3 and True in began[2:]
 
 
 def test_a_step_that_asked_nothing_teaches_nothing_but_the_plain_forward_cost():

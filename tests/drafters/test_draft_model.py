@@ -178,3 +178,22 @@ def test_padded_lm_head_with_identical_tokenizers(padded):
     sampled = target.generate(**prompt_inputs(), do_sample=True, max_new_tokens=20, candidate_generator=strategy,
                               **options)
     assert sampled.shape[1] > L and int(sampled[0, L:].max()) < VOCAB
+
+
+def test_a_drafter_that_could_never_pay_never_runs():
+    """A drafter as large as the target (one drafter step costs a target forward) can never pay, whatever it accepts:
+    the chain rule decides so before the drafter runs, so the call costs only that decision (no prefill of the
+    drafter, no catch-up forwards) and the output is plain greedy's."""
+    target = hfs.enable(build_model("llama"))
+    drafter = noisy_copy(target)
+    calls = []
+    drafter.register_forward_hook(lambda module, args, output: calls.append(1))
+    ref = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=24)
+    out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
+                          candidate_generator=hfs.DraftModel(drafter))
+    assert out.tolist() == ref.tolist()
+    assert calls == [] and hfs.last_stats(target).drafted_tokens == 0
+    # the same drafter with adaptive=False drafts at every step (the check above could fail)
+    target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
+                    candidate_generator=hfs.DraftModel(drafter, adaptive=False))
+    assert len(calls) > 0 and hfs.last_stats(target).drafted_tokens > 0

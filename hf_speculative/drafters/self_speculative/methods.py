@@ -21,7 +21,8 @@ METHODS = [
     {"name": "layer-skip", "order": 90, "label": "Layer skip (hfs)",
      "description": "hf_speculative's layer skipping: the target minus a calibrated set of layers drafts, on its own KV "
                     "cache.",
-     "options": {"skip": "auto", "calibration_file": None, "num_tokens": None}, "build": "build_layer_skip"},
+     "options": {"skip": "auto", "calibration_file": None, "num_tokens": None, "adaptive": True},
+     "build": "build_layer_skip"},
 ]
 
 
@@ -57,4 +58,4 @@ def build_layer_skip(model: Any, tokenizer: Any, call: Any) -> dict:
     extra = call.length()
     if skip == "auto" and call.option("calibration_file") is not None:
         extra["calibration_file"] = call.option("calibration_file")
-    return {"candidate_generator": LayerSkip(skip, **extra)}
+    return {"candidate_generator": LayerSkip(skip, adaptive=call.flag("adaptive"), **extra)}
