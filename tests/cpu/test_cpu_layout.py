@@ -273,6 +273,25 @@ def test_a_loaded_eagle_drafter_follows_the_targets_layout(tmp_path, layout):
     assert hfs.last_stats(target).drafted_tokens > 0
 
 
+@pytest.mark.parametrize("layout", ["none", "all", "all+kernel"])
+def test_a_draft_model_follows_the_targets_layout(layout):
+    """After ``hfs.optimize_for_cpu(target)`` a ``DraftModel``'s drafter is laid out as the target at the call (its
+    steps are one-row products, as the target's decoding), and the call stays exact."""
+    from hf_speculative.cpu import kernel as cpu_kernel
+    from tests.conftest import sibling_model
+
+    if layout.endswith("kernel") and not cpu_kernel.cpu_supports_kernel():
+        pytest.skip("the kernel needs AVX2 and FMA")
+    target = hfs.enable(build_model("llama"))
+    drafter = sibling_model(target)
+    ref = stock_generate(target, **prompt_inputs(), **GREEDY)
+    apply_layout(target, layout)
+    assert cpu_layout(drafter) == "none"
+    out = target.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.DraftModel(drafter, adaptive=False))
+    assert out.tolist() == ref.tolist() and hfs.last_stats(target).drafted_tokens > 0
+    assert cpu_layout(drafter) == layout
+
+
 def test_the_default_runs_the_kernel_where_it_runs_else_the_layout_saying_why(monkeypatch):
     """``kernel=None`` (the default): the kernel where this CPU and toolchain run it; without a compiler (simulated),
     the column-major layout alone and a warning that names the missing piece, while ``kernel=True`` still raises;

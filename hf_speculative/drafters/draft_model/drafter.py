@@ -15,6 +15,7 @@ import torch
 
 from ... import compat
 from ...core.accept import draft_chain
+from ...cpu.layout import follow_layout
 from ...core.sampling import rejection_sampler
 from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
@@ -44,7 +45,9 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
     distribution exactly.
 
     Args:
-        model (`PreTrainedModel`): the drafter, on the target's device.
+        model (`PreTrainedModel`): the drafter, on the target's device. After ``hfs.optimize_for_cpu(target)`` its
+            fp32 CPU weights are laid out as the target's at the first call (the kernel's copy of them included), so
+            that its steps take the same fast path.
         num_tokens (`int`, defaults to 16): the longest draft (the confidence rule usually stops earlier).
         confidence_threshold (`float`, defaults to 0.3): stop drafting after a token whose drafter
             probability is below this (0 disables).
@@ -131,6 +134,9 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
         checked.add(self.model)
 
     def open(self, ctx: CallContext) -> DraftModelCandidateGenerator | OtherTokenizerCandidateGenerator:
+        # after hfs.optimize_for_cpu(target): the drafter's steps take the same fast path (with the kernel, a second
+        # copy of its weights, as the target's); a drafter already laid out, or a target that is not, is left alone
+        follow_layout(self.model, ctx.target)
         bridge = self.other_tokenizer()
         if bridge is not None:
             return OtherTokenizerCandidateGenerator(ctx, self, bridge)
