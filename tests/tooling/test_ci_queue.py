@@ -1,0 +1,67 @@
+"""CI's test queue (.ci/run, tools/ci/test_queue.sh): both transformers versions run every test group of the
+Makefile once, two workers share the queue, and a failed group fails the run after all groups ran."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def makefile_groups() -> list[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    match = re.search(r"^TEST_GROUPS \?= (.*?)\n(?=\S)", text, re.S | re.M)
+    return shlex.split(match.group(1).replace("\\\n", " "))
+
+
+def ci_jobs() -> list[str]:
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    tests = re.search(r"^TESTS=(\S+)$", text, re.M).group(1)
+    call = re.search(r'^tools/ci/test_queue\.sh "\$logs" (.*?) \|\| status=1$', text, re.S | re.M).group(1)
+    return shlex.split(call.replace("\\\n", " ").replace("$TESTS", tests))
+
+
+def paths(groups: list[str]) -> list[str]:
+    return sorted(path for group in groups for path in group.split("+"))
+
+
+def test_every_test_folder_is_in_a_makefile_group():
+    folders = {f"tests/{p.parent.relative_to(ROOT / 'tests').parts[0]}" for p in (ROOT / "tests").rglob("test_*.py")
+               if p.parent != ROOT / "tests"}
+    assert folders | {"tests/test_*.py"} == set(paths(makefile_groups()))
+
+
+def test_ci_runs_every_makefile_group_once_on_each_version():
+    jobs = ci_jobs()
+    for version in ("4", "5"):
+        groups = [job.split(":", 1)[1] for job in jobs if job.split(":", 1)[0] == version]
+        assert paths(groups) == paths(makefile_groups()), version
+    assert {job.split(":", 1)[0] for job in jobs} == {"4", "5"}
+
+
+def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
+    """A fake ``make`` records its arguments; one group fails: every job still runs once, the queue exits 1."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    record = tmp_path / "calls.txt"
+    (fake / "make").write_text(f'#!/bin/sh\necho "$*" >> {record}\ncase "$*" in *tests/b*) exit 3;; esac\nsleep 0.2\n')
+    (fake / "make").chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    jobs = ["5:tests/a", "4:tests/a", "5:tests/b", "4:tests/c+tests/d", "5:tests/test_*.py"]
+    done = subprocess.run([str(ROOT / "tools" / "ci" / "test_queue.sh"), str(logs), *jobs], cwd=tmp_path,
+                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr
+    calls = record.read_text().splitlines()
+    assert len(calls) == len(jobs)
+    assert sorted(call.split("TEST_GROUPS=")[1] for call in calls) == sorted(
+        f'"{job.split(":", 1)[1]}"' for job in jobs)
+    assert sum("VENV=.venv-tf4" in call for call in calls) == 2
+    queue = (logs / "queue.txt").read_text().splitlines()
+    assert len(queue) == len(jobs) and sum(line.startswith("FAIL") for line in queue) == 1
+    assert len(list(logs.glob("*-tf*.log"))) == len(jobs)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The README's test command (`make test`) for both transformers versions, as one queue of test groups shared by
+# WORKERS processes (CI: .ci/run), so that every core stays busy until the last group: the transformers 5.x run
+# alone takes twice the 4.x one, and two runs side by side left one core idle for the second half.
+#
+#   tools/ci/test_queue.sh LOGDIR JOB [JOB ...]        JOB = "5:GROUP" (.venv) or "4:GROUP" (.venv-tf4)
+#
+# GROUP is one of the Makefile's TEST_GROUPS ("+" joins paths). Jobs are claimed in the order given (put the longest
+# first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log. Exits 1 if
+# any group failed, after all ran.
+set -uo pipefail
+logdir=$1
+shift
+jobs=("$@")
+workers=${WORKERS:-2}
+claims=$(mktemp -d)
+TF4=(VENV=.venv-tf4 TRANSFORMERS_SPEC="transformers==4.57.6")
+
+run_job() {  # index, "VERSION:GROUP"
+    local index=$1 version=${2%%:*} group=${2#*:}
+    local name
+    name=$(printf '%02d-tf%s-%s' "$index" "$version" "$(echo "$group" | tr '/+*' '__x')")
+    local args=()
+    [ "$version" = 4 ] && args=("${TF4[@]}")
+    local start=$SECONDS
+    if make test "${args[@]}" TEST_GROUPS="\"$group\"" >"$logdir/$name.log" 2>&1; then
+        echo "ok   $name $((SECONDS - start)) s" >>"$logdir/queue.txt"
+    else
+        echo "FAIL $name $((SECONDS - start)) s" >>"$logdir/queue.txt"
+        touch "$claims/failed"
+    fi
+}
+
+worker() {
+    local i
+    for i in "${!jobs[@]}"; do
+        mkdir "$claims/$i" 2>/dev/null || continue  # mkdir is atomic: one worker claims each job
+        run_job "$i" "${jobs[$i]}"
+    done
+}
+
+pids=()
+for _ in $(seq "$workers"); do
+    worker &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do
+    wait "$pid"
+done
+status=0
+[ -e "$claims/failed" ] && status=1
+rm -rf "$claims"
+exit $status
