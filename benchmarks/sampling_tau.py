@@ -5,6 +5,10 @@
     python benchmarks/sampling_tau.py --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \
         --methods draft-model,lookup --modes seeded,rejection --device cuda           # the Qwen draft-model pair
 
+Resumable: ``--resume`` keeps the prompts whose rows ``--out`` already holds at this temperature (every method and
+mode asked, as many seeds) and runs the others, the summary pooling both; ``--no-timing`` runs no plain sampling and
+times nothing (τ only: what does not depend on the machine's load, so it may run beside other work).
+
 Uses only the public API (``torch.manual_seed`` then ``generate(do_sample=True, ...)``), so the same script
 measures any version of the library: run it from two checkouts to compare their sampling rules. Drafters run
 with fixed draft lengths (``adaptive=False``), so τ does not depend on this machine's timings. Every call is timed,
@@ -54,6 +58,9 @@ def main(argv=None) -> None:
     parser.add_argument("--draft-model", default="", help="the draft model of --methods draft-model")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="sampling_tau.jsonl")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the prompts --out already holds at this temperature (all methods, as many seeds)")
+    parser.add_argument("--no-timing", action="store_true", help="τ only: no plain sampling, no speed figures")
     args = parser.parse_args(argv)
 
     import time
@@ -76,9 +83,15 @@ def main(argv=None) -> None:
     methods = [method if mode is None else f"{method}/{mode}" for method, mode in runs]
     totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
     seconds = {m: [0, 0.0] for m in ["plain", *methods]}  # new tokens, wall seconds
+    done = finished(args, methods) if args.resume else {}
     for prompt in load_prompts(categories=args.categories.split(","), per_category=args.per_category):
+        if prompt.question_id in done:  # --resume: counted from --out, not run again
+            for method in methods:
+                for counts in done[prompt.question_id]["counts"][method]:
+                    totals[method] = [a + b for a, b in zip(totals[method], counts)]
+            continue
         ids = encode_prompt(tokenizer, prompt.text).to(model.device)
-        for seed in range(args.seeds):  # plain sampling, the speed baseline
+        for seed in range(0 if args.no_timing else args.seeds):  # plain sampling, the speed baseline
             torch.manual_seed(seed)
             sync()
             start = time.perf_counter()
@@ -88,7 +101,8 @@ def main(argv=None) -> None:
             sync()
             seconds["plain"][0] += out.shape[1] - ids.shape[1]
             seconds["plain"][1] += time.perf_counter() - start
-        record = {"category": prompt.category, "question_id": prompt.question_id, "temperature": args.temperature}
+        record = {"category": prompt.category, "question_id": prompt.question_id, "temperature": args.temperature,
+                  "max_new_tokens": args.max_new_tokens, "counts": {}}
         for method, (name, mode) in zip(methods, runs):
             extra = {} if mode is None else {"speculative_sampling": mode}
             for seed in range(args.seeds):
@@ -102,18 +116,41 @@ def main(argv=None) -> None:
                 seconds[method][1] += time.perf_counter() - start
                 st = hfs.last_stats(model)
                 seconds[method][0] += st.new_tokens
-                for i, v in enumerate((st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens)):
-                    totals[method][i] += v
+                counts = [st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens]
+                totals[method] = [a + b for a, b in zip(totals[method], counts)]
                 record.setdefault(method, []).append(st.tau)
+                record["counts"].setdefault(method, []).append(counts)
         print(prompt.category, prompt.question_id, {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(record) + "\n")
+    timed = seconds["plain"][1] > 0
     plain_rate = seconds["plain"][0] / max(seconds["plain"][1], 1e-9)
-    print(f"plain sampling: {plain_rate:.2f} tokens/s")
+    if timed:
+        print(f"plain sampling: {plain_rate:.2f} tokens/s (this run's prompts only)")
     for method, (new, forwards, drafted, accepted) in totals.items():
-        rate = seconds[method][0] / max(seconds[method][1], 1e-9)
-        print(f"{method}: tau {new / forwards:.3f} (tokens over forwards, pooled), acceptance "
-              f"{accepted / max(drafted, 1):.3f}, {new} tokens; {rate:.2f} tokens/s, {rate / plain_rate:.3f}x plain")
+        line = (f"{method}: tau {new / max(forwards, 1):.3f} (tokens over forwards, pooled), acceptance "
+                f"{accepted / max(drafted, 1):.3f}, {new} tokens")
+        if timed and seconds[method][1] > 0:
+            rate = seconds[method][0] / seconds[method][1]
+            line += f"; {rate:.2f} tokens/s, {rate / plain_rate:.3f}x plain"
+        print(line)
+
+
+def finished(args, methods: list[str]) -> dict:
+    """``--resume``: the rows of ``--out`` at this temperature and length that hold every method with counts for
+    ``--seeds`` seeds, by question id."""
+    rows = {}
+    try:
+        with open(args.out) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return rows
+    for row in lines:
+        counts = row.get("counts", {})
+        if (row.get("temperature") == args.temperature and row.get("max_new_tokens") == args.max_new_tokens
+                and all(len(counts.get(m, [])) == args.seeds for m in methods)):
+            rows[row["question_id"]] = row
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""benchmarks/sampling_tau.py (issue 45's measurement): its rows carry the counts a pooled τ needs, ``--resume`` runs
+only the prompts ``--out`` lacks and pools the rest from the file, ``--no-timing`` times nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import load_benchmark
+
+tau = load_benchmark("sampling_tau")
+
+ARGS = ["--categories", "qa,translation", "--per-category", "1", "--seeds", "2", "--max-new-tokens", "6",
+        "--methods", "lookup", "--modes", "seeded,rejection", "--no-timing"]
+
+
+@pytest.mark.integration
+def test_resume_runs_only_what_the_file_lacks_and_pools_both(tmp_path, capsys):
+    out = tmp_path / "tau.jsonl"
+    tau.main([*ARGS, "--categories", "qa", "--out", str(out)])
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(first) == 1 and set(first[0]["counts"]) == {"lookup/seeded", "lookup/rejection"}
+    assert all(len(counts) == 2 for counts in first[0]["counts"].values())
+    assert "tokens/s" not in capsys.readouterr().out  # --no-timing: no speed figures
+    tau.main([*ARGS, "--out", str(out), "--resume"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["category"] for r in rows] == ["qa", "translation"]  # qa kept, not run again
+    summary = capsys.readouterr().out
+    pooled = sum(c[0] for r in rows for c in r["counts"]["lookup/seeded"])
+    assert f"lookup/seeded: tau" in summary and f"{pooled} tokens" in summary
+    # another temperature is another measurement: nothing of the file is reused
+    assert tau.finished(tau_args(out, "--temperature", "1.0"), ["lookup/seeded", "lookup/rejection"]) == {}
+
+
+def tau_args(out, *extra):
+    import argparse
+
+    return argparse.Namespace(out=str(out), temperature=float(extra[1]) if extra else 0.7, max_new_tokens=6, seeds=2)
