@@ -79,6 +79,8 @@ def load_kernel():
             f"optimize_for_cpu(kernel=True) needs an x86-64 CPU with AVX2 and FMA; this one reports "
             f"{torch.backends.cpu.get_cpu_capability()!r}. Use optimize_for_cpu(model, pack=True) instead.")
     with _LOCK:
+        if _KERNEL is not None:  # loaded: cpp_extension.load would run ninja again to check the build (~0.1 s)
+            return _KERNEL
         try:
             _KERNEL = _build()
             return _KERNEL

@@ -172,6 +172,8 @@ def follow_layout(module: torch.nn.Module, reference: torch.nn.Module) -> int:
     if layout in ("none", "mixed"):
         return 0
     _, plus, rows = layout.partition("+")
+    if cpu_layout(module) == f"all{plus}{rows}":  # laid out already (a draft model follows at every call)
+        return 0
     return apply_layout(module, f"all{plus}{rows}")
 
 

@@ -186,7 +186,7 @@ def test_names_are_chosen_from_lists_whatever_exists_on_disk(tmp_path):
                      sources=Sources.offered("/operator/model", allow_downloads=True))
     assert request.model == "smollm2-135m-instruct"
     assert request.options == {"eagle": {"eagle": offered.eagle[0]}, "early-exit-adapter": {"adapter": offered.adapters[0]},
-                               "draft-model": {"draft_model": "/operator/model"}}
+                               "draft-model": {"draft_model": "/operator/model", "adaptive": True}}
 
 
 def test_paths_and_hub_ids_only_with_allow_local_paths():
