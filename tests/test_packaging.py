@@ -135,6 +135,7 @@ def _subpackages() -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.single_version
 @pytest.mark.skipif(sys.platform == "win32", reason="the venv layout below is POSIX's")
 def test_wheel_installs_and_runs_from_a_fresh_venv(tmp_path):
     wheel = _build_wheel(tmp_path)

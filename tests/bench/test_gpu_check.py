@@ -49,6 +49,7 @@ def test_eagle_drafting_costs_come_from_the_compiled_e2e_rows_in_one_token_forwa
 
 
 @pytest.mark.slow
+@pytest.mark.single_version
 def test_make_gpu_check_on_the_cpu(tmp_path):
     out = tmp_path / "gc"
     bench = ROOT / "benchmarks" / "results" / "projection_bench_smollm2_cpu.jsonl"

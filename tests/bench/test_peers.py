@@ -258,6 +258,7 @@ def test_parse_llama_tells_prompt_eval_from_eval():
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.single_version
 def test_our_engines_end_to_end(tmp_path):
     """Both of our configurations on one real prompt, 8 tokens: rows like hf-speculative bench's, a table, the docs
     section written into a copy of the page."""

@@ -286,6 +286,7 @@ def measure_cpu_projection(folder) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.single_version
 def test_a_cpu_profile_projects_the_cpu_measurement_within_10_percent(tmp_path, monkeypatch):
     """Each method's projected overall speedup lands within 10% of the one measured on the same CPU.
 

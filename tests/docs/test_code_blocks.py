@@ -61,6 +61,12 @@ def test_the_parser_sees_markers_and_commands(tmp_path, monkeypatch):
     assert blocks[0].executable and not blocks[3].executable
 
 
+# pages whose examples train drafters or run the benchmark (20-30 s each): CI runs them on 5.x only; the README's and
+# the getting-started page's run on both versions
+SINGLE_VERSION_PAGES = {"docs/recipes/train-dflash.md", "docs/recipes/train-eagle.md", "docs/benchmark.md",
+                        "docs/drafters/early-exit.md"}
+
+
 def _runnable_pages():
     out = []
     for page in pages():
@@ -69,6 +75,8 @@ def _runnable_pages():
             continue
         code = "\n".join(b.code for b in blocks)
         marks = [pytest.mark.integration] if MODEL_WORDS.search(code) else []
+        if str(page.relative_to(ROOT)) in SINGLE_VERSION_PAGES:
+            marks.append(pytest.mark.single_version)
         out.append(pytest.param(page, id=str(page.relative_to(ROOT)), marks=marks))
     return out
 

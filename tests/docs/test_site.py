@@ -12,6 +12,8 @@ import yaml
 
 from docblocks import DOCS, ROOT
 
+pytestmark = pytest.mark.single_version  # the site's build: CI runs it on 5.x only
+
 # Any attempt to reach the network fails fast: the build must need none.
 OFFLINE = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "",
            "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "no_proxy": "",

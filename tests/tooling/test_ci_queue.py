@@ -48,7 +48,8 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
     record = tmp_path / "calls.txt"
-    (fake / "make").write_text(f'#!/bin/sh\necho "$*" >> {record}\ncase "$*" in *tests/b*) exit 3;; esac\nsleep 0.2\n')
+    (fake / "make").write_text(f'#!/bin/sh\necho "$*" >> {record}\ncase "$*" in *tests/b*) exit 3;; esac\n'
+                               'case "$1" in install) exit 0;; esac\nsleep 0.2\n')
     (fake / "make").chmod(0o755)
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -58,10 +59,14 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
                           timeout=60)
     assert done.returncode == 1, done.stderr
     calls = record.read_text().splitlines()
+    assert [call.startswith("install") for call in calls[:2]] == [True, True]  # both venvs first, in turn
+    calls = calls[2:]
     assert len(calls) == len(jobs)
     assert sorted(call.split("TEST_GROUPS=")[1] for call in calls) == sorted(
         f'"{job.split(":", 1)[1]}"' for job in jobs)
-    assert sum("VENV=.venv-tf4" in call for call in calls) == 2
+    tf4 = [call for call in calls if "VENV=.venv-tf4" in call and "TEST_GROUPS" in call]
+    assert len(tf4) == 2 and all("TEST_MARK=not single_version" in call for call in tf4)
+    assert not any("TEST_MARK" in call for call in calls if "VENV=.venv-tf4" not in call)
     queue = (logs / "queue.txt").read_text().splitlines()
     assert len(queue) == len(jobs) and sum(line.startswith("FAIL") for line in queue) == 1
     assert len(list(logs.glob("*-tf*.log"))) == len(jobs)

@@ -6,15 +6,19 @@
 #   tools/ci/test_queue.sh LOGDIR JOB [JOB ...]        JOB = "5:GROUP" (.venv) or "4:GROUP" (.venv-tf4)
 #
 # GROUP is one of the Makefile's TEST_GROUPS ("+" joins paths). Jobs are claimed in the order given (put the longest
-# first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log. Exits 1 if
-# any group failed, after all ran.
+# first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log; on 4.x with
+# TEST_MARK="not single_version" (tooling whose outcome does not depend on transformers' version runs on 5.x only:
+# pyproject.toml's markers). Both venvs are installed first, one after the other (two `make install` at once into one
+# venv collide). Exits 1 if any group failed, after all ran.
 set -uo pipefail
 logdir=$1
 shift
 jobs=("$@")
 workers=${WORKERS:-2}
 claims=$(mktemp -d)
-TF4=(VENV=.venv-tf4 TRANSFORMERS_SPEC="transformers==4.57.6")
+TF4=(VENV=.venv-tf4 TRANSFORMERS_SPEC="transformers==4.57.6" TEST_MARK="not single_version")
+make install >/dev/null || exit 1
+make install "${TF4[@]}" >/dev/null || exit 1
 
 run_job() {  # index, "VERSION:GROUP"
     local index=$1 version=${2%%:*} group=${2#*:}
