@@ -93,6 +93,13 @@ class VerifyCostModel:
         intercept = mean_s - max(slope, 0.0) * mean_k
         return intercept if intercept > 0 else None
 
+    def knows_drafts(self) -> bool:
+        """Whether a draft's verification has been measured on this model (two timings of one length, and of the
+        plain step or a second length), or the ratios were fixed: then ``ratio`` no longer reads the prior alone."""
+        if self._fixed is not None:
+            return True
+        return self.seconds(0) is not None and any(self._measured(k) is not None for k in range(1, len(self._seconds)))
+
     def ratio(self, k: int) -> float:
         if self._fixed is not None:
             fixed = self._fixed

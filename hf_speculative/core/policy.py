@@ -83,16 +83,17 @@ class ChainLengthPolicy:
     target forwards: the extra cost of verifying one more token, plus one drafter step for every
     token after the first. Before any drafter work a step asks whether a draft could pay at all: at the
     per-token acceptance seen so far in the call (:class:`AcceptanceEstimate`, prior 0.6), the best length
-    by :func:`best_length` with every drafter step priced, the first one included. When none pays the step
-    drafts nothing and the drafter does not run, not even to catch up with the tokens since its last
-    draft (a draft model's prefill included). Each such step forgives a little of the measured rejections,
-    up to the prior: a probe draft comes back where drafting pays at the prior acceptance, and never where the
-    measured costs alone forbid it (a catch-up after a long pause, or a draft model's prefill, can cost more
-    than the tokens a probe could win). When even the first token does not pay for several
-    steps, drafting pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own backoff) while the measured
-    profit of recent attempts is negative: accepted tokens minus what the attempt cost in target
-    forwards (its drafter steps, the first one included, plus the extra verification). An attempt
-    that drafted nothing still paid its first drafter step, and counts as that loss. This is what
+    by :func:`best_length` with every drafter step priced, the first one included, once the target's
+    verification of drafts has been measured (until then the costs are a prior: drafts measure them). When
+    none pays the step drafts nothing and the drafter does not run, not even to catch up with the tokens
+    since its last draft (a draft model's prefill included). Each such step forgives a little of the
+    measured rejections, up to the prior: a probe draft comes back where drafting pays at the prior
+    acceptance, and never where the measured costs alone forbid it (a catch-up after a long pause, or a
+    draft model's prefill, can cost more than the tokens a probe could win). When even the first token does
+    not pay for several steps, drafting pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own
+    backoff) while the measured profit of recent attempts is negative: accepted tokens minus what the attempt
+    cost in target forwards (its drafter steps, the first one included, plus the extra verification). An
+    attempt that drafted nothing still paid its first drafter step, and counts as that loss. This is what
     stops a drafter whose every step is expensive (self-speculation) from losing time to confident
     but wrong drafts, and one that is asked often but rarely drafts (EAGLE beside prompt lookup on
     translation) from paying a drafter step at every target forward. Decisions depend on past
@@ -146,7 +147,10 @@ class ChainLengthPolicy:
 
     def could_pay(self) -> bool:
         """Whether a draft of some length pays at the acceptance seen so far, each of its tokens priced at one
-        drafter step plus its share of the verification (decided before the drafter runs)."""
+        drafter step plus its share of the verification (decided before the drafter runs). Until this model's
+        verification of a draft has been measured, yes: the prior costs are a guess, and only drafts measure them."""
+        if not self.verify_costs.knows_drafts():
+            return True
         # the longest draft the options allow, not today's cap: the cap grows back only after a draft
         return best_length(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price()) > 0
 

@@ -28,7 +28,7 @@ def test_resume_runs_only_what_the_file_lacks_and_pools_both(tmp_path, capsys):
     assert [r["category"] for r in rows] == ["qa", "translation"]  # qa kept, not run again
     summary = capsys.readouterr().out
     pooled = sum(c[0] for r in rows for c in r["counts"]["lookup/seeded"])
-    assert f"lookup/seeded: tau" in summary and f"{pooled} tokens" in summary
+    assert "lookup/seeded: tau" in summary and f"{pooled} tokens" in summary
     # another temperature is another measurement: nothing of the file is reused
     assert tau.finished(tau_args(out, "--temperature", "1.0"), ["lookup/seeded", "lookup/rejection"]) == {}
 

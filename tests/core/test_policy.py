@@ -239,3 +239,15 @@ def test_an_empty_attempt_counts_against_the_acceptance():
     assert policy.begin()
     policy.end(0)  # the drafter ran and chose to draft nothing
     assert policy.acceptance.rate < before
+
+
+def test_until_drafts_are_measured_the_gate_lets_them_run():
+    """The prior costs are a guess: while no draft's verification has been measured, a step may draft (and so
+    measure); once measured costs forbid drafting at the prior acceptance, it stops."""
+    costs = VerifyCostModel(8)
+    policy = ChainLengthPolicy(costs, 8, lambda: 0.5, confidence_threshold=0.0)
+    assert not costs.knows_drafts() and policy.could_pay()
+    for _ in range(2):  # expensive verification, timed twice for one length and the plain step
+        costs.observe(0, 1.0)
+        costs.observe(2, 1.8)
+    assert costs.knows_drafts() and not policy.could_pay()

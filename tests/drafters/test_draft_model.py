@@ -182,13 +182,17 @@ def test_padded_lm_head_with_identical_tokenizers(padded):
 
 def test_a_drafter_that_could_never_pay_never_runs():
     """A drafter as large as the target (one drafter step costs a target forward) can never pay, whatever it accepts:
-    the chain rule decides so before the drafter runs, so the call costs only that decision (no prefill of the
-    drafter, no catch-up forwards) and the output is plain greedy's."""
+    once the target's verification costs are known (measured in an earlier call, or fixed as a profile does), the
+    chain rule decides so before the drafter runs, so the call costs only that decision (no prefill of the drafter,
+    no catch-up forwards) and the output is plain greedy's."""
+    from hf_speculative.core.costs import verify_costs_for
+
     target = hfs.enable(build_model("llama"))
     drafter = noisy_copy(target)
     calls = []
     drafter.register_forward_hook(lambda module, args, output: calls.append(1))
     ref = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=24)
+    verify_costs_for(target, 16).fix([1.0 + 0.1 * k for k in range(17)])  # cheap verification: the drafter's price
     out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
                           candidate_generator=hfs.DraftModel(drafter))
     assert out.tolist() == ref.tolist()
