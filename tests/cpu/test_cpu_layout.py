@@ -290,6 +290,9 @@ def test_a_draft_model_follows_the_targets_layout(layout):
     out = target.generate(**prompt_inputs(), **GREEDY, candidate_generator=hfs.DraftModel(drafter, adaptive=False))
     assert out.tolist() == ref.tolist() and hfs.last_stats(target).drafted_tokens > 0
     assert cpu_layout(drafter) == layout
+    from hf_speculative.cpu.layout import follow_layout
+
+    assert follow_layout(drafter, target) == 0  # the next call's: nothing left to change
 
 
 def test_the_default_runs_the_kernel_where_it_runs_else_the_layout_saying_why(monkeypatch):
