@@ -20,6 +20,12 @@ memory (as ``pack=True``).
 Where the CPU has AVX-512F the same blocked copy is read with 16-lane registers, up to 16 rows per pass
 (``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal.
 
+The copy is made in fewer bytes where that changes nothing: a weight whose every value is a bf16 number (a
+checkpoint saved in bf16, loaded in fp32: Qwen2.5's) is copied in bf16 and widened to fp32 in registers, exactly, so
+the products are bitwise the fp32 copy's from half the bytes. ``weights="int8"`` copies each weight as int8 with one
+scale per output column instead, a quarter of the bytes and an approximation: for drafters, whose proposals the
+target verifies (``DraftModel``'s drafter on a target that runs the kernel).
+
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``). x86-64 CPUs with AVX2 and FMA only.
@@ -39,7 +45,7 @@ import torch.nn.functional as F
 from ..extras import require
 
 SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.cpp"
-EXTENSION = "hfs_skinny_linear_v4"
+EXTENSION = "hfs_skinny_linear_v5"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
 BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
 _LOCK = threading.Lock()
@@ -93,14 +99,39 @@ def load_kernel():
             ) from err
 
 
-def block_weight(weight: torch.Tensor) -> torch.Tensor:
+def block_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The copy of an ``nn.Linear`` weight `[out, in]` that the kernel reads: `[ceil(out / 16), in, 16]`,
-    ``wb[j, i, c] = weight[16 j + c, i]``, zero past ``out``."""
+    ``wb[j, i, c] = weight[16 j + c, i]``, zero past ``out``, in ``dtype`` (float32, or bfloat16 where
+    :func:`exactly_bf16`)."""
     out_features, in_features = weight.shape
     blocks = -(-out_features // BLOCK)
-    padded = weight.detach().new_zeros(blocks * BLOCK, in_features)
+    padded = weight.detach().new_zeros(blocks * BLOCK, in_features, dtype=dtype)
     padded[:out_features] = weight.detach()
     return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()  # [blocks, in, 16]
+
+
+def exactly_bf16(weight: torch.Tensor) -> bool:
+    """Whether every value of an fp32 ``weight`` is a bf16 number (its 16 low bits are zero), so that a bf16 copy of
+    it loses nothing."""
+    w = weight.detach()
+    if not w.is_contiguous():
+        w = w.t() if w.dim() == 2 and w.t().is_contiguous() else w.contiguous()  # the column-major layout's storage
+    return w.dtype == torch.float32 and not (w.view(torch.int32) & 0xFFFF).any().item()
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An approximate copy of ``weight`` `[out, in]` for the kernel: int8 values `[ceil(out / 16), in, 16]` blocked
+    as :func:`block_weight`, and one fp32 scale per output column `[ceil(out / 16) * 16]` (zero past ``out``), with
+    ``weight[o, i] ~ q[o, i] * scale[o]`` and ``scale[o] = max_i |weight[o, i]| / 127`` (symmetric, per column:
+    the kernel applies the scale once to each sum)."""
+    out_features, in_features = weight.shape
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127  # [out]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero column: q = 0
+    q = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [out, in]
+    padded_scale = scale.new_zeros(-(-out_features // BLOCK) * BLOCK)
+    padded_scale[:out_features] = scale
+    return block_weight(q, torch.int8), padded_scale
 
 
 def kernel_isa() -> str:
@@ -109,9 +140,11 @@ def kernel_isa() -> str:
     return (_KERNEL or load_kernel()).isa()
 
 
-def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for x `[M, in]` (fp32, CPU) and ``blocked = block_weight(weight)``."""
-    return (_KERNEL or load_kernel()).skinny_linear(x, blocked, bias, out_features)
+def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x `[M, in]` (fp32, CPU) and ``blocked = block_weight(weight)`` (float32 or
+    bfloat16), or ``blocked, scale = quantize_int8(weight)`` (approximately)."""
+    return (_KERNEL or load_kernel()).skinny_linear(x, blocked, bias, out_features, scale)
 
 
 class WeightCopy:
@@ -120,7 +153,7 @@ class WeightCopy:
     optimizer step); never saved or copied (a copy of the module makes its own on first use)."""
 
     def __init__(self) -> None:
-        self.tensor: torch.Tensor | None = None
+        self.tensor = None  # what make() returned (a tensor, or a tuple of them)
         self.source: tuple[int, int] = (0, -1)
 
     def make(self, weight: torch.Tensor) -> torch.Tensor:
@@ -141,9 +174,31 @@ class WeightCopy:
         return {"tensor": None, "source": (0, -1)}
 
 
+WEIGHTS = ("exact", "int8")  # what KernelLinear's copy holds: the weight's own values, or int8 ones with scales
+
+
+def bf16_copies() -> bool:
+    """Whether exact copies are made in bf16 where that is exact (``HFS_KERNEL_BF16=0``: always fp32, to compare)."""
+    return os.environ.get("HFS_KERNEL_BF16", "1") != "0"
+
+
 class BlockedWeight(WeightCopy):
-    def make(self, weight: torch.Tensor) -> torch.Tensor:
-        return block_weight(weight)
+    """The kernel's copy of a weight and its scales (None): bf16 where that is exact, else fp32."""
+
+    weights = "exact"
+
+    def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        narrow = bf16_copies() and exactly_bf16(weight)
+        return block_weight(weight, torch.bfloat16 if narrow else torch.float32), None
+
+
+class Int8Weight(BlockedWeight):
+    """The kernel's int8 copy of a weight and its per-column scales (:func:`quantize_int8`): for drafters."""
+
+    weights = "int8"
+
+    def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return quantize_int8(weight)
 
 
 class KernelLinear(torch.nn.Linear):
@@ -171,5 +226,6 @@ class KernelLinear(torch.nn.Linear):
         copy = self.__dict__.get("_hfs_blocked")
         if copy is None:  # a module made KernelLinear some other way (unpickled from an older version)
             copy = self._hfs_blocked = BlockedWeight()
-        out = skinny_linear(input.reshape(rows, self.in_features), copy.get(weight), self.bias, self.out_features)
+        blocked, scale = copy.get(weight)
+        out = skinny_linear(input.reshape(rows, self.in_features), blocked, self.bias, self.out_features, scale)
         return out.view(*input.shape[:-1], self.out_features)  # [..., out]

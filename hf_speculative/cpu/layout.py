@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.costs import forget_costs
-from .kernel import BlockedWeight, KernelLinear, WeightCopy, cpu_supports_kernel, load_kernel
+from .kernel import WEIGHTS, BlockedWeight, Int8Weight, KernelLinear, WeightCopy, cpu_supports_kernel, load_kernel
 
 
 def _converted(weight: torch.Tensor) -> bool:
@@ -64,7 +64,7 @@ def _modules(model: torch.nn.Module, layers: str) -> list[torch.nn.Module]:
 
 
 def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str = "all", pack: bool = False,
-                     kernel: bool | None = None) -> int:
+                     kernel: bool | None = None, weights: str = "exact") -> int:
     """Store ``model``'s fp32 CPU ``nn.Linear`` weights column-major (``enable=True``) or back in
     PyTorch's usual row-major layout (``enable=False``), in place; with ``pack=True`` their products
     of several rows also run on oneDNN-packed copies (`PackedLinear`).
@@ -91,7 +91,12 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             once). ``None`` (default, without ``pack``): the kernel where it runs (an AVX2 CPU, the
             compiler and ninja at hand), else the column-major layout alone (on an AVX2 CPU with a
             warning naming what is missing); ``True``: the kernel or a ``RuntimeError`` naming what it
-            lacks; ``False``: never.
+            lacks; ``False``: never. The kernel's copy of a weight whose every value is a bf16 number (a checkpoint
+            saved in bf16, as Qwen2.5's) is kept in bf16, half the bytes, with bitwise the same products.
+        weights (`str`, defaults to `"exact"`): what the kernel's copies hold: `"exact"`, the weights' own values;
+            `"int8"`, int8 values with one scale per output column (a quarter of the fp32 bytes; the products are
+            approximate, so the model's outputs change a little): for a drafter, whose proposals the target
+            verifies (``DraftModel`` asks for it). Needs the kernel.
 
     Returns:
         `int`: how many linear layers changed (0 when there was nothing to do, e.g. on a GPU).
@@ -103,6 +108,11 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             "optimize_for_cpu(pack=True) needs a PyTorch build with oneDNN (torch.backends.mkldnn); "
             "use optimize_for_cpu(model) without pack on this build."
         )
+    if weights not in WEIGHTS:
+        raise ValueError(f"optimize_for_cpu(weights={weights!r}): use one of {WEIGHTS}.")
+    if weights != "exact" and enable and (pack or kernel is False or not cpu_supports_kernel()):
+        raise ValueError(f"optimize_for_cpu(weights={weights!r}) needs the CPU kernel (kernel=None or True, no pack, "
+                         "an x86-64 CPU with AVX2); use weights='exact' otherwise.")
     if kernel is None:
         kernel = enable and not pack and any(_eligible(m) for m in _modules(model, layers)) and _auto_kernel()
     elif kernel and enable:
@@ -123,7 +133,7 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
                 elif not enable and _converted(weight):
                     weight.data = weight.data.contiguous()
                     touched = True
-            touched |= _set_class(module, wanted)
+            touched |= _set_class(module, wanted, Int8Weight if weights == "int8" else BlockedWeight)
             if type(module) is PackedLinear:
                 module._hfs_packed.get(module.weight)  # now, not inside the first verification
             elif type(module) is KernelLinear:
@@ -162,17 +172,20 @@ def apply_layout(model: torch.nn.Module, layout: str) -> int:
     return optimize_for_cpu(model, layers=layers, pack=rows == "packed", kernel=rows == "kernel")
 
 
-def follow_layout(module: torch.nn.Module, reference: torch.nn.Module) -> int:
+def follow_layout(module: torch.nn.Module, reference: torch.nn.Module, weights: str = "exact") -> int:
     """Lay out a drafter network's fp32 CPU linear weights as its target's are: all column-major,
     with the same path for products of several rows, when any of the target's are column-major;
     left alone otherwise. A drafting step is a one-row product of every weight, as the target's
     decoding steps are (SmolLM2's EAGLE drafter: 4.4 ms row-major, 3.4 ms column-major). Returns
     how many layers changed: 0 for a module laid out already (a draft model follows at every call; the kernel
-    loads once and its blocked copies are kept)."""
+    loads once and its blocked copies are kept). ``weights="int8"``: where the reference runs the kernel, the
+    module's copies are int8 (`optimize_for_cpu`'s ``weights``), for a drafter whose proposals are verified."""
     layout = cpu_layout(reference)
     if layout in ("none", "mixed"):
         return 0
     _, plus, rows = layout.partition("+")
+    if rows == "kernel":
+        return optimize_for_cpu(module, layers="all", kernel=True, weights=weights)
     return apply_layout(module, f"all{plus}{rows}")
 
 
@@ -247,11 +260,13 @@ def _can_pack() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def _set_class(module: torch.nn.Module, wanted: type) -> bool:
+def _set_class(module: torch.nn.Module, wanted: type, copy: type = BlockedWeight) -> bool:
     """Swap ``module`` in place between ``nn.Linear`` and the classes ``optimize_for_cpu`` makes
-    (``PackedLinear``, ``KernelLinear``); True when it changed."""
+    (``PackedLinear``, ``KernelLinear`` with ``copy`` as its weight's copy); True when it changed."""
     ours = (torch.nn.Linear, PackedLinear, KernelLinear)
-    if type(module) is wanted or type(module) not in ours:  # a subclass of someone else's is left alone
+    if type(module) not in ours:  # a subclass of someone else's is left alone
+        return False
+    if type(module) is wanted and (wanted is not KernelLinear or type(module.__dict__.get("_hfs_blocked")) is copy):
         return False
     module.__dict__.pop("_hfs_packed", None)
     module.__dict__.pop("_hfs_blocked", None)
@@ -259,5 +274,5 @@ def _set_class(module: torch.nn.Module, wanted: type) -> bool:
     if wanted is PackedLinear:
         module._hfs_packed = _Packed()
     elif wanted is KernelLinear:
-        module._hfs_blocked = BlockedWeight()
+        module._hfs_blocked = copy()
     return True

@@ -32,9 +32,9 @@ class _Counting:
     def __init__(self, kernel, calls: list):
         self.kernel, self.calls = kernel, calls
 
-    def skinny_linear(self, x, blocked, bias, out_features):
+    def skinny_linear(self, x, blocked, bias, out_features, scale=None):
         self.calls.append(x.shape[0])
-        return self.kernel.skinny_linear(x, blocked, bias, out_features)
+        return self.kernel.skinny_linear(x, blocked, bias, out_features, scale)
 
 
 def test_blocked_copy_layout():
@@ -81,9 +81,10 @@ import sys, torch
 from hf_speculative.cpu import kernel
 g = torch.Generator().manual_seed(3)
 weight, bias = torch.randn(1100, 72, generator=g), torch.randn(1100, generator=g)
-blocked = kernel.block_weight(weight)
 x = torch.randn(19, 72, generator=g)
-out = [kernel.skinny_linear(x[:m], blocked, bias, 1100) for m in range(1, 20)]
+copies = [(kernel.block_weight(weight), None), (kernel.block_weight(weight.bfloat16().float(), torch.bfloat16), None),
+          kernel.quantize_int8(weight)]  # fp32, bf16 and int8 copies: each its own code
+out = [kernel.skinny_linear(x[:m], blocked, bias, 1100, scale) for blocked, scale in copies for m in range(1, 20)]
 torch.save({"isa": kernel.kernel_isa(), "out": out}, sys.argv[1])
 """
 
@@ -108,6 +109,7 @@ def test_avx512_and_avx2_give_bitwise_the_same_products(tmp_path):
         results[isa] = torch.load(tmp_path / f"{isa}.pt")
     assert results["avx2"]["isa"] == "avx2"
     assert results["default"]["isa"] == ("avx512" if "avx512f" in _cpu_flags() else "avx2")
+    assert len(results["avx2"]["out"]) == 3 * 19
     for rows, (a, b) in enumerate(zip(results["default"]["out"], results["avx2"]["out"]), start=1):
         assert torch.equal(a, b), rows
 

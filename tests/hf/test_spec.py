@@ -342,7 +342,8 @@ def test_smollm2_draft_model_saved_by_its_registry_name(integration, tmp_path):
     model, _ = integration
     written = spec.save_strategy(hfs.DraftModel(model, num_tokens=3), tmp_path)
     assert written == {"method": "draft-model", "path": "smollm2-135m-instruct", "options": {
-        "num_tokens": 3, "confidence_threshold": 0.3, "adaptive": True, "draft_cost": None, "tree": None}}
+        "num_tokens": 3, "confidence_threshold": 0.3, "adaptive": True, "draft_cost": None, "tree": None,
+        "kernel_weights": "exact"}}
     restored = spec.from_spec(written, model, tmp_path)  # (as big as the target: a check of the path only)
     assert restored.model is not model and restored.model.name_or_path == model.name_or_path
     assert restored.num_tokens == 3

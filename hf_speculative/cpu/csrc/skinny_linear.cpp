@@ -10,16 +10,24 @@
 // rows, threads, blocks or streams: a row's result is bitwise the same computed alone (plain
 // decoding) or with the rows of a draft (verification).
 //
-// Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for calls of 4+ rows): AVX2 (a block is two 8-lane registers, up to 8 rows a pass)
-// and, where the CPU has it, AVX-512F (a block is one 16-lane register; 32 registers hold the sums of up to 16
-// rows a pass, or of more streams). Each lane computes the same FMA chain in both, so their results are bitwise
-// equal: the choice changes speed, never a token. HFS_KERNEL_ISA=avx2 forces the AVX2 code.
+// The copy holds fp32 values, or fewer bytes of them, widened to fp32 in registers before the same FMA chain:
+// - bf16, for weights whose every value is a bf16 number (checkpoints saved in bf16 and loaded in fp32): widening
+//   is exact, so the results are bitwise those of the fp32 copy, from half the bytes;
+// - int8 with one fp32 scale per output column (W ~ q * scale, the scale applied once to the sum): an
+//   approximation, for drafters only (the target verifies whatever they propose), from a quarter of the bytes.
+//
+// Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for calls of 4+ rows): AVX2 (a block is two
+// 8-lane registers, up to 8 rows a pass) and, where the CPU has it, AVX-512F (a block is one 16-lane register; 32
+// registers hold the sums of up to 16 rows a pass, or of more streams). Each lane computes the same FMA chain in
+// both, so their results are bitwise equal: the choice changes speed, never a token. HFS_KERNEL_ISA=avx2 forces the
+// AVX2 code.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,25 +35,65 @@ namespace {
 
 constexpr int64_t BLOCK = 16;     // output columns per block: two AVX2 registers
 constexpr int64_t MAX_ROWS = 8;   // rows per pass over the weight (2 x 8 accumulators: a few spill)
-constexpr int64_t AHEAD = 32;     // one stream (4+ rows): prefetch 2 KiB ahead of it
+constexpr int64_t AHEAD_BYTES = 2048;  // one stream (4+ rows): prefetch 2 KiB ahead of it
 
-// Block j's sums [rows][16] (+ bias) into y [rows, out], cut at `out`.
-void store(const float* sums, int rows, const float* b, float* y, int64_t out, int64_t j) {
+// The three element types of the copy: W is what is stored, loads widen 16 of them to fp32 exactly.
+using bf16_t = uint16_t;
+
+inline void load2(const float* p, __m256& lo, __m256& hi) {
+  lo = _mm256_loadu_ps(p);
+  hi = _mm256_loadu_ps(p + 8);
+}
+inline void load2(const bf16_t* p, __m256& lo, __m256& hi) {  // bf16 -> fp32: the 16 bits on top, zeros below
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+  hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+}
+inline void load2(const int8_t* p, __m256& lo, __m256& hi) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+}
+
+__attribute__((target("avx512f,fma"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f,fma"))) inline __m512 load16(const bf16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+__attribute__((target("avx512f,fma"))) inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Block j's sums [rows][16] (x the int8 copy's scales, + bias) into y [rows, out], cut at `out`.
+void store(const float* sums, int rows, const float* scale, const float* b, float* y, int64_t out, int64_t j) {
   const int64_t o = j * BLOCK, width = std::min(BLOCK, out - o);
   for (int m = 0; m < rows; ++m)
-    for (int64_t c = 0; c < width; ++c) y[m * out + o + c] = b ? sums[m * BLOCK + c] + b[o + c] : sums[m * BLOCK + c];
+    for (int64_t c = 0; c < width; ++c) {
+      float v = sums[m * BLOCK + c];
+      if (scale) v *= scale[o + c];
+      y[m * out + o + c] = b ? v + b[o + c] : v;
+    }
 }
+
+struct Args {
+  const float* x;
+  const void* wb;
+  const float* scale;  // int8 copies: [ceil(out / 16) * 16]; else null
+  const float* b;
+  float* y;
+  int64_t in, out;
+};
 
 // S blocks at once, S sequential streams from distant parts of the copy: one core reads memory
 // faster from several streams than from one (SmolLM2's weights, one row: 25 ms with 4 streams,
 // 36 with one, MKL 39). Streams are chosen so that the 2 * S * M sums fit in registers; a single
 // stream (4+ rows) is prefetched, several are left to the hardware's prefetchers, which do better.
-template <int M, int S>
-void blocks(const float* x, const float* wb, const float* b, float* y, int64_t in, int64_t out, int64_t begin,
-            int64_t end) {
-  const int64_t step = (end - begin + S - 1) / S;
+template <typename W, int M, int S>
+void blocks(const Args& a, int64_t begin, int64_t end) {
+  const W* wb = static_cast<const W*>(a.wb);
+  const int64_t in = a.in, step = (end - begin + S - 1) / S, ahead = AHEAD_BYTES / sizeof(W);
   for (int64_t t = 0; t < step; ++t) {
-    const float* r[S];
+    const W* r[S];
     int64_t j[S];
     __m256 lo[S][M], hi[S][M];
     for (int s = 0; s < S; ++s) {
@@ -55,16 +103,13 @@ void blocks(const float* x, const float* wb, const float* b, float* y, int64_t i
     }
     for (int64_t i = 0; i < in; ++i) {
       // one stream (4+ rows, whose FMAs take long enough per input row): prefetch 2 KiB ahead
-      if (S == 1) _mm_prefetch(reinterpret_cast<const char*>(r[0] + (i + AHEAD) * BLOCK), _MM_HINT_T0);
+      if (S == 1) _mm_prefetch(reinterpret_cast<const char*>(r[0] + i * BLOCK + ahead), _MM_HINT_T0);
       __m256 w0[S], w1[S];
 #pragma GCC unroll 8
-      for (int s = 0; s < S; ++s) {
-        w0[s] = _mm256_loadu_ps(r[s] + i * BLOCK);
-        w1[s] = _mm256_loadu_ps(r[s] + i * BLOCK + 8);
-      }
+      for (int s = 0; s < S; ++s) load2(r[s] + i * BLOCK, w0[s], w1[s]);
 #pragma GCC unroll 8
       for (int m = 0; m < M; ++m) {
-        const __m256 xm = _mm256_broadcast_ss(x + m * in + i);
+        const __m256 xm = _mm256_broadcast_ss(a.x + m * in + i);
 #pragma GCC unroll 8
         for (int s = 0; s < S; ++s) {
           lo[s][m] = _mm256_fmadd_ps(xm, w0[s], lo[s][m]);
@@ -83,30 +128,32 @@ void blocks(const float* x, const float* wb, const float* b, float* y, int64_t i
         _mm256_store_ps(sums[s][m] + 8, hi[s][m]);
       }
     for (int s = 0; s < S; ++s)
-      if (j[s] < end) store(sums[s][0], M, b, y, out, j[s]);
+      if (j[s] < end) store(sums[s][0], M, a.scale, a.b, a.y, a.out, j[s]);
   }
 }
 
-template <int M>
-void rows(const float* x, const float* wb, const float* b, float* y, int64_t in, int64_t out) {
+template <typename W, int M>
+void rows(const Args& a) {
   constexpr int S = M == 1 ? 4 : M == 2 ? 3 : M == 3 ? 2 : 1;
-  at::parallel_for(0, (out + BLOCK - 1) / BLOCK, 64, [&](int64_t begin, int64_t end) {
-    blocks<M, S>(x, wb, b, y, in, out, begin, end);
+  at::parallel_for(0, (a.out + BLOCK - 1) / BLOCK, 64, [&](int64_t begin, int64_t end) {
+    blocks<W, M, S>(a, begin, end);
   });
 }
 
-using RowsFn = void (*)(const float*, const float*, const float*, float*, int64_t, int64_t);
-constexpr RowsFn ROWS[MAX_ROWS] = {rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
+using RowsFn = void (*)(const Args&);
+template <typename W>
+constexpr RowsFn ROWS[MAX_ROWS] = {rows<W, 1>, rows<W, 2>, rows<W, 3>, rows<W, 4>,
+                                   rows<W, 5>, rows<W, 6>, rows<W, 7>, rows<W, 8>};
 
 // ---- AVX-512F: one register per block and row ---------------------------------------------------------------
 constexpr int64_t MAX_ROWS_512 = 16;  // rows per pass: 16 sums + the weight in 32 registers
 
-template <int M, int S>
-__attribute__((target("avx512f,fma"))) void blocks512(const float* x, const float* wb, const float* b, float* y,
-                                                      int64_t in, int64_t out, int64_t begin, int64_t end) {
-  const int64_t step = (end - begin + S - 1) / S;
+template <typename W, int M, int S>
+__attribute__((target("avx512f,fma"))) void blocks512(const Args& a, int64_t begin, int64_t end) {
+  const W* wb = static_cast<const W*>(a.wb);
+  const int64_t in = a.in, step = (end - begin + S - 1) / S, ahead = AHEAD_BYTES / sizeof(W);
   for (int64_t t = 0; t < step; ++t) {
-    const float* r[S];
+    const W* r[S];
     int64_t j[S];
     __m512 acc[S][M];
     for (int s = 0; s < S; ++s) {
@@ -115,13 +162,13 @@ __attribute__((target("avx512f,fma"))) void blocks512(const float* x, const floa
       for (int m = 0; m < M; ++m) acc[s][m] = _mm512_setzero_ps();
     }
     for (int64_t i = 0; i < in; ++i) {
-      if (S == 1) _mm_prefetch(reinterpret_cast<const char*>(r[0] + (i + AHEAD) * BLOCK), _MM_HINT_T0);
+      if (S == 1) _mm_prefetch(reinterpret_cast<const char*>(r[0] + i * BLOCK + ahead), _MM_HINT_T0);
       __m512 w[S];
 #pragma GCC unroll 8
-      for (int s = 0; s < S; ++s) w[s] = _mm512_loadu_ps(r[s] + i * BLOCK);
+      for (int s = 0; s < S; ++s) w[s] = load16(r[s] + i * BLOCK);
 #pragma GCC unroll 16
       for (int m = 0; m < M; ++m) {
-        const __m512 xm = _mm512_set1_ps(x[m * in + i]);
+        const __m512 xm = _mm512_set1_ps(a.x[m * in + i]);
 #pragma GCC unroll 8
         for (int s = 0; s < S; ++s) acc[s][m] = _mm512_fmadd_ps(xm, w[s], acc[s][m]);
       }
@@ -132,22 +179,24 @@ __attribute__((target("avx512f,fma"))) void blocks512(const float* x, const floa
 #pragma GCC unroll 16
       for (int m = 0; m < M; ++m) _mm512_store_ps(sums[s][m], acc[s][m]);
     for (int s = 0; s < S; ++s)
-      if (j[s] < end) store(sums[s][0], M, b, y, out, j[s]);
+      if (j[s] < end) store(sums[s][0], M, a.scale, a.b, a.y, a.out, j[s]);
   }
 }
 
-template <int M>
-void rows512(const float* x, const float* wb, const float* b, float* y, int64_t in, int64_t out) {
+template <typename W, int M>
+void rows512(const Args& a) {
   // streams as the sums allow (S x M <= 24 of the 32 registers): several streams read memory faster on one core
   constexpr int S = M <= 4 ? 4 : M <= 6 ? 3 : M <= 12 ? 2 : 1;
-  at::parallel_for(0, (out + BLOCK - 1) / BLOCK, 64, [&](int64_t begin, int64_t end) {
-    blocks512<M, S>(x, wb, b, y, in, out, begin, end);
+  at::parallel_for(0, (a.out + BLOCK - 1) / BLOCK, 64, [&](int64_t begin, int64_t end) {
+    blocks512<W, M, S>(a, begin, end);
   });
 }
 
-constexpr RowsFn ROWS512[MAX_ROWS_512] = {rows512<1>,  rows512<2>,  rows512<3>,  rows512<4>,  rows512<5>,  rows512<6>,
-                                          rows512<7>,  rows512<8>,  rows512<9>,  rows512<10>, rows512<11>, rows512<12>,
-                                          rows512<13>, rows512<14>, rows512<15>, rows512<16>};
+template <typename W>
+constexpr RowsFn ROWS512[MAX_ROWS_512] = {
+    rows512<W, 1>,  rows512<W, 2>,  rows512<W, 3>,  rows512<W, 4>,  rows512<W, 5>,  rows512<W, 6>,
+    rows512<W, 7>,  rows512<W, 8>,  rows512<W, 9>,  rows512<W, 10>, rows512<W, 11>, rows512<W, 12>,
+    rows512<W, 13>, rows512<W, 14>, rows512<W, 15>, rows512<W, 16>};
 
 bool cpu_has_avx512() {
   static const bool yes = [] {
@@ -170,16 +219,45 @@ bool use_avx512() {
   return isa == 1;
 }
 
+template <typename W>
+void run(Args a, int64_t m_total) {
+  // fp32 copies: AVX-512 from 4 rows, since fewer rows are bound by memory either way and read it faster with the
+  // AVX2 code here (SmolLM2's weights, one row: 23.0 ms AVX2, 24.7 AVX-512; 8 rows: 42.5 and 31.7). bf16 and int8
+  // copies: always, since widening them is work that 16 lanes halve (Qwen2.5-1.5B's shapes, one row: bf16 97 ms
+  // AVX-512, 116 AVX2; int8 62 and 100; fp32 191-207 either way)
+  const bool wide = use_avx512() && (sizeof(W) < sizeof(float) || m_total >= 4);
+  const int64_t group = wide ? MAX_ROWS_512 : MAX_ROWS;
+  const float* x = a.x;
+  float* y = a.y;
+  for (int64_t m0 = 0; m0 < m_total; m0 += group) {
+    const int64_t m = std::min(group, m_total - m0);
+    a.x = x + m0 * a.in;
+    a.y = y + m0 * a.out;
+    (wide ? ROWS512<W> : ROWS<W>)[m - 1](a);
+  }
+}
+
 }  // namespace
 
-// x: [M, in] float32; wb: [ceil(out / 16), in, 16] float32 contiguous; bias: [out] or None.
-// Returns [M, out].
-torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor wb, c10::optional<torch::Tensor> bias, int64_t out) {
+// x: [M, in] float32; wb: [ceil(out / 16), in, 16] float32, bfloat16 or int8, contiguous; scale: for int8 only,
+// [ceil(out / 16) * 16] float32; bias: [out] or None. Returns [M, out].
+torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor wb, c10::optional<torch::Tensor> bias, int64_t out,
+                            c10::optional<torch::Tensor> scale) {
   TORCH_CHECK(x.dim() == 2 && wb.dim() == 3 && wb.size(2) == BLOCK && x.size(1) == wb.size(1),
               "skinny_linear: x [M, in], blocked weight [ceil(out / 16), in, 16]");
   TORCH_CHECK(wb.size(0) == (out + BLOCK - 1) / BLOCK, "skinny_linear: the blocked weight does not have `out` columns");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && wb.scalar_type() == at::kFloat, "skinny_linear: float32 only");
+  const auto kind = wb.scalar_type();
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (kind == at::kFloat || kind == at::kBFloat16 || kind == at::kChar),
+              "skinny_linear: x float32, the blocked weight float32, bfloat16 or int8");
   TORCH_CHECK(wb.is_contiguous(), "skinny_linear: the blocked weight must be contiguous (cpu_kernel.block_weight)");
+  const bool scaled = scale.has_value() && scale->defined();
+  TORCH_CHECK(scaled == (kind == at::kChar), "skinny_linear: an int8 blocked weight needs its scales, others none");
+  torch::Tensor s;
+  if (scaled) {
+    s = scale->contiguous();
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == wb.size(0) * BLOCK,
+                "skinny_linear: scale [ceil(out / 16) * 16] float32");
+  }
   x = x.contiguous();
   torch::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -188,18 +266,14 @@ torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor wb, c10::optional<tor
   }
   const int64_t m_total = x.size(0), in = x.size(1);
   auto y = torch::empty({m_total, out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = wb.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  // AVX-512 from 4 rows: fewer rows are bound by memory either way, and read it faster with the AVX2 code here
-  // (SmolLM2's weights, one row: 23.0 ms AVX2, 24.7 AVX-512; 8 rows: 42.5 and 31.7)
-  const bool wide = use_avx512() && m_total >= 4;
-  const int64_t group = wide ? MAX_ROWS_512 : MAX_ROWS;
-  for (int64_t m0 = 0; m0 < m_total; m0 += group) {
-    const int64_t m = std::min(group, m_total - m0);
-    (wide ? ROWS512 : ROWS)[m - 1](xp + m0 * in, wp, bp, yp + m0 * out, in, out);
-  }
+  Args a{x.data_ptr<float>(), wb.data_ptr(), scaled ? s.data_ptr<float>() : nullptr,
+         b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), in, out};
+  if (kind == at::kFloat)
+    run<float>(a, m_total);
+  else if (kind == at::kBFloat16)
+    run<bf16_t>(a, m_total);
+  else
+    run<int8_t>(a, m_total);
   return y;
 }
 
@@ -215,7 +289,8 @@ std::string set_isa(const std::string& name) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("skinny_linear", &skinny_linear, "x W^T + b for a few rows, on a blocked copy of W");
+  m.def("skinny_linear", &skinny_linear, "x W^T + b for a few rows, on a blocked copy of W", py::arg("x"),
+        py::arg("wb"), py::arg("bias"), py::arg("out"), py::arg("scale") = py::none());
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
   m.def("set_isa", &set_isa, "run the products on avx2, avx512 or the CPU's best (auto); returns the one chosen");
 }

@@ -15,6 +15,7 @@ import torch
 
 from ... import compat
 from ...core.accept import draft_chain
+from ...cpu.kernel import WEIGHTS
 from ...cpu.layout import follow_layout
 from ...core.sampling import rejection_sampler
 from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
@@ -70,6 +71,13 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
             rank paths. With ``adaptive`` the node count per step (0 included) follows the measured verification
             cost and what trees kept. ``None``: chains. The draft model's attention must take a tree mask (SDPA
             or eager).
+        kernel_weights (`str`, defaults to `"exact"`): on a target that runs hf_speculative's CPU kernel
+            (``hfs.optimize_for_cpu(target)``), what the drafter's kernel copies hold: `"exact"`, the drafter's own
+            values (in bf16 where that is exact, as for Qwen2.5's checkpoints); `"int8"`, int8 weights with one
+            scale per output column, a quarter of the fp32 bytes per drafting step (the drafts change a little,
+            the output not at all: the target verifies them). Measured on the Qwen2.5-Coder 1.5B/0.5B pair (bf16
+            checkpoints): 1.03× greedy with int8 (τ 2.45) against 1.02× exact (τ 2.66), a tie; int8 should gain
+            more on drafters whose exact copies are fp32. Elsewhere it does nothing.
     """
 
     model: torch.nn.Module = dataclasses.field(repr=False)
@@ -80,6 +88,7 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
     target_tokenizer: Any = dataclasses.field(default=None, repr=False)
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
+    kernel_weights: str = "exact"
     examples: ClassVar[tuple[str, ...]] = ("draft-model", "draft-model-copy", "draft-model-tree")
     live_fields: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "target_tokenizer")
     # a spec names the draft model (its registry name, or its folder inside the model's); one loaded from elsewhere
@@ -92,6 +101,8 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
         if not hasattr(self.model, "config") or not callable(self.model):
             raise TypeError(f"DraftModel(model=...) needs a transformers causal LM, got {type(self.model).__name__}.")
         check_chain_options(self)
+        if self.kernel_weights not in WEIGHTS:
+            raise ValueError(f"DraftModel(kernel_weights={shown(self.kernel_weights)}): use one of {WEIGHTS}.")
         if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
             raise ValueError(f"DraftModel(tree={shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
                              f"top_k=...), hfs.StaticTree(paths) or None for chains.")
@@ -136,7 +147,7 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
     def open(self, ctx: CallContext) -> DraftModelCandidateGenerator | OtherTokenizerCandidateGenerator:
         # after hfs.optimize_for_cpu(target): the drafter's steps take the same fast path (with the kernel, a second
         # copy of its weights, as the target's); a drafter already laid out, or a target that is not, is left alone
-        follow_layout(self.model, ctx.target)
+        follow_layout(self.model, ctx.target, self.kernel_weights)
         bridge = self.other_tokenizer()
         if bridge is not None:
             return OtherTokenizerCandidateGenerator(ctx, self, bridge)

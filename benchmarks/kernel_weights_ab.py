@@ -1,0 +1,106 @@
+"""What the CPU kernel's narrower weight copies give: bf16 copies of a bf16 checkpoint's target (exact) and int8
+copies of a draft model (approximate drafts, exact output), against fp32 copies of both.
+
+    python benchmarks/kernel_weights_ab.py --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct
+
+On the peers' Spec-Bench prompts (``--per-category`` per category, first turn, chat template), one thread, the kernel
+on (``hfs.optimize_for_cpu``): for every prompt, greedy with the target's copies in fp32 and in bf16 (remade between
+the arms, outside the timed calls), then the draft model with its drafter's copies exact (bf16) and int8, both on the
+bf16 target (one drafter, whose copies are made again before each call, untimed). One untimed warm-up call per arm
+on the first prompt, then ``--repeats`` rounds; medians. Every output
+is checked against the greedy output of its own round. Prints tokens/s, τ and the ratio to greedy per arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections import defaultdict
+
+import torch
+
+
+def remake_copies(model: torch.nn.Module, bf16: bool) -> None:
+    """The target's kernel copies made again, in bf16 where exact (``bf16``) or fp32."""
+    from hf_speculative.cpu.kernel import BlockedWeight, KernelLinear
+
+    os.environ["HFS_KERNEL_BF16"] = "1" if bf16 else "0"
+    for module in model.modules():
+        if type(module) is KernelLinear:
+            module._hfs_blocked = BlockedWeight()
+            module._hfs_blocked.get(module.weight)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+
+    import hf_speculative as hfs
+    from hf_speculative.bench.spec_bench import load_prompts
+    from hf_speculative.tooling.methods import run_method
+    from hf_speculative.tooling.prompting import encode_prompt
+
+    torch.set_num_threads(1)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
+    model, tokenizer = hfs.load_model(args.model)
+    hfs.optimize_for_cpu(model, kernel=True)
+    from peers.run import CATEGORIES as categories  # the peers table's prompts (benchmarks/ is this script's path)
+
+    prompts = load_prompts(categories=categories, per_category=args.per_category)
+    encoded = [encode_prompt(tokenizer, p.text, True) for p in prompts]
+    from hf_speculative.cpu.layout import follow_layout
+
+    draft, _ = hfs.load_model(args.draft_model)  # one drafter object: its copies are made again between arms
+    arms = [("greedy fp32 copies", "greedy", {}, False), ("greedy bf16 copies", "greedy", {}, True),
+            ("draft model, exact drafter", "draft-model", {"kernel_weights": "exact"}, True),
+            ("draft model, int8 drafter", "draft-model", {"kernel_weights": "int8"}, True)]
+    seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, int], int] = {}
+    forwards: dict[tuple[str, int], int] = {}
+    identical: dict[str, int] = defaultdict(int)
+    bf16_now = None
+    print(f"load at start: {os.getloadavg()}", flush=True)
+    for round_ in range(args.repeats + 1):  # round 0 warms every arm up on the first prompt
+        for i, ids in enumerate(encoded if round_ else encoded[:1]):
+            reference = None
+            for label, method, options, bf16 in arms:
+                if bf16 != bf16_now:
+                    remake_copies(model, bf16)
+                    bf16_now = bf16
+                if method != "greedy":  # the drafter's copies for this arm, made outside the timed call
+                    follow_layout(draft, model, options["kernel_weights"])
+                    options = {"draft_model": draft, **options}
+                done = run_method(method, model, tokenizer, ids, options=options, max_new_tokens=args.max_new_tokens)
+                out = list(done.output_ids)
+                reference = out if reference is None else reference
+                if round_:
+                    seconds[label, i].append(done.seconds)
+                    tokens[label, i] = done.new_tokens
+                    forwards[label, i] = done.target_forwards or done.new_tokens
+                    identical[label] += out == reference
+            if round_:
+                print(f"prompt {i} done, load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"load at end: {os.getloadavg()}")
+    greedy = {i: statistics.median(seconds["greedy bf16 copies", i]) for i in range(len(encoded))}
+    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (bf16 copies) | identical |")
+    print("|---" * (len(categories) + 5) + "|")
+    for label, *_ in arms:
+        cells = []
+        for category in (*categories, "overall"):
+            idx = [i for i, p in enumerate(prompts) if category in ("overall", p.category)]
+            cells.append(f"{sum(tokens[label, i] for i in idx) / sum(statistics.median(seconds[label, i]) for i in idx):.2f}")
+        n = range(len(encoded))
+        tau = sum(tokens[label, i] for i in n) / sum(forwards[label, i] for i in n)
+        ratio = sum(greedy[i] for i in n) / sum(statistics.median(seconds[label, i]) for i in n)
+        print(f"| {label} | " + " | ".join(cells) + f" | {tau:.2f} | {ratio:.2f}× | "
+              f"{identical[label]}/{len(prompts) * args.repeats} |")
+
+
+if __name__ == "__main__":
+    main()
