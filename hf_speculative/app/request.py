@@ -41,9 +41,10 @@ _INTEGER_KEYS = {"num_tokens", "max_ngram", "exit_layer", "tree_nodes"}
 _MODEL_KEYS = {"draft_model"}
 _DRAFTER_KEYS = {"eagle", "adapter"}  # trained drafters: shipped names (folders with --allow-local-paths)
 _LAYER_KEYS = {"skip"}  # 'auto' or comma-separated layer indices
-# Options a remote caller never sets: they name files on the server. LayerSkip's calibration is kept in
-# the package's cache under the model's fingerprint instead (see ModelCache.calibration_file).
-SERVER_ONLY_OPTIONS = {"calibration_file"}
+# Options a remote caller never sets: they name files on the server (LayerSkip's calibration is kept in
+# the package's cache under the model's fingerprint instead, see ModelCache.calibration_file), or choose how the
+# server's CPU kernel stores a drafter (kernel_weights: the operator's memory, not the visitor's choice).
+SERVER_ONLY_OPTIONS = {"calibration_file", "kernel_weights"}
 _OPTION_HELP = {
     "num_tokens": f"tokens drafted per step, 1 to {MAX_DRAFT_TOKENS} (blank: the method's default)",
     "max_ngram": f"longest n-gram matched, 1 to {MAX_NGRAM} (blank: default)",
@@ -154,7 +155,7 @@ def baseline_method() -> str:
 
 def option_slots() -> list[OptionSlot]:
     """One :class:`OptionSlot` per (method, option) of the selectable methods, in registry order (the
-    :data:`SERVER_ONLY_OPTIONS`, which name server files, left out)."""
+    :data:`SERVER_ONLY_OPTIONS`, the server's own, left out)."""
     slots = []
     for name in selectable_methods():
         for key, default in get_method(name).options.items():

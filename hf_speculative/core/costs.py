@@ -186,6 +186,14 @@ def record_draft_step(drafter: Any, seconds: float) -> None:
     state.draft_step_s = seconds if old is None else old + 0.3 * (seconds - old)
 
 
+def record_catch_up(drafter: Any, seconds_per_token: float) -> None:
+    """Fold one measured catch-up of ``drafter`` (a forward over many tokens it had not seen: a draft model's prefill
+    on the prompt), in seconds per token, into its running estimate, shared by every call that drafts with it."""
+    state = state_of(drafter)
+    old = state.catch_up_token_s
+    state.catch_up_token_s = seconds_per_token if old is None else old + 0.3 * (seconds_per_token - old)
+
+
 def draft_price(drafter: Any, verify_costs: VerifyCostModel, fixed: float | None, prior: float) -> float:
     """One drafting step of ``drafter`` in target forwards: ``fixed`` if the user gave it, else measured
     (drafter step / one-token target forward), else ``prior`` until both are measured."""

@@ -46,6 +46,16 @@ def best_length(costs: VerifyCostModel, rate: float, max_tokens: int, price: flo
     """The draft length in ``[0, max_tokens]`` with the best expected tokens per unit of cost, for a
     per-token acceptance ``rate`` and ``costs``' ratios (see the module docstring); ``price``: one drafter step
     per drafted token, in target forwards (0: drafting is free, e.g. a copy from the prompt)."""
+    return _best(costs, rate, max_tokens, price)[0]
+
+
+def best_value(costs: VerifyCostModel, rate: float, max_tokens: int, price: float = 0.0) -> float:
+    """The expected tokens per target forward of :func:`best_length`'s draft (1.0 when no draft pays): a call that
+    drafts so saves ``1 - 1 / value`` target forwards per generated token."""
+    return _best(costs, rate, max_tokens, price)[1]
+
+
+def _best(costs: VerifyCostModel, rate: float, max_tokens: int, price: float) -> tuple[int, float]:
     best_k, best_value, gain, term = 0, 1.0, 0.0, 1.0
     for k in range(1, max_tokens + 1):
         term *= rate
@@ -53,7 +63,7 @@ def best_length(costs: VerifyCostModel, rate: float, max_tokens: int, price: flo
         value = (1.0 + gain) / (costs.ratio(k) + price * k)
         if value > best_value * 1.02:  # a 2% margin: do not draft for noise
             best_k, best_value = k, value
-    return best_k
+    return best_k, best_value
 
 
 def check_input_ids(owner: str, input_ids, *, min_length: int = 0) -> None:
@@ -153,6 +163,20 @@ class ChainLengthPolicy:
             return True
         # the longest draft the options allow, not today's cap: the cap grows back only after a draft
         return best_length(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price()) > 0
+
+    def catch_up_pays(self, cost: float, remaining: int) -> bool:
+        """Whether feeding the drafter ``cost`` target forwards' worth of tokens it has not seen (a draft model's
+        prefill on the prompt) can be won back over the ``remaining`` tokens the call may still generate: each saves
+        ``1 - 1 / value`` forwards, ``value`` the best draft's tokens per forward (:func:`best_value`) at the
+        acceptance seen so far, every drafter step priced. Yes without the cost rule, and until the target's
+        verification of drafts has been measured (as :meth:`could_pay`)."""
+        if not self.adaptive or not self.verify_costs.knows_drafts():
+            return True
+        value = best_value(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price())
+        if remaining * (1.0 - 1.0 / value) > cost:
+            return True
+        self.gated += 1
+        return False
 
     def _verify_price(self, i: int) -> float:
         return self.verify_costs.ratio(i) - self.verify_costs.ratio(i - 1)

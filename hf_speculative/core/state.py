@@ -40,6 +40,8 @@ class ModelState:
             (``batch_costs.batch_costs_for``).
         draft_step_s (`float`, *optional*): smoothed seconds of one drafting step, for a model that
             drafts (``costs.record_draft_step``).
+        catch_up_token_s (`float`, *optional*): smoothed seconds per token of a draft model's long catch-ups (its
+            prefill on the prompt; ``costs.record_catch_up``).
         views (`dict[tuple[int, ...], LayerSubset]`): views that run some of its layers, by layer
             tuple (``drafters.layer_view.layer_subset``).
         structure_problem (`str`, *optional*): ``None`` until probed, then ``""`` when layer-by-layer
@@ -71,6 +73,7 @@ class ModelState:
     padded_costs: dict = dataclasses.field(default_factory=dict)
     batch_costs: Any = None
     draft_step_s: float | None = None
+    catch_up_token_s: float | None = None
     views: dict = dataclasses.field(default_factory=dict)
     structure_problem: str | None = None
     calibration: Any = None

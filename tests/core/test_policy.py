@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hf_speculative.core.costs import VerifyCostModel
-from hf_speculative.core.policy import AcceptanceEstimate, ChainLengthPolicy, best_length
+from hf_speculative.core.policy import AcceptanceEstimate, ChainLengthPolicy, best_length, best_value
 from tests.core.test_costs import measured
 
 
@@ -60,6 +60,25 @@ def test_best_length_is_zero_for_low_acceptance(rate):
 def test_best_length_is_positive_for_high_acceptance(rate):
     model = measured([1.0] + [1.3 + 0.05 * k for k in range(1, 9)])
     assert best_length(model, rate, 8) > 0
+
+
+def test_best_value_is_the_best_lengths_tokens_per_forward():
+    model = measured([1.0] + [1.1 + 0.05 * k for k in range(1, 11)])
+    assert best_value(model, 0.0, 10) == 1.0  # no draft pays: plain decoding's one token a forward
+    k = best_length(model, 0.8, 10, 0.1)
+    expected = sum(0.8 ** i for i in range(k + 1)) / (model.ratio(k) + 0.1 * k)
+    assert k > 0 and best_value(model, 0.8, 10, 0.1) == pytest.approx(expected)
+    assert best_value(model, 0.9, 10) > best_value(model, 0.8, 10) > 1.0
+
+
+def test_a_catch_up_pays_when_the_rest_of_the_call_wins_it_back():
+    model = measured([1.0] + [1.1 + 0.05 * k for k in range(1, 11)])
+    policy = ChainLengthPolicy(model, 10, lambda: 0.1)
+    saving = 1.0 - 1.0 / best_value(model, policy.acceptance.rate, 10, 0.1)  # forwards saved per generated token
+    assert policy.catch_up_pays(0.9 * 100 * saving, remaining=100)
+    assert not policy.catch_up_pays(1.1 * 100 * saving, remaining=100) and policy.gated == 1
+    assert ChainLengthPolicy(model, 10, lambda: 0.1, adaptive=False).catch_up_pays(1e9, remaining=1)
+    assert ChainLengthPolicy(VerifyCostModel(10), 10, lambda: 0.1).catch_up_pays(1e9, remaining=1)  # unmeasured
 
 
 def test_best_length_grows_with_the_rate_and_respects_the_cap():

@@ -201,3 +201,38 @@ def test_a_drafter_that_could_never_pay_never_runs():
     target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24,
                     candidate_generator=hfs.DraftModel(drafter, adaptive=False))
     assert len(calls) > 0 and hfs.last_stats(target).drafted_tokens > 0
+
+
+@pytest.mark.parametrize("budget, forwards_per_token, drafts", [(24, 1.0, False), (24, 0.01, True), (400, 1.0, True)])
+def test_a_prefill_the_call_cannot_win_back_is_not_run(budget, forwards_per_token, drafts, monkeypatch):
+    """A draft model's prefill on a long prompt costs forwards that only the rest of the call can win back: with the
+    drafter's catch-up cost known (seconds per token, measured by earlier calls) and the target's verification
+    measured, a prefill that costs more than the best draft could save over the budget is not run, and the call is
+    plain greedy's; a cheap prefill, or a budget long enough to win it back, drafts."""
+    from hf_speculative.core.costs import verify_costs_for
+    from hf_speculative.core.state import state_of
+
+    target = hfs.enable(build_model("llama", max_positions=512))
+    drafter = noisy_copy(target)
+    fed = []  # tokens per drafter forward
+    drafter.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]),
+                                      with_kwargs=True)
+    inputs = prompt_inputs(list(range(3, 60)) * 2)  # 114 tokens: a catch-up long enough to be weighed
+    ref = stock_generate(target, **inputs, do_sample=False, max_new_tokens=budget)
+    costs = verify_costs_for(target, 16)
+    for k in range(17):  # measured as earlier calls would: a forward 10 ms, cheap verification (2% a token)
+        for _ in range(2):
+            costs.observe(k, 0.01 * (1.0 + 0.02 * k))
+    monkeypatch.setattr(costs, "observe", lambda k, seconds: None)  # kept so: this machine's timings do not move it
+    state_of(drafter).draft_step_s = 0.0001  # a drafter step: 1% of a target forward
+    # the prefill, 114 tokens: 114 / 1.14 forwards, against the best draft's saving of about half a forward a token
+    state_of(drafter).catch_up_token_s = forwards_per_token * 0.01
+    out = target.generate(**inputs, do_sample=False, max_new_tokens=budget,
+                          candidate_generator=hfs.DraftModel(drafter))
+    assert out.tolist() == ref.tolist()
+    # (a random drafter is too unsure to draft past its prefill under the cost rule: the prefill is what is weighed)
+    assert (fed[:1] == [inputs["input_ids"].shape[1]]) == drafts and (fed == []) == (not drafts)
+    if not drafts:  # the same call without the cost rule prefills and drafts (the check above could fail)
+        target.generate(**inputs, do_sample=False, max_new_tokens=budget,
+                        candidate_generator=hfs.DraftModel(drafter, adaptive=False))
+        assert fed[0] == inputs["input_ids"].shape[1] and hfs.last_stats(target).drafted_tokens > 0

@@ -25,7 +25,7 @@ from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree
-from .feed import feed, size_ratio
+from .feed import LONG_CATCH_UP, feed, size_ratio
 from .other_tokenizer import OtherTokenizerCandidateGenerator, TokenizerBridge, bridge_for, check_tokenizer
 from .saved_tokenizers import SPEC_OPTION, load_tokenizers, save_tokenizers
 from .tree import model_tree_expander
@@ -233,10 +233,23 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         # until measured: forwards cost in proportion to parameters
         return draft_price(self.drafter, self.verify_costs, self.config.draft_cost, self._size_ratio)
 
+    def _catch_up_pays(self, plan: Plan, tokens: int, length: int) -> bool:
+        """Whether feeding the drafter the ``tokens`` it has not seen (the prompt, at the first draft) can be won back
+        over the rest of the call (``Plan.catch_up_pays``), its cost measured per token by earlier catch-ups of this
+        drafter. Short catch-ups, and any before one has been measured, go ahead."""
+        per_token, step = state_of(self.drafter).catch_up_token_s, self.verify_costs.seconds(0)
+        if tokens < LONG_CATCH_UP or per_token is None or not step:
+            return True
+        return plan.catch_up_pays(tokens * per_token / step, self.ctx.max_length - length)
+
     def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
+        common = self._rollback(sequence)  # (only crops the drafter's cache)
+        # a prefill that the rest of the call cannot win back (a long prompt, a short budget): draft nothing, before
+        # the chain rule is asked, so that it counts as no attempt
+        if not self._catch_up_pays(plan, sequence.shape[1] - common, sequence.shape[1]):
+            return DraftTree.empty(sequence.device)
         if not plan.start_chain():
             return DraftTree.empty(sequence.device)
-        common = self._rollback(sequence)
         logits = self._forward(sequence[0, common:].tolist(), sequence.device)
         self._synced = sequence.shape[1]
         return draft_chain(plan, self.ctx, sequence, logits, plan.depth,

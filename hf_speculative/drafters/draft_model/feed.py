@@ -9,7 +9,9 @@ from typing import Any
 import torch
 
 from ... import compat
-from ...core.costs import record_draft_step
+from ...core.costs import record_catch_up, record_draft_step
+
+LONG_CATCH_UP = 32  # tokens fed at once from which a catch-up is timed per token, and weighed before it runs
 
 
 def size_ratio(drafter: torch.nn.Module, target: torch.nn.Module) -> float:
@@ -34,4 +36,6 @@ def feed(generator: Any, tokens: list[int], device: torch.device) -> torch.Tenso
     generator.fed.extend(tokens)
     if len(tokens) == 1:
         record_draft_step(generator.drafter, time.perf_counter() - start)
+    elif len(tokens) >= LONG_CATCH_UP:
+        record_catch_up(generator.drafter, (time.perf_counter() - start) / len(tokens))
     return out.logits[0, -1]
