@@ -94,7 +94,8 @@ def main() -> None:
         cells = []
         for category in (*categories, "overall"):
             idx = [i for i, p in enumerate(prompts) if category in ("overall", p.category)]
-            cells.append(f"{sum(tokens[label, i] for i in idx) / sum(statistics.median(seconds[label, i]) for i in idx):.2f}")
+            took = sum(statistics.median(seconds[label, i]) for i in idx)
+            cells.append(f"{sum(tokens[label, i] for i in idx) / took:.2f}")
         n = range(len(encoded))
         tau = sum(tokens[label, i] for i in n) / sum(forwards[label, i] for i in n)
         ratio = sum(greedy[i] for i in n) / sum(statistics.median(seconds[label, i]) for i in n)

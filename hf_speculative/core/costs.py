@@ -194,6 +194,19 @@ def record_catch_up(drafter: Any, seconds_per_token: float) -> None:
     state.catch_up_token_s = seconds_per_token if old is None else old + 0.3 * (seconds_per_token - old)
 
 
+def record_accept_rate(drafter: Any, drafted: list[int], accepted: list[int]) -> None:
+    """Fold a call's per-token acceptance (accepted tokens over accepted tokens plus rejected drafts, as
+    ``policy.AcceptanceEstimate``; from the call's per-step ``drafted`` and ``accepted`` counts) into ``drafter``'s
+    running estimate, when the call drafted enough to say (8 tokens and rejections or more)."""
+    kept = sum(accepted)
+    rejected = sum(1 for d, a in zip(drafted, accepted) if a < d)
+    if kept + rejected < 8:
+        return
+    state = state_of(drafter)
+    rate, old = kept / (kept + rejected), state.accept_rate
+    state.accept_rate = rate if old is None else old + 0.5 * (rate - old)
+
+
 def draft_price(drafter: Any, verify_costs: VerifyCostModel, fixed: float | None, prior: float) -> float:
     """One drafting step of ``drafter`` in target forwards: ``fixed`` if the user gave it, else measured
     (drafter step / one-token target forward), else ``prior`` until both are measured."""

@@ -28,12 +28,14 @@ class AcceptanceEstimate:
     accepted: float = 2 * PRIOR_RATE
     rejected: float = 2 * (1 - PRIOR_RATE)  # prior r = 0.6: optimistic enough to try, cheap to unlearn
     decay: float = 0.9
+    updates: int = 0  # drafts counted so far (0: the rate is the prior's)
 
     @property
     def rate(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
     def update(self, num_accepted: int, num_proposed: int) -> None:
+        self.updates += 1
         self.accepted = self.accepted * self.decay + num_accepted
         self.rejected = self.rejected * self.decay + (1.0 if num_accepted < num_proposed else 0.0)
 
@@ -99,7 +101,8 @@ class ChainLengthPolicy:
     since its last draft (a draft model's prefill included). Each such step forgives a little of the
     measured rejections, up to the prior: a probe draft comes back where drafting pays at the prior
     acceptance, and never where the measured costs alone forbid it (a catch-up after a long pause, or a
-    draft model's prefill, can cost more than the tokens a probe could win). When even the first token does
+    draft model's prefill, can cost more than the tokens a probe could win). A long catch-up whose measured cost
+    the rest of the call could not win back is not run either (:meth:`catch_up_pays`). When even the first token does
     not pay for several steps, drafting pauses (1, 2, 4, ... 32 steps). Drafting also pauses (with its own
     backoff) while the measured profit of recent attempts is negative: accepted tokens minus what the attempt
     cost in target forwards (its drafter steps, the first one included, plus the extra verification). An
@@ -164,15 +167,17 @@ class ChainLengthPolicy:
         # the longest draft the options allow, not today's cap: the cap grows back only after a draft
         return best_length(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price()) > 0
 
-    def catch_up_pays(self, cost: float, remaining: int) -> bool:
+    def catch_up_pays(self, cost: float, remaining: int, earlier_rate: float | None = None) -> bool:
         """Whether feeding the drafter ``cost`` target forwards' worth of tokens it has not seen (a draft model's
         prefill on the prompt) can be won back over the ``remaining`` tokens the call may still generate: each saves
         ``1 - 1 / value`` forwards, ``value`` the best draft's tokens per forward (:func:`best_value`) at the
-        acceptance seen so far, every drafter step priced. Yes without the cost rule, and until the target's
-        verification of drafts has been measured (as :meth:`could_pay`)."""
+        acceptance seen so far in the call (before its first draft: ``earlier_rate``, the drafter's acceptance in
+        earlier calls, if given, else the prior), every drafter step priced. Yes without the cost rule, and until
+        the target's verification of drafts has been measured (as :meth:`could_pay`)."""
         if not self.adaptive or not self.verify_costs.knows_drafts():
             return True
-        value = best_value(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price())
+        rate = earlier_rate if earlier_rate is not None and not self.acceptance.updates else self.acceptance.rate
+        value = best_value(self.verify_costs, rate, self.num_tokens, self.draft_price())
         if remaining * (1.0 - 1.0 / value) > cost:
             return True
         self.gated += 1

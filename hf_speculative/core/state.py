@@ -42,6 +42,8 @@ class ModelState:
             drafts (``costs.record_draft_step``).
         catch_up_token_s (`float`, *optional*): smoothed seconds per token of a draft model's long catch-ups (its
             prefill on the prompt; ``costs.record_catch_up``).
+        accept_rate (`float`, *optional*): a draft model's per-token acceptance in its earlier calls, smoothed
+            (``costs.record_accept_rate``): what its next call expects before its first draft.
         views (`dict[tuple[int, ...], LayerSubset]`): views that run some of its layers, by layer
             tuple (``drafters.layer_view.layer_subset``).
         structure_problem (`str`, *optional*): ``None`` until probed, then ``""`` when layer-by-layer
@@ -74,6 +76,7 @@ class ModelState:
     batch_costs: Any = None
     draft_step_s: float | None = None
     catch_up_token_s: float | None = None
+    accept_rate: float | None = None
     views: dict = dataclasses.field(default_factory=dict)
     structure_problem: str | None = None
     calibration: Any = None

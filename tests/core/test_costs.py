@@ -162,3 +162,16 @@ def test_static_calls_keep_their_costs_apart_from_the_dynamic_cache_s():
     assert padded is static and padded._timings[0] > 0 and sum(padded._timings) > padded._timings[0]
     forget_costs(target)
     assert state_of(target).padded_costs == {}
+
+
+def test_a_drafters_acceptance_carries_over_calls():
+    from hf_speculative.core.costs import record_accept_rate
+    from hf_speculative.core.state import state_of
+
+    drafter = torch.nn.Linear(2, 2)
+    record_accept_rate(drafter, [4, 4], [1, 2])  # 3 kept, 2 rejections: too little to say
+    assert state_of(drafter).accept_rate is None
+    record_accept_rate(drafter, [4, 4, 4, 4], [4, 2, 4, 0])  # 10 kept, 2 rejected drafts
+    assert state_of(drafter).accept_rate == pytest.approx(10 / 12)
+    record_accept_rate(drafter, [5] * 8, [0] * 8)  # nothing kept: halfway down
+    assert state_of(drafter).accept_rate == pytest.approx(10 / 24)

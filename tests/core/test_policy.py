@@ -79,6 +79,13 @@ def test_a_catch_up_pays_when_the_rest_of_the_call_wins_it_back():
     assert not policy.catch_up_pays(1.1 * 100 * saving, remaining=100) and policy.gated == 1
     assert ChainLengthPolicy(model, 10, lambda: 0.1, adaptive=False).catch_up_pays(1e9, remaining=1)
     assert ChainLengthPolicy(VerifyCostModel(10), 10, lambda: 0.1).catch_up_pays(1e9, remaining=1)  # unmeasured
+    # before the call's first draft, the drafter's earlier acceptance stands for the prior; after it, the call's own
+    fresh = ChainLengthPolicy(model, 10, lambda: 0.1)
+    high = 1.0 - 1.0 / best_value(model, 0.9, 10, 0.1)
+    assert fresh.catch_up_pays(0.9 * 100 * high, 100, earlier_rate=0.9)
+    assert not fresh.catch_up_pays(0.9 * 100 * high, 100)  # at the prior 0.6 the same prefill does not pay
+    fresh.acceptance.update(0, 3)  # a rejected draft in this call: its own estimate now
+    assert not fresh.catch_up_pays(0.9 * 100 * high, 100, earlier_rate=0.9)
 
 
 def test_best_length_grows_with_the_rate_and_respects_the_cap():

@@ -20,7 +20,7 @@ from ...cpu.layout import follow_layout
 from ...core.sampling import rejection_sampler
 from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
-from ...core.costs import draft_price, record_draft_step
+from ...core.costs import draft_price, record_accept_rate, record_draft_step
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree
@@ -236,11 +236,13 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
     def _catch_up_pays(self, plan: Plan, tokens: int, length: int) -> bool:
         """Whether feeding the drafter the ``tokens`` it has not seen (the prompt, at the first draft) can be won back
         over the rest of the call (``Plan.catch_up_pays``), its cost measured per token by earlier catch-ups of this
-        drafter. Short catch-ups, and any before one has been measured, go ahead."""
-        per_token, step = state_of(self.drafter).catch_up_token_s, self.verify_costs.seconds(0)
+        drafter, at the acceptance of its earlier calls until this one has drafted. Short catch-ups, and any before
+        one has been measured, go ahead."""
+        state = state_of(self.drafter)
+        per_token, step = state.catch_up_token_s, self.verify_costs.seconds(0)
         if tokens < LONG_CATCH_UP or per_token is None or not step:
             return True
-        return plan.catch_up_pays(tokens * per_token / step, self.ctx.max_length - length)
+        return plan.catch_up_pays(tokens * per_token / step, self.ctx.max_length - length, state.accept_rate)
 
     def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         common = self._rollback(sequence)  # (only crops the drafter's cache)
@@ -273,6 +275,8 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
 
     def close(self):
         self.cache = None
+        steps = self.ctx.stats.steps()  # this call's acceptance: what the next call's first catch-up expects
+        record_accept_rate(self.drafter, steps["drafted"], steps["accepted"])
         self.fed = []
 
 
