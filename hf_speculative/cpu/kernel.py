@@ -185,8 +185,6 @@ def bf16_copies() -> bool:
 class BlockedWeight(WeightCopy):
     """The kernel's copy of a weight and its scales (None): bf16 where that is exact, else fp32."""
 
-    weights = "exact"
-
     def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         narrow = bf16_copies() and exactly_bf16(weight)
         return block_weight(weight, torch.bfloat16 if narrow else torch.float32), None
@@ -194,8 +192,6 @@ class BlockedWeight(WeightCopy):
 
 class Int8Weight(BlockedWeight):
     """The kernel's int8 copy of a weight and its per-column scales (:func:`quantize_int8`): for drafters."""
-
-    weights = "int8"
 
     def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return quantize_int8(weight)

@@ -30,9 +30,11 @@ def test_methods_and_knobs_come_from_the_registry(monkeypatch):
     assert selectable_methods() == [n for n in methods.available_methods()
                                     if n != "greedy" and methods.get_method(n).app]
     assert {"draft-model-uag", "hf-assisted-uag"} <= set(methods.available_methods()) - set(selectable_methods())
-    expected = [(n, k) for n in selectable_methods() for k in methods.get_method(n).options if k != "calibration_file"]
+    expected = [(n, k) for n in selectable_methods() for k in methods.get_method(n).options
+                if k not in ("calibration_file", "kernel_weights")]
     assert [(s.method, s.key) for s in option_slots()] == expected, "every option but the server-only ones"
-    assert ("layer-skip", "calibration_file") not in {(s.method, s.key) for s in option_slots()}
+    assert {("layer-skip", "calibration_file"), ("draft-model", "kernel_weights")}.isdisjoint(
+        (s.method, s.key) for s in option_slots())
     # a drafter registered later (EAGLE, EarlyExit...) shows up with its knobs, no app change needed
     spec = methods.MethodSpec("test-drafter", "Test drafter", "test", "hfs", lambda m, t, o: {},
                               {"num_tokens": None, "depth": 3, "ratio": 0.5, "flag": False, "path": None})

@@ -112,7 +112,8 @@ DROPPED = {f.name for f in dataclasses.fields(ModelState)} - CARRIED
 
 
 def test_forget_empties_every_slot_and_carries_only_the_count_of_running_calls():
-    assert DROPPED == {"verify_costs", "padded_costs", "batch_costs", "draft_step_s", "views", "structure_problem",
+    assert DROPPED == {"verify_costs", "padded_costs", "batch_costs", "draft_step_s", "catch_up_token_s", "accept_rate",
+                       "views", "structure_problem",
                        "calibration", "checked", "last_stats", "static_cache", "compiled", "draft_graph",
                        "compile_mode", "static_budget", "suffix_histories", "mtp_modules", "lock", "forward_turn"}
     model = torch.nn.Linear(2, 2)

@@ -250,7 +250,7 @@ def test_options_shared_by_several_methods(target):
     check_options(["draft-model"], options, shared=True)
     run_method("greedy", target, None, PROMPT, options=options, max_new_tokens=4)
     with pytest.raises(ValueError, match=r"option 'max_ngram' is not read by draft-model \(options of draft-model: "
-                                         r"draft_model, num_tokens, adaptive\); prompt-lookup, "
+                                         r"draft_model, num_tokens, adaptive, kernel_weights\); prompt-lookup, "
                                          r".*hf-prompt-lookup.* read it"):
         check_options(["draft-model"], options)
     check_options(["prompt-lookup", "draft-model"], options)
