@@ -90,7 +90,9 @@ struct Args {
 // stream (4+ rows) is prefetched, several are left to the hardware's prefetchers, which do better.
 template <typename W, int M, int S>
 void blocks(const Args& a, int64_t begin, int64_t end) {
+  // the arguments as locals: read through `a`, they could alias the outputs for all the compiler knows
   const W* wb = static_cast<const W*>(a.wb);
+  const float* x = a.x;
   const int64_t in = a.in, step = (end - begin + S - 1) / S, ahead = AHEAD_BYTES / sizeof(W);
   for (int64_t t = 0; t < step; ++t) {
     const W* r[S];
@@ -109,7 +111,7 @@ void blocks(const Args& a, int64_t begin, int64_t end) {
       for (int s = 0; s < S; ++s) load2(r[s] + i * BLOCK, w0[s], w1[s]);
 #pragma GCC unroll 8
       for (int m = 0; m < M; ++m) {
-        const __m256 xm = _mm256_broadcast_ss(a.x + m * in + i);
+        const __m256 xm = _mm256_broadcast_ss(x + m * in + i);
 #pragma GCC unroll 8
         for (int s = 0; s < S; ++s) {
           lo[s][m] = _mm256_fmadd_ps(xm, w0[s], lo[s][m]);
@@ -151,6 +153,7 @@ constexpr int64_t MAX_ROWS_512 = 16;  // rows per pass: 16 sums + the weight in 
 template <typename W, int M, int S>
 __attribute__((target("avx512f,fma"))) void blocks512(const Args& a, int64_t begin, int64_t end) {
   const W* wb = static_cast<const W*>(a.wb);
+  const float* x = a.x;
   const int64_t in = a.in, step = (end - begin + S - 1) / S, ahead = AHEAD_BYTES / sizeof(W);
   for (int64_t t = 0; t < step; ++t) {
     const W* r[S];
@@ -168,7 +171,7 @@ __attribute__((target("avx512f,fma"))) void blocks512(const Args& a, int64_t beg
       for (int s = 0; s < S; ++s) w[s] = load16(r[s] + i * BLOCK);
 #pragma GCC unroll 16
       for (int m = 0; m < M; ++m) {
-        const __m512 xm = _mm512_set1_ps(a.x[m * in + i]);
+        const __m512 xm = _mm512_set1_ps(x[m * in + i]);
 #pragma GCC unroll 8
         for (int s = 0; s < S; ++s) acc[s][m] = _mm512_fmadd_ps(xm, w[s], acc[s][m]);
       }
