@@ -226,8 +226,9 @@ template <typename W>
 void run(Args a, int64_t m_total) {
   // fp32 copies: AVX-512 from 4 rows, since fewer rows are bound by memory either way and read it faster with the
   // AVX2 code here (SmolLM2's weights, one row: 23.0 ms AVX2, 24.7 AVX-512; 8 rows: 42.5 and 31.7). bf16 and int8
-  // copies: always, since widening them is work that 16 lanes halve (Qwen2.5-1.5B's shapes, one row: bf16 97 ms
-  // AVX-512, 116 AVX2; int8 62 and 100; fp32 191-207 either way)
+  // copies: always, since widening them is work that 16 lanes halve (Qwen2.5-1.5B's shapes,
+  // benchmarks/kernel_copies.py, two runs: bf16 one row 97-111 ms AVX-512, 106-116 AVX2, two rows 102-115 and
+  // 133-152; int8 one row 62-67 and 98-100; fp32 186-207 either way)
   const bool wide = use_avx512() && (sizeof(W) < sizeof(float) || m_total >= 4);
   const int64_t group = wide ? MAX_ROWS_512 : MAX_ROWS;
   const float* x = a.x;
