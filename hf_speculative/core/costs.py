@@ -181,17 +181,13 @@ def forget_costs(target: Any) -> None:
 def record_draft_step(drafter: Any, seconds: float) -> None:
     """Fold one measured drafting step of ``drafter`` (a network, a layer view) into its running
     estimate, shared by every call that drafts with it."""
-    state = state_of(drafter)
-    old = state.draft_step_s
-    state.draft_step_s = seconds if old is None else old + 0.3 * (seconds - old)
+    _fold(drafter, "draft_step_s", seconds, 0.3)
 
 
 def record_catch_up(drafter: Any, seconds_per_token: float) -> None:
     """Fold one measured catch-up of ``drafter`` (a forward over many tokens it had not seen: a draft model's prefill
     on the prompt), in seconds per token, into its running estimate, shared by every call that drafts with it."""
-    state = state_of(drafter)
-    old = state.catch_up_token_s
-    state.catch_up_token_s = seconds_per_token if old is None else old + 0.3 * (seconds_per_token - old)
+    _fold(drafter, "catch_up_token_s", seconds_per_token, 0.3)
 
 
 def record_accept_rate(drafter: Any, drafted: list[int], accepted: list[int]) -> None:
@@ -202,9 +198,15 @@ def record_accept_rate(drafter: Any, drafted: list[int], accepted: list[int]) ->
     rejected = sum(1 for d, a in zip(drafted, accepted) if a < d)
     if kept + rejected < 8:
         return
-    state = state_of(drafter)
-    rate, old = kept / (kept + rejected), state.accept_rate
-    state.accept_rate = rate if old is None else old + 0.5 * (rate - old)
+    _fold(drafter, "accept_rate", kept / (kept + rejected), 0.5)
+
+
+def _fold(model: Any, slot: str, value: float, weight: float) -> None:
+    """Move ``model``'s running estimate in state slot ``slot`` by ``weight`` towards ``value`` (``value`` when
+    there is none yet)."""
+    state = state_of(model)
+    old = getattr(state, slot)
+    setattr(state, slot, value if old is None else old + weight * (value - old))
 
 
 def draft_price(drafter: Any, verify_costs: VerifyCostModel, fixed: float | None, prior: float) -> float:

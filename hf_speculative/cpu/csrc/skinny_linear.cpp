@@ -16,11 +16,11 @@
 // - int8 with one fp32 scale per output column (W ~ q * scale, the scale applied once to the sum): an
 //   approximation, for drafters only (the target verifies whatever they propose), from a quarter of the bytes.
 //
-// Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for calls of 4+ rows): AVX2 (a block is two
-// 8-lane registers, up to 8 rows a pass) and, where the CPU has it, AVX-512F (a block is one 16-lane register; 32
-// registers hold the sums of up to 16 rows a pass, or of more streams). Each lane computes the same FMA chain in
-// both, so their results are bitwise equal: the choice changes speed, never a token. HFS_KERNEL_ISA=avx2 forces the
-// AVX2 code.
+// Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for fp32 copies from 4 rows, for bf16 and int8
+// copies from one: run()): AVX2 (a block is two 8-lane registers, up to 8 rows a pass) and, where the CPU has it,
+// AVX-512F (a block is one 16-lane register; 32 registers hold the sums of up to 16 rows a pass, or of more
+// streams). Each lane computes the same FMA chain in both, so their results are bitwise equal: the choice changes
+// speed, never a token. HFS_KERNEL_ISA=avx2 forces the AVX2 code.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

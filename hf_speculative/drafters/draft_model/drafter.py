@@ -238,9 +238,11 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         over the rest of the call (``Plan.catch_up_pays``), its cost measured per token by earlier catch-ups of this
         drafter, at the acceptance of its earlier calls until this one has drafted. Short catch-ups, and any before
         one has been measured, go ahead."""
+        if tokens < LONG_CATCH_UP:  # most steps: a token or a few since the last draft
+            return True
         state = state_of(self.drafter)
         per_token, step = state.catch_up_token_s, self.verify_costs.seconds(0)
-        if tokens < LONG_CATCH_UP or per_token is None or not step:
+        if per_token is None or not step:
             return True
         return plan.catch_up_pays(tokens * per_token / step, self.ctx.max_length - length, state.accept_rate)
 
