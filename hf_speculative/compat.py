@@ -376,6 +376,10 @@ def mtp_model_class() -> type:
 # ~14% of a verification forward of SmolLM2 with the kernel layout (k = 2..11, benchmarks in docs/how-it-works.md).
 # On CUDA a masked GQA call would fall back to SDPA's math kernel, so it stays off there.
 _GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
+# transformers' SDPA attention on tensors widened to fp32, for 16-bit models on a CPU (hf_speculative/cpu/attention.py,
+# registered in transformers' interfaces under this name): masks, trees and the GQA switch as "sdpa"
+CPU_ATTENTION = "hfs_cpu_sdpa"
+SDPA_NAMES = ("sdpa", CPU_ATTENTION)
 _GQA_LOCK = threading.Lock()
 _GQA_USERS = 0
 
@@ -399,7 +403,7 @@ def grouped_query_sdpa(model: Any, tokens: int) -> Iterator[None]:
     calls share one setting, restored when the last one ends."""
     global _GQA_USERS
     config = getattr(model, "config", None)
-    wanted = (tokens > 1 and reads_force_gqa() and getattr(config, "_attn_implementation", None) == "sdpa"
+    wanted = (tokens > 1 and reads_force_gqa() and getattr(config, "_attn_implementation", None) in SDPA_NAMES
               and getattr(getattr(model, "device", None), "type", "cpu") == "cpu")
     if not wanted:
         yield

@@ -35,11 +35,12 @@ class HfsEngine(Engine):
     """hf_speculative in this process: defaults, or the kernel layout with grouped-query SDPA."""
 
     def __init__(self, name: str, model_name: str, methods: list[str], options: dict, encoded: list[Any],
-                 *, kernel: bool, threads: int, meta: dict):
+                 *, kernel: bool, threads: int, meta: dict, dtype: str = "float32"):
         super().__init__()
         self.name, self.kernel, self.model_name, self.encoded = name, kernel, model_name, encoded
         self.wanted, self.options, self.threads, self.meta = methods, dict(options), threads, meta
-        self.weights = "fp32 (registry)"
+        self.dtype = dtype
+        self.weights = "fp32 (registry)" if dtype == "float32" else f"{dtype} (the registry's, cast)"
         self.model = self.tokenizer = None
 
     @property
@@ -48,7 +49,7 @@ class HfsEngine(Engine):
         if self.kernel:
             return (f"hf_speculative {version} with `hfs.optimize_for_cpu(model)` + GQA SDPA "
                     "(`--cpu-layout all+kernel --sdpa-gqa`)")
-        return f"hf_speculative {version} defaults (PyTorch fp32)"
+        return f"hf_speculative {version} defaults (PyTorch {'fp32' if self.dtype == 'float32' else self.dtype})"
 
     def start(self) -> None:
         import torch
@@ -59,7 +60,7 @@ class HfsEngine(Engine):
         from hf_speculative.tooling.methods import get_method, problem_on
 
         torch.set_num_threads(self.threads)
-        self.model, self.tokenizer = load_model(self.model_name)
+        self.model, self.tokenizer = load_model(self.model_name, dtype=getattr(torch, self.dtype))
         self.model.eval()
         if self.kernel:
             apply_layout(self.model, KERNEL_LAYOUT)

@@ -103,6 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1, help="Rounds per prompt; the median time is kept.")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="Our engines' model and draft model dtype (bfloat16: as Qwen2.5's checkpoints are saved).")
+    parser.add_argument("--openvino-precision", default="f32", choices=["f32", "bf16"],
+                        help="OpenVINO's INFERENCE_PRECISION_HINT (its default on a CPU with bf16 instructions: bf16).")
     parser.add_argument("--openvino-venv", default=".venv-ov", help="The OpenVINO venv (make install-openvino).")
     parser.add_argument("--openvino-eagle3", default=None, help="An EAGLE-3 drafter's OpenVINO IR folder (eagle).")
     parser.add_argument("--num-assistant-tokens", type=int, default=5, help="OpenVINO's draft length.")
@@ -139,7 +143,7 @@ def build_engines(args: argparse.Namespace, prompts: list[Any], encoded: list[An
             raise SystemExit(f"unknown engine {name!r}: {', '.join(ENGINES)}")
         if name in ("hfs-default", "hfs-kernel"):
             engines.append(HfsEngine(name, args.model, methods, options, encoded, kernel=name == "hfs-kernel",
-                                     threads=args.threads, meta=meta))
+                                     threads=args.threads, meta=meta, dtype=args.dtype))
         elif name == "openvino":
             python = openvino_python(args.openvino_venv)
             problem = openvino_problem(python)
@@ -149,7 +153,8 @@ def build_engines(args: argparse.Namespace, prompts: list[Any], encoded: list[An
             engines.append(OpenVinoEngine(
                 args.model, methods, [ids[0].tolist() for ids in encoded], python=python, draft_model=args.draft_model,
                 eagle3=args.openvino_eagle3, threads=args.threads, num_assistant_tokens=args.num_assistant_tokens,
-                max_ngram_size=args.max_ngram_size, log=out / f"{args.model}.openvino.log", meta=meta))
+                max_ngram_size=args.max_ngram_size, log=out / f"{args.model}.openvino.log", meta=meta,
+                precision=args.openvino_precision))
         elif name == "llamacpp":
             if not args.llama_cpp or not args.gguf:
                 skipped.append("llama.cpp: no --llama-cpp DIR (a built tree) and --gguf FILE given")
@@ -184,6 +189,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     meta: dict[str, Any] = {
         "run_id": time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}", "model": args.model,
         "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": args.threads,
+        "dtype": args.dtype, "openvino_precision": args.openvino_precision,
         "hf_speculative": hf_speculative.__version__, "cpu": cpu_model(), "cores": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "command": "python benchmarks/peers/run.py " + shlex.join(sys.argv[1:] if argv is None else argv),

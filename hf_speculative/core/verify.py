@@ -24,7 +24,7 @@ from .tree import DraftTree, additive_mask, position_ids, visibility
 
 # Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
 # Flash attention reads only a 2-D padding mask and would silently let siblings see each other.
-TREE_ATTENTION = ("eager", "sdpa")
+TREE_ATTENTION = ("eager", *compat.SDPA_NAMES)
 
 class TreeAttentionError(ValueError):
     """The model cannot verify a draft tree in one forward."""

@@ -44,8 +44,8 @@ import torch.nn.functional as F
 
 from ..extras import require
 
-SOURCE = Path(__file__).parent / "csrc" / "skinny_linear.cpp"
-EXTENSION = "hfs_skinny_linear_v5"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("skinny_linear.cpp", "bf16_linear.cpp")]
+EXTENSION = "hfs_skinny_linear_v6"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
 BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
 _LOCK = threading.Lock()
@@ -71,7 +71,8 @@ def _build():
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()  # a missing [kernel] extra raises here, and load_kernel's message quotes it
-    return load(name=EXTENSION, sources=[str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+    return load(name=EXTENSION, sources=[str(p) for p in SOURCES], extra_cflags=["-O3", "-mavx2", "-mfma"],
+                verbose=False)
 
 
 _KERNEL = None  # the built extension, once load_kernel() has succeeded
@@ -110,6 +111,17 @@ def block_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> to
     return padded.view(blocks, BLOCK, in_features).transpose(1, 2).contiguous()  # [blocks, in, 16]
 
 
+def block_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """The copy of a bf16 ``nn.Linear`` weight `[out, in]` that the bf16 dot-product kernel reads:
+    `[ceil(out / 16), ceil(in / 2), 16, 2]`, ``wp[j, p, c, e] = weight[16 j + c, 2 p + e]``, zero past ``out`` and
+    ``in``: one 64-byte load is a block's 16 output columns for two inputs."""
+    out_features, in_features = weight.shape
+    blocks, pairs = -(-out_features // BLOCK), -(-in_features // 2)
+    padded = weight.detach().new_zeros(blocks * BLOCK, pairs * 2, dtype=torch.bfloat16)
+    padded[:out_features, :in_features] = weight.detach()
+    return padded.view(blocks, BLOCK, pairs, 2).transpose(1, 2).contiguous()  # [blocks, pairs, 16, 2]
+
+
 def exactly_bf16(weight: torch.Tensor) -> bool:
     """Whether every value of an fp32 ``weight`` is a bf16 number (its 16 low bits are zero), so that a bf16 copy of
     it loses nothing."""
@@ -138,6 +150,31 @@ def kernel_isa() -> str:
     """The instruction set the kernel runs here: ``"avx512"`` (AVX-512F, up to 16 rows a pass over the weight) or
     ``"avx2"`` (8 rows a pass); ``HFS_KERNEL_ISA=avx2`` forces the second. Both give bitwise the same results."""
     return (_KERNEL or load_kernel()).isa()
+
+
+_BF16_DOT: bool | None = None  # bf16_dot_supported(), once known
+
+
+def bf16_dot_supported() -> bool:
+    """Whether bf16 models' products run on the kernel here: the kernel builds and the CPU has AVX512-BF16 (its
+    bf16 dot products, ``skinny_linear_bf16``); elsewhere they stay on PyTorch's bf16 products."""
+    global _BF16_DOT
+    if _BF16_DOT is None:
+        if not cpu_supports_kernel():
+            _BF16_DOT = False
+        else:
+            try:
+                _BF16_DOT = bool((_KERNEL or load_kernel()).has_bf16_dot())
+            except RuntimeError:
+                return False  # not built: asked again once it is
+    return _BF16_DOT
+
+
+def skinny_linear_bf16(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None,
+                       out_features: int) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for bf16 x `[M, in]` and ``blocked = block_pairs(weight)``, on the CPU's bf16 dot
+    products: fp32 sums in input order, rounded once to bf16; a row's result is the same whatever the row count."""
+    return (_KERNEL or load_kernel()).skinny_linear_bf16(x, blocked, bias, out_features)
 
 
 def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int,
@@ -186,6 +223,8 @@ class BlockedWeight(WeightCopy):
     """The kernel's copy of a weight and its scales (None): bf16 where that is exact, else fp32."""
 
     def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if weight.dtype == torch.bfloat16:  # a bf16 model: its products on the bf16 dot products
+            return block_pairs(weight), None
         narrow = bf16_copies() and exactly_bf16(weight)
         return block_weight(weight, torch.bfloat16 if narrow else torch.float32), None
 
@@ -194,13 +233,17 @@ class Int8Weight(BlockedWeight):
     """The kernel's int8 copy of a weight and its per-column scales (:func:`quantize_int8`): for drafters."""
 
     def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if weight.dtype != torch.float32:  # optimize_for_cpu refuses it; a weight that changed dtype since
+            raise ValueError("int8 kernel copies are made from fp32 weights; this one is "
+                             f"{weight.dtype}: use optimize_for_cpu(model, weights='exact').")
         return quantize_int8(weight)
 
 
 class KernelLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 1 to 16
     rows (decoding, drafting, verification) on its fp32 CPU weight run on the skinny kernel, from
-    a blocked copy of the weight; anything else (more rows, gradients, other dtypes or devices)
+    a blocked copy of the weight (on a bf16 weight with bf16 inputs: the bf16 dot-product kernel, where the CPU has
+    AVX512-BF16); anything else (more rows, gradients, other dtypes or devices)
     stays on ``F.linear``. Made by ``optimize_for_cpu(model, kernel=True)``, which swaps the class
     of the model's own modules."""
 
@@ -212,8 +255,9 @@ class KernelLinear(torch.nn.Linear):
         if (
             rows > MAX_ROWS
             or rows < 1
-            or input.dtype != torch.float32
-            or weight.dtype != torch.float32
+            or input.dtype != weight.dtype
+            or weight.dtype not in (torch.float32, torch.bfloat16)
+            or (weight.dtype == torch.bfloat16 and not bf16_dot_supported())  # a model moved to another CPU
             or input.device.type != "cpu"
             or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
@@ -223,5 +267,8 @@ class KernelLinear(torch.nn.Linear):
         if copy is None:  # a module made KernelLinear some other way (unpickled from an older version)
             copy = self._hfs_blocked = BlockedWeight()
         blocked, scale = copy.get(weight)
+        if weight.dtype == torch.bfloat16:
+            out = skinny_linear_bf16(input.reshape(rows, self.in_features), blocked, self.bias, self.out_features)
+            return out.view(*input.shape[:-1], self.out_features)  # [..., out]
         out = skinny_linear(input.reshape(rows, self.in_features), blocked, self.bias, self.out_features, scale)
         return out.view(*input.shape[:-1], self.out_features)  # [..., out]

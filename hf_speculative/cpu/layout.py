@@ -34,20 +34,31 @@ import torch
 import torch.nn.functional as F
 
 from ..core.costs import forget_costs
-from .kernel import WEIGHTS, BlockedWeight, Int8Weight, KernelLinear, WeightCopy, cpu_supports_kernel, load_kernel
+from .attention import use_cpu_attention
+from .kernel import (
+    WEIGHTS,
+    BlockedWeight,
+    Int8Weight,
+    KernelLinear,
+    WeightCopy,
+    bf16_dot_supported,
+    cpu_supports_kernel,
+    load_kernel,
+)
 
 
 def _converted(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.stride() == (1, weight.shape[0]) and weight.shape[1] > 1
 
 
-def _eligible(module: torch.nn.Module) -> bool:
+def _eligible(module: torch.nn.Module, bf16: bool = False) -> bool:
+    """An ``nn.Linear`` with an fp32 CPU weight, or (``bf16``: where the kernel runs bf16 products) a bf16 one."""
     weight = getattr(module, "weight", None)
     return (
         isinstance(module, torch.nn.Linear)
         and isinstance(weight, torch.Tensor)
         and weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and (weight.dtype == torch.float32 or (bf16 and weight.dtype == torch.bfloat16))
     )
 
 
@@ -114,14 +125,21 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         raise ValueError(f"optimize_for_cpu(weights={weights!r}) needs the CPU kernel (kernel=None or True, no pack, "
                          "an x86-64 CPU with AVX2); use weights='exact' otherwise.")
     if kernel is None:
-        kernel = enable and not pack and any(_eligible(m) for m in _modules(model, layers)) and _auto_kernel()
+        wanted = any(_eligible(m, bf16=True) for m in _modules(model, layers))
+        kernel = enable and not pack and wanted and _auto_kernel()
     elif kernel and enable:
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
+    # bf16 weights: on the kernel's bf16 dot products where the CPU has them, else left to PyTorch's bf16 products
+    bf16 = not enable or (kernel and bf16_dot_supported())
+    if weights == "int8" and bf16 and any(_eligible(m, bf16=True) and m.weight.dtype == torch.bfloat16
+                                          for m in _modules(model, layers)):
+        raise ValueError("optimize_for_cpu(weights='int8') copies fp32 weights, and this model's are bfloat16 (run "
+                         "on the CPU's bf16 dot products): use weights='exact'.")
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
     changed, seen = 0, set()
     with torch.no_grad():
         for module in _modules(model, layers):
-            if not _eligible(module):
+            if not _eligible(module, bf16):
                 continue
             touched = False
             weight = module.weight
@@ -139,7 +157,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             elif type(module) is KernelLinear:
                 module._hfs_blocked.get(module.weight)
             changed += touched
-    if changed:
+    # a bf16 model's attention in fp32: PyTorch's bf16 CPU attention is slow for one query (attention.py)
+    attention = use_cpu_attention(model, enable)
+    if changed or attention:
         forget_costs(model)  # verify costs measured in the old layout no longer hold
     return changed
 
@@ -193,7 +213,7 @@ def cpu_layout(model: torch.nn.Module) -> str:
     """Which of ``model``'s fp32 CPU linear weights are column-major: ``"all"``, ``"output"`` (the
     lm_head only), ``"none"`` (or no such weights), or ``"mixed"``; ``"+packed"`` (``"+kernel"``)
     follows when exactly those layers are `PackedLinear` (`KernelLinear`)."""
-    modules = [m for m in model.modules() if _eligible(m)]
+    modules = [m for m in model.modules() if _eligible(m, bf16=type(m) is KernelLinear)]
     weights = {id(m.weight): m.weight for m in modules}
     converted = {key for key, w in weights.items() if _converted(w)}
     packed = {id(m.weight) for m in modules if type(m) is PackedLinear}

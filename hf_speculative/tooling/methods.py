@@ -187,8 +187,8 @@ class MethodRun:
 
 
 def resolve_draft_model(spec: MethodSpec, options: dict, target: Any = None) -> Any:
-    """The draft model of ``options``; a registry name or path is loaded once (onto ``target``'s device)
-    and cached there."""
+    """The draft model of ``options``; a registry name or path is loaded once (onto ``target``'s device, in its
+    dtype) and cached there."""
     draft = options.get("draft_model")
     if draft is None:
         raise ValueError(f"method {spec.name!r} needs a draft model (option draft_model / --draft-model)")
@@ -196,7 +196,9 @@ def resolve_draft_model(spec: MethodSpec, options: dict, target: Any = None) -> 
         from ..registry.models import load_model
 
         device = getattr(target, "device", None)
-        draft, tokenizer = load_model(draft, device=None if device is None or device.type == "cpu" else device)
+        dtype = getattr(target, "dtype", None)  # a bf16 target drafts with a bf16 draft model
+        draft, tokenizer = load_model(draft, dtype=dtype if isinstance(dtype, torch.dtype) else None,
+                                      device=None if device is None or device.type == "cpu" else device)
         options["draft_model"] = draft
         options["_draft_tokenizer"] = (draft, tokenizer)  # for the methods that draft across tokenizers
     return draft

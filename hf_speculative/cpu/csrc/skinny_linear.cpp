@@ -283,6 +283,10 @@ torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor wb, c10::optional<tor
 
 std::string isa() { return use_avx512() ? "avx512" : "avx2"; }
 
+// bf16_linear.cpp: bf16 models' products on the CPU's bf16 dot products
+bool has_bf16_dot();
+torch::Tensor skinny_linear_bf16(torch::Tensor x, torch::Tensor wb, c10::optional<torch::Tensor> bias, int64_t out);
+
 // "avx2", "avx512" (where the CPU has it) or "auto": which code the products run, for comparing the two
 std::string set_isa(const std::string& name) {
   TORCH_CHECK(name == "avx2" || name == "avx512" || name == "auto",
@@ -295,6 +299,9 @@ std::string set_isa(const std::string& name) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear, "x W^T + b for a few rows, on a blocked copy of W", py::arg("x"),
         py::arg("wb"), py::arg("bias"), py::arg("out"), py::arg("scale") = py::none());
+  m.def("skinny_linear_bf16", &skinny_linear_bf16, "x W^T + b in bf16 for a few rows, on a pair-blocked copy of W",
+        py::arg("x"), py::arg("wb"), py::arg("bias"), py::arg("out"));
+  m.def("has_bf16_dot", &has_bf16_dot, "whether this CPU has AVX512-BF16 (skinny_linear_bf16 runs)");
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
   m.def("set_isa", &set_isa, "run the products on avx2, avx512 or the CPU's best (auto); returns the one chosen");
 }

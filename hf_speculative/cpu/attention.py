@@ -1,0 +1,122 @@
+"""Attention of bf16 models on a CPU in fp32: ``optimize_for_cpu`` sets it on the bf16 models whose products it runs.
+
+PyTorch's CPU flash attention is slow in bf16 for the one-query forwards of decoding: Qwen2.5-1.5B's attention at
+a 512-token context costs 1.27 ms a layer for one query in bf16 against 0.15 ms in fp32, and 0.53 ms for 6 queries
+(torch 2.13, one thread, AMD EPYC), so a one-token forward spends 35 ms of its ~160 in attention. The same attention
+on the query, keys and values widened to fp32 (exactly: every bf16 value is an fp32 one) costs the fp32 figures plus
+the widening, and sums in fp32 throughout (its result is rounded back to the model's dtype).
+
+It is transformers' own SDPA attention (``sdpa_attention_forward``: its masks, causal skip and grouped-query
+switch) on widened tensors, registered under its own name in transformers' attention and mask interfaces (the
+documented way to add an implementation: nothing of transformers' is replaced) and set on one model with
+``model.set_attn_implementation``. Only models on ``"sdpa"`` change, and ``optimize_for_cpu(model, False)`` sets
+``"sdpa"`` back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..compat import CPU_ATTENTION  # the name in transformers' interfaces; tree verification and GQA treat it as "sdpa"
+_REGISTERED = False
+
+
+ROWWISE_ROWS = 16  # forwards of up to this many queries (decoding, verification: the kernel's rows) go row by row
+
+
+def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+             **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention for query `[B, H, q, D]`, key and value `[B, H_kv, kv, D]`; returns `[B, q, H, D]` in the query's
+    dtype. 16-bit CPU tensors are widened to fp32. Up to :data:`ROWWISE_ROWS` queries (decoding, verification), each
+    query row attends alone to the keys its mask row lets it see, gathered in order (:func:`_rowwise`): the same call
+    a one-token forward makes at that position, so a row's result does not depend on the draft around it. Longer
+    forwards (prefill) and anything else (training, compile, per-head masks) are transformers' SDPA attention."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    dtype = query.dtype
+    if query.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        query, key, value = query.float(), key.float(), value.float()
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()  # an additive mask: SDPA takes it in the query's dtype
+    rowwise = (query.shape[2] <= ROWWISE_ROWS and not (module.training and dropout) and not kwargs.get("softcap")
+               and kwargs.get("position_bias") is None and kwargs.get("s_aux") is None
+               and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1))
+               and not torch.compiler.is_compiling())
+    if rowwise:
+        out = _rowwise(query, key, value, attention_mask, scaling)
+    else:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                        **kwargs)
+    return out.to(dtype), None
+
+
+def _rowwise(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+             scaling: float | None) -> torch.Tensor:
+    """Each query row of ``query`` `[B, H, q, D]` against the keys its row of ``mask`` (`[B, 1, q, kv]`, bool or
+    additive; None: causal, the last ``q`` keys being the queries') shows: a prefix of the keys is a view, others
+    (a tree's ancestors) are gathered in order. Returns `[B, q, H, D]`."""
+    batch, heads, rows, _ = query.shape
+    kv = key.shape[2]
+    gqa = heads != key.shape[1]
+    out = query.new_empty(batch, rows, heads, query.shape[3])  # [B, q, H, D]
+    positions = torch.arange(kv, device=key.device)
+    for b in range(batch):
+        if mask is None:  # causal: row i sees the keys before the queries and queries 0..i
+            seen = [None] * rows
+            counts = [kv - rows + i + 1 for i in range(rows)]
+        else:
+            visible = mask[b, 0] if mask.dtype == torch.bool else mask[b, 0] == 0  # [q, kv]
+            counts_t = visible.sum(-1)  # [q]
+            prefix = (visible == (positions < counts_t[:, None])).all(-1)  # [q]: the visible keys are a prefix
+            counts, prefix = counts_t.tolist(), prefix.tolist()
+            seen = [None if prefix[i] else visible[i].nonzero().squeeze(-1) for i in range(rows)]
+        for i in range(rows):
+            if counts[i] == 0:  # a padding row that sees nothing: zeros, not SDPA's NaN
+                out[b, i] = 0
+                continue
+            if seen[i] is None:
+                k, v = key[b:b + 1, :, :counts[i]], value[b:b + 1, :, :counts[i]]  # [1, H_kv, n, D]
+            else:
+                k, v = key[b:b + 1].index_select(2, seen[i]), value[b:b + 1].index_select(2, seen[i])
+            row = F.scaled_dot_product_attention(query[b:b + 1, :, i:i + 1], k, v, scale=scaling,
+                                                 enable_gqa=gqa)  # [1, H, 1, D]
+            out[b, i] = row[0, :, 0]
+    return out
+
+
+def register() -> None:
+    """Add :data:`CPU_ATTENTION` to transformers' attention and mask interfaces (once; SDPA's mask)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(CPU_ATTENTION, cpu_sdpa)
+    AttentionMaskInterface.register(CPU_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    _REGISTERED = True
+
+
+def wants_cpu_attention(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a transformers model on ``"sdpa"`` whose parameters are 16-bit and on the CPU."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+        return False
+    first = next(iter(model.parameters()), None)
+    return first is not None and first.device.type == "cpu" and first.dtype in (torch.bfloat16, torch.float16)
+
+
+def use_cpu_attention(model: torch.nn.Module, enable: bool = True) -> bool:
+    """Set :data:`CPU_ATTENTION` on a 16-bit CPU ``model`` on ``"sdpa"`` (``enable``), or ``"sdpa"`` back on a model
+    that has it; True when the model changed."""
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if enable and wants_cpu_attention(model):
+        register()
+        model.set_attn_implementation(CPU_ATTENTION)
+        return True
+    if not enable and current == CPU_ATTENTION:
+        model.set_attn_implementation("sdpa")
+        return True
+    return False

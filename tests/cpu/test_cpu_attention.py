@@ -1,0 +1,128 @@
+"""16-bit models' attention on a CPU (``hf_speculative/cpu/attention.py``, set by ``optimize_for_cpu``): in fp32, each
+query row of a short forward computed as a one-token forward computes it (so verification rows equal plain decoding's
+to the bit), close to transformers' SDPA, with trees' masks, additive masks and rows that see nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hf_speculative as hfs
+from hf_speculative import compat
+from hf_speculative.cpu import attention
+from hf_speculative.cpu import kernel as cpu_kernel
+from hf_speculative.cpu.attention import ROWWISE_ROWS, cpu_sdpa, use_cpu_attention
+from tests.conftest import build_model
+
+needs_kernel = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
+
+
+class _Module(torch.nn.Module):  # what transformers' attention functions read from the layer
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = groups, True
+        self.eval()
+
+
+def _qkv(rows: int, kv: int, dtype=torch.bfloat16, heads: int = 4, kv_heads: int = 2, dim: int = 16):
+    torch.manual_seed(rows * 1000 + kv)
+    q = torch.randn(1, heads, rows, dim).to(dtype)  # [B, H, q, D]
+    k, v = (torch.randn(1, kv_heads, kv, dim).to(dtype) for _ in range(2))  # [B, H_kv, kv, D]
+    return q, k, v
+
+
+def _causal(rows: int, kv: int) -> torch.Tensor:
+    return torch.ones(rows, kv, dtype=torch.bool).tril(kv - rows)[None, None]  # [1, 1, q, kv]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rows_do_not_depend_on_the_rows_beside_them(dtype, monkeypatch):
+    q, k, v = _qkv(6, 40, dtype)
+    module = _Module(groups=2)
+
+    def rows_alone(together):  # row i as the one-token forward at its position computes it: no mask, keys up to it
+        return [torch.equal(together[:, i], cpu_sdpa(module, q[:, :, i : i + 1], k[:, :, : 35 + i], v[:, :, : 35 + i],
+                                                     None, scaling=0.25)[0][:, 0]) for i in range(6)]
+
+    together, _ = cpu_sdpa(module, q, k, v, _causal(6, 40), scaling=0.25)  # [1, 6, H, D]
+    assert together.dtype == dtype and together.shape == (1, 6, 4, 16)
+    assert all(rows_alone(together))
+    wide = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=_causal(6, 40), scale=0.25,
+                                          enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(together.float(), wide, atol=1e-2)  # transformers' SDPA's values, in fp32
+    if dtype == torch.float32:  # the check can fail: SDPA over the 6 rows at once sums them otherwise
+        monkeypatch.setattr(attention, "ROWWISE_ROWS", 0)
+        assert not all(rows_alone(cpu_sdpa(module, q, k, v, _causal(6, 40), scaling=0.25)[0]))
+
+
+def test_a_tree_row_sees_its_ancestors_gathered_in_order():
+    q, k, v = _qkv(4, 20)
+    mask = _causal(4, 20).clone()
+    mask[0, 0, 2, 17] = False  # row 2 (a sibling of row 1; the queries are keys 16-19) does not see row 1
+    mask[0, 0, 3, 17:19] = False  # row 3 sees the prefix and itself only
+    additive = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, torch.finfo(torch.bfloat16).min)
+    got, _ = cpu_sdpa(_Module(2), q, k, v, mask, scaling=0.25)
+    assert torch.equal(got, cpu_sdpa(_Module(2), q, k, v, additive, scaling=0.25)[0])  # either kind of mask
+    seen = torch.tensor([*range(17), 18])  # row 2's keys: the prefix (keys 0-16), then itself
+    alone, _ = cpu_sdpa(_Module(2), q[:, :, 2:3], k[:, :, seen], v[:, :, seen], None, scaling=0.25)
+    assert torch.equal(got[:, 2], alone[:, 0])
+    wide = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.25,
+                                          enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(got.float(), wide, atol=1e-2)
+
+
+def test_a_row_that_sees_nothing_is_zero_and_long_forwards_use_sdpa():
+    q, k, v = _qkv(3, 10)
+    mask = _causal(3, 10).clone()
+    mask[0, 0, 0] = False  # a padding row
+    got, _ = cpu_sdpa(_Module(2), q, k, v, mask, scaling=0.25)
+    assert not got[:, 0].any() and got[:, 1:].abs().sum() > 0
+    rows = ROWWISE_ROWS + 4  # a prefill: transformers' SDPA on the widened tensors, in one call
+    q, k, v = _qkv(rows, rows + 5)
+    got, _ = cpu_sdpa(_Module(2), q, k, v, _causal(rows, rows + 5), scaling=0.25)
+    wide = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=_causal(rows, rows + 5),
+                                          scale=0.25, enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(got.float(), wide, atol=1e-2)
+
+
+def _rows_alone_equal(model) -> bool:
+    """Whether a forward over 5 tokens after 30 gives bitwise the logits of the 5 one-token forwards."""
+    prefix, new = torch.randint(4, 90, (1, 30)), torch.randint(4, 90, (1, 5))
+    with torch.no_grad():
+        cache = model(prefix, use_cache=True).past_key_values
+        together = model(new, past_key_values=cache, use_cache=True).logits  # [1, 5, V]
+        cache = model(prefix, use_cache=True).past_key_values
+        alone = torch.cat([model(new[:, i : i + 1], past_key_values=cache, use_cache=True).logits
+                           for i in range(5)], dim=1)
+    return torch.equal(together, alone)
+
+
+@needs_kernel
+def test_a_models_verification_forward_equals_its_one_token_forwards(arch):
+    """Through transformers' interfaces (masks, grouped-query heads, the cache): with the kernel's row-independent
+    products, the attention makes a verification forward's logits those of one-token forwards. Checked on fp32 models
+    with it set explicitly, where transformers' SDPA parts them (the control); bf16 models get it from
+    optimize_for_cpu."""
+    model = build_model(arch)
+    hfs.optimize_for_cpu(model, kernel=True)
+    assert not _rows_alone_equal(model)  # transformers' SDPA: the check can fail
+    attention.register()
+    model.set_attn_implementation(compat.CPU_ATTENTION)
+    assert _rows_alone_equal(model)
+    small = build_model(arch).to(torch.bfloat16)
+    hfs.optimize_for_cpu(small)
+    assert small.config._attn_implementation == compat.CPU_ATTENTION
+    if cpu_kernel.bf16_dot_supported():  # elsewhere its linears stay on PyTorch's bf16 products
+        assert _rows_alone_equal(small)
+    hfs.optimize_for_cpu(small, False)
+    assert small.config._attn_implementation == "sdpa"
+
+
+def test_only_16_bit_cpu_models_on_sdpa_change():
+    assert not use_cpu_attention(build_model("llama"))  # fp32: SDPA is fast there
+    eager = build_model("llama").to(torch.bfloat16)
+    eager.set_attn_implementation("eager")
+    assert not use_cpu_attention(eager) and eager.config._attn_implementation == "eager"
+    hfs.optimize_for_cpu(eager, False)  # undoing leaves a model that never had it alone
+    assert eager.config._attn_implementation == "eager"
