@@ -2,6 +2,7 @@
 copies of a draft model (approximate drafts, exact output), against fp32 copies of both.
 
     python benchmarks/kernel_weights_ab.py --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct
+    python benchmarks/kernel_weights_ab.py --dtype bfloat16    # both models in bf16: greedy, drafter exact / int8
 
 On the peers' Spec-Bench prompts (``--per-category`` per category, first turn, chat template), one thread, the kernel
 on (``hfs.optimize_for_cpu``): for every prompt, greedy with the target's copies in fp32 and in bf16 (remade between
@@ -9,6 +10,7 @@ the arms, outside the timed calls), then the draft model with its drafter's copi
 bf16 target (one drafter, whose copies are made again before each call, untimed). One untimed warm-up call per arm
 on the first prompt, then ``--repeats`` rounds; medians. Every output
 is checked against the greedy output of its own round. Prints tokens/s, τ and the ratio to greedy per arm.
+``--dtype bfloat16`` loads both models in bf16 (the kernel's bf16 dot products): no fp32-copy arm then.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
 
     import hf_speculative as hfs
@@ -48,7 +51,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
-    model, tokenizer = hfs.load_model(args.model)
+    dtype = getattr(torch, args.dtype)
+    model, tokenizer = hfs.load_model(args.model, dtype=dtype)
     hfs.optimize_for_cpu(model, kernel=True)
     from peers.run import CATEGORIES as categories  # the peers table's prompts (benchmarks/ is this script's path)
 
@@ -56,10 +60,12 @@ def main() -> None:
     encoded = [encode_prompt(tokenizer, p.text, True) for p in prompts]
     from hf_speculative.cpu.layout import follow_layout
 
-    draft, _ = hfs.load_model(args.draft_model)  # one drafter object: its copies are made again between arms
+    draft, _ = hfs.load_model(args.draft_model, dtype=dtype)  # one drafter: its copies are made again between arms
     arms = [("greedy fp32 copies", "greedy", {}, False), ("greedy bf16 copies", "greedy", {}, True),
             ("draft model, exact drafter", "draft-model", {"kernel_weights": "exact"}, True),
             ("draft model, int8 drafter", "draft-model", {"kernel_weights": "int8"}, True)]
+    if dtype == torch.bfloat16:  # a bf16 model's copies are bf16 pairs whatever HFS_KERNEL_BF16 says
+        arms = [arm for arm in arms if arm[0] != "greedy fp32 copies"]
     seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
     tokens: dict[tuple[str, int], int] = {}
     forwards: dict[tuple[str, int], int] = {}

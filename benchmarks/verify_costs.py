@@ -20,6 +20,13 @@ forwards (grouped-query SDPA, or ``repeat_kv`` copies, in masked multi-token for
 verification chooses on a CPU: ``compat.grouped_query_sdpa``):
 
     python benchmarks/verify_costs.py --layouts "all+kernel#repeat,all+kernel#gqa" --tokens 1,2,6,11
+
+``~bfloat16`` at the end of a layout loads that arm's model in bf16 (``none~bfloat16``: PyTorch's bf16 products and
+attention; ``all+kernel~bfloat16``: ``optimize_for_cpu`` on the bf16 model, its products on the CPU's bf16 dot
+products and its attention in fp32, row by row):
+
+    python benchmarks/verify_costs.py --model qwen2.5-coder-1.5b-instruct --layouts \
+        "all+kernel,none~bfloat16,all+kernel~bfloat16" --tokens 1,2,4,6 --repeats 10
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ def build_models(name: str, layouts: tuple[str, ...]) -> dict:
 
     models = {}
     for layout in layouts:
-        model, _ = hfs.load_model(name)
-        apply_layout(model, layout.partition("#")[0].partition("@")[0])
+        spec, _, dtype = layout.partition("~")
+        model, _ = hfs.load_model(name, dtype=getattr(torch, dtype or "float32"))
+        apply_layout(model, spec.partition("#")[0].partition("@")[0])
         models[layout] = model.eval()
     return models
 
@@ -50,7 +58,7 @@ def select_variant(layout: str) -> None:
     grouped-query SDPA switch it names after ``#``."""
     import os
 
-    name, _, attention = layout.partition("#")
+    name, _, attention = layout.partition("~")[0].partition("#")
     if attention:
         os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if attention == "gqa" else "0"
     if "kernel" in name:
@@ -112,10 +120,11 @@ def linear_seconds(models: dict, tokens: list[int], repeats: int) -> dict[int, d
                for layout, model in models.items()}
     sizes = {m.in_features for mods in linears.values() for m in mods}
     rows = {k: {n: torch.randn(1, k, n, generator=torch.Generator().manual_seed(k)) for n in sizes} for k in tokens}
+    narrow = {k: {n: x.bfloat16() for n, x in by_size.items()} for k, by_size in rows.items()}
 
     def products(k: int, layout: str) -> None:
         for module in linears[layout]:
-            module(rows[k][module.in_features])
+            module((narrow if module.weight.dtype == torch.bfloat16 else rows)[k][module.in_features])
 
     return interleaved_seconds(products, models, tokens, repeats)
 

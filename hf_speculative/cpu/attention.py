@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from ..compat import CPU_ATTENTION  # the name in transformers' interfaces; tree verification and GQA treat it as "sdpa"
+from .kernel import MAX_ROWS_BF16
 _REGISTERED = False
 
 
-ROWWISE_ROWS = 16  # forwards of up to this many queries (decoding, verification: the kernel's rows) go row by row
+ROWWISE_ROWS = MAX_ROWS_BF16  # forwards of up to this many queries (decoding, verification) go row by row, as the
+# products of a bf16 model on the kernel do
 
 
 def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

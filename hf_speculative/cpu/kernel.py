@@ -26,6 +26,12 @@ the products are bitwise the fp32 copy's from half the bytes. ``weights="int8"``
 scale per output column instead, a quarter of the bytes and an approximation: for drafters, whose proposals the
 target verifies (``DraftModel``'s drafter on a target that runs the kernel).
 
+A bf16 model's products (bf16 weights and inputs) run, where the CPU has AVX512-BF16, on its bf16 dot products
+(``csrc/bf16_linear.cpp``: 32 multiply-adds an instruction, twice fp32 FMAs'), from a pair-blocked copy
+(``block_pairs``), with fp32 sums rounded once to bf16 and, again, each row's result independent of the others:
+Qwen2.5-1.5B's weights for 1 / 6 rows in 103 / 119 ms against 100 / 201 from a bf16 copy widened to fp32
+(``benchmarks/kernel_copies.py``). Elsewhere bf16 models stay on PyTorch's products.
+
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``). x86-64 CPUs with AVX2 and FMA only.
@@ -47,6 +53,9 @@ from ..extras import require
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("skinny_linear.cpp", "bf16_linear.cpp")]
 EXTENSION = "hfs_skinny_linear_v6"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
+# a bf16 model's products on the kernel (in passes of 16 rows): every verification a CPU runs (a draft model's chains
+# reach 16 drafts, 17 rows; trees of up to 63 nodes) computes each row as plain decoding does
+MAX_ROWS_BF16 = 64
 BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
 _LOCK = threading.Lock()
 
@@ -233,15 +242,12 @@ class Int8Weight(BlockedWeight):
     """The kernel's int8 copy of a weight and its per-column scales (:func:`quantize_int8`): for drafters."""
 
     def make(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if weight.dtype != torch.float32:  # optimize_for_cpu refuses it; a weight that changed dtype since
-            raise ValueError("int8 kernel copies are made from fp32 weights; this one is "
-                             f"{weight.dtype}: use optimize_for_cpu(model, weights='exact').")
-        return quantize_int8(weight)
+        return quantize_int8(weight)  # from fp32 or bf16 weights
 
 
 class KernelLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 1 to 16
-    rows (decoding, drafting, verification) on its fp32 CPU weight run on the skinny kernel, from
+    rows (decoding, drafting, verification; 64 for a bf16 weight) on its fp32 CPU weight run on the skinny kernel, from
     a blocked copy of the weight (on a bf16 weight with bf16 inputs: the bf16 dot-product kernel, where the CPU has
     AVX512-BF16); anything else (more rows, gradients, other dtypes or devices)
     stays on ``F.linear``. Made by ``optimize_for_cpu(model, kernel=True)``, which swaps the class
@@ -253,7 +259,7 @@ class KernelLinear(torch.nn.Linear):
         rows = input.numel() // max(self.in_features, 1)
         weight = self.weight
         if (
-            rows > MAX_ROWS
+            rows > (MAX_ROWS_BF16 if weight.dtype == torch.bfloat16 else MAX_ROWS)
             or rows < 1
             or input.dtype != weight.dtype
             or weight.dtype not in (torch.float32, torch.bfloat16)
@@ -267,8 +273,13 @@ class KernelLinear(torch.nn.Linear):
         if copy is None:  # a module made KernelLinear some other way (unpickled from an older version)
             copy = self._hfs_blocked = BlockedWeight()
         blocked, scale = copy.get(weight)
-        if weight.dtype == torch.bfloat16:
-            out = skinny_linear_bf16(input.reshape(rows, self.in_features), blocked, self.bias, self.out_features)
+        flat = input.reshape(rows, self.in_features)  # [rows, in]
+        if weight.dtype == torch.bfloat16 and scale is None:
+            out = skinny_linear_bf16(flat, blocked, self.bias, self.out_features)
             return out.view(*input.shape[:-1], self.out_features)  # [..., out]
-        out = skinny_linear(input.reshape(rows, self.in_features), blocked, self.bias, self.out_features, scale)
+        if weight.dtype == torch.bfloat16:  # a bf16 drafter's int8 copy: the fp32 kernel's int8 products
+            bias = None if self.bias is None else self.bias.float()
+            out = skinny_linear(flat.float(), blocked, bias, self.out_features, scale).to(torch.bfloat16)
+            return out.view(*input.shape[:-1], self.out_features)  # [..., out]
+        out = skinny_linear(flat, blocked, self.bias, self.out_features, scale)
         return out.view(*input.shape[:-1], self.out_features)  # [..., out]

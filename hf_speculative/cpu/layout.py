@@ -81,8 +81,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     of several rows also run on oneDNN-packed copies (`PackedLinear`).
 
     Args:
-        model (`torch.nn.Module`): any model; weights on other devices or in other dtypes are left
-            alone (GPU GEMMs do not have this cliff).
+        model (`torch.nn.Module`): any model; fp32 CPU weights, and bf16 ones with the kernel (below); weights on
+            other devices or in other dtypes are left alone (GPU GEMMs do not have this cliff).
         enable (`bool`, defaults to `True`): `False` undoes every previous call (layout and packing).
         layers (`str`, defaults to `"all"`): `"all"` linear layers, or only the `"output"` layer
             (the lm_head, whose large matrix gains at every row count; the decoder's smaller
@@ -103,11 +103,15 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             compiler and ninja at hand), else the column-major layout alone (on an AVX2 CPU with a
             warning naming what is missing); ``True``: the kernel or a ``RuntimeError`` naming what it
             lacks; ``False``: never. The kernel's copy of a weight whose every value is a bf16 number (a checkpoint
-            saved in bf16, as Qwen2.5's) is kept in bf16, half the bytes, with bitwise the same products.
+            saved in bf16, as Qwen2.5's) is kept in bf16, half the bytes, with bitwise the same products. A bf16
+            model's products of up to 64 rows run on the kernel's bf16 dot products where the CPU has AVX512-BF16
+            (else they are left to PyTorch), and a 16-bit model's attention runs in fp32, one query row at a time
+            for forwards of up to 64 tokens (``hf_speculative.cpu.attention``; ``enable=False`` sets ``"sdpa"``
+            back), so that a verification row is computed as plain decoding computes it.
         weights (`str`, defaults to `"exact"`): what the kernel's copies hold: `"exact"`, the weights' own values;
             `"int8"`, int8 values with one scale per output column (a quarter of the fp32 bytes; the products are
             approximate, so the model's outputs change a little): for a drafter, whose proposals the target
-            verifies (``DraftModel`` asks for it). Needs the kernel.
+            verifies (``DraftModel`` asks for it); made from fp32 or bf16 weights. Needs the kernel.
 
     Returns:
         `int`: how many linear layers changed (0 when there was nothing to do, e.g. on a GPU).
@@ -131,10 +135,6 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
     # bf16 weights: on the kernel's bf16 dot products where the CPU has them, else left to PyTorch's bf16 products
     bf16 = not enable or (kernel and bf16_dot_supported())
-    if weights == "int8" and bf16 and any(_eligible(m, bf16=True) and m.weight.dtype == torch.bfloat16
-                                          for m in _modules(model, layers)):
-        raise ValueError("optimize_for_cpu(weights='int8') copies fp32 weights, and this model's are bfloat16 (run "
-                         "on the CPU's bf16 dot products): use weights='exact'.")
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
     changed, seen = 0, set()
     with torch.no_grad():

@@ -75,7 +75,9 @@ def test_kernel_linear_on_a_bf16_weight():
         assert torch.equal(got, cpu_kernel.skinny_linear_bf16(x.reshape(15, 24), layer._hfs_blocked.get(
             layer.weight)[0], layer.bias, 40).view(3, 5, 40))
         assert (got.float() - ref(x).float()).abs().max() < 0.05  # PyTorch's bf16 product, rounded otherwise
-        long = torch.randn(1, 20, 24).bfloat16()  # more rows than the kernel takes: PyTorch's product
+        chain = torch.randn(20, 24).bfloat16()  # a draft model's longest chains: 17 rows, in passes of 16
+        assert torch.equal(layer(chain), torch.cat([layer(chain[i : i + 1]) for i in range(20)]))
+        long = torch.randn(1, cpu_kernel.MAX_ROWS_BF16 + 1, 24).bfloat16()  # a prefill: PyTorch's product
         assert torch.equal(layer(long), F.linear(long, layer.weight, layer.bias))
     grad = x.clone().requires_grad_()  # training: PyTorch's product, which has a backward
     assert torch.equal(layer(grad).detach(), F.linear(x, layer.weight, layer.bias).detach())
@@ -88,11 +90,24 @@ def test_a_bf16_model_is_laid_out_where_the_cpu_has_bf16_products(monkeypatch):
     assert hfs.optimize_for_cpu(model) > 0
     assert all(type(m) is KernelLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert cpu_layout(model) == "all+kernel" and model.config._attn_implementation == compat.CPU_ATTENTION
-    with pytest.raises(ValueError, match="weights='exact'"):
-        hfs.optimize_for_cpu(build_model("llama").to(torch.bfloat16), weights="int8")
     hfs.optimize_for_cpu(model, False)
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert cpu_layout(model) == "none" and model.config._attn_implementation == "sdpa"
+
+
+@needs_bf16_dot
+def test_a_bf16_drafters_int8_copies():
+    """``weights="int8"`` on a bf16 model (a draft model's ``kernel_weights="int8"``): the fp32 kernel's int8
+    products on the widened rows, rounded to bf16."""
+    layer = torch.nn.Linear(72, 40).bfloat16()
+    hfs.optimize_for_cpu(layer, weights="int8")
+    q, scale = cpu_kernel.quantize_int8(layer.weight)
+    x = torch.randn(4, 72).bfloat16()
+    with torch.no_grad():
+        got = layer(x)
+    want = cpu_kernel.skinny_linear(x.float(), q, layer.bias.float(), 40, scale).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert (got.float() - _reference(x, layer.weight, layer.bias)).abs().max() < 0.1  # an approximation
 
 
 def test_without_bf16_products_a_bf16_models_linears_stay_pytorchs(monkeypatch):
