@@ -380,6 +380,9 @@ _GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
 # registered in transformers' interfaces under this name): masks, trees and the GQA switch as "sdpa"
 CPU_ATTENTION = "hfs_cpu_sdpa"
 SDPA_NAMES = ("sdpa", CPU_ATTENTION)
+# on such a model (bf16 on the CPU kernel), a forward of up to this many tokens computes each of its rows as a one-token
+# forward does (products and attention), so verification keeps to it (core/verify.py splits a first forward)
+CPU_ROWWISE_TOKENS = 64
 _GQA_LOCK = threading.Lock()
 _GQA_USERS = 0
 

@@ -74,6 +74,32 @@ def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtyp
                                         else "full_attention"))
 
 
+def _prefill_apart(model: torch.nn.Module, fresh_tokens: int, nodes: int) -> bool:
+    """Whether a first forward (a prompt and a draft) runs as two: on a model whose forwards of up to
+    ``compat.CPU_ROWWISE_TOKENS`` tokens compute each row as a one-token forward does (bf16 on the CPU kernel), a
+    longer one would not, so the prompt runs alone, as plain decoding's prefill, and the draft after it."""
+    return (nodes > 0 and fresh_tokens > 1 and fresh_tokens + nodes > compat.CPU_ROWWISE_TOKENS
+            and getattr(model.config, "_attn_implementation", None) == compat.CPU_ATTENTION)
+
+
+def _prefill_then_nodes(model: torch.nn.Module, cache: Any, ids: torch.Tensor, m: int, tree: DraftTree,
+                        prefix_length: int, fresh: int) -> torch.Tensor:
+    """``forward_tree``'s logits `[1 + n, V]` from two forwards: the ``m`` uncached tokens (`ids[:, :m]`, the root
+    last) with the model's causal mask, as plain decoding's prefill runs them, then the ``n`` nodes."""
+    cached = {compat.cache_kwarg(): cache}
+    root = model(input_ids=ids[:, :m], use_cache=True, **cached, **compat.logits_to_keep_kwargs(model, 1)).logits
+    keep = compat.logits_to_keep_kwargs(model, tree.size)
+    if tree.is_chain():
+        nodes = model(input_ids=ids[:, m:], use_cache=True, **cached, **keep).logits
+    else:  # the nodes' rows of the whole forward's positions and masks
+        dtype = model.get_input_embeddings().weight.dtype
+        masks = tree_masks(model, tree, prefix_length, dtype, fresh)
+        masks = {k: v[:, :, m:] for k, v in masks.items()} if isinstance(masks, dict) else masks[:, :, m:]
+        nodes = model(input_ids=ids[:, m:], position_ids=position_ids(tree, prefix_length, fresh)[:, m:],
+                      attention_mask=masks, use_cache=True, **cached, **keep).logits
+    return torch.cat([root[0, -1:], nodes[0, -tree.size:]])  # [1 + n, V]
+
+
 def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | int, tree: DraftTree) -> torch.Tensor:
     """Run the target once over the tokens ``uncached`` (``[m]``, ``m >= 1``: the tokens after the cache's
     end; the last one is the tree's root) and every node of ``tree``.
@@ -90,6 +116,8 @@ def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | in
     ids = torch.cat([uncached, tree.tokens]).unsqueeze(0)  # [1, m + n]
     keep = compat.logits_to_keep_kwargs(model, 1 + tree.size)
     with compat.grouped_query_sdpa(model, ids.shape[1]):  # no repeat_kv copies in masked forwards (CPU)
+        if _prefill_apart(model, uncached.numel(), tree.size):
+            return _prefill_then_nodes(model, cache, ids, uncached.numel(), tree, prefix_length, fresh)
         if tree.is_chain():  # the fast path: the model's own causal masks (and SDPA's causal kernel)
             out = model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
         else:

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..compat import CPU_ROWWISE_TOKENS
 from ..extras import require
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("skinny_linear.cpp", "bf16_linear.cpp")]
@@ -55,7 +56,7 @@ EXTENSION = "hfs_skinny_linear_v6"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
 # a bf16 model's products on the kernel (in passes of 16 rows): every verification a CPU runs (a draft model's chains
 # reach 16 drafts, 17 rows; trees of up to 63 nodes) computes each row as plain decoding does
-MAX_ROWS_BF16 = 64
+MAX_ROWS_BF16 = CPU_ROWWISE_TOKENS
 BLOCK = 16  # output columns per block of the copy the kernel reads (csrc/skinny_linear.cpp)
 _LOCK = threading.Lock()
 

@@ -151,3 +151,24 @@ def test_drafters_identical_to_greedy_on_a_bf16_model(arch, drafter_name, monkey
     out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=make_drafter(drafter_name, model, ref))
     assert out.tolist() == ref.tolist()
     assert any(rows > 1 for rows in calls)  # drafts were verified on the kernel
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "oracle", "lookup-tree"])
+def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
+    """A prompt and the draft made from it verify in the first forward; beyond 64 tokens that forward would run on
+    PyTorch's products, unlike plain decoding's prefill and one-token forwards: it runs as two forwards, the prompt
+    alone (plain decoding's prefill) and then the draft."""
+    model = hfs.enable(build_model("llama", max_positions=512).to(torch.bfloat16))
+    hfs.optimize_for_cpu(model)
+    prompt = prompt_inputs([3] + [5, 6, 7, 8, 9] * 16)  # 81 tokens, repeating: lookup drafts at once
+    ref = stock_generate(model, **prompt, **GREEDY)
+    seen: list[int] = []
+    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    try:
+        out = model.generate(**prompt, **GREEDY, candidate_generator=make_drafter(drafter_name, model, ref))
+    finally:
+        hook.remove()
+    assert out.tolist() == ref.tolist()
+    assert seen[0] == 81 and 1 < seen[1] <= 64  # the prompt alone, then its draft (and the root's bonus rows)
