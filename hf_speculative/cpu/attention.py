@@ -1,16 +1,19 @@
-"""Attention of bf16 models on a CPU in fp32: ``optimize_for_cpu`` sets it on the bf16 models whose products it runs.
+"""Attention of 16-bit models on a CPU in fp32, one query row at a time: ``optimize_for_cpu`` sets it on them.
 
 PyTorch's CPU flash attention is slow in bf16 for the one-query forwards of decoding: Qwen2.5-1.5B's attention at
 a 512-token context costs 1.27 ms a layer for one query in bf16 against 0.15 ms in fp32, and 0.53 ms for 6 queries
-(torch 2.13, one thread, AMD EPYC), so a one-token forward spends 35 ms of its ~160 in attention. The same attention
+(torch 2.13, one thread, AMD EPYC), so a one-token forward spent 35 ms of its ~160 in attention. The same attention
 on the query, keys and values widened to fp32 (exactly: every bf16 value is an fp32 one) costs the fp32 figures plus
 the widening, and sums in fp32 throughout (its result is rounded back to the model's dtype).
 
-It is transformers' own SDPA attention (``sdpa_attention_forward``: its masks, causal skip and grouped-query
-switch) on widened tensors, registered under its own name in transformers' attention and mask interfaces (the
-documented way to add an implementation: nothing of transformers' is replaced) and set on one model with
-``model.set_attn_implementation``. Only models on ``"sdpa"`` change, and ``optimize_for_cpu(model, False)`` sets
-``"sdpa"`` back.
+A forward of up to :data:`ROWWISE_ROWS` tokens (decoding, drafting, verification) runs each query row alone against
+the keys its mask row shows: the call a one-token forward makes at that position, so that with the kernel's
+row-independent products a verification row is bitwise what plain decoding computes (SDPA over several rows sums
+them in another order). Longer forwards (prefills) are transformers' SDPA attention on the widened tensors.
+
+It is registered under its own name in transformers' attention and mask interfaces (the documented way to add an
+implementation: nothing of transformers' is replaced) and set on one model with ``model.set_attn_implementation``.
+Only models on ``"sdpa"`` change, and ``optimize_for_cpu(model, False)`` sets ``"sdpa"`` back.
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ import torch.nn.functional as F
 
 from ..compat import CPU_ATTENTION  # the name in transformers' interfaces; tree verification and GQA treat it as "sdpa"
 from .kernel import MAX_ROWS_BF16
+
+ROWWISE_ROWS = MAX_ROWS_BF16  # forwards of up to this many tokens go row by row, as a bf16 model's kernel products do
 _REGISTERED = False
-
-
-ROWWISE_ROWS = MAX_ROWS_BF16  # forwards of up to this many queries (decoding, verification) go row by row, as the
-# products of a bf16 model on the kernel do
 
 
 def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
