@@ -52,6 +52,7 @@ def environment(model: Any = None, threads: int | None = None) -> dict[str, Any]
         "sdpa_force_gqa": os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1",
         # which weights hfs.optimize_for_cpu re-laid out (see `--cpu-layout`)
         "cpu_layout": cpu_layout(model) if model is not None else "none",
+        "dtype": str(getattr(model, "dtype", torch.float32)).removeprefix("torch."),  # see `--dtype`
     }
 
 

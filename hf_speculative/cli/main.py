@@ -125,13 +125,16 @@ def _methods(names: list[str], draft_model: str | None, reference: str | None = 
     return specs
 
 
-def _load(name: str | None) -> tuple[Any, Any, str]:
+def _load(name: str | None, dtype: str = "float32") -> tuple[Any, Any, str]:
     from ..registry import models
+    from .options import DTYPES
 
+    if dtype not in DTYPES:
+        _fail(f"--dtype {dtype}: use one of {', '.join(DTYPES)}.")
     name = name or models.DEFAULT_MODEL
     _progress(f"loading {name}…")
     try:
-        model, tokenizer = models.load_model(name)
+        model, tokenizer = models.load_model(name, dtype=dtype)
     except (models.RegistryError, OSError, ValueError) as err:
         message = str(err)
         if not any(known in message for known in models.REGISTRY):
@@ -326,7 +329,7 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
     from ..tooling.methods import get_method, run_method
     from ..tooling.prompting import encode_prompt
 
-    target, tokenizer, model_name = _load(run.model)
+    target, tokenizer, model_name = _load(run.model, run.dtype)
     _apply_cpu_layout(target, run.cpu_layout)
     options = run.method_options()
     torch.set_num_threads(run.threads)
@@ -460,7 +463,7 @@ def bench(
         prompts = load_prompts(dataset, _split(categories) or None, per_category or None)
     except (ValueError, KeyError, json.JSONDecodeError) as err:
         _fail(f"cannot read {dataset}: {err}")
-    target, tokenizer, model_name = _load(run.model)
+    target, tokenizer, model_name = _load(run.model, run.dtype)
     _apply_cpu_layout(target, run.cpu_layout)
     try:
         records = run_bench(
@@ -504,7 +507,7 @@ def _bench_batches(run: RunOptions, methods: list[str], dataset: Path, categorie
         _fail(f"cannot read {dataset}: {err}")
     names = _split(methods)
     _methods(names, run.draft_model, options=parse_option_pairs(run.option))
-    target, tokenizer, model_name = _load(run.model)
+    target, tokenizer, model_name = _load(run.model, run.dtype)
     _apply_cpu_layout(target, run.cpu_layout)
     if not append:
         Path(out).unlink(missing_ok=True)  # run_batch_bench appends: a run writes its own file unless --append

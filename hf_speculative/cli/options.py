@@ -118,6 +118,16 @@ GqaOpt = Annotated[
         "verification forwards on a CPU do this already; this also covers transformers' own methods.",
     ),
 ]
+DTYPES = ("float32", "bfloat16", "float16")
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help="The target's dtype (and a --draft-model's): float32, bfloat16 or float16. bfloat16 with --cpu-layout "
+        "all+kernel runs the products on the CPU's bf16 dot products where it has AVX512-BF16, every output still "
+        "identical to greedy.",
+    ),
+]
 LayoutOpt = Annotated[
     str,
     typer.Option(
@@ -152,6 +162,7 @@ class RunOptions:
     adaptive: Optional[bool] = None
     sdpa_gqa: bool = False
     cpu_layout: str = "none"
+    dtype: str = "float32"
     option: Optional[list[str]] = None
 
     def method_options(self) -> dict[str, Any]:
@@ -168,7 +179,7 @@ _ALIASES = {
     "draft_model": DraftOpt, "num_tokens": NumTokensOpt, "max_ngram": MaxNgramOpt, "exit_layer": ExitLayerOpt,
     "eagle": EagleOpt, "skip": SkipOpt, "calibration_file": CalibrationOpt, "adapter": AdapterOpt,
     "tree_nodes": TreeNodesOpt, "adaptive": AdaptiveOpt,
-    "sdpa_gqa": GqaOpt, "cpu_layout": LayoutOpt, "option": OptionOpt,
+    "sdpa_gqa": GqaOpt, "cpu_layout": LayoutOpt, "dtype": DtypeOpt, "option": OptionOpt,
 }
 _SHARED = [
     inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=field.default,

@@ -490,3 +490,14 @@ def test_option_values_are_read_as_json_or_text():
         "num_tokens": 4, "adaptive": False, "skip": "4,6,9", "eagle": "./x", "draft_model": None}
     assert RunOptions(num_tokens=3, option=["num_tokens=5", "medusa=h"]).method_options() == {"num_tokens": 5,
                                                                                               "medusa": "h"}
+
+
+def test_compare_in_bfloat16(cli, chat_checkpoint):
+    result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "8",
+                 "--dtype", "bfloat16", "--cpu-layout", "all+kernel", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["environment"]["dtype"] == "bfloat16"
+    assert all(r["identical_to_greedy"] for r in payload["results"])
+    result = cli("compare", "--model", chat_checkpoint, "--dtype", "int4")
+    assert result.exit_code != 0 and "--dtype int4: use one of float32, bfloat16, float16" in result.output
