@@ -18,6 +18,14 @@
 #include <algorithm>
 #include <cstdint>
 
+// AVX512-BF16 intrinsics need GCC 10 / clang 9 or newer; an older compiler builds the rest of the kernel, and bf16
+// models then stay on PyTorch's products (has_bf16_dot() is false)
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10)
+#define HFS_BF16_DOT 1
+#else
+#define HFS_BF16_DOT 0
+#endif
+
 namespace {
 
 constexpr int64_t BLOCK = 16;          // output columns per block: one 16-lane register of sums
@@ -42,6 +50,7 @@ void store(const float* sums, int rows, const c10::BFloat16* b, c10::BFloat16* y
     }
 }
 
+#if HFS_BF16_DOT
 template <int M, int S>
 __attribute__((target("avx512f,avx512bf16"))) void blocks(const Args& a, int64_t begin, int64_t end) {
   const uint32_t* wb = a.wb;  // the arguments as locals: through `a` they could alias the outputs
@@ -90,15 +99,20 @@ void rows(const Args& a) {
 using RowsFn = void (*)(const Args&);
 constexpr RowsFn ROWS[MAX_ROWS] = {rows<1>, rows<2>,  rows<3>,  rows<4>,  rows<5>,  rows<6>,  rows<7>,  rows<8>,
                                    rows<9>, rows<10>, rows<11>, rows<12>, rows<13>, rows<14>, rows<15>, rows<16>};
+#endif
 
 }  // namespace
 
 bool has_bf16_dot() {
+#if HFS_BF16_DOT
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
   }();
   return yes;
+#else
+  return false;
+#endif
 }
 
 // x: [M, in] bfloat16; wb: [ceil(out / 16), ceil(in / 2), 16, 2] bfloat16, contiguous; bias: [out] bfloat16 or
@@ -126,11 +140,13 @@ torch::Tensor skinny_linear_bf16(torch::Tensor x, torch::Tensor wb, c10::optiona
   auto* yw = reinterpret_cast<c10::BFloat16*>(y.data_ptr<at::BFloat16>());
   Args a{xw, reinterpret_cast<const uint32_t*>(wb.data_ptr<at::BFloat16>()),
          b.defined() ? reinterpret_cast<const c10::BFloat16*>(b.data_ptr<at::BFloat16>()) : nullptr, yw, pairs, out};
+#if HFS_BF16_DOT
   for (int64_t m0 = 0; m0 < m_total; m0 += MAX_ROWS) {
     const int64_t m = std::min(MAX_ROWS, m_total - m0);
     a.x = xw + m0 * pairs;
     a.y = yw + m0 * out;
     ROWS[m - 1](a);
   }
+#endif
   return y;
 }
