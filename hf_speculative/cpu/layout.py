@@ -129,8 +129,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         raise ValueError(f"optimize_for_cpu(weights={weights!r}) needs the CPU kernel (kernel=None or True, no pack, "
                          "an x86-64 CPU with AVX2); use weights='exact' otherwise.")
     if kernel is None:
-        wanted = any(_eligible(m, bf16=True) for m in _modules(model, layers))
-        kernel = enable and not pack and wanted and _auto_kernel()
+        laid_out = any(_eligible(m, bf16=True) for m in _modules(model, layers))  # fp32 or bf16 linears
+        kernel = enable and not pack and laid_out and _auto_kernel()
     elif kernel and enable:
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
     # bf16 weights: on the kernel's bf16 dot products where the CPU has them, else left to PyTorch's bf16 products
