@@ -125,11 +125,9 @@ def block_pairs(weight: torch.Tensor) -> torch.Tensor:
     """The copy of a bf16 ``nn.Linear`` weight `[out, in]` that the bf16 dot-product kernel reads:
     `[ceil(out / 16), ceil(in / 2), 16, 2]`, ``wp[j, p, c, e] = weight[16 j + c, 2 p + e]``, zero past ``out`` and
     ``in``: one 64-byte load is a block's 16 output columns for two inputs."""
-    out_features, in_features = weight.shape
-    blocks, pairs = -(-out_features // BLOCK), -(-in_features // 2)
-    padded = weight.detach().new_zeros(blocks * BLOCK, pairs * 2, dtype=torch.bfloat16)
-    padded[:out_features, :in_features] = weight.detach()
-    return padded.view(blocks, BLOCK, pairs, 2).transpose(1, 2).contiguous()  # [blocks, pairs, 16, 2]
+    even = F.pad(weight.detach(), (0, weight.shape[1] % 2))  # [out, 2 * pairs]: a zero input pairs an odd last one
+    blocked = block_weight(even, torch.bfloat16)  # [blocks, 2 * pairs, 16]
+    return blocked.view(blocked.shape[0], -1, 2, BLOCK).transpose(2, 3).contiguous()  # [blocks, pairs, 16, 2]
 
 
 def exactly_bf16(weight: torch.Tensor) -> bool:
@@ -275,12 +273,11 @@ class KernelLinear(torch.nn.Linear):
             copy = self._hfs_blocked = BlockedWeight()
         blocked, scale = copy.get(weight)
         flat = input.reshape(rows, self.in_features)  # [rows, in]
-        if weight.dtype == torch.bfloat16 and scale is None:
+        if weight.dtype == torch.float32:
+            out = skinny_linear(flat, blocked, self.bias, self.out_features, scale)
+        elif scale is None:  # a bf16 model: the bf16 dot products
             out = skinny_linear_bf16(flat, blocked, self.bias, self.out_features)
-            return out.view(*input.shape[:-1], self.out_features)  # [..., out]
-        if weight.dtype == torch.bfloat16:  # a bf16 drafter's int8 copy: the fp32 kernel's int8 products
+        else:  # a bf16 drafter's int8 copy: the fp32 kernel's int8 products on the widened rows
             bias = None if self.bias is None else self.bias.float()
             out = skinny_linear(flat.float(), blocked, bias, self.out_features, scale).to(torch.bfloat16)
-            return out.view(*input.shape[:-1], self.out_features)  # [..., out]
-        out = skinny_linear(flat, blocked, self.bias, self.out_features, scale)
         return out.view(*input.shape[:-1], self.out_features)  # [..., out]
