@@ -77,3 +77,17 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
         assert all(cost > 0 for cost in report["drafting_measured"].values())
         assert any(key.endswith("@drafting-measured") for key in report["project"])
     assert (out / "summary.md").read_text().startswith("# gpu-check")
+
+
+def test_a_step_keeps_the_rows_asked_for_and_greedy_and_refuses_unknown_parts():
+    from tools.gpu.gpu_check import keep_labels
+
+    rows = {"transformers greedy (eager)": 1, "transformers greedy (static cache, compiled)": 2,
+            "hf_speculative loop (EAGLE tree 32, random drafter)": 3,
+            "hf_speculative loop, compiled (EAGLE tree 32, random drafter)": 4,
+            "hf_speculative loop, compiled (EAGLE chain, random drafter)": 5, "transformers prompt lookup": 6}
+    assert keep_labels(rows, None, "--e2e-methods") is rows
+    assert list(keep_labels(rows, ["compiled (EAGLE", "(EAGLE tree"], "--e2e-methods").values()) == [1, 2, 3, 4, 5]
+    assert list(keep_labels(rows, ["compiled (EAGLE chain"], "--e2e-methods").values()) == [1, 2, 5]
+    with pytest.raises(ValueError, match=r"--e2e-methods: \['EGLE'\] match nothing; use parts of: transformers"):
+        keep_labels(rows, ["EGLE"], "--e2e-methods")

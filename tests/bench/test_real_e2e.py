@@ -111,5 +111,5 @@ def test_only_the_named_arms_run_beside_both_greedy_arms(chat_checkpoint, chat_m
     assert list(arms) == ["transformers greedy (eager)", "transformers greedy (static cache)",
                           "SuffixDecoding, compiled", "prompt lookup tree 32, compiled, fixed",
                           "EAGLE chain, compiled, fixed", "EAGLE tree 32, compiled, fixed"]
-    with pytest.raises(ValueError, match=r"\['Medusa'\] match no arm"):
+    with pytest.raises(ValueError, match=r"\['Medusa'\] match nothing"):
         real_e2e._arms(model, None, only=["Medusa"])

@@ -25,7 +25,7 @@ import torch
 
 
 def run_batches(model_dir: Path, sizes: list[int], new_tokens: int, repeats: int, device: str,
-                dtype: Any = None) -> dict[str, Any]:
+                dtype: Any = None, categories: list[str] | None = None) -> dict[str, Any]:
     import hf_speculative as hfs
 
     from hf_speculative.bench.spec_bench import load_prompts
@@ -33,11 +33,15 @@ def run_batches(model_dir: Path, sizes: list[int], new_tokens: int, repeats: int
 
     model, tokenizer = hfs.load_model(str(model_dir), device=device, dtype=dtype)
     hfs.enable(model)
-    prompts = load_prompts(per_category=-(-max(sizes) // 6))[: max(sizes)]
+    # the first prompts of each category asked for (default every one), one category after another
+    per_category = -(-max(sizes) // len(categories)) if categories else -(-max(sizes) // 6)
+    prompts = load_prompts(categories=categories, per_category=per_category)[: max(sizes)]
     encoded = [encode_prompt(tokenizer, p.text)[0].tolist() for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     report: dict[str, Any] = {"model": str(model_dir), "dtype": str(model.dtype).replace("torch.", ""),
-                              "new_tokens": new_tokens, "repeats": repeats, "sizes": {}}
+                              "new_tokens": new_tokens, "repeats": repeats,
+                              "categories": sorted({p.category for p in prompts}),
+                              "sizes": {}}
     for size in sizes:
         rows = encoded[:size]
         width = max(map(len, rows))
@@ -90,11 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--categories", default=None,
+                        help="comma-separated Spec-Bench categories (e.g. summarization,rag: answers that copy)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     report = run_batches(args.model_dir, [int(s) for s in args.sizes.split(",")], args.new_tokens, args.repeats,
-                         args.device, args.dtype)
+                         args.device, args.dtype,
+                         [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None)
     (args.out / "batch_e2e.json").write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -140,6 +140,18 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def keep_labels(rows: dict[str, Any], only: list[str] | None, option: str) -> dict[str, Any]:
+    """The entries of ``rows`` whose label contains one of ``only`` (all without it), and transformers' greedy
+    rows always (every speed is relative to them); a part that matches no label is refused, naming the labels."""
+    if not only:
+        return rows
+    unknown = [o for o in only if not any(o in label for label in rows)]
+    if unknown:
+        raise ValueError(f"{option}: {unknown} match nothing; use parts of: {', '.join(rows)}.")
+    return {label: row for label, row in rows.items()
+            if label.startswith("transformers greedy") or any(o in label for o in only)}
+
+
 # -- end to end ----------------------------------------------------------------------------------------
 def _timed(fn: Callable[[], Any], device: str, repeats: int) -> tuple[float, Any]:
     fn()  # warm-up (and compilation)
@@ -168,7 +180,11 @@ def _step_times(stats: Any) -> dict[str, float]:
 
 
 def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_tokens: int, new_tokens: int,
-            acceptance: float, num_tokens: int, repeats: int, compile_mode: str) -> dict[str, Any]:
+            acceptance: float, num_tokens: int, repeats: int, compile_mode: str, only: list[str] | None = None,
+            on_method: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every method of the table below timed in one run. ``only``: parts of method labels to keep (both
+    transformers greedy rows always run: the reference and the compiled baseline); ``on_method`` gets the results
+    so far after each method, so that a call cut off at a lent machine's limit keeps what it measured."""
     import hf_speculative as hfs
 
     from hf_speculative.bench import profile as profiling
@@ -210,6 +226,7 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
     compiled = {"compiled-synthetic": synthetic, "compiled-lookup": hfs.PromptLookup(num_tokens=num_tokens, adaptive=False),
                 "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False), "compiled-eagle": eagle,
                 "compiled-eagle-chain": eagle_chain}
+    methods = keep_labels(methods, only, "--e2e-methods")
     results: dict[str, Any] = {"config": config, "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": prompt_tokens,
                                "new_tokens": new_tokens, "acceptance": acceptance, "num_tokens": num_tokens,
                                "repeats": repeats, "compile": compile_mode, "methods": {}}
@@ -232,6 +249,8 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
             row = {"error": traceback.format_exc()[-2000:]}
         results["methods"][label] = row
         log("e2e", label, json.dumps(row)[:300])
+        if on_method is not None:
+            on_method(results)
     hfs.enable(model, compile=False)
     greedy = results["methods"]["transformers greedy (eager)"].get("seconds")
     for row in results["methods"].values():
@@ -346,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--configs", default=None, help="profile configs (default: llama-3.1-8b on cuda)")
     parser.add_argument("--e2e-config", default=None)
+    parser.add_argument("--e2e-methods", default=None,
+                        help="comma-separated parts of e2e's method labels to run, e.g. 'EAGLE' (greedy stays)")
     parser.add_argument("--bench", type=Path, action="append", default=[], help="benchmark JSONL to project")
     parser.add_argument("--real-model", type=Path, default=None,
                         help="the real step's model folder (on a lent GPU: carried in parts, tools/carry.py)")
@@ -392,10 +413,15 @@ def main(argv: list[str] | None = None) -> int:
             batches=(1, 2) if tiny else (1, 2, 4, 8, 16)))
         save()
     if "e2e" in steps:
-        report["e2e"] = run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],
-                                prompt_tokens=64 if tiny else 512, new_tokens=24 if tiny else 128, acceptance=0.7,
-                                num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode)
-        save()
+        def e2e_saved(e2e: dict) -> None:
+            report["e2e"] = e2e
+            save()
+
+        only = [m.strip() for m in args.e2e_methods.split(",") if m.strip()] if args.e2e_methods else None
+        e2e_saved(run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],
+                          prompt_tokens=64 if tiny else 512, new_tokens=24 if tiny else 128, acceptance=0.7,
+                          num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode, only=only,
+                          on_method=e2e_saved))
     if "project" in steps and args.bench:
         report["drafting_measured"] = measured_drafting(report.get("e2e", {}))
         report["project"] = run_projections(args.out, args.bench, report["drafting_measured"])

@@ -63,13 +63,9 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
             if f"{label}, compiled" in arms:
                 strategy = arms[f"{label}, compiled"][0]
                 arms[f"{label}, compiled, fixed"] = (dataclasses.replace(strategy, adaptive=False), True)
-    if only:
-        unknown = [o for o in only if not any(o in label for label in arms)]
-        if unknown:
-            raise ValueError(f"--real-arms: {unknown} match no arm; the arms are {list(arms)}.")
-        arms = {label: arm for label, arm in arms.items()
-                if label.startswith("transformers greedy") or any(o in label for o in only)}
-    return arms
+    from .gpu_check import keep_labels
+
+    return keep_labels(arms, only, "--real-arms")
 
 
 def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict,
