@@ -19,6 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from ..cpu.layout import cpu_layout
+from ..drafters.suffix.history import outputs_held
 from ..extras import require
 from ..tooling.methods import MethodRun, MethodSpec, get_method, run_method
 from ..tooling.prompting import encode_prompt
@@ -129,8 +130,9 @@ def run_bench(
         **environment(model, threads),
     }
     encoded = [encode_prompt(tokenizer, p.text, chat_template) for p in prompts]
-    for spec in specs:  # warm-up, untimed
-        run_method(spec, model, tokenizer, encoded[0], options=options, max_new_tokens=min(max_new_tokens, 16))
+    with outputs_held(model, keep=False):  # warm-up, untimed; SuffixDecoding's history does not keep it
+        for spec in specs:
+            run_method(spec, model, tokenizer, encoded[0], options=options, max_new_tokens=min(max_new_tokens, 16))
 
     tqdm = require("tqdm.auto", "cli", "The benchmark's progress bar").tqdm
     out = Path(out)
@@ -140,12 +142,14 @@ def run_bench(
     with open(out, "a" if append else "w", encoding="utf-8") as f:
         for prompt, input_ids in zip(prompts, encoded):
             runs: dict[str, list[MethodRun]] = {s.name: [] for s in specs}
-            for _ in range(repeats):
-                for spec in specs:
-                    runs[spec.name].append(
-                        run_method(spec, model, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens)
-                    )
-                    bar.update()
+            # every repeat drafts from the same SuffixDecoding history (the earlier prompts' outputs), never from
+            # its own previous run's output; this prompt's joins when its repeats are done
+            with outputs_held(model):
+                for _ in range(repeats):
+                    for spec in specs:
+                        runs[spec.name].append(run_method(spec, model, tokenizer, input_ids, options=options,
+                                                          max_new_tokens=max_new_tokens))
+                        bar.update()
             greedy_ids = runs[BASELINE][0].output_ids
             for spec in specs:
                 first = runs[spec.name][0]

@@ -63,6 +63,8 @@ class ModelState:
             (``drafters.mtp.drafter.modules_for``).
         suffix_histories (`dict[tuple, SuffixHistory]`): SuffixDecoding's histories of its outputs, by trie depth,
             token bound and file (``drafters.suffix.history.history_for``).
+        held_outputs (`list`, *optional*): while ``drafters.suffix.history.outputs_held`` runs, the outputs that
+            join those histories when it ends (``None`` otherwise).
         hook_users (`Users`): the calls running now that installed ``generate()``'s loop hooks on it for their
             duration (``hf.integration._temporary_loop_hooks``). The one count that :func:`forget` carries over
             to the model's next state: it counts calls running now, which keep what they hold.
@@ -88,6 +90,7 @@ class ModelState:
     compile_mode: str | None = None
     static_budget: int | None = None
     suffix_histories: dict = dataclasses.field(default_factory=dict)
+    held_outputs: list | None = None
     mtp_modules: Any = None
     hook_users: Users = dataclasses.field(default_factory=Users)
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)

@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 
 import hf_speculative as hfs
 from hf_speculative.drafters.base import CallContext
-from hf_speculative.drafters.suffix.history import history_for
+from hf_speculative.drafters.suffix.history import history_for, outputs_held
 from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.core.tree import Verdict
 from tests.conftest import ARCHS, PROMPT, build_model, draft_once, prompt_inputs, stock_generate
@@ -113,6 +113,38 @@ def test_history_makes_a_repeated_request_fully_drafted():
     model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=alone)
     assert hfs.last_stats(model).target_forwards > forwards[1]  # without a history, no such shortcut
 
+
+
+def test_held_outputs_keep_a_measurement_repeatable_and_join_at_the_end():
+    """The benchmark's hold: the repeats of one request inside ``outputs_held`` draft from the same history (none
+    copies the previous repeat's answer, which the test above shows it would), and the outputs join afterwards."""
+    model = hfs.enable(build_model("qwen2"))
+    strategy = hfs.SuffixDecoding(adaptive=False, max_nodes=32, max_depth=40, spec_factor=4.0)
+    call = dict(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+    history = strategy.history(model)
+    forwards = []
+    with outputs_held(model):
+        with outputs_held(model):  # nested: the outer block holds
+            for _ in range(3):
+                model.generate(**call)
+                forwards.append(hfs.last_stats(model).target_forwards)
+        assert len(history.outputs) == 0
+    assert forwards[0] == forwards[1] == forwards[2] > 4
+    assert len(history.outputs) == 1  # the three identical outputs joined once
+    model.generate(**call)
+    assert hfs.last_stats(model).target_forwards <= 4  # now the history has it
+
+
+def test_held_outputs_can_be_dropped_and_a_failing_block_still_releases():
+    model = hfs.enable(build_model("qwen2"))
+    strategy = hfs.SuffixDecoding(adaptive=False)
+    with outputs_held(model, keep=False):
+        model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8, candidate_generator=strategy)
+    assert len(strategy.history(model).outputs) == 0  # a warm-up leaves no trace
+    with pytest.raises(KeyError), outputs_held(model):
+        raise KeyError("a failing measurement")
+    model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8, candidate_generator=strategy)
+    assert len(strategy.history(model).outputs) == 1  # no hold left behind
 
 def test_history_file_carries_over_to_a_new_process(tmp_path):
     path = tmp_path / "suffix.json"

@@ -29,9 +29,9 @@ import torch
 
 
 class Fresh:
-    """An arm whose strategy is made anew for every call: SuffixDecoding keeps its suffix tree across calls, so a
-    strategy shared by the warm-up and the timed repeats of one prompt drafts the previous run's answer (the first
-    H200 run measured τ 8.5 that way)."""
+    """An arm whose strategy is made anew for every call. (SuffixDecoding's history of earlier outputs is the
+    model's, not the strategy's: a fresh one still drafted the previous repeat's answer, τ 8.4 on both H200 runs;
+    :func:`run_real` holds each prompt's outputs back until its repeats are done.)"""
 
     def __init__(self, make: Callable[[], Any]):
         self.make = make
@@ -107,6 +107,7 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
     from hf_speculative.tooling.prompting import encode_prompt
     from .gpu_check import log
     from hf_speculative.bench.spec_bench import load_prompts
+    from hf_speculative.drafters.suffix.history import outputs_held
 
     began = time.perf_counter()
     model, tokenizer = hfs.load_model(str(model_dir), dtype=dtype, device=device)
@@ -130,7 +131,8 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
             log("real", f"stopping after {done} of {len(prompts)} prompts: {minutes:.1f} min > --real-max-minutes")
             report["stopped_after_prompts"] = done
             break
-        _run_prompt(model, arms, prompt, ids, new_tokens, repeats, capacity, device, rows)
+        with outputs_held(model):  # SuffixDecoding's repeats draft from the earlier prompts' outputs, not their own
+            _run_prompt(model, arms, prompt, ids, new_tokens, repeats, capacity, device, rows)
         log("real", f"{time.perf_counter() - began:.0f}s", prompt.category, prompt.question_id,
             {label: round(r[-1].get("seconds", float("nan")), 3) for label, r in rows.items()})
         report["arms"] = _summarize(rows)

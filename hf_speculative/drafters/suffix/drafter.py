@@ -30,7 +30,7 @@ from ...options import CheckedOnAssignment
 from ...core.budget import Plan, Sizing
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree
-from .history import HISTORY_NODE_BYTES, MAX_HISTORY_FILE_BYTES, SuffixHistory, history_for
+from .history import HISTORY_NODE_BYTES, MAX_HISTORY_FILE_BYTES, SuffixHistory, add_output, history_for
 from .tree import SuffixTrie, best_speculation
 
 MAX_HISTORY_TOKENS = 10_000_000  # the history's trie holds up to ``max_depth`` nodes per token
@@ -190,9 +190,10 @@ class SuffixCandidateGenerator(SpeculativeCandidateGenerator):
         self._sequence = sequence
 
     def close(self) -> None:
-        """The call's output joins the model's history (if the call generated anything)."""
+        """The call's output joins the model's history (if the call generated anything; at the end of an
+        ``outputs_held`` block if one runs)."""
         if self.history is None or self._sequence is None or self.prompt_length is None:
             return
         output = self._sequence[0, self.prompt_length:].tolist()
         if output:
-            self.history.add(output)
+            add_output(self.ctx.target, self.history, output)
