@@ -99,11 +99,15 @@ class DraftTree:
     def ancestors(self) -> torch.Tensor:
         """``[n, n]`` bool: ``[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors."""
         n = self.size
-        seen = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
+        lines: list[list[int]] = []  # each node's ancestors and itself, root side first
         for i, p in enumerate(self.parents.tolist()):
-            if p != ROOT:
-                seen[i] |= seen[p]
-        return seen
+            lines.append((lines[p] if p != ROOT else []) + [i])
+        rows = [i for i, line in enumerate(lines) for _ in line]
+        cols = [j for line in lines for j in line]
+        # built on the host in one go: a kernel per node would cost a launch each on a GPU
+        seen = torch.zeros(n, n, dtype=torch.bool)
+        seen[rows, cols] = True
+        return seen.to(self.tokens.device)
 
     def children(self, node: int) -> list[int]:
         """The nodes whose parent is ``node`` (``-1``: the root's children), in drafting order."""

@@ -247,8 +247,9 @@ class DynamicTree:
     def _add(self, tokens, parents, scores, frontier, base, values, indices) -> list[int]:
         """Append each frontier node's guesses; return the next frontier (the ``top_k`` best new nodes)."""
         first = len(tokens)
+        values, indices = values.tolist(), indices.tolist()  # one read each (on a GPU, a sync each)
         for row, parent in enumerate(frontier):
-            for value, token in zip(values[row].tolist(), indices[row].tolist()):
+            for value, token in zip(values[row], indices[row]):
                 tokens.append(int(token))
                 parents.append(parent)
                 scores.append(base[row] + float(value))

@@ -115,7 +115,8 @@ def test_forget_empties_every_slot_and_carries_only_the_count_of_running_calls()
     assert DROPPED == {"verify_costs", "padded_costs", "batch_costs", "draft_step_s", "catch_up_token_s", "accept_rate",
                        "views", "structure_problem",
                        "calibration", "checked", "last_stats", "static_cache", "compiled", "draft_graph",
-                       "compile_mode", "static_budget", "suffix_histories", "mtp_modules", "lock", "forward_turn"}
+                       "compile_mode", "static_budget", "suffix_histories", "held_outputs", "mtp_modules", "lock",
+                       "forward_turn"}
     model = torch.nn.Linear(2, 2)
     old = state_of(model)
     sentinels = {name: object() for name in DROPPED | CARRIED}

@@ -14,7 +14,7 @@ import torch
 from tests.conftest import ARCHS, build_model
 
 from hf_speculative import compat
-from hf_speculative.core.tree import DraftTree, Verdict, position_ids, visibility
+from hf_speculative.core.tree import ROOT, DraftTree, Verdict, position_ids, visibility
 from hf_speculative.core.verify import TreeAttentionError, check_tree_attention, forward_tree, keep_path
 
 # A tree of width 3 and depth 4: root -> 0, 1, 2; 0 -> 3, 4; 1 -> 5; 3 -> 6; 5 -> 7; 6 -> 8
@@ -187,3 +187,19 @@ def test_chains_take_the_models_own_causal_path(name):
         expected, _ = reference(model, PROMPT + [20, 30, 40, 50])
     torch.testing.assert_close(got, expected[-5:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.logits[0, -5:], expected[-5:], atol=1e-5, rtol=1e-5)
+
+
+def test_ancestors_match_the_parent_walk_on_random_trees():
+    """The host-built mask against the definition: ``[i, j]`` iff ``j`` is on the path from the root to ``i``."""
+    generator = torch.Generator().manual_seed(3)
+    for n in (1, 2, 7, 33):
+        parents = [ROOT] + [int(torch.randint(-1, i, (1,), generator=generator)) for i in range(1, n)]
+        tree = DraftTree(torch.arange(n), torch.tensor(parents))
+        expected = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            node = i
+            while node != ROOT:
+                expected[i, node] = True
+                node = parents[node]
+        assert torch.equal(tree.ancestors(), expected)
+    assert DraftTree.empty().ancestors().shape == (0, 0)

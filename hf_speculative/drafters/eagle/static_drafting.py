@@ -173,8 +173,8 @@ class StaticDrafting:
             k, past = len(frontier), self.length
             ancestors, positions, hidden_in = branches.enter(frontier, parents, root_position)  # ..., [k, H]
             seen = (self._columns < n_true).expand(k, -1).clone()  # [k, C]
-            for i, slots in enumerate(ancestors):
-                seen[i, slots] = True
+            rows = [i for i, slots in enumerate(ancestors) for _ in slots]
+            seen[rows, [slot for slots in ancestors for slot in slots]] = True  # one write for every row
             out, logits = self._forward(k, self.width, tokens, hidden_in, torch.tensor(positions), seen,
                                         torch.arange(max(k, self.width)), fused=False)
             branches.expanded(frontier, out, past)
