@@ -25,12 +25,12 @@ import torch
 
 
 def strategies(hfs, model, args):
-    eagle = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
-    made = {
-        "eagle-chain5": lambda: hfs.Eagle(eagle, num_tokens=5, confidence_threshold=0.0, adaptive=False),
-        "eagle-tree32": lambda: hfs.Eagle(eagle, adaptive=False, tree=hfs.DynamicTree(nodes=32, depth=8, top_k=8)),
-        "lookup": lambda: hfs.PromptLookup(num_tokens=5, adaptive=False),
-    }
+    made = {"lookup": lambda: hfs.PromptLookup(num_tokens=5, adaptive=False)}
+    if any(m.startswith("eagle") for m in args.methods.split(",")):  # the shipped drafter fits SmolLM2 only
+        eagle = hfs.Eagle.from_pretrained(args.drafter, target=model).drafter
+        made["eagle-chain5"] = lambda: hfs.Eagle(eagle, num_tokens=5, confidence_threshold=0.0, adaptive=False)
+        made["eagle-tree32"] = lambda: hfs.Eagle(eagle, adaptive=False,
+                                                 tree=hfs.DynamicTree(nodes=32, depth=8, top_k=8))
     if "draft-model" in args.methods:
         if not args.draft_model:
             raise SystemExit("--methods draft-model needs --draft-model NAME (a registry model or a folder)")
