@@ -17,6 +17,7 @@ from hf_speculative.core import accept as accept_module
 from hf_speculative.core.accept import accept_rejection
 from hf_speculative.core.sampling import RejectionSampler, check_mode
 from hf_speculative.core.tree import DraftTree
+from hf_speculative.core import tree_shapes
 from hf_speculative.core.tree_shapes import DynamicTree
 from tests.core.test_sampling import (  # noqa: F401 - fixtures
     ALPHA as E2E_ALPHA, NEW, PROMPT, assert_same_distribution, cell, close_drafter, far_drafter, inputs,
@@ -323,3 +324,40 @@ def test_a_draft_model_tree_accepts_at_least_as_much_as_under_the_seeded_rule(ta
     _, rejection = rejection_samples(target, strategy, PROMPT, speculative_sampling="rejection")
     _, seeded = rejection_samples(target, strategy, PROMPT)
     assert rejection["accepted"] / rejection["drafted"] > seeded["accepted"] / seeded["drafted"], (rejection, seeded)
+
+
+def test_guesses_are_drawn_from_the_drafters_likeliest_tokens_and_q_says_so(monkeypatch):
+    """A dynamic tree's draws come from the drafter's ``PROPOSAL_TOKENS`` likeliest tokens, renormalised, and each
+    node's ``q`` is exactly that distribution (less the siblings drawn before it): what the rule must be told."""
+    monkeypatch.setattr(tree_shapes, "PROPOSAL_TOKENS", 5)
+    logits = torch.randn(40, generator=torch.Generator().manual_seed(0))
+    sampler = RejectionSampler(torch.Generator().manual_seed(1))
+    shape = DynamicTree(nodes=4, depth=1, top_k=4)
+    top5 = torch.softmax(logits, -1).topk(5).indices.tolist()
+    truncated = torch.zeros(40)
+    truncated[top5] = torch.softmax(logits[top5], -1)
+    seen = Counter()
+    for _ in range(300):
+        tree = shape.grow(torch.log_softmax(logits, -1), lambda *a: None, sampler=sampler)
+        assert set(tree.tokens.tolist()) <= set(top5) and int(tree.tokens[0]) == top5[0]
+        assert torch.equal(tree.q[0], torch.nn.functional.one_hot(torch.tensor(top5[0]), 40).float())
+        rest = truncated.clone()
+        for i in range(1, tree.size):
+            rest[int(tree.tokens[i - 1])] = 0.0
+            assert torch.allclose(tree.q[i], rest / rest.sum())
+        seen[int(tree.tokens[1])] += 1
+    second = truncated.clone()
+    second[top5[0]] = 0.0
+    expected = [float(second[t] / second.sum()) * 300 for t in top5[1:]]
+    expected = [e * 300 / sum(expected) for e in expected]  # (float32 sums: chisquare wants them equal)
+    assert chisquare([seen[t] for t in top5[1:]], expected).pvalue > ALPHA
+
+
+def test_a_truncated_proposal_keeps_the_target_distribution(monkeypatch, target, close_drafter):
+    """End to end through the rule with draws from only the drafter's 3 likeliest tokens (most drafts then miss)."""
+    monkeypatch.setattr(tree_shapes, "PROPOSAL_TOKENS", 3)
+    strategy = hfs.DraftModel(close_drafter, tree=DynamicTree(nodes=6, depth=3, top_k=3), adaptive=False)
+    exact, plain = references(target, PROMPT)
+    samples, total = rejection_samples(target, strategy, PROMPT, speculative_sampling="rejection")
+    assert 0 < total["accepted"] < total["drafted"], total
+    assert_same_distribution(samples, exact, plain)
