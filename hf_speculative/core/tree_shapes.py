@@ -236,8 +236,8 @@ class DynamicTree:
             top = logprobs.topk(k, dim=-1)
             return top.values, top.indices
         # The draws come from the drafter's distribution over its PROPOSAL_TOKENS likeliest tokens, renormalised:
-        # what each guess was drawn from is what the rule is told (so it stays exact), and Gumbel noise for a few
-        # hundred tokens instead of the whole vocabulary is most of this step's cost saved.
+        # what each guess was drawn from is what the rule is told (so it stays exact); noise for a few hundred
+        # tokens instead of the whole vocabulary, and no guesses from a tail the target never keeps.
         top = logprobs.topk(min(PROPOSAL_TOKENS, logprobs.shape[-1]), dim=-1)  # [k, M], best first
         uniform = torch.rand(top.values.shape, generator=sampler.generator).clamp_min(1e-20)
         perturbed = top.values - torch.log(-torch.log(uniform))  # [k, M]
@@ -265,8 +265,8 @@ class DynamicTree:
 def _drawn_from(drawn: list[tuple]) -> torch.Tensor:
     """``[n, V]``: the distribution each guess was drawn from, for ``drawn`` entries ``(probs [k, V], row, the
     row's guesses before it, its token)``: a row's first guess is its argmax (a one-hot row, a point mass), a later
-    one a draw from the row's ``probs`` less the guesses before it, renormalised. Built for the kept nodes only,
-    in a few operations (a clone of a ``[V]`` row per guess of every expanded node had cost a tenth of the step)."""
+    one a draw from the row's ``probs`` less the guesses before it, renormalised. Built for the kept nodes only, in
+    a few operations (not a ``[V]`` clone for every guess of every expanded node)."""
     rows = torch.stack([probs[row] for probs, row, _, _ in drawn])  # [n, V]
     before = [(i, token) for i, (_, _, earlier, _) in enumerate(drawn) for token in earlier]
     if before:

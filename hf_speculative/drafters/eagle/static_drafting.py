@@ -119,11 +119,14 @@ class StaticDrafting:
     def crop(self, length: int) -> None:
         self.length = min(self.length, max(length, 0))
 
-    def _forward(self, rows: int, width: int, tokens, hidden, positions, seen, pick, fused: bool):
+    def _forward(self, rows: int, width: int, tokens, hidden, positions: list[int], seen, pick: list[int],
+                 fused: bool):
         """Run ``rows`` real rows padded to ``width`` (eagerly at their own width when they do not fit). ``tokens``
-        `[rows]`, ``hidden`` `[rows, F]` on the device; ``positions`` `[rows]`, ``seen`` `[rows, C]` (what each
-        real row may attend to besides itself) and ``pick`` on the host, copied in one go (on a GPU, a few copies
-        instead of a kernel per mask entry). Returns outputs `[rows, H]` and logits `[R, V]`."""
+        `[rows]` (read on the host: a few ids), ``hidden`` `[rows, F]` on the device; ``positions`` (``rows`` ints),
+        ``seen`` `[rows, C]` on the host (what each real row may attend to besides itself) and ``pick`` (the rows
+        whose logits are read). Tokens and indices go to the device as one tensor and the mask as another: on a
+        GPU two copies per forward, not a kernel per index or mask entry. Returns outputs `[rows, H]` and logits
+        `[R, V]`."""
         start = self.length
         if start + max(rows, width) > self.capacity:
             raise RuntimeError(f"the drafter's static cache ({self.capacity} positions) is full at {start}; this is a "
@@ -132,17 +135,19 @@ class StaticDrafting:
         if rows > width:  # a long backlog (the prompt): once, eagerly, at its own length
             run, width = self.step, rows
         pad = width - rows
-        slots = torch.arange(start, start + width)  # [W]
+        # [W] tokens, [W] positions, [W] slots (padding rows: token 0, any valid position), [R] picked rows
+        ints = torch.tensor(tokens.tolist() + [0] * pad + positions + positions[-1:] * pad
+                            + list(range(start, start + width)) + pick)
         mask = torch.zeros(width, self.capacity, dtype=torch.bool)  # [W, C]
         mask[:rows] = seen
-        mask[torch.arange(width), slots] = True  # every row sees itself, a padding row only itself
-        positions = torch.cat([positions, positions[-1:].expand(pad)])  # [W] (padding: any valid position)
-        slots, mask, positions, pick = (t.to(self.device, non_blocking=True) for t in (slots, mask, positions, pick))
-        tokens = torch.nn.functional.pad(tokens.to(self.device), (0, pad))[None]  # [1, W]
+        mask[:, start:start + width].diagonal().fill_(True)  # every row sees itself, a padding row only itself
+        ints, mask = ints.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+        tokens, positions = ints[None, :width], ints[None, width:2 * width]  # [1, W] each
+        slots, pick = ints[2 * width:3 * width], ints[3 * width:]  # [W], [R]
         hidden = torch.nn.functional.pad(hidden, (0, 0, 0, pad))[None]  # [1, W, F]
         if run is not self.step:
             new_replay(self.device)
-        out, logits = run(tokens, hidden, positions[None], slots, mask, pick, fused)
+        out, logits = run(tokens, hidden, positions, slots, mask, pick, fused)
         self.length = start + rows
         return out[0, :rows].clone(), logits.clone()  # [rows, H], [R, V]
 
@@ -151,17 +156,15 @@ class StaticDrafting:
         crop to the true prefix ``first``. Returns the last row's output `[H]` and its logits `[V]`."""
         self.crop(first)
         rows = tokens.shape[0]
-        positions = torch.arange(first, first + rows)  # [P']
-        seen = self._columns[None, :] <= positions[:, None]  # [P', C] causal over the prefix
-        out, logits = self._forward(rows, self.catch_width, tokens, features, positions, seen,
-                                    torch.tensor([rows - 1]), fused=True)
+        seen = self._columns[None, :] <= torch.arange(first, first + rows)[:, None]  # [P', C] causal over the prefix
+        out, logits = self._forward(rows, self.catch_width, tokens, features, list(range(first, first + rows)), seen,
+                                    [rows - 1], fused=True)
         return out[-1], logits[0]
 
     def chain_step(self, token: int, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One chain token after the entries so far. Returns its output `[H]` and logits `[V]`."""
         seen = (self._columns < self.length + 1)[None]  # [1, C]
-        out, logits = self._forward(1, 1, torch.tensor([token]), hidden[None], torch.tensor([position]), seen,
-                                    torch.tensor([0]), fused=False)
+        out, logits = self._forward(1, 1, torch.tensor([token]), hidden[None], [position], seen, [0], fused=False)
         return out[0], logits[0]
 
     def tree_expander(self, n_true: int, root_position: int, root_hidden: torch.Tensor):
@@ -175,8 +178,8 @@ class StaticDrafting:
             seen = (self._columns < n_true).expand(k, -1).clone()  # [k, C]
             rows = [i for i, slots in enumerate(ancestors) for _ in slots]
             seen[rows, [slot for slots in ancestors for slot in slots]] = True  # one write for every row
-            out, logits = self._forward(k, self.width, tokens, hidden_in, torch.tensor(positions), seen,
-                                        torch.arange(max(k, self.width)), fused=False)
+            out, logits = self._forward(k, self.width, tokens, hidden_in, positions, seen,
+                                        list(range(max(k, self.width))), fused=False)
             branches.expanded(frontier, out, past)
             return torch.log_softmax(logits[:k], dim=-1)  # [k, V]
 
