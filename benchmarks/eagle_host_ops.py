@@ -54,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     from tests.conftest import build_model, prompt_inputs, random_eagle
 
     counter = Counter()
-    step_forward = static_drafting.DraftStep.forward
-
     forwards = [0]
 
     def uncounted(fn, drafter=False):
@@ -70,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
 
     static_cache.compiled_forward = lambda target, mode: uncounted(target)  # the target's forward: not counted
     static_drafting.compile_step = lambda step, mode: uncounted(step, drafter=True)
-    static_drafting.DraftStep.forward = step_forward
     per_step: list[tuple[int, int, int]] = []
     draft = EagleCandidateGenerator.draft
 

@@ -73,7 +73,6 @@ def test_run_bench_repeats_keep_the_median(tmp_path, two_prompts, chat_model, ch
         run_bench(chat_model, chat_tokenizer, [], load_prompts(two_prompts), out=out, repeats=0)
 
 
-
 def test_suffix_repeats_never_draft_their_own_previous_run(tmp_path, two_prompts, chat_model, chat_tokenizer):
     """SuffixDecoding's history is the model's: the warm-up leaves nothing in it and a prompt's output joins once,
     after its repeats (a repeat that saw the previous one's output would copy it whole)."""
@@ -85,6 +84,7 @@ def test_suffix_repeats_never_draft_their_own_previous_run(tmp_path, two_prompts
                         max_new_tokens=8, repeats=2, progress=False)
     assert all(r["identical_to_greedy"] for r in records)
     assert len(history.outputs) == before + 2  # one per prompt: not the warm-up's, not each repeat's
+
 
 def test_run_bench_with_hfs_prompt_lookup(tmp_path, two_prompts, chat_model, chat_tokenizer):
     records = run_bench(

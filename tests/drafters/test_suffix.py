@@ -114,7 +114,6 @@ def test_history_makes_a_repeated_request_fully_drafted():
     assert hfs.last_stats(model).target_forwards > forwards[1]  # without a history, no such shortcut
 
 
-
 def test_held_outputs_keep_a_measurement_repeatable_and_join_at_the_end():
     """The benchmark's hold: the repeats of one request inside ``outputs_held`` draft from the same history (none
     copies the previous repeat's answer, which the test above shows it would), and the outputs join afterwards."""
@@ -145,6 +144,7 @@ def test_held_outputs_can_be_dropped_and_a_failing_block_still_releases():
         raise KeyError("a failing measurement")
     model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8, candidate_generator=strategy)
     assert len(strategy.history(model).outputs) == 1  # no hold left behind
+
 
 def test_history_file_carries_over_to_a_new_process(tmp_path):
     path = tmp_path / "suffix.json"

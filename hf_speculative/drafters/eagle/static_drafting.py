@@ -119,10 +119,10 @@ class StaticDrafting:
     def crop(self, length: int) -> None:
         self.length = min(self.length, max(length, 0))
 
-    def _forward(self, rows: int, width: int, tokens, hidden, positions: list[int], seen, pick: list[int],
+    def _forward(self, rows: int, width: int, tokens: list[int], hidden, positions: list[int], seen, pick: list[int],
                  fused: bool):
         """Run ``rows`` real rows padded to ``width`` (eagerly at their own width when they do not fit). ``tokens``
-        `[rows]` (read on the host: a few ids), ``hidden`` `[rows, F]` on the device; ``positions`` (``rows`` ints),
+        (``rows`` ids, on the host), ``hidden`` `[rows, F]` on the device; ``positions`` (``rows`` ints),
         ``seen`` `[rows, C]` on the host (what each real row may attend to besides itself) and ``pick`` (the rows
         whose logits are read). Tokens and indices go to the device as one tensor and the mask as another: on a
         GPU two copies per forward, not a kernel per index or mask entry. Returns outputs `[rows, H]` and logits
@@ -136,7 +136,7 @@ class StaticDrafting:
             run, width = self.step, rows
         pad = width - rows
         # [W] tokens, [W] positions, [W] slots (padding rows: token 0, any valid position), [R] picked rows
-        ints = torch.tensor(tokens.tolist() + [0] * pad + positions + positions[-1:] * pad
+        ints = torch.tensor(tokens + [0] * pad + positions + positions[-1:] * pad
                             + list(range(start, start + width)) + pick)
         mask = torch.zeros(width, self.capacity, dtype=torch.bool)  # [W, C]
         mask[:rows] = seen
@@ -157,14 +157,14 @@ class StaticDrafting:
         self.crop(first)
         rows = tokens.shape[0]
         seen = self._columns[None, :] <= torch.arange(first, first + rows)[:, None]  # [P', C] causal over the prefix
-        out, logits = self._forward(rows, self.catch_width, tokens, features, list(range(first, first + rows)), seen,
-                                    [rows - 1], fused=True)
+        out, logits = self._forward(rows, self.catch_width, tokens.tolist(), features, list(range(first, first + rows)),
+                                    seen, [rows - 1], fused=True)
         return out[-1], logits[0]
 
     def chain_step(self, token: int, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One chain token after the entries so far. Returns its output `[H]` and logits `[V]`."""
         seen = (self._columns < self.length + 1)[None]  # [1, C]
-        out, logits = self._forward(1, 1, torch.tensor([token]), hidden[None], [position], seen, [0], fused=False)
+        out, logits = self._forward(1, 1, [token], hidden[None], [position], seen, [0], fused=False)
         return out[0], logits[0]
 
     def tree_expander(self, n_true: int, root_position: int, root_hidden: torch.Tensor):
@@ -178,7 +178,7 @@ class StaticDrafting:
             seen = (self._columns < n_true).expand(k, -1).clone()  # [k, C]
             rows = [i for i, slots in enumerate(ancestors) for _ in slots]
             seen[rows, [slot for slots in ancestors for slot in slots]] = True  # one write for every row
-            out, logits = self._forward(k, self.width, tokens, hidden_in, positions, seen,
+            out, logits = self._forward(k, self.width, tokens.tolist(), hidden_in, positions, seen,
                                         list(range(max(k, self.width))), fused=False)
             branches.expanded(frontier, out, past)
             return torch.log_softmax(logits[:k], dim=-1)  # [k, V]
