@@ -622,19 +622,26 @@ def project(
                              "(repeatable). Default: each step's own draft seconds over greedy's seconds per token, "
                              "from the benchmark (assumes drafting scales like the target between the devices).")]
     = None,
+    loop_cost: Annotated[Optional[list[str]], typer.Option(
+        "--loop-cost", help="The loop's own work per step (appending tokens, stops, the drafter's observe) in "
+                            "one-token forwards: X or METHOD=X (repeatable; 0 leaves it out). Default: each step's "
+                            "own seconds outside drafting and verifying over greedy's seconds per token.")]
+    = None,
 ) -> None:
     """Project the benchmark's speedups onto the profile's device: each step costs the profile's relative cost of
-    verifying its draft, plus the draft cost, against one one-token forward per greedy token."""
+    verifying its draft, plus the draft cost and the loop's own work, against one one-token forward per greedy
+    token."""
     from ..bench import projection
 
     for path in (bench_file, profile_file):
         if not path.is_file():
             _fail(f"no such file: {path}")
-    costs = _draft_costs(draft_cost or [])
+    costs, loops = _draft_costs(draft_cost or []), _draft_costs(loop_cost or [], "--loop-cost")
     try:
         records = projection.load_benchmark(bench_file)
         profile_data = projection.load_profile(profile_file)
-        result = projection.project(records, profile_data, draft_cost=costs, source=str(bench_file))
+        result = projection.project(records, profile_data, draft_cost=costs, loop_cost=loops,
+                                    source=str(bench_file))
     except ValueError as err:
         _fail(str(err))
     typer.echo(projection.format_markdown(result))
@@ -643,9 +650,9 @@ def project(
         _err().print(f"projection written to {json_path} and {md_path}", soft_wrap=True)
 
 
-def _draft_costs(values: list[str]) -> float | dict[str, float] | None:
-    """``--draft-cost`` values: ``X`` (every method) or ``METHOD=X``; a float, a dict by method (``"*"``: the
-    others) or ``None`` (measured)."""
+def _draft_costs(values: list[str], flag: str = "--draft-cost") -> float | dict[str, float] | None:
+    """``--draft-cost`` (or ``--loop-cost``) values: ``X`` (every method) or ``METHOD=X``; a float, a dict by method
+    (``"*"``: the others) or ``None`` (measured)."""
     import math
 
     costs: dict[str, float] = {}
@@ -656,7 +663,7 @@ def _draft_costs(values: list[str]) -> float | dict[str, float] | None:
         except ValueError:
             cost = -1.0
         if not math.isfinite(cost) or cost < 0:
-            _fail(f"--draft-cost {value}: give a number >= 0 (one-token forwards per step) or METHOD=NUMBER.")
+            _fail(f"{flag} {value}: give a number >= 0 (one-token forwards per step) or METHOD=NUMBER.")
         costs[method or "*"] = cost
     if not costs:
         return None

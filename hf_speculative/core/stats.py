@@ -5,7 +5,7 @@ happens* (a draft is proposed, a target forward verifies it) and published when 
 ``hf_speculative.last_stats(model)`` always describes one complete ``generate()`` call.
 
 Besides the totals it keeps one record per verification step (draft tokens verified, tokens accepted,
-draft and verify seconds) in compact arrays, 16 bytes a step: :meth:`SpeculativeStats.steps`. Both
+draft, verify and other seconds) in compact arrays, 20 bytes a step: :meth:`SpeculativeStats.steps`. Both
 routes fill them through :meth:`~SpeculativeStats.record_draft` / :meth:`~SpeculativeStats.record_verify`
 (transformers' assisted loop for chains, through ``base.SpeculativeCandidateGenerator``; our loop for
 trees), which ``hf-speculative project`` reads from the benchmark's JSONL.
@@ -38,8 +38,10 @@ class SpeculativeStats:
 
     Per step (one target forward each, in order; :meth:`steps` returns them as lists): the draft tokens it
     verified (the chain's length or the tree's node count), the tokens it accepted, and the seconds of the
-    draft and of the verification. A draft recorded without a verification after it (the call ended) is left
-    out; two drafts before one verification count as one step's draft.
+    draft, of the verification and of the rest of the step (``other_s``: from the verification's end to the next
+    draft's start, where the loop appends the tokens, checks stops, streams and the drafter observes the
+    verdict; 0 for the call's last step). A draft recorded without a verification after it (the call ended) is
+    left out; two drafts before one verification count as one step's draft.
     """
 
     method: str = ""
@@ -57,6 +59,8 @@ class SpeculativeStats:
     _step_accepted: array = dataclasses.field(default_factory=lambda: array("i"), repr=False)
     _step_draft_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
     _step_verify_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
+    _step_other_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
+    _verified_at: float | None = dataclasses.field(default=None, repr=False)  # the last verification's end
     _pending_draft: tuple[int, float] = dataclasses.field(default=(0, 0.0), repr=False)
 
     # -- events -------------------------------------------------------------------------------
@@ -64,6 +68,9 @@ class SpeculativeStats:
         self.drafted_tokens += num_tokens
         self.draft_time_s += seconds
         tokens, before = self._pending_draft
+        if self._verified_at is not None:  # the step before ended when this draft began
+            self._step_other_s[-1] = max(time.perf_counter() - float(seconds) - self._verified_at, 0.0)
+            self._verified_at = None
         self._pending_draft = (tokens + int(num_tokens), before + float(seconds))
 
     def record_verify(self, num_accepted: int, seconds: float) -> None:
@@ -77,13 +84,16 @@ class SpeculativeStats:
         self._step_accepted.append(int(num_accepted))
         self._step_draft_s.append(draft_s)
         self._step_verify_s.append(float(seconds))
+        self._step_other_s.append(0.0)
+        self._verified_at = time.perf_counter()
 
     def steps(self) -> dict[str, list]:
         """The per-step records, one entry per target forward: ``{"drafted": [...], "accepted": [...],
-        "draft_s": [...], "verify_s": [...]}`` (seconds rounded to the microsecond)."""
+        "draft_s": [...], "verify_s": [...], "other_s": [...]}`` (seconds rounded to the microsecond)."""
         return {"drafted": self._step_drafted.tolist(), "accepted": self._step_accepted.tolist(),
                 "draft_s": [round(t, 6) for t in self._step_draft_s],
-                "verify_s": [round(t, 6) for t in self._step_verify_s]}
+                "verify_s": [round(t, 6) for t in self._step_verify_s],
+                "other_s": [round(t, 6) for t in self._step_other_s]}
 
     # -- derived figures ----------------------------------------------------------------------
     @property

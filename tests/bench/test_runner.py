@@ -97,10 +97,11 @@ def test_run_bench_with_hfs_prompt_lookup(tmp_path, two_prompts, chat_model, cha
     # per-step records (what `hf-speculative project` reads): one per target forward, summing to the totals
     for r in hfs_records:
         steps = r["steps"]
-        assert r["shape"] == "chain" and set(steps) == {"drafted", "accepted", "draft_s", "verify_s"}
+        assert r["shape"] == "chain" and set(steps) == {"drafted", "accepted", "draft_s", "verify_s", "other_s"}
         assert all(len(values) == r["target_forwards"] for values in steps.values())
         assert sum(steps["drafted"]) == r["drafted"] and sum(steps["accepted"]) == r["accepted"]
         assert all(t >= 0 for t in steps["draft_s"]) and all(t > 0 for t in steps["verify_s"])
+        assert all(t >= 0 for t in steps["other_s"]) and sum(steps["other_s"]) > 0
     others = [r for r in records if r["method"] != "prompt-lookup"]
     assert all("steps" not in r for r in others)  # greedy and transformers' methods are not observed per step
     assert [r.get("shape") for r in others] == ["chain" if r["method"] == "hf-prompt-lookup" else None for r in others]

@@ -9,6 +9,7 @@ also counted independently, with a forward hook on the target.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -197,20 +198,23 @@ def test_derived_figures_without_events():
     assert stats.draft_time_s == 0.5 and stats.verify_time_s == 0.5
 
 
-def test_per_step_records_pair_each_draft_with_its_verification():
+def test_per_step_records_pair_each_draft_with_its_verification(monkeypatch):
+    clock = iter([10.0, 11.0, 13.0, 14.0, 20.0])  # the stats read time at each verification and draft
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     stats = hfs.SpeculativeStats()
-    assert stats.steps() == {"drafted": [], "accepted": [], "draft_s": [], "verify_s": []}
+    assert stats.steps() == {"drafted": [], "accepted": [], "draft_s": [], "verify_s": [], "other_s": []}
     stats.record_draft(4, 0.5)
-    stats.record_verify(3, 0.25)
-    stats.record_verify(0, 0.125)  # a forward with no draft recorded before it (the prefill of some routes)
-    stats.record_draft(2, 0.25)
+    stats.record_verify(3, 0.25)  # ends at 10.0
+    stats.record_verify(0, 0.125)  # a forward with no draft recorded before it (the prefill of some routes); ends 11.0
+    stats.record_draft(2, 0.25)  # ends at 13.0, so it began at 12.75: 1.75 s after the verification
     stats.record_draft(1, 0.25)  # two drafts before one forward: one step's draft
-    stats.record_verify(1, 0.5)
-    stats.record_draft(5, 1.0)  # the call ended before this draft was verified: no step
+    stats.record_verify(1, 0.5)  # ends at 14.0
+    stats.record_draft(5, 1.0)  # began at 19.0; the call ended before this draft was verified: no step
     assert stats.steps() == {"drafted": [4, 0, 3], "accepted": [3, 0, 1], "draft_s": [0.5, 0.0, 0.5],
-                             "verify_s": [0.25, 0.125, 0.5]}
+                             "verify_s": [0.25, 0.125, 0.5], "other_s": [0.0, 1.75, 5.0]}
     assert "_step_drafted" not in stats.to_dict() and "steps" not in stats.to_dict()
-    assert stats._step_drafted.itemsize == 4 and stats._step_verify_s.itemsize == 4  # 16 bytes a step
+    assert "_verified_at" not in stats.to_dict()
+    assert stats._step_drafted.itemsize == 4 and stats._step_other_s.itemsize == 4  # 20 bytes a step
 
 
 @pytest.mark.parametrize("tree", [None, hfs.DynamicTree(nodes=6, depth=3)], ids=["chain", "tree"])
@@ -224,6 +228,8 @@ def test_per_step_records_of_both_routes(model, tree):
     assert Counter(steps["accepted"]) == stats.accepted_lengths
     assert sum(steps["draft_s"]) == pytest.approx(stats.draft_time_s, abs=1e-4)
     assert sum(steps["verify_s"]) == pytest.approx(stats.verify_time_s, abs=1e-4)
+    other = sum(steps["other_s"])  # the rest of each step: the whole call is draft + verify + other (+ the ends)
+    assert 0 < other and stats.draft_time_s + stats.verify_time_s + other <= stats.total_time_s
     if tree is not None:
         assert max(steps["drafted"]) <= 6
 

@@ -65,8 +65,18 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     assert sorted(call.split("TEST_GROUPS=")[1] for call in calls) == sorted(
         f'"{job.split(":", 1)[1]}"' for job in jobs)
     tf4 = [call for call in calls if "VENV=.venv-tf4" in call and "TEST_GROUPS" in call]
-    assert len(tf4) == 2 and all("TEST_MARK=not single_version" in call for call in tf4)
-    assert not any("TEST_MARK" in call for call in calls if "VENV=.venv-tf4" not in call)
+    assert len(tf4) == 2 and all("TEST_MARK=not single_version and not timing" in call for call in tf4)
+    assert all("TEST_MARK=not timing" in call for call in calls if "VENV=.venv-tf4" not in call)
     queue = (logs / "queue.txt").read_text().splitlines()
     assert len(queue) == len(jobs) and sum(line.startswith("FAIL") for line in queue) == 1
     assert len(list(logs.glob("*-tf*.log"))) == len(jobs)
+
+
+def test_timing_tests_run_alone_after_everything_else():
+    """Tests that compare measured times (the ``timing`` marker) are left out of the queue and run once the queue,
+    the OpenVINO check and the fresh-machine check have finished: alone on the machine."""
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    timing = text.index('make test PYTEST_ARGS="-m timing tests"')
+    assert timing > max(text.index("tools/ci/test_queue.sh \"$logs\""), text.index('wait "$ov_pid"'),
+                        text.index('wait "$fresh_pid"'), text.index("-m openvino"))
+    assert "timing:" in (ROOT / "pyproject.toml").read_text(encoding="utf-8")  # a registered marker

@@ -8,7 +8,8 @@
 # GROUP is one of the Makefile's TEST_GROUPS ("+" joins paths). Jobs are claimed in the order given (put the longest
 # first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log; on 4.x with
 # TEST_MARK="not single_version" (tooling whose outcome does not depend on transformers' version runs on 5.x only:
-# pyproject.toml's markers). Both venvs are installed first, one after the other (two `make install` at once into one
+# pyproject.toml's markers); on both without the `timing` tests, which compare measured times and so run alone
+# after the queue (.ci/run). Both venvs are installed first, one after the other (two `make install` at once into one
 # venv collide). Exits 1 if any group failed, after all ran.
 set -uo pipefail
 logdir=$1
@@ -16,7 +17,8 @@ shift
 jobs=("$@")
 workers=${WORKERS:-2}
 claims=$(mktemp -d)
-TF4=(VENV=.venv-tf4 TRANSFORMERS_SPEC="transformers==4.57.6" TEST_MARK="not single_version")
+TF4=(VENV=.venv-tf4 TRANSFORMERS_SPEC="transformers==4.57.6" TEST_MARK="not single_version and not timing")
+TF5=(TEST_MARK="not timing")  # the timing tests run alone after the queue (.ci/run)
 make install >/dev/null || exit 1
 make install "${TF4[@]}" >/dev/null || exit 1
 
@@ -24,7 +26,7 @@ run_job() {  # index, "VERSION:GROUP"
     local index=$1 version=${2%%:*} group=${2#*:}
     local name
     name=$(printf '%02d-tf%s-%s' "$index" "$version" "$(echo "$group" | tr '/+*' '__x')")
-    local args=()
+    local args=("${TF5[@]}")
     [ "$version" = 4 ] && args=("${TF4[@]}")
     local start=$SECONDS
     if make test "${args[@]}" TEST_GROUPS="\"$group\"" >"$logdir/$name.log" 2>&1; then
