@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
+from hf_speculative.core.state import state_of
 from hf_speculative.core import static_cache
 from tools.gpu import real_e2e
 from hf_speculative.drafters.eagle import static_drafting
@@ -51,18 +52,34 @@ def test_the_real_step_runs_every_arm_on_every_prompt(chat_checkpoint, chat_mode
     assert "| EAGLE tree 32, compiled |" in table and f"| {prompts}/{prompts} | {prompts}/{prompts} |" in table
 
 
-def test_suffix_decoding_starts_afresh_every_call_and_divergences_are_located(chat_checkpoint):
+def test_suffix_decodings_repeats_never_draft_their_own_answer_and_divergences_are_located(chat_checkpoint,
+                                                                                           monkeypatch):
+    """A prompt's repeats draft from the earlier prompts' outputs only: run_real holds each prompt's outputs back
+    until its repeats are done (the history is the model's, so a repeat would otherwise copy the answer whole)."""
+    from hf_speculative.drafters.suffix.history import outputs_held
+
     model, _ = hfs.load_model(str(chat_checkpoint))
-    arms = real_e2e._arms(model, None)
-    strategy, _ = arms["SuffixDecoding, compiled"]
-    assert isinstance(strategy, real_e2e.Fresh)  # a shared one would draft the previous repeat's answer
+    strategy, _ = real_e2e._arms(model, None)["SuffixDecoding, compiled"]
     ids = torch.tensor([[1, 2, 3]])
-    base = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
-    real_e2e._call(model, strategy, True, base)()
-    first = hfs.last_stats(model)
-    real_e2e._call(model, strategy, True, base)()
+    base = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    with outputs_held(model):  # as run_real runs each prompt
+        real_e2e._call(model, strategy, True, base)()
+        real_e2e._call(model, strategy, True, base)()
     hfs.enable(model, compile=False)
-    assert hfs.last_stats(model) is not first
+    assert hfs.last_stats(model).accepted_tokens == 0  # nothing to copy: the first call's output was held back
+    real_e2e._call(model, strategy, True, base)()  # the next prompt (here the same one) may copy it
+    hfs.enable(model, compile=False)
+    assert hfs.last_stats(model).accepted_tokens > 0  # the control: a released output is drafted from
+    held, run_prompt = [], real_e2e._run_prompt
+
+    def spy(model, *args):
+        held.append(state_of(model).held_outputs is not None)
+        return run_prompt(model, *args)
+
+    monkeypatch.setattr(real_e2e, "_run_prompt", spy)
+    real_e2e.run_real(chat_checkpoint, "cpu", torch.float32, drafter=None, per_category=1, new_tokens=2, repeats=1,
+                      only=["Suffix"])
+    assert held and all(held)  # every prompt ran under the hold
     a = torch.tensor([[7, 7, 1, 2, 3, 4]])
     assert real_e2e._first_divergence(a, a.clone(), 2) is None
     assert real_e2e._first_divergence(a, torch.tensor([[7, 7, 1, 2, 9, 4]]), 2) == 2

@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", type=Path, default=None,
                         help="draw the page's figure for each prompt's last round of an earlier --out (here, no GPU)")
     args = parser.parse_args(argv)
+    from .gpu_check import comma_list
+
     if args.plots is not None:
         report = json.loads((args.plots / "app_results.json").read_text())
         for index, runs in enumerate(report["prompts"].values()):
@@ -153,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
             if figure is not None:
                 figure.savefig(args.out / f"app_plot_{index}.png", dpi=90)
         return 0
-    labels = list(EXAMPLES) if args.examples is None else [s.strip() for s in args.examples.split(",")]
+    labels = list(EXAMPLES) if args.examples is None else comma_list(args.examples)
     unknown = [label for label in labels if label not in EXAMPLES]
     if unknown:
         parser.error(f"--examples: unknown {unknown}; the page's examples are {list(EXAMPLES)}.")
     args.out.mkdir(parents=True, exist_ok=True)
-    report = run_app(args.model_dir, args.name, [m.strip() for m in args.methods.split(",") if m.strip()],
+    report = run_app(args.model_dir, args.name, comma_list(args.methods),
                      {label: EXAMPLES[label] for label in labels}, args.max_new_tokens, args.rounds, args.device)
     (args.out / "app_results.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["summary"], indent=1))

@@ -98,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated Spec-Bench categories (e.g. summarization,rag: answers that copy)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    from .gpu_check import comma_list
+
     args.out.mkdir(parents=True, exist_ok=True)
     report = run_batches(args.model_dir, [int(s) for s in args.sizes.split(",")], args.new_tokens, args.repeats,
                          args.device, args.dtype,
-                         [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None)
+                         comma_list(args.categories) or None)
     (args.out / "batch_e2e.json").write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -140,6 +140,11 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def comma_list(text: str | None) -> list[str] | None:
+    """A comma-separated option's parts, stripped, empty ones dropped; ``None`` for an option not given."""
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
 def keep_labels(rows: dict[str, Any], only: list[str] | None, option: str) -> dict[str, Any]:
     """The entries of ``rows`` whose label contains one of ``only`` (all without it), and transformers' greedy
     rows always (every speed is relative to them); a part that matches no label is refused, naming the labels."""
@@ -419,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             report["e2e"] = e2e
             save()
 
-        only = [m.strip() for m in args.e2e_methods.split(",") if m.strip()] if args.e2e_methods else None
+        only = comma_list(args.e2e_methods) or None
         e2e_saved(run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],
                           prompt_tokens=64 if tiny else 512, new_tokens=24 if tiny else 128, acceptance=0.7,
                           num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode, only=only,
@@ -438,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
 
         saved(run_real(args.real_model, args.device, dtype, drafter=args.real_drafter, medusa=args.real_medusa,
                        fixed=args.real_fixed, per_category=args.real_per_category,
-                       only=[a.strip() for a in args.real_arms.split(",") if a.strip()] if args.real_arms else None,
+                       only=comma_list(args.real_arms) or None,
                        new_tokens=args.real_new_tokens or (24 if tiny else 128),
                        repeats=args.real_repeats or (1 if tiny else 3), max_minutes=args.real_max_minutes,
                        on_prompt=saved))

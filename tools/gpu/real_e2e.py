@@ -28,15 +28,6 @@ from typing import Any, Callable
 import torch
 
 
-class Fresh:
-    """An arm whose strategy is made anew for every call. (SuffixDecoding's history of earlier outputs is the
-    model's, not the strategy's: a fresh one still drafted the previous repeat's answer, τ 8.4 on both H200 runs;
-    :func:`run_real` holds each prompt's outputs back until its repeats are done.)"""
-
-    def __init__(self, make: Callable[[], Any]):
-        self.make = make
-
-
 def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None,
           fixed: bool = False, only: list[str] | None = None) -> dict[str, tuple[Any, Any]]:
     """label -> (strategy, compile): ``None`` strategies are transformers' greedy (compile ``"static"``: on a
@@ -50,7 +41,7 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
                                         "transformers greedy (static cache)": (None, "static"),
                                         "prompt lookup, compiled": (hfs.PromptLookup(), True),
                                         "prompt lookup tree 32, compiled": (hfs.PromptLookup(tree=tree32), True),
-                                        "SuffixDecoding, compiled": (Fresh(hfs.SuffixDecoding), True)}
+                                        "SuffixDecoding, compiled": (hfs.SuffixDecoding(), True)}
     if drafter is not None:
         chain = hfs.Eagle.from_pretrained(drafter, target=model)
         tree = hfs.Eagle.from_pretrained(drafter, target=model, tree=hfs.DynamicTree())
@@ -77,8 +68,6 @@ def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict,
     from hf_speculative.compat import cache_kwarg, new_static_cache
     from hf_speculative.hf.checks import draft_budget
 
-    if isinstance(strategy, Fresh):
-        strategy = strategy.make()
     if strategy is None:
         if compile != "static":
             return lambda: type(model).generate(model, **base)
@@ -131,7 +120,9 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
             log("real", f"stopping after {done} of {len(prompts)} prompts: {minutes:.1f} min > --real-max-minutes")
             report["stopped_after_prompts"] = done
             break
-        with outputs_held(model):  # SuffixDecoding's repeats draft from the earlier prompts' outputs, not their own
+        # SuffixDecoding's history of outputs is the model's (a fresh strategy drafted the previous repeat's answer
+        # too, τ 8.4 on both H200 runs): the repeats draft from the earlier prompts' outputs, never their own
+        with outputs_held(model):
             _run_prompt(model, arms, prompt, ids, new_tokens, repeats, capacity, device, rows)
         log("real", f"{time.perf_counter() - began:.0f}s", prompt.category, prompt.question_id,
             {label: round(r[-1].get("seconds", float("nan")), 3) for label, r in rows.items()})
