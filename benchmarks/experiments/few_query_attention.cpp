@@ -1,0 +1,198 @@
+// Attention for a few query tokens (plain decoding: one; verifying a draft: 2-64) on a CPU, in fp32, reading each
+// key and value head once for all the query heads of its group (grouped-query attention).
+//
+// For query row i of head h (kv head g = h / (H / Hkv)), over the keys it may see, in ascending position j:
+//     s_j = scale * dot(q[h, i], k[g, j])            (one 8-lane FMA chain over D in order, a fixed reduction)
+//     m = max_j s_j,  p_j = exp(s_j - m)             (a polynomial exp, 8 lanes at a time)
+//     l = sum_j p_j,  out[i, h] = (sum_j p_j v[g, j]) / l      (sums in ascending j)
+// Every quantity of a row depends only on that row's query and the keys and values it sees, never on the other
+// rows, their number or the thread count: a verification row is bitwise what plain decoding computes at the same
+// position (the same keys visible), as the kernel's products are.
+//
+// What a row sees: without a mask, the causal prefix (row i of q sees kv - q + i + 1 keys); with a mask [B, q, kv]
+// (bool), the positions it marks (a tree's prefix, ancestors and itself). D must be a multiple of 8.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+// exp(x) for 8 lanes, x <= 0 (a row's scores minus their max): Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2,
+// exp(r) by a degree-6 polynomial (Cephes' expf coefficients), times 2^n through the exponent bits; below -87 the
+// result is 0 (exp(-87) ~ 1.6e-38: a weight that vanishes beside the max's 1).
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 small = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(small, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {  // a fixed order: (0+4, 1+5, 2+6, 3+7), pairs
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// The scores of one query against 8 keys: 8 FMA chains over D (one per key, in order), each reduced in the same
+// fixed order ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) of its lanes, whatever the other keys are.
+__attribute__((target("avx2,fma"))) inline __m256 dots8(const float* q, const float* const* rows, int64_t chunks) {
+  __m256 a[8];
+  const __m256 q0 = _mm256_loadu_ps(q);
+  for (int u = 0; u < 8; ++u) a[u] = _mm256_mul_ps(q0, _mm256_loadu_ps(rows[u]));
+  for (int64_t c = 1; c < chunks; ++c) {
+    const __m256 qc = _mm256_loadu_ps(q + 8 * c);
+    for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(rows[u] + 8 * c), a[u]);
+  }
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// exp(s - m) of a row's visible scores `p` (n of them, in place), 8 at a time; returns their sum, in that order.
+__attribute__((target("avx2,fma"))) float softmax_weights(float* p, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mv));
+    _mm256_storeu_ps(p + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (t < n) {  // the last 1-7, padded with -inf (weight 0)
+    alignas(32) float tail[8];
+    for (int64_t u = 0; u < 8; ++u) tail[u] = t + u < n ? p[t + u] : -std::numeric_limits<float>::infinity();
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(tail), mv));
+    _mm256_store_ps(tail, e);
+    for (int64_t u = 0; t + u < n; ++u) p[t + u] = tail[u];
+    sum = _mm256_add_ps(sum, e);
+  }
+  return hsum8(sum);
+}
+
+// All query rows of one kv head's group (R = heads of the group x query tokens) at once, so that each block of 8 keys
+// and of 8 values is read from memory once for all of them and from L1 after. A row's arithmetic is its own (see the
+// file's comment): scores for every key up to the furthest any row sees (a key's dot does not depend on the keys
+// computed beside it), then per row its visible keys in order.
+__attribute__((target("avx2,fma"))) void attend_group(const float* const* queries, int64_t R, const float* k,
+                                                      const float* v, int64_t key_stride, int64_t value_stride,
+                                                      const std::vector<std::vector<int64_t>>& seen, int64_t upto,
+                                                      int64_t d, float scale, float* scores, float* weights,
+                                                      float* const* outs) {
+  const int64_t chunks = d / 8;
+  const __m256 sv = _mm256_set1_ps(scale);
+  const float* rows[8];
+  for (int64_t t = 0; t < upto; t += 8) {  // scores[r * upto_pad + j]; past `upto`, key 0 again (unused)
+    for (int u = 0; u < 8; ++u) rows[u] = k + (t + u < upto ? t + u : 0) * key_stride;
+    for (int64_t r = 0; r < R; ++r)
+      _mm256_storeu_ps(scores + r * (upto + 8) + t, _mm256_mul_ps(dots8(queries[r], rows, chunks), sv));
+  }
+  __m256 acc[16];
+  for (int64_t r = 0; r < R; ++r) {
+    const std::vector<int64_t>& row_seen = seen[r];
+    const int64_t n = static_cast<int64_t>(row_seen.size());
+    const float* sr = scores + r * (upto + 8);
+    float* w = weights + r * (upto + 8);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) {
+      w[t] = sr[row_seen[t]];
+      m = w[t] > m ? w[t] : m;
+    }
+    const float inv = 1.0f / softmax_weights(w, n, m);
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {  // ascending keys: the values' rows were just read for the rows before
+      const float* vr = v + row_seen[t] * value_stride;
+      const __m256 p = _mm256_set1_ps(w[t]);
+      for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    }
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(outs[r] + 8 * c, _mm256_mul_ps(acc[c], iv));
+  }
+}
+
+}  // namespace
+
+// query [B, H, q, D], key / value [B, Hkv, kv, D] (any strides with the last dim contiguous), mask: None (causal)
+// or bool [B, q, kv]. Returns [B, q, H, D].
+torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
+                                  c10::optional<torch::Tensor> mask, double scale) {
+  TORCH_CHECK(query.dtype() == torch::kFloat32 && key.dtype() == torch::kFloat32 && value.dtype() == torch::kFloat32,
+              "few_query_attention: fp32 tensors");
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "few_query_attention: 4-D tensors");
+  const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
+  const int64_t Hkv = key.size(1), KV = key.size(2);
+  TORCH_CHECK(D % 8 == 0 && D <= 128, "few_query_attention: head dim a multiple of 8, at most 128");
+  TORCH_CHECK(H % Hkv == 0 && key.size(0) == B && value.size(2) == KV && value.size(1) == Hkv, "shapes");
+  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1, "few_query_attention: contiguous head dim");
+  auto q = query.contiguous();
+  auto out = torch::empty({B, Q, H, D}, query.options());
+  torch::Tensor m;
+  if (mask.has_value()) {
+    m = mask->to(torch::kBool).contiguous();
+    TORCH_CHECK(m.dim() == 3 && m.size(0) == B && m.size(1) == Q && m.size(2) == KV, "mask [B, q, kv]");
+  }
+  const float* qp = q.data_ptr<float>();
+  const float* kp = key.data_ptr<float>();
+  const float* vp = value.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const bool* mp = mask.has_value() ? m.data_ptr<bool>() : nullptr;
+  const int64_t group = H / Hkv;
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    const int64_t R = group * Q;
+    std::vector<std::vector<int64_t>> seen(R);
+    std::vector<float> scores(R * (KV + 8)), weights(R * (KV + 8));
+    std::vector<const float*> queries(R);
+    std::vector<float*> outs(R);
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / Hkv, g = bg % Hkv;
+      int64_t upto = 0, live = 0;
+      for (int64_t i = 0; i < Q; ++i) {
+        std::vector<int64_t> visible;
+        if (mp == nullptr) {
+          for (int64_t j = 0; j < KV - Q + i + 1; ++j) visible.push_back(j);
+        } else {
+          const bool* row = mp + (b * Q + i) * KV;
+          for (int64_t j = 0; j < KV; ++j)
+            if (row[j]) visible.push_back(j);
+        }
+        for (int64_t hh = 0; hh < group; ++hh) {
+          const int64_t h = g * group + hh;
+          float* orow = op + ((b * Q + i) * H + h) * D;
+          if (visible.empty()) {  // a padding row that sees nothing: zeros (SDPA would give NaN)
+            std::fill(orow, orow + D, 0.0f);
+            continue;
+          }
+          seen[live] = visible;
+          queries[live] = qp + ((b * H + h) * Q + i) * D;
+          outs[live] = orow;
+          ++live;
+        }
+        if (!visible.empty()) upto = std::max(upto, visible.back() + 1);
+      }
+      if (live)
+        attend_group(queries.data(), live, kp + b * key.stride(0) + g * key.stride(1),
+                     vp + b * value.stride(0) + g * value.stride(1), key.stride(2), value.stride(2), seen, upto, D,
+                     static_cast<float>(scale), scores.data(), weights.data(), outs.data());
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("few_query_attention", &few_query_attention); }
