@@ -135,56 +135,6 @@ def test_cache_stays_synced_through_a_whole_generate(monkeypatch):
     assert 0 < stats.accepted_tokens < stats.drafted_tokens  # partial acceptance: real rollbacks
 
 
-def test_a_context_window_reads_the_prompts_tail_and_stays_synced(monkeypatch):
-    """``context_window=W``: the first catch-up feeds the last W tokens (the drafter's drafts are then its greedy
-    continuation of that tail), later steps roll back within it, and the output is greedy's; without it the whole
-    prompt is fed (the control)."""
-    from hf_speculative.drafters.draft_model.drafter import DraftModelCandidateGenerator
-
-    target = build_model("llama")
-    drafter = sibling_model(target, seed=7)
-    text = list(PROMPT)
-    window = 6
-    generator = open_generator(target, drafter, context_window=window)
-    tokens = draft_once(generator, torch.tensor([text]), 4).tokens
-    assert tokens.tolist() == greedy(drafter, text[-window:], 4)  # what the drafter makes of the tail alone
-    assert generator._offset == L - window and generator.fed == text[-window:] + tokens.tolist()[:3]
-    assert compat.cache_length(generator.cache) == len(generator.fed)
-    text = text + tokens.tolist()[:1] + [(tokens[1].item() + 1) % VOCAB]  # one accepted, then the target's token
-    assert generator._rollback(torch.tensor([text])) == L + 1
-    assert generator.fed == text[L - window : L + 1]
-    assert draft_once(generator, torch.tensor([text]), 3).tokens.tolist() == greedy(drafter, text[L - window:], 3)
-    whole = open_generator(target, drafter)
-    draft_once(whole, torch.tensor([list(PROMPT)]), 4)
-    assert whole._offset == 0 and len(whole.fed) == L + 3
-
-    target = hfs.enable(build_model("llama"))
-    fed_first = []
-    original = DraftModelCandidateGenerator.draft
-
-    def spy(self, input_ids, plan):
-        result = original(self, input_ids, plan)
-        fed_first.append(len(self.fed))
-        verified = input_ids[0].tolist()
-        assert self.fed[: len(verified) - self._offset] == verified[self._offset:][: len(self.fed)]
-        return result
-
-    monkeypatch.setattr(DraftModelCandidateGenerator, "draft", spy)
-    ref = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=30)
-    out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30,
-                          candidate_generator=hfs.DraftModel(noisy_copy(target), adaptive=False, context_window=8))
-    assert out.tolist() == ref.tolist()
-    assert fed_first[0] <= 8 + 16 and hfs.last_stats(target).accepted_tokens > 0
-
-
-@pytest.mark.parametrize("window, message", [(0, "give a number of tokens >= 1"), (2.5, "give a number of tokens"),
-                                             (True, "give a number of tokens")])
-def test_a_bad_context_window_is_refused(window, message):
-    target = build_model("llama")
-    with pytest.raises(ValueError, match=message):
-        hfs.DraftModel(sibling_model(target), context_window=window)
-
-
 def test_close_frees_the_cache():
     target = build_model("llama")
     generator = open_generator(target, sibling_model(target))

@@ -460,11 +460,3 @@ def test_a_registry_draft_model_brings_its_tokenizer_from_the_cache(drafters, tt
     with pytest.raises(ValueError, match=rf"the drafter's tokenizer\): .*{re.escape(name)}.*tokenizer_config\.json "
                                          r"is missing"):
         _reload(tmp_path / "model")
-
-
-def test_a_context_window_is_refused_across_tokenizers(tt):
-    with pytest.raises(ValueError, match=r"context_window=\.\.\.\) is for drafters with the target's tokenizer"):
-        hfs.DraftModel(build_model("llama", seed=4), tokenizer=shifted_tokenizer(), target_tokenizer=tt,
-                       context_window=64)
-    assert hfs.DraftModel(build_model("llama", seed=4), tokenizer=tt, target_tokenizer=char_tokenizer(),
-                          context_window=64).context_window == 64  # the same tokenizer: taken

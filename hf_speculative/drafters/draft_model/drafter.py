@@ -78,11 +78,6 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
             the output not at all: the target verifies them). Measured on the Qwen2.5-Coder 1.5B/0.5B pair (bf16
             checkpoints): 1.03× greedy with int8 (τ 2.45) against 1.02× exact (τ 2.66), a tie; a drafter whose exact
             copy is fp32 reads 4× fewer bytes with int8 instead of 2× (not measured). Elsewhere it does nothing.
-        context_window (`int`, *optional*): the drafter reads at most the last ``context_window`` tokens of the
-            sequence when it first catches up in a call (a long prompt's tail; its positions start at 0 there), so
-            that its prefill costs that many tokens whatever the prompt's length; later tokens it reads as they
-            come. ``None`` (default): the whole prompt. The drafts change, the output does not (the target verifies
-            them). Same-tokenizer drafters only.
     """
 
     model: torch.nn.Module = dataclasses.field(repr=False)
@@ -94,7 +89,6 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
     kernel_weights: str = "exact"
-    context_window: int | None = None
     examples: ClassVar[tuple[str, ...]] = ("draft-model", "draft-model-copy", "draft-model-tree")
     live_fields: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "target_tokenizer")
     # a spec names the draft model (its registry name, or its folder inside the model's); one loaded from elsewhere
@@ -109,19 +103,12 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
         check_chain_options(self)
         if self.kernel_weights not in WEIGHTS:
             raise ValueError(f"DraftModel(kernel_weights={shown(self.kernel_weights)}): use one of {WEIGHTS}.")
-        window = self.context_window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"DraftModel(context_window={shown(window)}): give a number of tokens >= 1 (the most of "
-                             "the prompt the drafter reads), or None for all of it.")
         if self.tree is not None and not isinstance(self.tree, (DynamicTree, StaticTree)):
             raise ValueError(f"DraftModel(tree={shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
                              f"top_k=...), hfs.StaticTree(paths) or None for chains.")
         for field in ("tokenizer", "target_tokenizer"):
             if getattr(self, field) is not None:
                 check_tokenizer("DraftModel", field, getattr(self, field))
-        if window is not None and self.other_tokenizer():
-            raise ValueError("DraftModel(context_window=...) is for drafters with the target's tokenizer: this one's "
-                             "differs, and it reads the text across tokenizers in full; leave context_window=None.")
         if self.tree is not None and self.other_tokenizer():
             raise ValueError("DraftModel(tree=...) drafts trees with the target's tokenizer only: the drafter's "
                              "tokenizer differs from the target's here, and its drafts are chains (tree=None).")
@@ -216,9 +203,8 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         self.config = config
         self.drafter = config.model
         self.cache = compat.new_dynamic_cache()
-        self.fed: list[int] = []  # tokens whose keys/values are in self.cache: the sequence's from self._offset on
-        self._offset = 0  # where the drafter's context starts in the sequence (context_window: a long prompt's tail)
-        self._synced = 0  # the sequence up to _synced is in self.fed (from _offset) as verified
+        self.fed: list[int] = []  # tokens whose keys/values are in self.cache
+        self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
         self._size_ratio = size_ratio(self.drafter, ctx.target)
         self._size_tree_or_chain(ctx, config)
@@ -228,22 +214,17 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         return self._to_target_vocab(feed(self, tokens, device))
 
     def _rollback(self, input_ids: torch.LongTensor) -> int:
-        """Crop the drafter's cache to the longest prefix it shares with the verified sequence; returns the position
-        in the sequence from which the drafter has not read it. At the call's first catch-up with a
-        ``context_window``, the drafter's context starts ``context_window`` tokens before the sequence's end."""
-        length, window = input_ids.shape[1], self.config.context_window
-        if not self.fed and window is not None and length > window:
-            self._offset = self._synced = length - window  # (an empty cache: nothing to crop)
-        end = self._offset + len(self.fed)
-        tail = input_ids[0, self._synced : end].tolist()
+        """Crop the drafter's cache to the longest prefix it shares with the verified sequence."""
+        length = input_ids.shape[1]
+        tail = input_ids[0, self._synced : len(self.fed)].tolist()
         common = self._synced
-        for fed_token, true_token in zip(self.fed[self._synced - self._offset :], tail):
+        for fed_token, true_token in zip(self.fed[self._synced :], tail):
             if fed_token != true_token:
                 break
             common += 1
         common = min(common, length - 1)  # the last token must be fed again for its logits
-        compat.crop_cache(self.cache, end - common)
-        del self.fed[common - self._offset :]
+        compat.crop_cache(self.cache, len(self.fed) - common)
+        del self.fed[common:]
         self._synced = common
         return common
 

@@ -10,8 +10,7 @@ from typing import Any
 METHODS = [
     {"name": "draft-model", "order": 20, "label": "Draft model (hfs)",
      "description": "hf_speculative's draft model: a smaller model with the same tokenizer drafts greedily.",
-     "options": {"draft_model": None, "num_tokens": None, "adaptive": True, "kernel_weights": None,
-                 "context_window": None},
+     "options": {"draft_model": None, "num_tokens": None, "adaptive": True, "kernel_weights": None},
      "build": "build_draft_model"},
     # after transformers' methods (orders 100-125): the same pair as hf-assisted-uag
     {"name": "draft-model-uag", "order": 130, "label": "Draft model, another tokenizer (hfs)",
@@ -27,7 +26,7 @@ def build_draft_model(model: Any, tokenizer: Any, call: Any) -> dict:
 
     # adaptive=False (--fixed-budget): always the whole num_tokens, to measure τ without the cost model
     return {"candidate_generator": DraftModel(call.draft_model(), adaptive=call.flag("adaptive"),
-                                              **call.given("num_tokens", "kernel_weights", "context_window"))}
+                                              **call.given("num_tokens", "kernel_weights"))}
 
 
 def build_draft_model_uag(model: Any, tokenizer: Any, call: Any) -> dict:
