@@ -7,7 +7,9 @@ sync that the forward's CUDA graph does not hide).
 Counts, not times: runs on any machine, beside other work. Tiny random target and drafter, the fixed-shape path
 uncompiled (as the tests run it); what happens inside ``DraftStep.forward`` (one graph replay when compiled) and
 inside the target's forward is not counted. A chain's longest draft shrinks by one after each rejected draft (random
-drafts: 1-2 tokens a step after the first few), so compare the two by their figures per drafter forward.
+drafts: 1-2 tokens a step after the first few), so compare the two by their figures per drafter forward. The reads
+are an upper bound of a GPU run's syncs: here every tensor is on the host, so a read of one that a GPU run would keep
+on the host as well (made from a Python list for a host decision) is counted too.
 """
 
 from __future__ import annotations
