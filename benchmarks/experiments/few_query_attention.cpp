@@ -87,6 +87,32 @@ __attribute__((target("avx2,fma"))) float softmax_weights(float* p, int64_t n, f
   return hsum8(sum);
 }
 
+// NR rows' weighted sums of NC 8-lane chunks of the values (the chunk `c0` on), over keys 0..upto-1 in order; a row
+// adds only the keys it sees. Constant loop bounds keep the NR x NC sums in registers.
+template <int NR, int NC>
+__attribute__((target("avx2,fma"))) void values_pass(const float* v, int64_t value_stride, int64_t upto,
+                                                     const float* weights, int64_t weight_stride,
+                                                     const unsigned char* seen, int64_t seen_stride, const float* inv,
+                                                     float* const* outs, int64_t c0) {
+  __m256 acc[NR][NC];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < upto; ++j) {
+    const float* vr = v + j * value_stride;
+    __m256 vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = _mm256_loadu_ps(vr + 8 * c);
+    for (int r = 0; r < NR; ++r) {
+      if (!seen[r * seen_stride + j]) continue;
+      const __m256 p = _mm256_broadcast_ss(weights + r * weight_stride + j);
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const __m256 iv = _mm256_set1_ps(inv[r]);
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(outs[r] + 8 * (c0 + c), _mm256_mul_ps(acc[r][c], iv));
+  }
+}
+
 // All query rows of one kv head's group (R = heads of the group x query tokens) at once, so that each block of 8 keys
 // and of 8 values is read from memory once for all of them and from L1 after. A row's arithmetic is its own (see the
 // file's comment): scores for every key up to the furthest any row sees (a key's dot does not depend on the keys
@@ -104,7 +130,9 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
     for (int64_t r = 0; r < R; ++r)
       _mm256_storeu_ps(scores + r * (upto + 8) + t, _mm256_mul_ps(dots8(queries[r], rows, chunks), sv));
   }
-  __m256 acc[16];
+  // softmax per row over its visible keys in order; the weights then stored by key position (pos), 0 elsewhere
+  std::vector<float> inv(R);
+  std::vector<unsigned char> visible(R * upto, 0);
   for (int64_t r = 0; r < R; ++r) {
     const std::vector<int64_t>& row_seen = seen[r];
     const int64_t n = static_cast<int64_t>(row_seen.size());
@@ -115,15 +143,30 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
       w[t] = sr[row_seen[t]];
       m = w[t] > m ? w[t] : m;
     }
-    const float inv = 1.0f / softmax_weights(w, n, m);
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {  // ascending keys: the values' rows were just read for the rows before
-      const float* vr = v + row_seen[t] * value_stride;
-      const __m256 p = _mm256_set1_ps(w[t]);
-      for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+    inv[r] = 1.0f / softmax_weights(w, n, m);
+    float* pos = scores + r * (upto + 8);  // the scores are read: their place holds the weights by position
+    for (int64_t t = n - 1; t >= 0; --t) pos[row_seen[t]] = w[t];  // (row_seen ascending: no weight overwritten early)
+    for (int64_t t = 0; t < n; ++t) visible[r * upto + row_seen[t]] = 1;
+  }
+  // values: up to 3 rows at a time, 32 dims a pass (their sums in registers), the keys in ascending order; each row
+  // adds the keys it sees, one FMA each, in that order: its own sums whatever rows are beside it
+  for (int64_t r0 = 0; r0 < R; r0 += 3) {
+    const int64_t rows_here = std::min<int64_t>(3, R - r0);
+    for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
+      const float* weight_rows = scores + r0 * (upto + 8);
+      const unsigned char* seen_rows = visible.data() + r0 * upto;
+      if (chunks - c0 >= 4 && rows_here == 3)
+        values_pass<3, 4>(v + 8 * c0, value_stride, upto, weight_rows, upto + 8, seen_rows, upto, inv.data() + r0, outs + r0, c0);
+      else if (chunks - c0 >= 4 && rows_here == 2)
+        values_pass<2, 4>(v + 8 * c0, value_stride, upto, weight_rows, upto + 8, seen_rows, upto, inv.data() + r0, outs + r0, c0);
+      else if (chunks - c0 >= 4)
+        values_pass<1, 4>(v + 8 * c0, value_stride, upto, weight_rows, upto + 8, seen_rows, upto, inv.data() + r0, outs + r0, c0);
+      else  // fewer than 32 dims left: one chunk a pass
+        for (int64_t c = c0; c < chunks; ++c)
+          for (int64_t r = 0; r < rows_here; ++r)
+            values_pass<1, 1>(v + 8 * c, value_stride, upto, weight_rows + r * (upto + 8), upto + 8, seen_rows + r * upto,
+                              upto, inv.data() + r0 + r, outs + r0 + r, c);
     }
-    const __m256 iv = _mm256_set1_ps(inv);
-    for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(outs[r] + 8 * c, _mm256_mul_ps(acc[c], iv));
   }
 }
 
