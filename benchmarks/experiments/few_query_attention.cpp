@@ -155,17 +155,19 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
     for (int64_t c0 = 0; c0 < chunks; c0 += 4) {
       const float* weight_rows = scores + r0 * (upto + 8);
       const unsigned char* seen_rows = visible.data() + r0 * upto;
+      const float* vc = v + 8 * c0;
+      const int64_t ws = upto + 8;
       if (chunks - c0 >= 4 && rows_here == 3)
-        values_pass<3, 4>(v + 8 * c0, value_stride, upto, weight_rows, upto + 8, seen_rows, upto, inv.data() + r0, outs + r0, c0);
+        values_pass<3, 4>(vc, value_stride, upto, weight_rows, ws, seen_rows, upto, inv.data() + r0, outs + r0, c0);
       else if (chunks - c0 >= 4 && rows_here == 2)
-        values_pass<2, 4>(v + 8 * c0, value_stride, upto, weight_rows, upto + 8, seen_rows, upto, inv.data() + r0, outs + r0, c0);
+        values_pass<2, 4>(vc, value_stride, upto, weight_rows, ws, seen_rows, upto, inv.data() + r0, outs + r0, c0);
       else if (chunks - c0 >= 4)
-        values_pass<1, 4>(v + 8 * c0, value_stride, upto, weight_rows, upto + 8, seen_rows, upto, inv.data() + r0, outs + r0, c0);
+        values_pass<1, 4>(vc, value_stride, upto, weight_rows, ws, seen_rows, upto, inv.data() + r0, outs + r0, c0);
       else  // fewer than 32 dims left: one chunk a pass
         for (int64_t c = c0; c < chunks; ++c)
           for (int64_t r = 0; r < rows_here; ++r)
-            values_pass<1, 1>(v + 8 * c, value_stride, upto, weight_rows + r * (upto + 8), upto + 8, seen_rows + r * upto,
-                              upto, inv.data() + r0 + r, outs + r0 + r, c);
+            values_pass<1, 1>(v + 8 * c, value_stride, upto, weight_rows + r * ws, ws, seen_rows + r * upto, upto,
+                              inv.data() + r0 + r, outs + r0 + r, c);
     }
   }
 }
