@@ -6,10 +6,13 @@ a 512-token context costs 1.27 ms a layer for one query in bf16 against 0.15 ms 
 on the query, keys and values widened to fp32 (exactly: every bf16 value is an fp32 one) costs the fp32 figures plus
 the widening, and sums in fp32 throughout (its result is rounded back to the model's dtype).
 
-A forward of up to :data:`ROWWISE_ROWS` tokens (decoding, drafting, verification) runs each query row alone against
-the keys its mask row shows: the call a one-token forward makes at that position, so that with the kernel's
-row-independent products a verification row is bitwise what plain decoding computes (SDPA over several rows sums
-them in another order). Longer forwards (prefills) are transformers' SDPA attention on the widened tensors.
+A forward of up to :data:`ROWWISE_ROWS` tokens (decoding, drafting, verification) computes each query row on its own
+against the keys its mask row shows, so that with the kernel's row-independent products a verification row is
+bitwise what plain decoding computes (SDPA over several rows sums them in another order). Where hf_speculative's CPU
+kernel is built (AVX2), its attention for a few query rows does it (``csrc/few_query_attention.cpp``: scores and sums
+in key order, each block of keys read once for all the rows of a kv head's group; at SmolLM2's shapes 0.54× SDPA's
+time for one row and about 0.3 ms a row beyond); elsewhere each row is one SDPA call of its own. Longer forwards
+(prefills) are transformers' SDPA attention on the widened tensors.
 
 It is registered under its own name in transformers' attention and mask interfaces (the documented way to add an
 implementation: nothing of transformers' is replaced) and set on one model with ``model.set_attn_implementation``.
@@ -26,6 +29,8 @@ from .kernel import MAX_ROWS_BF16
 
 ROWWISE_ROWS = MAX_ROWS_BF16  # forwards of up to this many tokens go row by row, as a bf16 model's kernel products do
 _REGISTERED = False
+_FAST: list = []  # [the built kernel, or None where it cannot be]: decided once per process, so that every forward
+#                   of a model (plain decoding and verification alike) takes the same route
 
 
 def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -48,7 +53,17 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
                and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1))
                and not torch.compiler.is_compiling())
     if rowwise:
-        out = _rowwise(query, key, value, attention_mask, scaling)
+        kernel = fast_kernel()
+        head_dim = query.shape[-1]
+        if kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32:
+            mask = None
+            if attention_mask is not None:  # [B, 1, q, kv] -> [B, q, kv]
+                mask = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0
+                mask = mask.expand(query.shape[0], -1, -1)
+            out = kernel.few_query_attention(query, key, value, mask,
+                                             float(scaling if scaling is not None else head_dim ** -0.5))
+        else:
+            out = _rowwise(query, key, value, attention_mask, scaling)
     else:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)
@@ -89,6 +104,22 @@ def _rowwise(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
     return out
 
 
+def fast_kernel():
+    """The built CPU kernel, whose ``few_query_attention`` runs the rows of short forwards, or None where it cannot be
+    built (no AVX2, no compiler: each row is then one SDPA call). Decided at the first call and kept."""
+    if not _FAST:
+        from .kernel import cpu_supports_kernel, load_kernel
+
+        kernel = None
+        if cpu_supports_kernel():
+            try:
+                kernel = load_kernel()
+            except RuntimeError:  # no compiler or ninja: the SDPA route, which needs neither
+                kernel = None
+        _FAST.append(kernel)
+    return _FAST[0]
+
+
 def register() -> None:
     """Add :data:`CPU_ATTENTION` to transformers' attention and mask interfaces (once; SDPA's mask)."""
     global _REGISTERED
@@ -117,6 +148,7 @@ def use_cpu_attention(model: torch.nn.Module, enable: bool = True) -> bool:
     current = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if enable and wants_cpu_attention(model):
         register()
+        fast_kernel()  # built now (about a minute, once) rather than inside the first forward
         model.set_attn_implementation(CPU_ATTENTION)
         return True
     if not enable and current == CPU_ATTENTION:

@@ -51,8 +51,9 @@ import torch.nn.functional as F
 from ..compat import CPU_ROWWISE_TOKENS
 from ..extras import require
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("skinny_linear.cpp", "bf16_linear.cpp")]
-EXTENSION = "hfs_skinny_linear_v6"
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("skinny_linear.cpp", "bf16_linear.cpp", "few_query_attention.cpp")]
+EXTENSION = "hfs_skinny_linear_v7"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
 # a bf16 model's products on the kernel (in passes of 16 rows): every verification a CPU runs (a draft model's chains
 # reach 16 drafts, 17 rows; trees of up to 63 nodes) computes each row as plain decoding does
@@ -190,6 +191,16 @@ def skinny_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | N
     """``F.linear(x, weight, bias)`` for x `[M, in]` (fp32, CPU) and ``blocked = block_weight(weight)`` (float32 or
     bfloat16), or ``blocked, scale = quantize_int8(weight)`` (approximately)."""
     return (_KERNEL or load_kernel()).skinny_linear(x, blocked, bias, out_features, scale)
+
+
+def few_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                        scale: float) -> torch.Tensor:
+    """Attention of fp32 query rows `[B, H, q, D]` over keys and values `[B, H_kv, kv, D]` (``D`` a multiple of 8, at
+    most 128; the last dim contiguous), ``mask`` None (causal: row ``i`` sees the first ``kv - q + i + 1`` keys) or
+    bool `[B, q, kv]`; returns `[B, q, H, D]`. Every row is computed on its own (scores and sums in key order), so a
+    row's result is the same computed alone (plain decoding) or beside a draft's (verification); a row that sees
+    nothing is zero (``csrc/few_query_attention.cpp``)."""
+    return (_KERNEL or load_kernel()).few_query_attention(query, key, value, mask, scale)
 
 
 class WeightCopy:

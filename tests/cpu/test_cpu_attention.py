@@ -126,3 +126,51 @@ def test_only_16_bit_cpu_models_on_sdpa_change():
     assert not use_cpu_attention(eager) and eager.config._attn_implementation == "eager"
     hfs.optimize_for_cpu(eager, False)  # undoing leaves a model that never had it alone
     assert eager.config._attn_implementation == "eager"
+
+
+@needs_kernel
+@pytest.mark.parametrize("q_len", [1, 3, 7])
+def test_the_kernels_few_query_attention_rows_are_independent_and_close_to_sdpa(q_len):
+    """csrc/few_query_attention.cpp on its own: strided keys and values (a cache with room holds them so), row ``i``
+    alone over the keys it sees gives the same bits, SDPA's values; other keys give other values (the control)."""
+    torch.manual_seed(q_len)
+    keys, values = torch.randn(1, 2, 90, 16), torch.randn(1, 2, 90, 16)
+    key, value = keys[:, :, :41], values[:, :, :41]
+    query = torch.randn(1, 6, q_len, 16)
+    ours = cpu_kernel.few_query_attention(query, key, value, None, 0.25)  # [1, q, 6, 16]
+    mask = torch.ones(q_len, 41, dtype=torch.bool).tril(41 - q_len)
+    reference = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.25,
+                                               enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    for i in range(q_len):
+        n = 41 - q_len + i + 1
+        alone = cpu_kernel.few_query_attention(query[:, :, i:i + 1], key[:, :, :n], value[:, :, :n], None, 0.25)
+        assert torch.equal(alone[:, 0], ours[:, i])
+    shifted = cpu_kernel.few_query_attention(query[:, :, :1], key[:, :, 1:42 - q_len], value[:, :, 1:42 - q_len],
+                                             None, 0.25)
+    assert not torch.equal(shifted[:, 0], ours[:, 0])
+
+
+@needs_kernel
+def test_the_kernels_attention_takes_a_tree_mask_and_gives_zeros_to_a_row_that_sees_nothing():
+    torch.manual_seed(0)
+    key, value, query = torch.randn(1, 1, 12, 8), torch.randn(1, 1, 12, 8), torch.randn(1, 2, 3, 8)
+    mask = torch.zeros(1, 3, 12, dtype=torch.bool)
+    mask[0, 0, :9] = True  # a prefix
+    mask[0, 1, [0, 1, 2, 3, 4, 5, 6, 7, 9]] = True  # a prefix and an ancestor, not the key between
+    out = cpu_kernel.few_query_attention(query, key, value, mask, 0.5)  # row 2 sees nothing
+    for i in range(2):
+        seen = mask[0, i].nonzero().squeeze(-1)
+        alone = cpu_kernel.few_query_attention(query[:, :, i:i + 1], key[:, :, seen], value[:, :, seen], None, 0.5)
+        assert torch.equal(alone[:, 0], out[:, i])
+    assert torch.equal(out[:, 2], torch.zeros(1, 2, 8))
+
+
+def test_without_the_kernel_each_row_is_an_sdpa_call_of_its_own(monkeypatch):
+    """Where the kernel cannot be built the rows take the SDPA route, still row by row (the same bits alone)."""
+    monkeypatch.setattr(attention, "_FAST", [None])
+    q, k, v = _qkv(4, 30)
+    together, _ = cpu_sdpa(_Module(2), q, k, v, _causal(4, 30), scaling=0.25)
+    for i in range(4):
+        alone, _ = cpu_sdpa(_Module(2), q[:, :, i:i + 1], k[:, :, :27 + i], v[:, :, :27 + i], None, scaling=0.25)
+        assert torch.equal(alone[:, 0], together[:, i])

@@ -296,11 +296,18 @@ std::string set_isa(const std::string& name) {
   return isa();
 }
 
+torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
+                                  c10::optional<torch::Tensor> mask, double scale);  // few_query_attention.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear, "x W^T + b for a few rows, on a blocked copy of W", py::arg("x"),
         py::arg("wb"), py::arg("bias"), py::arg("out"), py::arg("scale") = py::none());
   m.def("skinny_linear_bf16", &skinny_linear_bf16, "x W^T + b in bf16 for a few rows, on a pair-blocked copy of W",
         py::arg("x"), py::arg("wb"), py::arg("bias"), py::arg("out"));
+  m.def("few_query_attention", &few_query_attention,
+        "attention of a few query rows [B, H, q, D] over keys / values [B, H_kv, kv, D] (fp32; mask None: causal, "
+        "else bool [B, q, kv]), each row on its own arithmetic; returns [B, q, H, D]",
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask"), py::arg("scale"));
   m.def("has_bf16_dot", &has_bf16_dot, "whether this CPU has AVX512-BF16 (skinny_linear_bf16 runs)");
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
   m.def("set_isa", &set_isa, "run the products on avx2, avx512 or the CPU's best (auto); returns the one chosen");

@@ -1,5 +1,6 @@
-// Attention for a few query tokens (plain decoding: one; verifying a draft: 2-64) on a CPU, in fp32, reading each
-// key and value head once for all the query heads of its group (grouped-query attention).
+// Attention for a few query tokens (plain decoding: one; verifying a draft: 2-64) on a CPU, in fp32: the rows of a
+// 16-bit model's short forwards (hf_speculative/cpu/attention.py), widened to fp32. Each block of 8 keys is read once
+// for all the query rows of a kv head's group, the values once for 3 rows at a time.
 //
 // For query row i of head h (kv head g = h / (H / Hkv)), over the keys it may see, in ascending position j:
 //     s_j = scale * dot(q[h, i], k[g, j])            (one 8-lane FMA chain over D in order, a fixed reduction)
@@ -239,5 +240,3 @@ torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch:
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("few_query_attention", &few_query_attention); }

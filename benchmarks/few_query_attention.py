@@ -1,11 +1,12 @@
-"""A row-independent attention kernel for a few query tokens, against PyTorch's SDPA (issue 48's experiment).
+"""The CPU kernel's attention for a few query tokens against PyTorch's SDPA (issue 48).
 
-    python benchmarks/experiments/few_query_attention.py [--context 517] [--repeats 300]
+    python benchmarks/few_query_attention.py [--context 517] [--repeats 300]
 
-``few_query_attention.cpp`` (built here on first use, not part of the package) computes every query row of every
-head on its own arithmetic (scores in key order, a polynomial exp, sums in key order), so a verification row is
-bitwise what plain decoding computes at that position, and reads each block of keys and values once for all the rows
-of a kv head's group. Shapes are SmolLM2-135M's (9 query heads over 3 kv heads of 64) at one context, keys and values
+``hf_speculative/cpu/csrc/few_query_attention.cpp`` (the kernel's extension; it runs the rows of 16-bit models'
+short forwards, hf_speculative/cpu/attention.py) computes every query row of every head on its own arithmetic
+(scores in key order, a polynomial exp, sums in key order), so a verification row is bitwise what plain decoding
+computes at that position, and reads each block of keys once for all the rows of a kv head's group, the values once
+for 3 rows at a time. Shapes are SmolLM2-135M's (9 query heads over 3 kv heads of 64) at one context, keys and values
 as strided views of a larger store (as the loop's cache holds them). Prints, per number of query tokens: the largest
 difference from SDPA, whether each row computed alone gives the same bits, and the median microseconds of both
 (SDPA with the causal mask verification passes, none for one token), interleaved. One thread.
@@ -16,18 +17,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 
 def build():
-    from torch.utils.cpp_extension import load
+    from hf_speculative.cpu.kernel import load_kernel
 
-    source = Path(__file__).with_name("few_query_attention.cpp")
-    return load(name="hfs_few_query_attention_experiment", sources=[str(source)],
-                extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+    return load_kernel()
 
 
 def main() -> None:

@@ -1,0 +1,99 @@
+"""A 16-bit model's attention on the CPU (hf_speculative/cpu/attention.py) with its rows on the kernel's few-query
+attention against one SDPA call per row, for plain decoding, the draft model and prompt lookup.
+
+    cd benchmarks && python cpu_attention_ab.py [--repeats 1]
+
+On the peers' Spec-Bench prompts (``--per-category`` per category, first turn, chat template), one thread, both models
+in bf16 with ``hfs.optimize_for_cpu``: for every prompt, each method with each route, interleaved (the route is the
+process-wide choice of ``attention.fast_kernel()``, switched between calls); each route has its own copy of the drafter
+(the drafter's measured costs and acceptance, which its gate reads, are kept per model). One untimed warm-up call per
+arm on the first prompt, then ``--repeats`` rounds; medians. Every output is checked against its route's greedy
+output of the round. Prints tokens/s per category and overall, τ and the ratio to the same route's greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections import defaultdict
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+
+    import hf_speculative as hfs
+    from hf_speculative.bench.spec_bench import load_prompts
+    from hf_speculative.cpu import attention
+    from hf_speculative.cpu.layout import follow_layout
+    from hf_speculative.tooling.methods import run_method
+    from hf_speculative.tooling.prompting import encode_prompt
+
+    torch.set_num_threads(1)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
+    dtype = getattr(torch, args.dtype)
+    model, tokenizer = hfs.load_model(args.model, dtype=dtype)
+    hfs.optimize_for_cpu(model, kernel=True)
+    from peers.run import CATEGORIES as categories  # the peers table's prompts (benchmarks/ is this script's path)
+
+    prompts = load_prompts(categories=categories, per_category=args.per_category)
+    encoded = [encode_prompt(tokenizer, p.text, True) for p in prompts]
+    kernel = attention.fast_kernel()
+    assert kernel is not None, "the kernel could not be built here"
+    arms = []
+    for route in ("kernel", "sdpa per row"):
+        drafter, _ = hfs.load_model(args.draft_model, dtype=dtype)
+        follow_layout(drafter, model, "exact")
+        arms += [(f"greedy, {route}", "greedy", {}, route), (f"draft model, {route}", "draft-model",
+                 {"draft_model": drafter}, route), (f"prompt lookup, {route}", "prompt-lookup", {}, route)]
+    seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, int], int] = {}
+    forwards: dict[tuple[str, int], int] = {}
+    identical: dict[str, int] = defaultdict(int)
+    print(f"load at start: {os.getloadavg()}; prompt lengths {[int(ids.shape[1]) for ids in encoded]}", flush=True)
+    for round_ in range(args.repeats + 1):  # round 0 warms every arm up on the first prompt
+        for i, ids in enumerate(encoded if round_ else encoded[:1]):
+            references = {}
+            for label, method, options, route in arms:
+                attention._FAST[:] = [kernel if route == "kernel" else None]
+                done = run_method(method, model, tokenizer, ids, options=options, max_new_tokens=args.max_new_tokens)
+                out = list(done.output_ids)
+                reference = references.setdefault(route, out)
+                if round_:
+                    seconds[label, i].append(done.seconds)
+                    tokens[label, i] = done.new_tokens
+                    forwards[label, i] = done.target_forwards or done.new_tokens
+                    identical[label] += out == reference
+            if round_:
+                print(f"prompt {i} ({prompts[i].category}) done: "
+                      + ", ".join(f"{label} {seconds[label, i][-1]:.1f} s" for label, *_ in arms)
+                      + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"load at end: {os.getloadavg()}")
+    attention._FAST[:] = [kernel]
+    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (same route) | identical |")
+    print("|---" * (len(categories) + 5) + "|")
+    for label, _, _, route in arms:
+        greedy = {i: statistics.median(seconds[f"greedy, {route}", i]) for i in range(len(encoded))}
+        cells = []
+        for category in (*categories, "overall"):
+            idx = [i for i, p in enumerate(prompts) if category in ("overall", p.category)]
+            took = sum(statistics.median(seconds[label, i]) for i in idx)
+            cells.append(f"{sum(tokens[label, i] for i in idx) / took:.2f}")
+        n = range(len(encoded))
+        tau = sum(tokens[label, i] for i in n) / sum(forwards[label, i] for i in n)
+        ratio = sum(greedy[i] for i in n) / sum(statistics.median(seconds[label, i]) for i in n)
+        print(f"| {label} | " + " | ".join(cells) + f" | {tau:.2f} | {ratio:.2f}× | "
+              f"{identical[label]}/{len(prompts) * args.repeats} |")
+
+
+if __name__ == "__main__":
+    main()
