@@ -38,8 +38,9 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
              **kwargs) -> tuple[torch.Tensor, None]:
     """Attention for query `[B, H, q, D]`, key and value `[B, H_kv, kv, D]`; returns `[B, q, H, D]` in the query's
     dtype. 16-bit CPU tensors are widened to fp32. Up to :data:`ROWWISE_ROWS` queries (decoding, verification), each
-    query row attends alone to the keys its mask row lets it see, gathered in order (:func:`_rowwise`): the same call
-    a one-token forward makes at that position, so a row's result does not depend on the draft around it. Longer
+    query row attends on its own arithmetic to the keys its mask row lets it see: on the kernel's attention for a few
+    query rows (:func:`fast_kernel`; head dims that are multiples of 8 up to 128), else one SDPA call a row over its
+    keys gathered in order (:func:`_rowwise`), so a row's result does not depend on the draft around it. Longer
     forwards (prefill) and anything else (training, compile, per-head masks) are transformers' SDPA attention."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -55,7 +56,8 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     if rowwise:
         kernel = fast_kernel()
         head_dim = query.shape[-1]
-        if kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32:
+        fits = attention_mask is None or attention_mask.shape[-1] == key.shape[2]  # (else the rows' own route)
+        if kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32 and fits:
             mask = None
             if attention_mask is not None:  # [B, 1, q, kv] -> [B, q, kv]
                 mask = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0
