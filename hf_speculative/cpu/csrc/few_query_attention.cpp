@@ -120,7 +120,7 @@ __attribute__((target("avx2,fma"))) void values_pass(const float* v, int64_t val
 // computed beside it), then per row its visible keys in order.
 __attribute__((target("avx2,fma"))) void attend_group(const float* const* queries, int64_t R, const float* k,
                                                       const float* v, int64_t key_stride, int64_t value_stride,
-                                                      const std::vector<std::vector<int64_t>>& seen, int64_t upto,
+                                                      const std::vector<int64_t>* const* seen, int64_t upto,
                                                       int64_t d, float scale, float* scores, float* weights,
                                                       float* const* outs) {
   const int64_t chunks = d / 8;
@@ -131,11 +131,12 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
     for (int64_t r = 0; r < R; ++r)
       _mm256_storeu_ps(scores + r * (upto + 8) + t, _mm256_mul_ps(dots8(queries[r], rows, chunks), sv));
   }
-  // softmax per row over its visible keys in order; the weights then stored by key position (pos), 0 elsewhere
+  // softmax per row over its visible keys in order; the weights then stored by key position (only the visible
+  // positions are read after)
   std::vector<float> inv(R);
   std::vector<unsigned char> visible(R * upto, 0);
   for (int64_t r = 0; r < R; ++r) {
-    const std::vector<int64_t>& row_seen = seen[r];
+    const std::vector<int64_t>& row_seen = *seen[r];
     const int64_t n = static_cast<int64_t>(row_seen.size());
     const float* sr = scores + r * (upto + 8);
     float* w = weights + r * (upto + 8);
@@ -202,22 +203,31 @@ torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch:
   const int64_t group = H / Hkv;
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     const int64_t R = group * Q;
-    std::vector<std::vector<int64_t>> seen(R);
+    std::vector<std::vector<int64_t>> visible_of(Q);  // the keys each query token sees, of batch row `listed`
+    int64_t listed = -1;
+    std::vector<const std::vector<int64_t>*> seen(R);  // a row's keys: its token's list (the group's heads share it)
     std::vector<float> scores(R * (KV + 8)), weights(R * (KV + 8));
     std::vector<const float*> queries(R);
     std::vector<float*> outs(R);
     for (int64_t bg = begin; bg < end; ++bg) {
       const int64_t b = bg / Hkv, g = bg % Hkv;
+      if (b != listed) {  // once per batch row, for all its kv heads
+        for (int64_t i = 0; i < Q; ++i) {
+          std::vector<int64_t>& visible = visible_of[i];
+          visible.clear();
+          if (mp == nullptr) {
+            for (int64_t j = 0; j < KV - Q + i + 1; ++j) visible.push_back(j);
+          } else {
+            const bool* row = mp + (b * Q + i) * KV;
+            for (int64_t j = 0; j < KV; ++j)
+              if (row[j]) visible.push_back(j);
+          }
+        }
+        listed = b;
+      }
       int64_t upto = 0, live = 0;
       for (int64_t i = 0; i < Q; ++i) {
-        std::vector<int64_t> visible;
-        if (mp == nullptr) {
-          for (int64_t j = 0; j < KV - Q + i + 1; ++j) visible.push_back(j);
-        } else {
-          const bool* row = mp + (b * Q + i) * KV;
-          for (int64_t j = 0; j < KV; ++j)
-            if (row[j]) visible.push_back(j);
-        }
+        const std::vector<int64_t>& visible = visible_of[i];
         for (int64_t hh = 0; hh < group; ++hh) {
           const int64_t h = g * group + hh;
           float* orow = op + ((b * Q + i) * H + h) * D;
@@ -225,7 +235,7 @@ torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch:
             std::fill(orow, orow + D, 0.0f);
             continue;
           }
-          seen[live] = visible;
+          seen[live] = &visible;
           queries[live] = qp + ((b * H + h) * Q + i) * D;
           outs[live] = orow;
           ++live;
@@ -234,7 +244,8 @@ torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch:
       }
       if (live)
         attend_group(queries.data(), live, kp + b * key.stride(0) + g * key.stride(1),
-                     vp + b * value.stride(0) + g * value.stride(1), key.stride(2), value.stride(2), seen, upto, D,
+                     vp + b * value.stride(0) + g * value.stride(1), key.stride(2), value.stride(2), seen.data(), upto,
+                     D,
                      static_cast<float>(scale), scores.data(), weights.data(), outs.data());
     }
   });
