@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-from collections import defaultdict
 
 import torch
+
+from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
 
 
 def main() -> None:
@@ -32,21 +32,16 @@ def main() -> None:
     args = parser.parse_args()
 
     import hf_speculative as hfs
-    from hf_speculative.bench.spec_bench import load_prompts
     from hf_speculative.cpu import attention
     from hf_speculative.cpu.layout import follow_layout
     from hf_speculative.tooling.methods import run_method
-    from hf_speculative.tooling.prompting import encode_prompt
 
     torch.set_num_threads(1)
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
     dtype = getattr(torch, args.dtype)
     model, tokenizer = hfs.load_model(args.model, dtype=dtype)
     hfs.optimize_for_cpu(model, kernel=True)
-    from peers.run import CATEGORIES as categories  # the peers table's prompts (benchmarks/ is this script's path)
-
-    prompts = load_prompts(categories=categories, per_category=args.per_category)
-    encoded = [encode_prompt(tokenizer, p.text, True) for p in prompts]
+    categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
     kernel = attention.fast_kernel()
     assert kernel is not None, "the kernel could not be built here"
     arms = []
@@ -55,10 +50,7 @@ def main() -> None:
         follow_layout(drafter, model, "exact")
         arms += [(f"greedy, {route}", "greedy", {}, route), (f"draft model, {route}", "draft-model",
                  {"draft_model": drafter}, route), (f"prompt lookup, {route}", "prompt-lookup", {}, route)]
-    seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
-    tokens: dict[tuple[str, int], int] = {}
-    forwards: dict[tuple[str, int], int] = {}
-    identical: dict[str, int] = defaultdict(int)
+    runs = Runs()
     print(f"load at start: {os.getloadavg()}; prompt lengths {[int(ids.shape[1]) for ids in encoded]}", flush=True)
     for round_ in range(args.repeats + 1):  # round 0 warms every arm up on the first prompt
         for i, ids in enumerate(encoded if round_ else encoded[:1]):
@@ -69,30 +61,20 @@ def main() -> None:
                 out = list(done.output_ids)
                 reference = references.setdefault(route, out)
                 if round_:
-                    seconds[label, i].append(done.seconds)
-                    tokens[label, i] = done.new_tokens
-                    forwards[label, i] = done.target_forwards or done.new_tokens
-                    identical[label] += out == reference
+                    runs.record(label, i, done, out == reference)
             if round_:
                 print(f"prompt {i} ({prompts[i].category}) done: "
-                      + ", ".join(f"{label} {seconds[label, i][-1]:.1f} s" for label, *_ in arms)
+                      + ", ".join(f"{label} {runs.seconds[label, i][-1]:.1f} s" for label, *_ in arms)
                       + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"load at end: {os.getloadavg()}")
     attention._FAST[:] = [kernel]
     print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (same route) | identical |")
     print("|---" * (len(categories) + 5) + "|")
     for label, _, _, route in arms:
-        greedy = {i: statistics.median(seconds[f"greedy, {route}", i]) for i in range(len(encoded))}
-        cells = []
-        for category in (*categories, "overall"):
-            idx = [i for i, p in enumerate(prompts) if category in ("overall", p.category)]
-            took = sum(statistics.median(seconds[label, i]) for i in idx)
-            cells.append(f"{sum(tokens[label, i] for i in idx) / took:.2f}")
-        n = range(len(encoded))
-        tau = sum(tokens[label, i] for i in n) / sum(forwards[label, i] for i in n)
-        ratio = sum(greedy[i] for i in n) / sum(statistics.median(seconds[label, i]) for i in n)
-        print(f"| {label} | " + " | ".join(cells) + f" | {tau:.2f} | {ratio:.2f}× | "
-              f"{identical[label]}/{len(prompts) * args.repeats} |")
+        n = len(encoded)
+        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
+              + f" | {runs.tau(label, n):.2f} | {runs.ratio(label, f'greedy, {route}', n):.2f}× | "
+              f"{runs.identical[label]}/{len(prompts) * args.repeats} |")
 
 
 if __name__ == "__main__":

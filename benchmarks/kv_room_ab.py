@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
-from collections import defaultdict
 
 import torch
+
+from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
 
 
 @contextlib.contextmanager
@@ -45,24 +45,17 @@ def main() -> None:
     args = parser.parse_args()
 
     import hf_speculative as hfs
-    from hf_speculative.bench.spec_bench import load_prompts
     from hf_speculative.tooling.methods import run_method
-    from hf_speculative.tooling.prompting import encode_prompt
 
     torch.set_num_threads(1)
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
     model, tokenizer = hfs.load_model(args.model)
     if not args.no_kernel:
         hfs.optimize_for_cpu(model, kernel=True)
-    from peers.run import CATEGORIES as categories  # the peers table's prompts (benchmarks/ is this script's path)
-
-    prompts = load_prompts(categories=categories, per_category=args.per_category)
-    encoded = [encode_prompt(tokenizer, p.text, True) for p in prompts]
+    categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
     arms = [("greedy", "greedy", False)] + [(f"{m} in place", m, False) for m in args.methods.split(",")] + \
         [(f"{m} cat", m, True) for m in args.methods.split(",")]
-    seconds: dict[tuple[str, int], list[float]] = defaultdict(list)
-    tokens: dict[tuple[str, int], int] = {}
-    identical: dict[str, int] = defaultdict(int)
+    runs = Runs()
     print(f"load at start: {os.getloadavg()}", flush=True)
     for round_ in range(args.repeats + 1):  # round 0 warms up
         for i, ids in enumerate(encoded):
@@ -74,20 +67,14 @@ def main() -> None:
                 if method == "greedy":
                     reference = out
                 if round_:
-                    seconds[label, i].append(done.seconds)
-                    tokens[label, i] = done.new_tokens
-                    identical[label] += out == reference
+                    runs.record(label, i, done, out == reference)
         print(f"round {round_} done, load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"load at end: {os.getloadavg()}")
     print("| arm | " + " | ".join(categories) + " | overall | identical |")
     print("|---" * (len(categories) + 3) + "|")
     for label, _, _ in arms:
-        cells = []
-        for category in (*categories, "overall"):
-            idx = [i for i, p in enumerate(prompts) if category in ("overall", p.category)]
-            rate = sum(tokens[label, i] for i in idx) / sum(statistics.median(seconds[label, i]) for i in idx)
-            cells.append(f"{rate:.2f}")
-        print(f"| {label} | " + " | ".join(cells) + f" | {identical[label]}/{len(prompts) * args.repeats} |")
+        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
+              + f" | {runs.identical[label]}/{len(prompts) * args.repeats} |")
 
 
 if __name__ == "__main__":
