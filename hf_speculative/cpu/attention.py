@@ -58,10 +58,7 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
         head_dim = query.shape[-1]
         fits = attention_mask is None or attention_mask.shape[-1] == key.shape[2]  # (else the rows' own route)
         if kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32 and fits:
-            mask = None
-            if attention_mask is not None:  # [B, 1, q, kv] -> [B, q, kv]
-                mask = attention_mask[:, 0] if attention_mask.dtype == torch.bool else attention_mask[:, 0] == 0
-                mask = mask.expand(query.shape[0], -1, -1)
+            mask = None if attention_mask is None else _visible(attention_mask).expand(query.shape[0], -1, -1)
             out = kernel.few_query_attention(query, key, value, mask,
                                              float(scaling if scaling is not None else head_dim ** -0.5))
         else:
@@ -70,6 +67,11 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)
     return out.to(dtype), None
+
+
+def _visible(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, q, kv]`` bool or additive (0 where a key is seen) -> bool ``[B, q, kv]``: which keys each row sees."""
+    return mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
 
 
 def _rowwise(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -82,12 +84,13 @@ def _rowwise(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
     gqa = heads != key.shape[1]
     out = query.new_empty(batch, rows, heads, query.shape[3])  # [B, q, H, D]
     positions = torch.arange(kv, device=key.device)
+    visible_rows = None if mask is None else _visible(mask)  # [B, q, kv]
     for b in range(batch):
         if mask is None:  # causal: row i sees the keys before the queries and queries 0..i
             seen = [None] * rows
             counts = [kv - rows + i + 1 for i in range(rows)]
         else:
-            visible = mask[b, 0] if mask.dtype == torch.bool else mask[b, 0] == 0  # [q, kv]
+            visible = visible_rows[b]  # [q, kv]
             counts_t = visible.sum(-1)  # [q]
             prefix = (visible == (positions < counts_t[:, None])).all(-1)  # [q]: the visible keys are a prefix
             counts, prefix = counts_t.tolist(), prefix.tolist()
