@@ -125,12 +125,13 @@ class Plan:
         self.began = True if policy is None else policy.begin()
         return self.began
 
-    def catch_up_pays(self, cost: float, remaining: int, earlier_rate: float | None = None) -> bool:
+    def catch_up_pays(self, cost: float, remaining: int, earlier_rate: float | None = None,
+                      generated: int | None = None) -> bool:
         """Whether the drafter should feed tokens it has not seen, at ``cost`` target forwards, before a chain
         (:meth:`~.policy.ChainLengthPolicy.catch_up_pays`; yes without a chain rule). Asked before
         :meth:`start_chain`: a no drafts nothing and runs no drafter, and counts as no attempt."""
         policy = self._budget.policy
-        return True if policy is None else policy.catch_up_pays(cost, remaining, earlier_rate)
+        return True if policy is None else policy.catch_up_pays(cost, remaining, earlier_rate, generated)
 
     def wants(self, peak: float) -> bool:
         """Whether to draft the next token, given the peak of the drafter's distribution there (before choosing)."""

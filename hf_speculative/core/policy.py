@@ -167,15 +167,24 @@ class ChainLengthPolicy:
         # the longest draft the options allow, not today's cap: the cap grows back only after a draft
         return best_length(self.verify_costs, self.acceptance.rate, self.num_tokens, self.draft_price()) > 0
 
-    def catch_up_pays(self, cost: float, remaining: int, earlier_rate: float | None = None) -> bool:
+    def catch_up_pays(self, cost: float, remaining: int, earlier_rate: float | None = None,
+                      generated: int | None = None) -> bool:
         """Whether feeding the drafter ``cost`` target forwards' worth of tokens it has not seen (a draft model's
-        prefill on the prompt) can be won back over the ``remaining`` tokens the call may still generate: each saves
-        ``1 - 1 / value`` forwards, ``value`` the best draft's tokens per forward (:func:`best_value`) at the
-        acceptance seen so far in the call (before its first draft: ``earlier_rate``, the drafter's acceptance in
-        earlier calls, if given, else the prior), every drafter step priced. Yes without the cost rule, and until
-        the target's verification of drafts has been measured (as :meth:`could_pay`)."""
+        prefill on the prompt) can be won back over the rest of the call: each token saves ``1 - 1 / value``
+        forwards, ``value`` the best draft's tokens per forward (:func:`best_value`) at the acceptance seen so far
+        in the call (before its first draft: ``earlier_rate``, the drafter's acceptance in earlier calls, if given,
+        else the prior), every drafter step priced. Yes without the cost rule, and until the target's verification
+        of drafts has been measured (as :meth:`could_pay`).
+
+        How long the rest of the call is, is unknown: at most ``remaining`` tokens (the budget left) and, given
+        ``generated`` (the tokens the call has produced so far), about as many more as it has already produced.
+        That is the ski-rental rule: the prefill runs once the tokens already generated could have paid for it, so
+        a call that stops early (an 18-token answer) never pays a prefill it could not win back, and a long one
+        drafts from a few tokens in, losing at most the prefill's cost again."""
         if not self.adaptive or not self.verify_costs.knows_drafts():
             return True
+        if generated is not None:
+            remaining = min(remaining, generated)
         rate = earlier_rate if earlier_rate is not None and not self.acceptance.updates else self.acceptance.rate
         value = best_value(self.verify_costs, rate, self.num_tokens, self.draft_price())
         if remaining * (1.0 - 1.0 / value) > cost:

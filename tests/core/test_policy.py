@@ -88,6 +88,21 @@ def test_a_catch_up_pays_when_the_rest_of_the_call_wins_it_back():
     assert not fresh.catch_up_pays(0.9 * 100 * high, 100, earlier_rate=0.9)
 
 
+def test_a_catch_up_is_weighed_against_what_the_call_has_shown():
+    """Given the tokens generated so far, the rest of the call counts for as many (within the budget left): the
+    catch-up a 100-token budget pays for waits until the call has produced enough tokens to pay for it itself."""
+    model = measured([1.0] + [1.1 + 0.05 * k for k in range(1, 11)])
+    policy = ChainLengthPolicy(model, 10, lambda: 0.1)
+    saving = 1.0 - 1.0 / best_value(model, policy.acceptance.rate, 10, 0.1)
+    cost = 20 * saving  # won back by 20 tokens of drafting
+    assert policy.catch_up_pays(cost, remaining=100)  # the budget alone: at once
+    assert not policy.catch_up_pays(cost, remaining=100, generated=1) and policy.gated == 1
+    assert not policy.catch_up_pays(cost, remaining=100, generated=19)
+    assert policy.catch_up_pays(cost, remaining=100, generated=21)
+    assert not policy.catch_up_pays(cost, remaining=15, generated=60)  # the budget left still bounds it
+    assert policy.gated == 3
+
+
 def test_best_length_grows_with_the_rate_and_respects_the_cap():
     model = measured([1.0] + [1.1 + 0.05 * k for k in range(1, 11)])
     lengths = [best_length(model, rate, 10) for rate in (0.0, 0.3, 0.5, 0.7, 0.9, 0.99)]

@@ -203,13 +203,27 @@ def test_a_drafter_that_could_never_pay_never_runs():
     assert len(calls) > 0 and hfs.last_stats(target).drafted_tokens > 0
 
 
-@pytest.mark.parametrize("budget, forwards_per_token, drafts", [(24, 1.0, False), (24, 0.01, True), (400, 1.0, True)])
-def test_a_prefill_the_call_cannot_win_back_is_not_run(budget, forwards_per_token, drafts, monkeypatch):
-    """A draft model's prefill on a long prompt costs forwards that only the rest of the call can win back: with the
-    drafter's catch-up cost known (seconds per token, measured by earlier calls) and the target's verification
-    measured, a prefill that costs more than the best draft could save over the budget is not run, and the call is
-    plain greedy's; a cheap prefill, or a budget long enough to win it back, drafts."""
+def first_paying_step(budget: int, prompt: int, forwards_per_token: float, saving: float) -> int | None:
+    """The ski-rental rule worked by hand: the first step (tokens generated so far, the prefill's token counted) at
+    which a catch-up of the prompt and those tokens, ``forwards_per_token`` target forwards each, costs less than
+    ``saving`` forwards a token over the smaller of the budget left and the tokens generated so far."""
+    for generated in range(1, budget):
+        if min(budget - generated, generated) * saving > (prompt + generated) * forwards_per_token:
+            return generated
+    return None
+
+
+@pytest.mark.parametrize("budget, forwards_per_token", [(24, 1.0), (24, 0.1), (24, 0.01), (400, 0.1), (400, 1.0)])
+def test_a_prefill_runs_once_the_call_has_shown_it_can_win_it_back(budget, forwards_per_token, monkeypatch):
+    """A draft model's prefill on a long prompt costs forwards that only the rest of the call can win back, and how
+    long the call goes on is unknown: with the drafter's catch-up cost known (seconds per token, measured by earlier
+    calls) and the target's verification measured, the prefill runs at the first step where the smaller of the
+    budget left and the tokens generated so far, times the best draft's saving a token, exceeds its cost (the
+    ski-rental rule); a prefill never worth it is not run and the call is plain greedy's. (24, 0.1): the budget
+    alone would have paid for it (24 tokens saving about half a forward each against 11.4), an answer that stops at
+    24 tokens never does."""
     from hf_speculative.core.costs import verify_costs_for
+    from hf_speculative.core.policy import best_value
     from hf_speculative.core.state import state_of
 
     target = hfs.enable(build_model("llama", max_positions=512))
@@ -218,6 +232,7 @@ def test_a_prefill_the_call_cannot_win_back_is_not_run(budget, forwards_per_toke
     drafter.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]),
                                       with_kwargs=True)
     inputs = prompt_inputs(list(range(3, 60)) * 2)  # 114 tokens: a catch-up long enough to be weighed
+    prompt = inputs["input_ids"].shape[1]
     ref = stock_generate(target, **inputs, do_sample=False, max_new_tokens=budget)
     costs = verify_costs_for(target, 16)
     for k in range(17):  # measured as earlier calls would: a forward 10 ms, cheap verification (2% a token)
@@ -225,14 +240,17 @@ def test_a_prefill_the_call_cannot_win_back_is_not_run(budget, forwards_per_toke
             costs.observe(k, 0.01 * (1.0 + 0.02 * k))
     monkeypatch.setattr(costs, "observe", lambda k, seconds: None)  # kept so: this machine's timings do not move it
     state_of(drafter).draft_step_s = 0.0001  # a drafter step: 1% of a target forward
-    # the prefill, 114 tokens: 114 / 1.14 forwards, against the best draft's saving of about half a forward a token
     state_of(drafter).catch_up_token_s = forwards_per_token * 0.01
+    saving = 1.0 - 1.0 / best_value(costs, 0.6, 16, 0.01)  # at the prior acceptance, the drafter step priced
+    expected = first_paying_step(budget, prompt, forwards_per_token, saving)
     out = target.generate(**inputs, do_sample=False, max_new_tokens=budget,
                           candidate_generator=hfs.DraftModel(drafter))
     assert out.tolist() == ref.tolist()
-    # (a random drafter is too unsure to draft past its prefill under the cost rule: the prefill is what is weighed)
-    assert (fed[:1] == [inputs["input_ids"].shape[1]]) == drafts and (fed == []) == (not drafts)
-    if not drafts:  # the same call without the cost rule prefills and drafts (the check above could fail)
+    # the first drafter forward is the catch-up of the prompt and the tokens generated before it (a random drafter
+    # is too unsure to draft past it under the cost rule: the prefill is what is weighed)
+    assert fed[:1] == ([] if expected is None else [prompt + expected])
+    assert (expected is None) == (budget == 24 and forwards_per_token > 0.01 or forwards_per_token == 1.0)
+    if expected is None:  # the same call without the cost rule prefills at once and drafts (the check could fail)
         target.generate(**inputs, do_sample=False, max_new_tokens=budget,
                         candidate_generator=hfs.DraftModel(drafter, adaptive=False))
-        assert fed[0] == inputs["input_ids"].shape[1] and hfs.last_stats(target).drafted_tokens > 0
+        assert fed[0] == prompt and hfs.last_stats(target).drafted_tokens > 0

@@ -235,16 +235,19 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
 
     def _catch_up_pays(self, plan: Plan, tokens: int, length: int) -> bool:
         """Whether feeding the drafter the ``tokens`` it has not seen (the prompt, at the first draft) can be won back
-        over the rest of the call (``Plan.catch_up_pays``), its cost measured per token by earlier catch-ups of this
-        drafter, at the acceptance of its earlier calls until this one has drafted. Short catch-ups, and any before
-        one has been measured, go ahead."""
+        over the rest of the call (``Plan.catch_up_pays``: the budget left, and about as many tokens as the call
+        has generated so far), its cost measured per token by earlier catch-ups of this drafter, at the acceptance
+        of its earlier calls until this one has drafted. Short catch-ups, and any before one has been measured, go
+        ahead."""
         if tokens < LONG_CATCH_UP:  # most steps: a token or a few since the last draft
             return True
         state = state_of(self.drafter)
         per_token, step = state.catch_up_token_s, self.verify_costs.seconds(0)
         if per_token is None or not step:
             return True
-        return plan.catch_up_pays(tokens * per_token / step, self.ctx.max_length - length, state.accept_rate)
+        generated = None if self.ctx.prompt_length is None else length - self.ctx.prompt_length
+        return plan.catch_up_pays(tokens * per_token / step, self.ctx.max_length - length, state.accept_rate,
+                                  generated)
 
     def _chain(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         common = self._rollback(sequence)  # (only crops the drafter's cache)
