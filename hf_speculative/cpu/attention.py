@@ -1,4 +1,5 @@
-"""Attention of 16-bit models on a CPU in fp32, one query row at a time: ``optimize_for_cpu`` sets it on them.
+"""Attention on a CPU one query row at a time, in fp32: ``optimize_for_cpu`` sets it on 16-bit models, and on fp32
+models whose products run on hf_speculative's CPU kernel.
 
 PyTorch's CPU flash attention is slow in bf16 for the one-query forwards of decoding: Qwen2.5-1.5B's attention at
 a 512-token context costs 1.27 ms a layer for one query in bf16 against 0.15 ms in fp32, and 0.53 ms for 6 queries
@@ -13,6 +14,12 @@ kernel is built (AVX2), its attention for a few query rows does it (``csrc/few_q
 in key order, each block of keys read once for all the rows of a kv head's group; at SmolLM2's shapes 0.54× SDPA's
 time for one row and about 0.3 ms a row beyond); elsewhere each row is one SDPA call of its own. Longer forwards
 (prefills) are transformers' SDPA attention on the widened tensors.
+
+fp32 models on the kernel (``optimize_for_cpu(model)`` where it builds) take the same route: their verification
+rows are then bitwise plain decoding's too, and a one-token forward's attention costs about half SDPA's. SmolLM2 on
+the kernel, 12 Spec-Bench prompts, 128 tokens, one thread, alone: plain decoding 25.97 against 24.84 tok/s with
+SDPA (1.05×), prompt lookup 31.60 against 30.79 (1.03×), every output identical to its route's greedy
+(``benchmarks/cpu_attention_fp32_ab.py``, ``benchmarks/results/issue48_cpu_attention_fp32_ab.txt``).
 
 It is registered under its own name in transformers' attention and mask interfaces (the documented way to add an
 implementation: nothing of transformers' is replaced) and set on one model with ``model.set_attn_implementation``.
@@ -57,7 +64,10 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
         kernel = fast_kernel()
         head_dim = query.shape[-1]
         fits = attention_mask is None or attention_mask.shape[-1] == key.shape[2]  # (else the rows' own route)
-        if kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32 and fits:
+        # the kernel has no backward: a forward that records gradients takes the rows' SDPA calls
+        grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        if (kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32 and fits
+                and not grads):
             mask = None if attention_mask is None else _visible(attention_mask).expand(query.shape[0], -1, -1)
             out = kernel.few_query_attention(query, key, value, mask,
                                              float(scaling if scaling is not None else head_dim ** -0.5))
@@ -138,20 +148,26 @@ def register() -> None:
     _REGISTERED = True
 
 
-def wants_cpu_attention(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is a transformers model on ``"sdpa"`` whose parameters are 16-bit and on the CPU."""
+def wants_cpu_attention(model: torch.nn.Module, kernel: bool = False) -> bool:
+    """Whether ``model`` is a transformers model on ``"sdpa"`` whose parameters are on the CPU and 16-bit, or fp32
+    where the kernel runs its products (``kernel``) and its attention can be built (:func:`fast_kernel`)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
     first = next(iter(model.parameters()), None)
-    return first is not None and first.device.type == "cpu" and first.dtype in (torch.bfloat16, torch.float16)
+    if first is None or first.device.type != "cpu":
+        return False
+    if first.dtype in (torch.bfloat16, torch.float16):
+        return True
+    # fp32: SDPA is fast there, but the kernel's attention is faster for a row or two and keeps rows apart
+    return first.dtype == torch.float32 and kernel and fast_kernel() is not None
 
 
-def use_cpu_attention(model: torch.nn.Module, enable: bool = True) -> bool:
-    """Set :data:`CPU_ATTENTION` on a 16-bit CPU ``model`` on ``"sdpa"`` (``enable``), or ``"sdpa"`` back on a model
-    that has it; True when the model changed."""
+def use_cpu_attention(model: torch.nn.Module, enable: bool = True, kernel: bool = False) -> bool:
+    """Set :data:`CPU_ATTENTION` on a CPU ``model`` on ``"sdpa"`` (``enable``; 16-bit, or fp32 with ``kernel``, see
+    :func:`wants_cpu_attention`), or ``"sdpa"`` back on a model that has it; True when the model changed."""
     current = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if enable and wants_cpu_attention(model):
+    if enable and wants_cpu_attention(model, kernel):
         register()
         fast_kernel()  # built now (about a minute, once) rather than inside the first forward
         model.set_attn_implementation(CPU_ATTENTION)

@@ -157,8 +157,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             elif type(module) is KernelLinear:
                 module._hfs_blocked.get(module.weight)
             changed += touched
-    # a bf16 model's attention in fp32: PyTorch's bf16 CPU attention is slow for one query (attention.py)
-    attention = use_cpu_attention(model, enable)
+    # a bf16 model's attention in fp32: PyTorch's bf16 CPU attention is slow for one query; an fp32 model's on the
+    # kernel: faster for a row or two, and its rows apart (attention.py)
+    attention = use_cpu_attention(model, enable, kernel=bool(kernel))
     if changed or attention:
         forget_costs(model)  # verify costs measured in the old layout no longer hold
     return changed

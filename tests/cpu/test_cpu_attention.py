@@ -101,15 +101,15 @@ def _rows_alone_equal(model, tokens: int = 5) -> bool:
 @needs_kernel
 def test_a_models_verification_forward_equals_its_one_token_forwards(arch):
     """Through transformers' interfaces (masks, grouped-query heads, the cache): with the kernel's row-independent
-    products, the attention makes a verification forward's logits those of one-token forwards. Checked on fp32 models
-    with it set explicitly, where transformers' SDPA parts them (the control); bf16 models get it from
-    optimize_for_cpu."""
+    products, the attention makes a verification forward's logits those of one-token forwards. fp32 models on the
+    kernel and bf16 models get it from optimize_for_cpu; transformers' SDPA set back on the fp32 model parts them (the
+    control)."""
     model = build_model(arch)
     hfs.optimize_for_cpu(model, kernel=True)
+    assert model.config._attn_implementation == compat.CPU_ATTENTION
+    assert _rows_alone_equal(model) and _rows_alone_equal(model, 16)  # 16: the kernel's longest fp32 products
+    model.set_attn_implementation("sdpa")
     assert not _rows_alone_equal(model)  # transformers' SDPA: the check can fail
-    attention.register()
-    model.set_attn_implementation(compat.CPU_ATTENTION)
-    assert _rows_alone_equal(model)
     small = build_model(arch).to(torch.bfloat16)
     hfs.optimize_for_cpu(small)
     assert small.config._attn_implementation == compat.CPU_ATTENTION
@@ -119,13 +119,37 @@ def test_a_models_verification_forward_equals_its_one_token_forwards(arch):
     assert small.config._attn_implementation == "sdpa"
 
 
-def test_only_16_bit_cpu_models_on_sdpa_change():
-    assert not use_cpu_attention(build_model("llama"))  # fp32: SDPA is fast there
+def test_16_bit_cpu_models_on_sdpa_change_and_fp32_ones_only_on_the_kernel():
+    assert not use_cpu_attention(build_model("llama"))  # fp32 without the kernel's products: SDPA is fast there
+    layout_only = build_model("llama")
+    hfs.optimize_for_cpu(layout_only, kernel=False)
+    assert layout_only.config._attn_implementation == "sdpa"
+    if attention.fast_kernel() is not None:
+        assert use_cpu_attention(build_model("llama"), kernel=True)
     eager = build_model("llama").to(torch.bfloat16)
     eager.set_attn_implementation("eager")
     assert not use_cpu_attention(eager) and eager.config._attn_implementation == "eager"
     hfs.optimize_for_cpu(eager, False)  # undoing leaves a model that never had it alone
     assert eager.config._attn_implementation == "eager"
+
+
+@needs_kernel
+def test_a_forward_that_records_gradients_gets_them_through_the_attention():
+    """The kernel's attention has no backward: with gradients recorded the rows take SDPA calls, and the query, keys
+    and values get SDPA's gradients (the kernel route would leave them None)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 3, 16, requires_grad=True),
+               *(torch.randn(1, 2, 12, 16, requires_grad=True) for _ in range(2)))
+    out, _ = cpu_sdpa(_Module(2), q, k, v, _causal(3, 12), scaling=0.25)
+    out.sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=_causal(3, 12), scale=0.25,
+                                              enable_gqa=True)
+    expected.sum().backward()
+    for mine, theirs in zip(got, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel

@@ -1,0 +1,75 @@
+"""An fp32 model on the CPU kernel with the kernel's few-query attention (hf_speculative/cpu/attention.py, which
+``optimize_for_cpu`` now sets on it) against transformers' SDPA over all rows at once, for plain decoding and prompt
+lookup.
+
+    cd benchmarks && python cpu_attention_fp32_ab.py [--repeats 2] [--per-category 2]
+
+On the peers' Spec-Bench prompts (``--per-category`` per category, first turn, chat template), one thread, the model
+with ``hfs.optimize_for_cpu(model, kernel=True)`` and transformers' grouped-query SDPA (as the peers' kernel engine
+runs): for every prompt, each method under each attention, interleaved (switched between calls with
+``model.set_attn_implementation``). Untimed warm-up calls on the first two prompts, then ``--repeats`` rounds;
+medians. Every output is checked against its route's greedy output of the round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    import hf_speculative as hfs
+    from hf_speculative.compat import CPU_ATTENTION
+    from hf_speculative.cpu import attention
+    from hf_speculative.tooling.methods import run_method
+
+    torch.set_num_threads(1)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    model, tokenizer = hfs.load_model(args.model)
+    hfs.optimize_for_cpu(model, kernel=True)
+    attention.register()
+    assert attention.fast_kernel() is not None, "the kernel could not be built here"
+    categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
+    arms = [(f"{method}, {route}", method, route) for route in ("kernel attention", "sdpa")
+            for method in ("greedy", "prompt-lookup")]
+    runs = Runs()
+    print(f"load at start: {os.getloadavg()}", flush=True)
+    try:
+        for round_ in range(args.repeats + 1):  # round 0 warms every arm up
+            for i, ids in enumerate(encoded if round_ else encoded[:2]):
+                references = {}
+                for label, method, route in arms:
+                    model.set_attn_implementation(CPU_ATTENTION if route == "kernel attention" else "sdpa")
+                    done = run_method(method, model, tokenizer, ids, max_new_tokens=args.max_new_tokens)
+                    out = list(done.output_ids)
+                    reference = references.setdefault(route, out)
+                    if round_:
+                        runs.record(label, i, done, out == reference)
+            print(f"round {round_} done; load {os.getloadavg()[0]:.2f}", flush=True)
+    finally:
+        model.set_attn_implementation(CPU_ATTENTION)
+    n = len(encoded)
+    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (same route) | identical |")
+    print("|---" * (len(categories) + 5) + "|")
+    for label, _, route in arms:
+        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
+              + f" | {runs.tau(label, n):.2f} | {runs.ratio(label, f'greedy, {route}', n):.2f}× | "
+              f"{runs.identical[label]}/{n * args.repeats} |")
+    for method in ("greedy", "prompt-lookup"):
+        print(f"{method}: kernel attention {runs.ratio(f'{method}, kernel attention', f'{method}, sdpa', n):.3f}× "
+              "the speed of SDPA")
+
+
+if __name__ == "__main__":
+    main()
