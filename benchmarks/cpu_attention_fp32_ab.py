@@ -3,6 +3,10 @@
 lookup.
 
     cd benchmarks && python cpu_attention_fp32_ab.py [--repeats 2] [--per-category 2]
+    cd benchmarks && python cpu_attention_fp32_ab.py --forwards [--repeats 15]
+
+``--forwards``: instead, forwards of 1, 2 and 6 tokens after a 512-token context under each attention, taking turns,
+``--repeats`` rounds, median milliseconds.
 
 On the peers' Spec-Bench prompts (``--per-category`` per category, first turn, chat template), one thread, the model
 with ``hfs.optimize_for_cpu(model, kernel=True)`` and transformers' grouped-query SDPA (as the peers' kernel engine
@@ -27,6 +31,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--forwards", action="store_true", help="time forwards of 1, 2 and 6 tokens instead")
     args = parser.parse_args()
 
     import hf_speculative as hfs
@@ -40,6 +45,8 @@ def main() -> None:
     hfs.optimize_for_cpu(model, kernel=True)
     attention.register()
     assert attention.fast_kernel() is not None, "the kernel could not be built here"
+    if args.forwards:
+        return time_forwards(model, CPU_ATTENTION, args.repeats)
     categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
     arms = [(f"{method}, {route}", method, route) for route in ("kernel attention", "sdpa")
             for method in ("greedy", "prompt-lookup")]
@@ -69,6 +76,31 @@ def main() -> None:
     for method in ("greedy", "prompt-lookup"):
         print(f"{method}: kernel attention {runs.ratio(f'{method}, kernel attention', f'{method}, sdpa', n):.3f}× "
               "the speed of SDPA")
+
+
+def time_forwards(model, cpu_attention: str, repeats: int, context: int = 512) -> None:
+    """Median ms of a forward of 1, 2 and 6 tokens after ``context`` tokens under each attention, in turns."""
+    import statistics
+    import time
+
+    from hf_speculative import compat
+
+    seconds: dict[tuple[str, int], list[float]] = {}
+    with torch.inference_mode():
+        cache = model(torch.randint(100, 20000, (1, context)), use_cache=True).past_key_values
+        for _ in range(repeats):
+            for route in (cpu_attention, "sdpa"):
+                model.set_attn_implementation(route)
+                for k in (1, 2, 6):
+                    ids = torch.randint(100, 20000, (1, k))
+                    start = time.perf_counter()
+                    model(ids, past_key_values=cache, use_cache=True)
+                    seconds.setdefault((route, k), []).append(time.perf_counter() - start)
+                    compat.crop_cache(cache, k)
+    model.set_attn_implementation(cpu_attention)
+    for (route, k), times in sorted(seconds.items()):
+        print(f"{route}: {k} token(s) after {context}: {statistics.median(times) * 1e3:.2f} ms")
+    print(f"load at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
