@@ -149,11 +149,16 @@ def register() -> None:
 
 
 def wants_cpu_attention(model: torch.nn.Module, kernel: bool = False) -> bool:
-    """Whether ``model`` is a transformers model on ``"sdpa"`` whose parameters are on the CPU and 16-bit, or fp32
-    where the kernel runs its products (``kernel``) and its attention can be built (:func:`fast_kernel`)."""
+    """Whether ``model`` is a transformers model on ``"sdpa"`` that this attention is for (:func:`_suits`)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
         return False
+    return _suits(model, kernel)
+
+
+def _suits(model: torch.nn.Module, kernel: bool) -> bool:
+    """Parameters on the CPU and 16-bit, or fp32 where the kernel runs the products (``kernel``) and its attention
+    can be built (:func:`fast_kernel`)."""
     first = next(iter(model.parameters()), None)
     if first is None or first.device.type != "cpu":
         return False
@@ -165,14 +170,15 @@ def wants_cpu_attention(model: torch.nn.Module, kernel: bool = False) -> bool:
 
 def use_cpu_attention(model: torch.nn.Module, enable: bool = True, kernel: bool = False) -> bool:
     """Set :data:`CPU_ATTENTION` on a CPU ``model`` on ``"sdpa"`` (``enable``; 16-bit, or fp32 with ``kernel``, see
-    :func:`wants_cpu_attention`), or ``"sdpa"`` back on a model that has it; True when the model changed."""
+    :func:`_suits`), or ``"sdpa"`` back on a model that has it and no longer suits it (``enable=False``, or an fp32
+    model laid out again without the kernel); True when the model changed."""
     current = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if enable and wants_cpu_attention(model, kernel):
         register()
         fast_kernel()  # built now (about a minute, once) rather than inside the first forward
         model.set_attn_implementation(CPU_ATTENTION)
         return True
-    if not enable and current == CPU_ATTENTION:
+    if current == CPU_ATTENTION and not (enable and _suits(model, kernel)):
         model.set_attn_implementation("sdpa")
         return True
     return False

@@ -126,6 +126,11 @@ def test_16_bit_cpu_models_on_sdpa_change_and_fp32_ones_only_on_the_kernel():
     assert layout_only.config._attn_implementation == "sdpa"
     if attention.fast_kernel() is not None:
         assert use_cpu_attention(build_model("llama"), kernel=True)
+        relaid = build_model("llama")
+        hfs.optimize_for_cpu(relaid, kernel=True)
+        assert relaid.config._attn_implementation == compat.CPU_ATTENTION
+        hfs.optimize_for_cpu(relaid, kernel=False)  # laid out again without the kernel: SDPA again
+        assert relaid.config._attn_implementation == "sdpa"
     eager = build_model("llama").to(torch.bfloat16)
     eager.set_attn_implementation("eager")
     assert not use_cpu_attention(eager) and eager.config._attn_implementation == "eager"
