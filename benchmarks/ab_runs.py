@@ -1,12 +1,28 @@
-"""What the CPU A/B scripts share (``kernel_weights_ab.py``, ``cpu_attention_ab.py``, ``kv_room_ab.py``): the peers
+"""What the CPU A/B scripts share (``kernel_weights_ab.py``, ``cpu_attention_ab.py``, ``cpu_attention_fp32_ab.py``,
+``catch_up_ab.py``, ``kv_room_ab.py``): the target on the kernel as the peers' kernel engine runs it, the peers
 table's prompts, each arm's records per prompt, and the table's figures (tokens/s per category and overall, τ, the
 ratio to a baseline arm)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
+
+
+def kernel_target(name: str, dtype: Any = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of registry model ``name`` in ``dtype`` (default fp32) with ``hfs.optimize_for_cpu(model,
+    kernel=True)``, one thread and transformers' grouped-query SDPA, as the peers' kernel engine runs."""
+    import torch
+
+    import hf_speculative as hfs
+
+    torch.set_num_threads(1)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    model, tokenizer = hfs.load_model(name, dtype=dtype)
+    hfs.optimize_for_cpu(model, kernel=True)
+    return model, tokenizer
 
 
 def peers_prompts(tokenizer: Any, per_category: int) -> tuple[tuple[str, ...], list, list]:
@@ -54,3 +70,16 @@ class Runs:
     def ratio(self, label: str, baseline: str, count: int) -> float:
         """``baseline``'s summed median seconds over ``label``'s, on prompts ``0..count-1``."""
         return sum(self.median(baseline, i) for i in range(count)) / sum(self.median(label, i) for i in range(count))
+
+    def table(self, labels: list[str], prompts: list, categories: tuple[str, ...], baseline: Callable[[str], str],
+              baseline_name: str, repeats: int) -> list[str]:
+        """The markdown table of ``labels``: tokens/s per category and overall, τ, the ratio to ``baseline(label)``'s
+        arm (headed ``vs baseline_name``), and how many of the ``len(prompts) * repeats`` outputs were identical."""
+        n = len(prompts)
+        lines = ["| arm | " + " | ".join(categories) + f" | overall tok/s | τ | vs {baseline_name} | identical |",
+                 "|---" * (len(categories) + 5) + "|"]
+        for label in labels:
+            lines.append(f"| {label} | " + " | ".join(self.rates(label, prompts, categories))
+                         + f" | {self.tau(label, n):.2f} | {self.ratio(label, baseline(label), n):.2f}× | "
+                         f"{self.identical[label]}/{n * repeats} |")
+        return lines

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
+from ab_runs import Runs, kernel_target, peers_prompts  # (benchmarks/ is this script's path)
 
 
 def budget_left_only(self, plan, tokens: int, length: int) -> bool:
@@ -51,11 +51,8 @@ def main() -> None:
     from hf_speculative.drafters.draft_model.drafter import DraftModelCandidateGenerator as Generator
     from hf_speculative.tooling.methods import run_method
 
-    torch.set_num_threads(1)
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = hfs.load_model(args.model, dtype=dtype)
-    hfs.optimize_for_cpu(model, kernel=True)
+    model, tokenizer = kernel_target(args.model, dtype)
     categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
     rules = {"generated so far": Generator._catch_up_pays, "budget left": budget_left_only}
     arms = [("greedy", "greedy", {}, None)]
@@ -85,13 +82,8 @@ def main() -> None:
     finally:
         Generator._catch_up_pays = rules["generated so far"]
     print(f"load at end: {os.getloadavg()}")
-    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy | identical |")
-    print("|---" * (len(categories) + 5) + "|")
-    for label, *_ in arms:
-        n = len(encoded)
-        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
-              + f" | {runs.tau(label, n):.2f} | {runs.ratio(label, 'greedy', n):.2f}× | "
-              f"{runs.identical[label]}/{len(prompts) * args.repeats} |")
+    print("\n".join(runs.table([label for label, *_ in arms], prompts, categories, lambda label: "greedy", "greedy",
+                               args.repeats)))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
+from ab_runs import Runs, kernel_target, peers_prompts  # (benchmarks/ is this script's path)
 
 
 def main() -> None:
@@ -36,11 +36,8 @@ def main() -> None:
     from hf_speculative.cpu.layout import follow_layout
     from hf_speculative.tooling.methods import run_method
 
-    torch.set_num_threads(1)
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = hfs.load_model(args.model, dtype=dtype)
-    hfs.optimize_for_cpu(model, kernel=True)
+    model, tokenizer = kernel_target(args.model, dtype)
     categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
     kernel = attention.fast_kernel()
     assert kernel is not None, "the kernel could not be built here"
@@ -68,13 +65,9 @@ def main() -> None:
                       + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"load at end: {os.getloadavg()}")
     attention._FAST[:] = [kernel]
-    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (same route) | identical |")
-    print("|---" * (len(categories) + 5) + "|")
-    for label, _, _, route in arms:
-        n = len(encoded)
-        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
-              + f" | {runs.tau(label, n):.2f} | {runs.ratio(label, f'greedy, {route}', n):.2f}× | "
-              f"{runs.identical[label]}/{len(prompts) * args.repeats} |")
+    route_of = {label: route for label, _, _, route in arms}
+    print("\n".join(runs.table(list(route_of), prompts, categories, lambda label: f"greedy, {route_of[label]}",
+                               "greedy (same route)", args.repeats)))
 
 
 if __name__ == "__main__":

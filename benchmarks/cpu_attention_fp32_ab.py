@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
+from ab_runs import Runs, kernel_target, peers_prompts  # (benchmarks/ is this script's path)
 
 
 def main() -> None:
@@ -34,15 +34,11 @@ def main() -> None:
     parser.add_argument("--forwards", action="store_true", help="time forwards of 1, 2 and 6 tokens instead")
     args = parser.parse_args()
 
-    import hf_speculative as hfs
     from hf_speculative.compat import CPU_ATTENTION
     from hf_speculative.cpu import attention
     from hf_speculative.tooling.methods import run_method
 
-    torch.set_num_threads(1)
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-    model, tokenizer = hfs.load_model(args.model)
-    hfs.optimize_for_cpu(model, kernel=True)
+    model, tokenizer = kernel_target(args.model)
     attention.register()
     assert attention.fast_kernel() is not None, "the kernel could not be built here"
     if args.forwards:
@@ -67,12 +63,9 @@ def main() -> None:
     finally:
         model.set_attn_implementation(CPU_ATTENTION)
     n = len(encoded)
-    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (same route) | identical |")
-    print("|---" * (len(categories) + 5) + "|")
-    for label, _, route in arms:
-        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
-              + f" | {runs.tau(label, n):.2f} | {runs.ratio(label, f'greedy, {route}', n):.2f}× | "
-              f"{runs.identical[label]}/{n * args.repeats} |")
+    route_of = {label: route for label, _, route in arms}
+    print("\n".join(runs.table(list(route_of), prompts, categories, lambda label: f"greedy, {route_of[label]}",
+                               "greedy (same route)", args.repeats)))
     for method in ("greedy", "prompt-lookup"):
         print(f"{method}: kernel attention {runs.ratio(f'{method}, kernel attention', f'{method}, sdpa', n):.3f}× "
               "the speed of SDPA")

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ab_runs import Runs, peers_prompts  # (benchmarks/ is this script's path)
+from ab_runs import Runs, kernel_target, peers_prompts  # (benchmarks/ is this script's path)
 
 
 def remake_copies(model: torch.nn.Module, bf16: bool) -> None:
@@ -47,11 +47,8 @@ def main() -> None:
     import hf_speculative as hfs
     from hf_speculative.tooling.methods import run_method
 
-    torch.set_num_threads(1)
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # as the peers' kernel engine runs
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = hfs.load_model(args.model, dtype=dtype)
-    hfs.optimize_for_cpu(model, kernel=True)
+    model, tokenizer = kernel_target(args.model, dtype)
     categories, prompts, encoded = peers_prompts(tokenizer, args.per_category)
     from hf_speculative.cpu.layout import follow_layout
 
@@ -82,13 +79,8 @@ def main() -> None:
             if round_:
                 print(f"prompt {i} done, load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"load at end: {os.getloadavg()}")
-    print("| arm | " + " | ".join(categories) + " | overall tok/s | τ | vs greedy (bf16 copies) | identical |")
-    print("|---" * (len(categories) + 5) + "|")
-    for label, *_ in arms:
-        n = len(encoded)
-        print(f"| {label} | " + " | ".join(runs.rates(label, prompts, categories))
-              + f" | {runs.tau(label, n):.2f} | {runs.ratio(label, 'greedy bf16 copies', n):.2f}× | "
-              f"{runs.identical[label]}/{len(prompts) * args.repeats} |")
+    print("\n".join(runs.table([label for label, *_ in arms], prompts, categories, lambda label: "greedy bf16 copies",
+                               "greedy (bf16 copies)", args.repeats)))
 
 
 if __name__ == "__main__":

@@ -27,3 +27,13 @@ def test_rates_tau_and_ratio_come_from_the_medians_and_the_records():
     assert runs.tau("greedy", 2) == 1.0 and runs.tau("lookup", 2) == 2.0
     assert runs.ratio("lookup", "greedy", 2) == pytest.approx(6 / 3)
     assert runs.identical == {"greedy": 4, "lookup": 1}
+
+
+def test_the_table_has_a_row_per_arm_against_its_baseline():
+    runs = load_benchmark("ab_runs").Runs()
+    prompts = [SimpleNamespace(category="qa")]
+    runs.record("greedy", 0, SimpleNamespace(seconds=2.0, new_tokens=10, target_forwards=None), True)
+    runs.record("lookup", 0, SimpleNamespace(seconds=1.0, new_tokens=10, target_forwards=5), False)
+    lines = runs.table(["greedy", "lookup"], prompts, ("qa",), lambda label: "greedy", "greedy", 2)
+    assert lines == ["| arm | qa | overall tok/s | τ | vs greedy | identical |", "|---|---|---|---|---|---|",
+                     "| greedy | 5.00 | 5.00 | 1.00 | 1.00× | 1/2 |", "| lookup | 10.00 | 10.00 | 2.00 | 2.00× | 0/2 |"]
