@@ -361,3 +361,69 @@ def test_a_truncated_proposal_keeps_the_target_distribution(monkeypatch, target,
     samples, total = rejection_samples(target, strategy, PROMPT, speculative_sampling="rejection")
     assert 0 < total["accepted"] < total["drafted"], total
     assert_same_distribution(samples, exact, plain)
+
+
+# -- point-mass drafts: the same forwards per text under both rules -----------------------------
+class _Force:
+    """A logits processor that makes greedy decoding write ``text`` after a prompt of ``length`` tokens."""
+
+    def __init__(self, length: int, text: list[int]):
+        self.length, self.text = length, text
+
+    def __call__(self, input_ids, scores):
+        position = input_ids.shape[-1] - self.length
+        if position >= len(self.text):
+            return scores
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, self.text[position]] = 0.0
+        return forced
+
+
+def _echo_medusa(target) -> hfs.Medusa:
+    """Medusa heads that guess the target's ranking of the token just written (zero blocks before the target's own
+    lm_head): right often on this target's repetitive texts, and wrong often enough, as a tree 3 wide at the top."""
+    from hf_speculative.drafters.medusa.config import MedusaConfig
+    from hf_speculative.drafters.medusa.model import MedusaHeads
+
+    heads = MedusaHeads(MedusaConfig.for_target(target.config, 3, lm_head="target", num_layers=1))
+    with torch.no_grad():
+        for weight in heads.parameters():
+            weight.zero_()
+    tree = tree_shapes.StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    return hfs.Medusa(heads.eval(), tree=tree, adaptive=False)
+
+
+def _forwards_per_text(target, mode: str, seeds: range) -> list[tuple[int, int]]:
+    """(forwards of the sampled call, forwards of greedy decoding forced to write its text) for each seed."""
+    from transformers import LogitsProcessorList
+
+    pairs = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        out = target.generate(**inputs(PROMPT), do_sample=True, temperature=1.0, max_new_tokens=12,
+                              candidate_generator=_echo_medusa(target), speculative_sampling=mode)
+        text, sampled = out[0, len(PROMPT):].tolist(), hfs.last_stats(target).target_forwards
+        replay = target.generate(**inputs(PROMPT), do_sample=False, max_new_tokens=len(text),
+                                 candidate_generator=_echo_medusa(target),
+                                 logits_processor=LogitsProcessorList([_Force(len(PROMPT), text)]))
+        assert replay[0, len(PROMPT):].tolist() == text
+        pairs.append((sampled, hfs.last_stats(target).target_forwards))
+    return pairs
+
+
+@pytest.mark.parametrize("mode", ["seeded", "rejection"])
+def test_point_mass_trees_take_the_forwards_their_text_implies(target, mode):
+    """With point-mass guesses (a Medusa static tree) a guess is kept exactly when the target's token is that guess,
+    under either rule: so a text's forwards are those of greedy decoding forced to write it, and the two rules,
+    sampling the same distribution, have the same τ in expectation (the issue-45 grid's Medusa rows)."""
+    pairs = _forwards_per_text(target, mode, range(12))
+    assert all(sampled == replayed for sampled, replayed in pairs), pairs
+    assert sum(replayed < 12 for _, replayed in pairs) >= 6, pairs  # guesses were kept: something to compare
+
+
+def test_negative_control_a_rejected_guess_drawn_again_shows_in_the_forwards(monkeypatch, target):
+    """The residual keeps a rejected point mass: the target can then write a guess it did not keep, and the text's
+    forwards (a kept guess saves one) no longer match."""
+    monkeypatch.setattr(accept_module, "_residual", _keeps_the_rejected)
+    pairs = _forwards_per_text(target, "rejection", range(12))
+    assert any(sampled != replayed for sampled, replayed in pairs), pairs
