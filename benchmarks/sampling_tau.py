@@ -61,6 +61,10 @@ def main(argv=None) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="skip the prompts --out already holds at this temperature (all methods, as many seeds)")
     parser.add_argument("--no-timing", action="store_true", help="τ only: no plain sampling, no speed figures")
+    parser.add_argument("--prompt-seeds", action="store_true",
+                        help="seed each call with (question id, seed) instead of the seed alone: the seeded rule's "
+                        "noise is keyed by absolute position, so with shared seeds every prompt of the grid reads "
+                        "the same few noise fields and the prompts are not independent samples")
     args = parser.parse_args(argv)
 
     import time
@@ -92,7 +96,7 @@ def main(argv=None) -> None:
             continue
         ids = encode_prompt(tokenizer, prompt.text).to(model.device)
         for seed in range(0 if args.no_timing else args.seeds):  # plain sampling, the speed baseline
-            torch.manual_seed(seed)
+            torch.manual_seed(call_seed(args, prompt.question_id, seed))
             sync()
             start = time.perf_counter()
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
@@ -103,10 +107,12 @@ def main(argv=None) -> None:
             seconds["plain"][1] += time.perf_counter() - start
         record = {"category": prompt.category, "question_id": prompt.question_id, "temperature": args.temperature,
                   "max_new_tokens": args.max_new_tokens, "counts": {}}
+        if args.prompt_seeds:
+            record["prompt_seeds"] = True
         for method, (name, mode) in zip(methods, runs):
             extra = {} if mode is None else {"speculative_sampling": mode}
             for seed in range(args.seeds):
-                torch.manual_seed(seed)
+                torch.manual_seed(call_seed(args, prompt.question_id, seed))
                 sync()
                 start = time.perf_counter()
                 model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
@@ -136,9 +142,14 @@ def main(argv=None) -> None:
         print(line)
 
 
+def call_seed(args, question_id: int, seed: int) -> int:
+    """The seed set before a call: ``seed``, or with ``--prompt-seeds`` one of the prompt's own."""
+    return question_id * 1000 + seed if args.prompt_seeds else seed
+
+
 def finished(args, methods: list[str]) -> dict:
-    """``--resume``: the rows of ``--out`` at this temperature and length that hold every method with counts for
-    ``--seeds`` seeds, by question id."""
+    """``--resume``: the rows of ``--out`` at this temperature and length, seeded the same way (``--prompt-seeds``),
+    that hold every method with counts for ``--seeds`` seeds, by question id."""
     rows = {}
     try:
         with open(args.out) as f:
@@ -148,6 +159,7 @@ def finished(args, methods: list[str]) -> dict:
     for row in lines:
         counts = row.get("counts", {})
         if (row.get("temperature") == args.temperature and row.get("max_new_tokens") == args.max_new_tokens
+                and row.get("prompt_seeds", False) == getattr(args, "prompt_seeds", False)
                 and all(len(counts.get(m, [])) == args.seeds for m in methods)):
             rows[row["question_id"]] = row
     return rows

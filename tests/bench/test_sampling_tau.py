@@ -37,3 +37,22 @@ def tau_args(out, *extra):
     import argparse
 
     return argparse.Namespace(out=str(out), temperature=float(extra[1]) if extra else 0.7, max_new_tokens=6, seeds=2)
+
+
+@pytest.mark.integration
+def test_prompt_seeds_are_the_prompt_s_own_and_are_another_measurement(tmp_path):
+    """``--prompt-seeds``: each prompt's calls get seeds of their own (the seeded rule keys its noise by absolute
+    position, so shared seeds make every prompt read the same noise); rows say so, and --resume keeps the two apart."""
+    import argparse
+
+    shared, own = argparse.Namespace(prompt_seeds=False), argparse.Namespace(prompt_seeds=True)
+    assert [tau.call_seed(shared, q, 1) for q in (81, 82)] == [1, 1]
+    assert len({tau.call_seed(own, q, s) for q in (81, 82) for s in range(3)}) == 6
+    out = tmp_path / "tau.jsonl"
+    tau.main([*ARGS, "--categories", "qa", "--out", str(out)])
+    methods = ["lookup/seeded", "lookup/rejection"]
+    assert len(tau.finished(tau_args(out), methods)) == 1
+    assert tau.finished(argparse.Namespace(**{**vars(tau_args(out)), "prompt_seeds": True}), methods) == {}
+    tau.main([*ARGS, "--categories", "qa", "--out", str(out), "--prompt-seeds", "--resume"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r.get("prompt_seeds", False) for r in rows] == [False, True]

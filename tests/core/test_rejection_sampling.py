@@ -170,17 +170,18 @@ def test_draft_model_chains_follow_the_target_and_accept_more_than_the_seeded_ru
     assert rejection["accepted"] / rejection["drafted"] > seeded["accepted"] / seeded["drafted"], (rejection, seeded)
 
 
-@pytest.mark.parametrize("which", ["far-drafter", "prompt-lookup", "draft-model-tree", "static-cache",
+@pytest.mark.parametrize("which", ["far-drafter", "prompt-lookup", "draft-model-tree", "medusa-tree", "static-cache",
                                    "transformers-loop"])
 def test_other_drafts_follow_the_target(target, close_drafter, far_drafter, lookup_prompt, which):
-    """Mostly rejected drafts (the residual does the work), point-mass chains, a point-mass tree, a static cache, and
-    transformers' own loop (which samples by its own rule)."""
+    """Mostly rejected drafts (the residual does the work), point-mass chains, a tree drawn from q, a point-mass tree
+    (Medusa's static tree), a static cache, and transformers' own loop (which samples by its own rule)."""
     prompt = lookup_prompt if which == "prompt-lookup" else PROMPT
     strategy = {
         "far-drafter": lambda: hfs.DraftModel(far_drafter, adaptive=False),
         "prompt-lookup": lambda: hfs.PromptLookup(adaptive=False),
         "draft-model-tree": lambda: hfs.DraftModel(close_drafter, tree=DynamicTree(nodes=6, depth=3, top_k=2),
                                                    adaptive=False),
+        "medusa-tree": lambda: _echo_medusa(target),
         "static-cache": lambda: hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False),
         "transformers-loop": lambda: hfs.DraftModel(close_drafter, confidence_threshold=0.0, adaptive=False),
     }[which]()
