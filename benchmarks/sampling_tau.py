@@ -8,6 +8,8 @@
 Resumable: ``--resume`` keeps the prompts whose rows ``--out`` already holds at this temperature (every method and
 mode asked, as many seeds) and runs the others, the summary pooling both; ``--no-timing`` runs no plain sampling and
 times nothing (τ only: what does not depend on the machine's load, so it may run beside other work).
+``--prompt-seeds`` seeds each prompt's calls with seeds of its own: the seeded rule keys its noise by absolute
+position, so with the same few seeds for every prompt the prompts share noise fields and are not independent samples.
 
 Uses only the public API (``torch.manual_seed`` then ``generate(do_sample=True, ...)``), so the same script
 measures any version of the library: run it from two checkouts to compare their sampling rules. Drafters run
