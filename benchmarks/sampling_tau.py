@@ -68,6 +68,9 @@ def main(argv=None) -> None:
                         "noise is keyed by absolute position, so with shared seeds every prompt of the grid reads "
                         "the same few noise fields and the prompts are not independent samples")
     args = parser.parse_args(argv)
+    if args.prompt_seeds and args.seeds > 1000:
+        parser.error(f"--prompt-seeds keys seeds as question id * 1000 + seed: give --seeds 1000 or fewer, not "
+                     f"{args.seeds}")
 
     import time
 

@@ -398,14 +398,14 @@ def _forwards_per_text(target, mode: str, seeds: range) -> list[tuple[int, int]]
     """(forwards of the sampled call, forwards of greedy decoding forced to write its text) for each seed."""
     from transformers import LogitsProcessorList
 
-    pairs = []
+    medusa, pairs = _echo_medusa(target), []
     for seed in seeds:
         torch.manual_seed(seed)
         out = target.generate(**inputs(PROMPT), do_sample=True, temperature=1.0, max_new_tokens=12,
-                              candidate_generator=_echo_medusa(target), speculative_sampling=mode)
+                              candidate_generator=medusa, speculative_sampling=mode)
         text, sampled = out[0, len(PROMPT):].tolist(), hfs.last_stats(target).target_forwards
         replay = target.generate(**inputs(PROMPT), do_sample=False, max_new_tokens=len(text),
-                                 candidate_generator=_echo_medusa(target),
+                                 candidate_generator=medusa,
                                  logits_processor=LogitsProcessorList([_Force(len(PROMPT), text)]))
         assert replay[0, len(PROMPT):].tolist() == text
         pairs.append((sampled, hfs.last_stats(target).target_forwards))
