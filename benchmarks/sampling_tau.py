@@ -13,15 +13,17 @@ position, so with the same few seeds for every prompt the prompts share noise fi
 
 Uses only the public API (``torch.manual_seed`` then ``generate(do_sample=True, ...)``), so the same script
 measures any version of the library: run it from two checkouts to compare their sampling rules. Drafters run
-with fixed draft lengths (``adaptive=False``), so τ does not depend on this machine's timings. Every call is timed,
-and plain sampling (no drafter, same seed) runs before each prompt's drafted calls: the summary gives each
-method's tokens/s over plain's, pooled (a speed figure only on a quiet machine or a GPU).
+with fixed draft lengths (``adaptive=False``), so τ does not depend on this machine's timings. Every call is timed
+after an untimed warm-up call of each arm, and plain sampling (no drafter, same seed) runs before each prompt's
+drafted calls: the summary gives each method's tokens/s over plain's, pooled, and the median of the per-prompt
+ratios (rows keep each prompt's tokens and seconds by arm); a speed figure only on a quiet machine or a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -93,6 +95,14 @@ def main(argv=None) -> None:
     totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
     seconds = {m: [0, 0.0] for m in ["plain", *methods]}  # new tokens, wall seconds
     done = finished(args, methods) if args.resume else {}
+    if not args.no_timing:  # untimed warm-up of every arm: one-time costs (allocations, kernel setup) stay out
+        warm_ids = encode_prompt(tokenizer, "Hello").to(model.device)
+        for name, mode in [(None, None), *runs]:
+            extra = {} if mode is None else {"speculative_sampling": mode}
+            model.generate(warm_ids, attention_mask=torch.ones_like(warm_ids), do_sample=True,
+                           temperature=args.temperature, max_new_tokens=8,
+                           candidate_generator=None if name is None else made[name](), **extra)
+    prompt_rows = []  # the rows this run wrote (timed ones carry seconds)
     for prompt in load_prompts(categories=args.categories.split(","), per_category=args.per_category):
         if prompt.question_id in done:  # --resume: counted from --out, not run again
             for method in methods:
@@ -100,6 +110,7 @@ def main(argv=None) -> None:
                     totals[method] = [a + b for a, b in zip(totals[method], counts)]
             continue
         ids = encode_prompt(tokenizer, prompt.text).to(model.device)
+        before = {m: list(v) for m, v in seconds.items()}
         for seed in range(0 if args.no_timing else args.seeds):  # plain sampling, the speed baseline
             torch.manual_seed(call_seed(args, prompt.question_id, seed))
             sync()
@@ -131,20 +142,41 @@ def main(argv=None) -> None:
                 totals[method] = [a + b for a, b in zip(totals[method], counts)]
                 record.setdefault(method, []).append(st.tau)
                 record["counts"].setdefault(method, []).append(counts)
+        if not args.no_timing:  # this prompt's [new tokens, wall seconds] by arm, for per-prompt ratios
+            record["seconds"] = {m: [seconds[m][0] - before[m][0], round(seconds[m][1] - before[m][1], 4)]
+                                 for m in seconds}
         print(prompt.category, prompt.question_id, {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(record) + "\n")
+        prompt_rows.append(record)
     timed = seconds["plain"][1] > 0
     plain_rate = seconds["plain"][0] / max(seconds["plain"][1], 1e-9)
     if timed:
         print(f"plain sampling: {plain_rate:.2f} tokens/s (this run's prompts only)")
+    ratios = prompt_ratios(prompt_rows, methods) if timed else {}
     for method, (new, forwards, drafted, accepted) in totals.items():
         line = (f"{method}: tau {new / max(forwards, 1):.3f} (tokens over forwards, pooled), acceptance "
                 f"{accepted / max(drafted, 1):.3f}, {new} tokens")
         if timed and seconds[method][1] > 0:
             rate = seconds[method][0] / seconds[method][1]
             line += f"; {rate:.2f} tokens/s, {rate / plain_rate:.3f}x plain"
+            if ratios.get(method):
+                line += f" (median over {len(ratios[method])} prompts {statistics.median(ratios[method]):.3f}x)"
         print(line)
+
+
+def prompt_ratios(rows: list[dict], methods: list[str]) -> dict[str, list[float]]:
+    """Each method's speed over plain sampling's, prompt by prompt (tokens/s over tokens/s), from rows with seconds."""
+    ratios = {m: [] for m in methods}
+    for row in rows:
+        timed = row.get("seconds", {})
+        new, wall = timed.get("plain", (0, 0.0))
+        if not wall:
+            continue
+        for m in methods:
+            if timed.get(m, (0, 0.0))[1]:
+                ratios[m].append((timed[m][0] / timed[m][1]) / (new / wall))
+    return ratios
 
 
 def call_seed(args, question_id: int, seed: int) -> int:

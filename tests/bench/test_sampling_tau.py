@@ -56,3 +56,23 @@ def test_prompt_seeds_are_the_prompt_s_own_and_are_another_measurement(tmp_path)
     tau.main([*ARGS, "--categories", "qa", "--out", str(out), "--prompt-seeds", "--resume"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r.get("prompt_seeds", False) for r in rows] == [False, True]
+
+
+@pytest.mark.integration
+def test_timed_rows_carry_each_arm_s_seconds_and_the_summary_their_median(tmp_path, capsys):
+    """Timed runs (no --no-timing): every arm warms up untimed, each row keeps its prompt's [tokens, seconds] by arm,
+    and the summary gives the median of the per-prompt ratios beside the pooled one (no time is asserted)."""
+    out = tmp_path / "tau.jsonl"
+    args = [a for a in ARGS if a != "--no-timing"]
+    tau.main([*args, "--seeds", "1", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert set(row["seconds"]) == {"plain", "lookup/seeded", "lookup/rejection"}
+        assert all(new > 0 and wall > 0 for new, wall in row["seconds"].values())
+        assert row["seconds"]["lookup/seeded"][0] == row["counts"]["lookup/seeded"][0][0]
+    assert "(median over 2 prompts" in capsys.readouterr().out
+    ratios = tau.prompt_ratios(rows, ["lookup/seeded"])["lookup/seeded"]
+    (new, wall), (plain_new, plain_wall) = rows[0]["seconds"]["lookup/seeded"], rows[0]["seconds"]["plain"]
+    assert ratios[0] == pytest.approx((new / wall) / (plain_new / plain_wall))
+    assert tau.prompt_ratios([{"counts": {}}], ["lookup/seeded"]) == {"lookup/seeded": []}  # untimed rows: none
