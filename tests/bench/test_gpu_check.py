@@ -59,6 +59,8 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert all(result["returncode"] == 0 for result in report["tests"].values())
+    assert report["tests"]["bfloat16"]["seconds"] > 0  # run; float32 on the CPU is the suite's own test_device.py
+    assert report["tests"]["float32"]["summary"].startswith("skipped on the CPU")
     assert set(report["profile"]) == {"smollm2-135m_eager", "smollm2-135m_default"}
     assert all("error" not in value for value in report["profile"].values())
     assert set(report["profile"]["smollm2-135m_eager"]["batch_relative"]["128"]) == {"1", "2"}  # batches: eager only
