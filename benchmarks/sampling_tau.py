@@ -95,13 +95,17 @@ def main(argv=None) -> None:
     totals = {m: [0, 0, 0, 0] for m in methods}  # new tokens, target forwards, drafted, accepted
     seconds = {m: [0, 0.0] for m in ["plain", *methods]}  # new tokens, wall seconds
     done = finished(args, methods) if args.resume else {}
+
+    def sample(ids, name, mode, max_new_tokens):  # one sampled call: plain when name is None, else the arm's drafter
+        extra = {} if mode is None else {"speculative_sampling": mode}
+        return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                              temperature=args.temperature, max_new_tokens=max_new_tokens,
+                              candidate_generator=None if name is None else made[name](), **extra)
+
     if not args.no_timing:  # untimed warm-up of every arm: one-time costs (allocations, kernel setup) stay out
         warm_ids = encode_prompt(tokenizer, "Hello").to(model.device)
         for name, mode in [(None, None), *runs]:
-            extra = {} if mode is None else {"speculative_sampling": mode}
-            model.generate(warm_ids, attention_mask=torch.ones_like(warm_ids), do_sample=True,
-                           temperature=args.temperature, max_new_tokens=8,
-                           candidate_generator=None if name is None else made[name](), **extra)
+            sample(warm_ids, name, mode, 8)
     prompt_rows = []  # the rows this run wrote (timed ones carry seconds)
     for prompt in load_prompts(categories=args.categories.split(","), per_category=args.per_category):
         if prompt.question_id in done:  # --resume: counted from --out, not run again
@@ -110,41 +114,37 @@ def main(argv=None) -> None:
                     totals[method] = [a + b for a, b in zip(totals[method], counts)]
             continue
         ids = encode_prompt(tokenizer, prompt.text).to(model.device)
-        before = {m: list(v) for m, v in seconds.items()}
+        timed_here = {m: [0, 0.0] for m in seconds}  # this prompt's new tokens and wall seconds, by arm
         for seed in range(0 if args.no_timing else args.seeds):  # plain sampling, the speed baseline
             torch.manual_seed(call_seed(args, prompt.question_id, seed))
             sync()
             start = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                 candidate_generator=None)
+            out = sample(ids, None, None, args.max_new_tokens)
             sync()
-            seconds["plain"][0] += out.shape[1] - ids.shape[1]
-            seconds["plain"][1] += time.perf_counter() - start
+            timed_here["plain"][0] += out.shape[1] - ids.shape[1]
+            timed_here["plain"][1] += time.perf_counter() - start
         record = {"category": prompt.category, "question_id": prompt.question_id, "temperature": args.temperature,
                   "max_new_tokens": args.max_new_tokens, "counts": {}}
         if args.prompt_seeds:
             record["prompt_seeds"] = True
         for method, (name, mode) in zip(methods, runs):
-            extra = {} if mode is None else {"speculative_sampling": mode}
             for seed in range(args.seeds):
                 torch.manual_seed(call_seed(args, prompt.question_id, seed))
                 sync()
                 start = time.perf_counter()
-                model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                               candidate_generator=made[name](), **extra)
+                sample(ids, name, mode, args.max_new_tokens)
                 sync()
-                seconds[method][1] += time.perf_counter() - start
+                timed_here[method][1] += time.perf_counter() - start
                 st = hfs.last_stats(model)
-                seconds[method][0] += st.new_tokens
+                timed_here[method][0] += st.new_tokens
                 counts = [st.new_tokens, st.target_forwards, st.drafted_tokens, st.accepted_tokens]
                 totals[method] = [a + b for a, b in zip(totals[method], counts)]
                 record.setdefault(method, []).append(st.tau)
                 record["counts"].setdefault(method, []).append(counts)
+        for m, (new, wall) in timed_here.items():
+            seconds[m] = [seconds[m][0] + new, seconds[m][1] + wall]
         if not args.no_timing:  # this prompt's [new tokens, wall seconds] by arm, for per-prompt ratios
-            record["seconds"] = {m: [seconds[m][0] - before[m][0], round(seconds[m][1] - before[m][1], 4)]
-                                 for m in seconds}
+            record["seconds"] = {m: [new, round(wall, 4)] for m, (new, wall) in timed_here.items()}
         print(prompt.category, prompt.question_id, {m: [round(t, 2) for t in record[m]] for m in methods}, flush=True)
         with open(args.out, "a") as f:
             f.write(json.dumps(record) + "\n")

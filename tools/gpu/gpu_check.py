@@ -69,9 +69,9 @@ def environment(device: str) -> dict[str, Any]:
 def run_tests(out: Path, device: str, tiny: bool) -> dict[str, Any]:
     """tests/test_device.py in float32 and bfloat16 on ``device``. On the CPU the float32 battery is the normal
     suite's own run of that file (``make test``, both transformers versions), so the CPU run adds bfloat16 only."""
-    results = {}
-    dtypes = ("bfloat16",) if device == "cpu" else ("float32", "bfloat16")
+    results, dtypes = {}, ("float32", "bfloat16")
     if device == "cpu":
+        dtypes = ("bfloat16",)
         results["float32"] = {"returncode": 0, "summary": "skipped on the CPU: make test runs tests/test_device.py "
                               "in float32", "seconds": 0.0}
     for dtype in dtypes:
