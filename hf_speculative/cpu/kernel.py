@@ -34,14 +34,18 @@ Qwen2.5-1.5B's weights for 1 / 6 rows in 103 / 119 ms against 100 / 201 from a b
 
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``). x86-64 CPUs with AVX2 and FMA only.
+``~/.cache/torch_extensions``, in a folder of its own per torch installation: :func:`build_directory`). x86-64 CPUs
+with AVX2 and FMA only.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
+import sys
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -77,13 +81,36 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def build_directory() -> Path:
+    """The kernel's build folder: torch's extensions root (``TORCH_EXTENSIONS_DIR``, by default
+    ``~/.cache/torch_extensions/py<version>_cpu``), then ``hfs_skinny_linear_v<N>-<key>``, the key a hash of this
+    torch installation (its folder and version) and Python's headers.
+
+    torch writes the installation's include paths into the folder's build file, and ninja rebuilds everything when
+    that file changes: two environments that shared one folder (a venv per transformers version, as CI and
+    ``make install VENV=...`` give) rebuilt each other's kernel at every switch, a minute or two each time."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        folder = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{accelerator}"
+        root = os.path.join(get_default_build_root(), folder)
+    installation = "\n".join([os.path.dirname(os.path.realpath(torch.__file__)), torch.__version__,
+                              sysconfig.get_paths()["include"]])
+    key = hashlib.sha256(installation.encode()).hexdigest()[:12]
+    return Path(root) / f"{EXTENSION}-{key}"
+
+
 @functools.lru_cache(maxsize=1)
 def _build():
     from torch.utils.cpp_extension import load
 
     _ninja_on_path()  # a missing [kernel] extra raises here, and load_kernel's message quotes it
+    folder = build_directory()
+    folder.mkdir(parents=True, exist_ok=True)
     return load(name=EXTENSION, sources=[str(p) for p in SOURCES], extra_cflags=["-O3", "-mavx2", "-mfma"],
-                verbose=False)
+                build_directory=str(folder), verbose=False)
 
 
 _KERNEL = None  # the built extension, once load_kernel() has succeeded
