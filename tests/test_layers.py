@@ -29,6 +29,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.single_version  # reads the source only: transformers' version changes nothing here
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_speculative"
 FACADE = "hf_speculative"  # the package's __init__
