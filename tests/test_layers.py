@@ -2,7 +2,7 @@
 
 Layers, bottom first; a module imports its own unit and the layers below it, never a peer of its layer:
 
-    compat, options, extras     the root leaves: nothing of the package
+    compat, options, extras, locks   the root leaves: nothing of the package
     core                        loop, accept, tree, verify, costs, state, stats, sampling, policy, static cache
     cpu, registry               the CPU layout and kernel; the offline model registry and its integrity checks
     drafters                    base, registry, checkpoints; then one folder per method
@@ -38,7 +38,7 @@ PACKAGE = ROOT / "hf_speculative"
 FACADE = "hf_speculative"  # the package's __init__
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("compat", "options", "extras"),
+    ("compat", "options", "extras", "locks"),
     ("core",),
     ("cpu", "registry"),
     ("drafters",),

@@ -154,12 +154,12 @@ def test_registry_fetch_without_gguf_names_the_registry_extra(tmp_path, monkeypa
 
 
 def test_kernel_build_without_ninja_names_the_kernel_extra(monkeypatch):
-    from hf_speculative.cpu import kernel as cpu_kernel
+    from hf_speculative.cpu import build as cpu_build
 
-    monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cpu_build.shutil, "which", lambda name: None)
     monkeypatch.setitem(sys.modules, "ninja", None)
     with pytest.raises(ImportError, match=r'pip install "hf-speculative\[kernel\]"'):
-        cpu_kernel._ninja_on_path()
+        cpu_build._ninja_on_path()
 
 
 def test_app_plots_without_matplotlib_name_the_app_extra(monkeypatch):
@@ -171,8 +171,10 @@ def test_app_plots_without_matplotlib_name_the_app_extra(monkeypatch):
 
 def test_registry_lock_without_fcntl_uses_msvcrt(tmp_path, monkeypatch):
     """Windows: the registry's lock file is locked with msvcrt.locking (retried while another process
-    holds it), byte 0, and unlocked after the fetch."""
+    holds it), byte 0, and unlocked after the fetch (hf_speculative/locks.py, which the kernel's build uses too)."""
     import types
+
+    import hf_speculative.locks
 
     calls = []
 
@@ -184,7 +186,7 @@ def test_registry_lock_without_fcntl_uses_msvcrt(tmp_path, monkeypatch):
     fake = types.SimpleNamespace(LK_NBLCK=2, LK_UNLCK=0, locking=locking)
     monkeypatch.setitem(sys.modules, "fcntl", None)
     monkeypatch.setitem(sys.modules, "msvcrt", fake)
-    monkeypatch.setattr(hf_speculative.registry.models.time, "sleep", lambda s: None)
+    monkeypatch.setattr(hf_speculative.locks.time, "sleep", lambda s: None)
     monkeypatch.setenv("HF_SPECULATIVE_CACHE", str(tmp_path))
     with hf_speculative.registry.models._locked("some-model"):
         assert calls == [(fake.LK_NBLCK, 1), (fake.LK_NBLCK, 1)]

@@ -34,30 +34,22 @@ Qwen2.5-1.5B's weights for 1 / 6 rows in 103 / 119 ms against 100 / 201 from a b
 
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``, in a folder of its own per torch installation: :func:`build_directory`). x86-64 CPUs
+``~/.cache/torch_extensions``, in a folder of its own per torch installation: ``build.py``). x86-64 CPUs
 with AVX2 and FMA only.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
-import shutil
-import sys
-import sysconfig
 import threading
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..compat import CPU_ROWWISE_TOKENS
-from ..extras import require
+from .build import EXTENSION, build_directory  # noqa: F401 - the kernel's public build names
+from .build import build as _build
 
-SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("skinny_linear.cpp", "bf16_linear.cpp", "few_query_attention.cpp")]
-EXTENSION = "hfs_skinny_linear_v7"
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
 # a bf16 model's products on the kernel (in passes of 16 rows): every verification a CPU runs (a draft model's chains
 # reach 16 drafts, 17 rows; trees of up to 63 nodes) computes each row as plain decoding does
@@ -70,47 +62,6 @@ def cpu_supports_kernel() -> bool:
     """Whether this CPU runs the kernel (x86-64 with AVX2 and FMA, as PyTorch detects it)."""
     capability = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else "DEFAULT"
     return capability.startswith("AVX2") or capability.startswith("AVX512")
-
-
-def _ninja_on_path() -> None:
-    """torch's builder runs ``ninja`` from PATH; the pip ``ninja`` package (the [kernel] extra) puts its
-    binary in the venv, which is not on PATH when the venv's python is run by its full path. A system
-    ninja on PATH does as well."""
-    if shutil.which("ninja") is None:
-        ninja = require("ninja", "kernel", "optimize_for_cpu(kernel=True)")
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def build_directory() -> Path:
-    """The kernel's build folder: torch's extensions root (``TORCH_EXTENSIONS_DIR``, by default
-    ``~/.cache/torch_extensions/py<version>_cpu``), then ``hfs_skinny_linear_v<N>-<key>``, the key a hash of this
-    torch installation (its folder and version) and Python's headers.
-
-    torch writes the installation's include paths into the folder's build file, and ninja rebuilds everything when
-    that file changes: two environments that shared one folder (a venv per transformers version, as CI and
-    ``make install VENV=...`` give) rebuilt each other's kernel at every switch, a minute or two each time."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None:
-        accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
-        folder = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}_{accelerator}"
-        root = os.path.join(get_default_build_root(), folder)
-    installation = "\n".join([os.path.dirname(os.path.realpath(torch.__file__)), torch.__version__,
-                              sysconfig.get_paths()["include"]])
-    key = hashlib.sha256(installation.encode()).hexdigest()[:12]
-    return Path(root) / f"{EXTENSION}-{key}"
-
-
-@functools.lru_cache(maxsize=1)
-def _build():
-    from torch.utils.cpp_extension import load
-
-    _ninja_on_path()  # a missing [kernel] extra raises here, and load_kernel's message quotes it
-    folder = build_directory()
-    folder.mkdir(parents=True, exist_ok=True)
-    return load(name=EXTENSION, sources=[str(p) for p in SOURCES], extra_cflags=["-O3", "-mavx2", "-mfma"],
-                build_directory=str(folder), verbose=False)
 
 
 _KERNEL = None  # the built extension, once load_kernel() has succeeded

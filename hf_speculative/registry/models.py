@@ -39,10 +39,11 @@ import zipfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, NoReturn
 
 from . import integrity
 from ..extras import require
+from ..locks import exclusive
 
 __all__ = ["ModelSource", "REGISTRY", "DEFAULT_MODEL", "RegistryError", "list_models", "cache_dir",
            "model_path", "is_cached", "fetch", "verify", "resolve", "load_model"]
@@ -294,43 +295,9 @@ def list_models() -> list[dict[str, Any]]:
     return out
 
 
-@contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
+def _locked(name: str) -> contextlib.AbstractContextManager[None]:
     """Hold the cache's lock file of `name` (one fetch per model at a time across processes)."""
-    lock_dir = cache_dir() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"{name}.lock", "a+") as f:
-        lock, unlock = _file_lock_functions()
-        lock(f)
-        try:
-            yield
-        finally:
-            unlock(f)
-
-
-def _file_lock_functions() -> tuple[Any, Any]:
-    """`(lock, unlock)` of an open file, exclusive across processes: `fcntl.flock` on POSIX, imported
-    here, not at the module's import, so that the package imports on Windows; `msvcrt.locking` there."""
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        import msvcrt
-
-        def lock(f: Any) -> None:
-            f.seek(0)
-            while True:  # LK_LOCK gives up after 10 s; a fetch of another process takes minutes
-                try:
-                    msvcrt.locking(f.fileno(), msvcrt.LK_NBLCK, 1)
-                    return
-                except OSError:
-                    time.sleep(0.5)
-
-        def unlock(f: Any) -> None:
-            f.seek(0)
-            msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
-
-        return lock, unlock
-    return (lambda f: fcntl.flock(f, fcntl.LOCK_EX)), (lambda f: fcntl.flock(f, fcntl.LOCK_UN))
+    return exclusive(cache_dir() / "locks" / f"{name}.lock")
 
 
 def _pip_command(wheels: tuple[str, ...], dest: Path) -> list[str]:
