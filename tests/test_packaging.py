@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 from setuptools.config.setupcfg import read_configuration
 
-from hf_speculative.cpu.kernel import SOURCES as KERNEL_SOURCES
+from hf_speculative.cpu.build import SOURCES as KERNEL_SOURCES
 from hf_speculative.extras import EXTRAS
 
 ROOT = Path(__file__).resolve().parents[1]
