@@ -47,7 +47,6 @@ import torch
 import torch.nn.functional as F
 
 from ..compat import CPU_ROWWISE_TOKENS
-from .build import EXTENSION, build_directory  # noqa: F401 - the kernel's public build names
 from .build import build as _build
 
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them

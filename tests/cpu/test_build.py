@@ -22,15 +22,14 @@ _HOLDER = """
 import sys, time
 from pathlib import Path
 from hf_speculative.locks import exclusive
-folder, seconds = Path(sys.argv[1]), float(sys.argv[2])
-with exclusive(folder / "hfs-build.flock"):
-    (folder / "lock").touch()
+folder, ours, torchs, seconds = Path(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+with exclusive(folder / ours):
+    (folder / torchs).touch()
     (folder / "holding").touch()
     time.sleep(seconds)
-    (folder / "lock").unlink()
+    (folder / torchs).unlink()
     (folder / "released").touch()
 """
-
 
 def test_each_torch_installation_builds_in_a_folder_of_its_own(tmp_path, monkeypatch):
     """Two environments (a venv per transformers version) must not share a build folder: torch writes the
@@ -62,7 +61,7 @@ def _stand_in_builder(folder: Path, monkeypatch) -> list:
 
     def load(name, sources, extra_cflags, build_directory, verbose):
         assert build_directory == str(folder)
-        seen.append({"lock": (folder / "lock").exists(), "released": (folder / "released").exists()})
+        seen.append({"lock": (folder / cpu_build.TORCH_LOCK).exists(), "released": (folder / "released").exists()})
         return "the module"
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", load)
@@ -72,7 +71,8 @@ def _stand_in_builder(folder: Path, monkeypatch) -> list:
 
 def _start_holder(folder: Path, seconds: float) -> subprocess.Popen:
     folder.mkdir(parents=True, exist_ok=True)
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder), str(seconds)])
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder), cpu_build.OUR_LOCK,
+                               cpu_build.TORCH_LOCK, str(seconds)])
     deadline = time.monotonic() + 60
     while not (folder / "holding").exists():
         assert holder.poll() is None and time.monotonic() < deadline, "the holder did not start"
@@ -90,7 +90,7 @@ def test_the_lock_file_of_a_killed_build_does_not_block_the_next(tmp_path, monke
     holder = _start_holder(folder, 600)
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
-    assert (folder / "lock").exists()  # left behind
+    assert (folder / cpu_build.TORCH_LOCK).exists()  # left behind
     assert cpu_build.build.__wrapped__() == "the module"
     assert seen == [{"lock": False, "released": False}]
 
