@@ -40,6 +40,17 @@ def cache_kwarg() -> str:
     return "cache" if "cache" in inspect.signature(method).parameters else "past_key_values"
 
 
+def update_layer_cache(cache: Any, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cos: torch.Tensor,
+                       sin: torch.Tensor, layer_kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache.update`` as a stock attention layer calls it (for layers that run their own forward: cpu/layers.py):
+    from 5.24 with the layer's keyword arguments (``kwargs=``), before with ``{"sin", "cos", "cache_position"}``,
+    whose ``cache_position`` 4.x's static layers need."""
+    if cache_kwarg() == "cache":
+        return cache.update(key, value, layer_idx, kwargs=layer_kwargs)
+    extra = {"sin": sin, "cos": cos, "cache_position": layer_kwargs.get("cache_position")}
+    return cache.update(key, value, layer_idx, extra)
+
+
 # Cache implementations that assisted decoding cannot roll back.
 UNSUPPORTED_CACHE_IMPLEMENTATIONS = ("static", "hybrid", "sliding_window", "offloaded_static", "offloaded_hybrid",
                                      "hybrid_chunked", "mamba", "quantized", "offloaded")

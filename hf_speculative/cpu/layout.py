@@ -45,6 +45,7 @@ from .kernel import (
     cpu_supports_kernel,
     load_kernel,
 )
+from .layers import use_native_layers
 
 
 def _converted(weight: torch.Tensor) -> bool:
@@ -75,7 +76,7 @@ def _modules(model: torch.nn.Module, layers: str) -> list[torch.nn.Module]:
 
 
 def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str = "all", pack: bool = False,
-                     kernel: bool | None = None, weights: str = "exact") -> int:
+                     kernel: bool | None = None, weights: str = "exact", native: bool | None = None) -> int:
     """Store ``model``'s fp32 CPU ``nn.Linear`` weights column-major (``enable=True``) or back in
     PyTorch's usual row-major layout (``enable=False``), in place; with ``pack=True`` their products
     of several rows also run on oneDNN-packed copies (`PackedLinear`).
@@ -112,6 +113,11 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             `"int8"`, int8 values with one scale per output column (a quarter of the fp32 bytes; the products are
             approximate, so the model's outputs change a little): for a drafter, whose proposals the target
             verifies (``DraftModel`` asks for it); made from fp32 or bf16 weights. Needs the kernel.
+        native (`bool`, *optional*): with the kernel, also run the decoder layers' forwards of 1-16 tokens as two
+            native calls each around the model's own cache (``hf_speculative.cpu.layers``: norms, rotary, residuals
+            and the gated MLP in C++ rather than ~55 PyTorch operators a layer), for fp32 Llama, Qwen2, Qwen3 and
+            Gemma3 layers. ``None`` (default): where the kernel runs, with one warning naming why when a
+            transformers model's layers cannot; ``True``: a ``ValueError`` naming why instead; ``False``: never.
 
     Returns:
         `int`: how many linear layers changed (0 when there was nothing to do, e.g. on a GPU).
@@ -123,6 +129,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             "optimize_for_cpu(pack=True) needs a PyTorch build with oneDNN (torch.backends.mkldnn); "
             "use optimize_for_cpu(model) without pack on this build."
         )
+    if native and enable and (pack or kernel is False or layers != "all"):
+        raise ValueError("optimize_for_cpu(native=True) needs the kernel on every linear layer (kernel=None or True, "
+                         "layers='all', no pack).")
     if weights not in WEIGHTS:
         raise ValueError(f"optimize_for_cpu(weights={weights!r}): use one of {WEIGHTS}.")
     if weights != "exact" and enable and (pack or kernel is False or not cpu_supports_kernel()):
@@ -133,6 +142,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
         kernel = enable and not pack and laid_out and _auto_kernel()
     elif kernel and enable:
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
+    if native and enable and not kernel:
+        raise ValueError("optimize_for_cpu(native=True) needs the CPU kernel, which does not run here (see the warning "
+                         "above); pass native=None to run without it.")
     # bf16 weights: on the kernel's bf16 dot products where the CPU has them, else left to PyTorch's bf16 products
     bf16 = not enable or (kernel and bf16_dot_supported())
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
@@ -160,8 +172,26 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     # a bf16 model's attention in fp32: PyTorch's bf16 CPU attention is slow for one query; an fp32 model's on the
     # kernel: faster for a row or two, and its rows apart (attention.py)
     attention = use_cpu_attention(model, enable, kernel=bool(kernel))
-    if changed or attention:
+    natives = _native_layers(model, enable and bool(kernel) and layers == "all" and native is not False, native)
+    if changed or attention or natives:
         forget_costs(model)  # verify costs measured in the old layout no longer hold
+    return changed
+
+
+def _native_layers(model: torch.nn.Module, enable: bool, native: bool | None) -> int:
+    """The native decoder layers on (``enable``) or off; what could not take them, said (``native=None``) or raised
+    (``native=True``). Modules that are not transformers models with decoder layers (a drafter's network) are left
+    alone silently."""
+    changed, reasons = use_native_layers(model, enable)
+    if reasons and enable:
+        message = (f"optimize_for_cpu: {type(model).__name__}'s decoder layers keep PyTorch's operators around the "
+                   f"kernel's products ({'; '.join(reasons)}), so a one-token forward costs more than its weights' "
+                   f"reads; this changes speed only.")
+        if native:
+            use_native_layers(model, False)
+            raise ValueError(message.replace("keep", "cannot run natively and would keep", 1)
+                             + " Pass native=None to accept that.")
+        warnings.warn(message, stacklevel=3)
     return changed
 
 

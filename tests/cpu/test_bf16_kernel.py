@@ -124,6 +124,9 @@ class _Counting:
     def __init__(self, kernel, calls: list):
         self.kernel, self.calls = kernel, calls
 
+    def __getattr__(self, name):  # the rest (the native layers' calls) as the extension has them
+        return getattr(self.kernel, name)
+
     def has_bf16_dot(self):
         return self.kernel.has_bf16_dot()
 

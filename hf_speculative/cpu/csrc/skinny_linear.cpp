@@ -298,6 +298,7 @@ std::string set_isa(const std::string& name) {
 
 torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                                   c10::optional<torch::Tensor> mask, double scale);  // few_query_attention.cpp
+void register_decoder_layer(pybind11::module& m);  // decoder_layer.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear, "x W^T + b for a few rows, on a blocked copy of W", py::arg("x"),
@@ -311,4 +312,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_bf16_dot", &has_bf16_dot, "whether this CPU has AVX512-BF16 (skinny_linear_bf16 runs)");
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
   m.def("set_isa", &set_isa, "run the products on avx2, avx512 or the CPU's best (auto); returns the one chosen");
+  register_decoder_layer(m);
 }
