@@ -101,48 +101,51 @@ def why_not(layer: torch.nn.Module) -> str | None:
         return "its norms are not fp32 RMSNorms"
     if len({float(eps) for _, eps in weights}) != 1:
         return "its norms use different epsilons"
-    if "position_embeddings" not in inspect.signature(cls.forward).parameters:
+    if not {"position_embeddings", "position_embeddings_global"} & set(inspect.signature(cls.forward).parameters):
         return f"{cls.__name__} on transformers {compat.TRANSFORMERS_VERSION} takes rotary tables another way"
     return None
 
 
-class _Plan:
-    """A layer's ``LayerPlan`` and the weight copies it was built from: built again when one of them changed (the
-    kernel's copies follow in-place changes of their weights: ``kernel.WeightCopy``)."""
+class Plan:
+    """A ``LayerPlan`` (``csrc/decoder_layer.cpp``) and the weight copies it was built from: built again when one of
+    them changed (the kernel's copies follow in-place changes of their weights: ``kernel.WeightCopy``). For a stock
+    layer (:meth:`for_layer`) and for a drafter's own Llama-shaped layer (EAGLE's: :meth:`get`)."""
 
     def __init__(self) -> None:
         self.native = None
         self.sources: list = []
 
-    def get(self, layer: torch.nn.Module, kernel):
-        return self.get_for(layer, type(layer)._hfs_stock, kernel)
-
-    def get_for(self, layer: torch.nn.Module, stock: type, kernel):
+    def for_layer(self, layer: torch.nn.Module, kernel, stock: type | None = None):
         attn, mlp = layer.self_attn, layer.mlp
-        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        copies = [m._hfs_blocked.get(m.weight) for m in linears]  # (blocked, scale) each
-        family = FAMILIES[stock.__name__]
+        family = FAMILIES[(stock or type(layer)._hfs_stock).__name__]
         norms = [layer.input_layernorm, attn.q_norm if family.qk_norm else None,
                  attn.k_norm if family.qk_norm else None,
                  layer.post_attention_layernorm if family.sandwich else None,
                  layer.pre_feedforward_layernorm if family.sandwich else layer.post_attention_layernorm,
                  layer.post_feedforward_layernorm if family.sandwich else None]
+        return self.get(kernel, attn, mlp, norms, family.norm_offset)
+
+    def get(self, kernel, attn: torch.nn.Module, mlp: torch.nn.Module, norms: list, norm_offset: bool = False):
+        """The plan of q/k/v/o in ``attn`` and gate/up/down in ``mlp`` (``KernelLinear`` each) with ``norms``: the
+        input, q, k, post-attention, pre-MLP and post-MLP RMSNorm modules (None where there is none)."""
+        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        copies = [m._hfs_blocked.get(m.weight) for m in linears]  # (blocked, scale) each
         weights = [None if n is None else n.weight for n in norms]
         sources = [c[0] for c in copies] + [(w.data_ptr(), w._version) for w in weights if w is not None]
         if self.native is None or not _same(sources, self.sources):
             config = attn.config
             act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+            eps = next(_norm_weight(n)[1] for n in norms if n is not None)
             self.native = kernel.layer_plan(
                 [(blocked, m.bias, scale, m.out_features) for m, (blocked, scale) in zip(linears, copies)],
-                [None if w is None else w.detach() for w in weights], family.norm_offset,
-                float(_norm_weight(layer.input_layernorm)[1]), float(attn.scaling),
+                [None if w is None else w.detach() for w in weights], norm_offset, float(eps), float(attn.scaling),
                 config.num_attention_heads, config.num_key_value_heads, attn.head_dim, config.hidden_size,
                 ACTIVATIONS[act])
             self.sources = sources
         return self.native
 
-    def __deepcopy__(self, memo: dict) -> "_Plan":
-        return _Plan()
+    def __deepcopy__(self, memo: dict) -> "Plan":
+        return Plan()
 
     def __getstate__(self) -> dict:
         return {"native": None, "sources": []}
@@ -188,7 +191,7 @@ def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tupl
     if any(m._forward_hooks or m._forward_pre_hooks for m in layer._hfs_submodules):
         return None  # someone watches a submodule (output_attentions' recorders, a user's hook)
     kernel = _kernel._KERNEL or load_kernel()  # built: this layer was made native with it
-    plan = layer._hfs_plan.get(layer, kernel)
+    plan = layer._hfs_plan.for_layer(layer, kernel)
     cos, sin = rotary
     x = x.contiguous()
     q, k, v = kernel.attention_inputs(plan, x, cos, sin)  # [B, H, T, D], [B, Hkv, T, D]
@@ -236,9 +239,9 @@ def use_native_layers(model: torch.nn.Module, enable: bool = True) -> tuple[int,
             if reason not in reasons:
                 reasons.append(reason)
             continue
-        plan = _Plan()
+        plan = Plan()
         try:  # built now: a layer the plan refuses keeps its own forward, said here, not at generate time
-            plan.get_for(layer, type(layer), load_kernel())
+            plan.for_layer(layer, load_kernel(), type(layer))
         except RuntimeError as err:
             reason = f"its plan was refused ({str(err).splitlines()[0]})"
             if reason not in reasons:
@@ -290,3 +293,31 @@ def native_layers(model: torch.nn.Module) -> int:
     """How many of ``model``'s decoder layers have the native forward."""
     decoder = compat.decoder_of(model)
     return 0 if decoder is None else sum(isinstance(layer, NativeLayer) for layer in decoder.layers)
+
+
+# -- a drafter's own Llama-shaped layer (EAGLE's) -------------------------------------------------------------------
+def drafter_kernel(x: torch.Tensor, attn: torch.nn.Module, mlp: torch.nn.Module):
+    """The built kernel when a drafter layer's forward over ``x`` `[B, T, in]` can take the native calls (its
+    products on the kernel in fp32, 1-16 rows, no gradients, not compiling, a SiLU MLP, a head dim the kernel's
+    attention takes); else None (the layer's PyTorch operators)."""
+    if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
+            or _kernel._KERNEL is None or (torch.is_grad_enabled() and x.requires_grad)
+            or torch.compiler.is_compiling()):
+        return None
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if not all(type(m) is KernelLinear and m.weight.dtype == torch.float32 for m in linears):
+        return None
+    act = getattr(attn.config, "hidden_act", None)
+    if act not in ACTIVATIONS or attn.head_dim % 8 or attn.head_dim > 128:
+        return None
+    return _kernel._KERNEL
+
+
+def kernel_mask(mask: torch.Tensor | None, batch: int, rows: int, keys: int) -> tuple[bool, torch.Tensor | None]:
+    """A drafter's bool mask (`[T, S]` or `[B, T, S]`, True = seen; None = causal) as the kernel's attention reads
+    it: ``(True, [B, T, S] or None)``, or ``(False, None)`` where it cannot (another length than the keys)."""
+    if mask is None:
+        return keys >= rows, None
+    if mask.dtype != torch.bool or mask.shape[-1] != keys or mask.dim() not in (2, 3):
+        return False, None
+    return True, (mask[None] if mask.dim() == 2 else mask).expand(batch, rows, keys)

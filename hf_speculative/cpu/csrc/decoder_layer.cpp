@@ -159,10 +159,13 @@ void check_rows(const torch::Tensor& x, const LayerPlan& plan) {
               "decoder layer: hidden states [B, T, ", plan.hidden, "] float32, contiguous");
 }
 
-// x [B, T, C] -> q [B, H, T, D], k and v [B, Hkv, T, D].
+// x [B, T, C] -> q [B, H, T, D], k and v [B, Hkv, T, D]. A plan without an input norm takes x as the products'
+// input as it is, of their width (EAGLE-3's [norm(embedding); norm(feature)], 2C wide).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_inputs(const LayerPlan& plan, torch::Tensor x,
                                                                          torch::Tensor cos, torch::Tensor sin) {
-  check_rows(x, plan);
+  const int64_t width = plan.q.blocked.size(1);
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.size(2) == width && x.is_contiguous(),
+              "attention_inputs: hidden states [B, T, ", width, "] float32, contiguous");
   const int64_t B = x.size(0), T = x.size(1), D = plan.head_dim;
   TORCH_CHECK(cos.dim() == 3 && sin.sizes() == cos.sizes() && cos.size(1) == T && cos.size(2) == D &&
                   (cos.size(0) == 1 || cos.size(0) == B) && cos.scalar_type() == at::kFloat &&
@@ -170,7 +173,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_inputs(const L
               "decoder layer: cos / sin [1 or B, T, head_dim] float32");
   cos = cos.contiguous();
   sin = sin.contiguous();
-  const auto normed = rms_norm(x.view({B * T, plan.hidden}), plan.input, plan.eps);  // [M, C]
+  const auto flat = x.view({B * T, width});
+  const auto normed = plan.input.present() ? rms_norm(flat, plan.input, plan.eps) : flat;  // [M, C]
   const auto q = plan.q(normed), k = plan.k(normed), v = plan.v(normed);              // [M, H * D], [M, Hkv * D]
   auto qo = torch::empty({B, plan.heads, T, D}, x.options());
   auto ko = torch::empty({B, plan.kv_heads, T, D}, x.options());
@@ -235,21 +239,21 @@ torch::Tensor layer_output(const LayerPlan& plan, torch::Tensor x, c10::optional
 using Opt = c10::optional<torch::Tensor>;
 
 // linears: for each of q, k, v, o, gate, up, down, (blocked, bias, scale, out); norms: input, q, k, post-attention,
-// pre-MLP, post-MLP weights (None where the layer has none).
+// pre-MLP, post-MLP weights (None where the layer has none: an input that comes normed, as EAGLE-3's).
 LayerPlan make_plan(std::vector<std::tuple<torch::Tensor, Opt, Opt, int64_t>> linears, std::vector<Opt> norms,
                     bool norm_offset, double eps, double attention_scale, int64_t heads, int64_t kv_heads,
                     int64_t head_dim, int64_t hidden, int64_t activation) {
   TORCH_CHECK(linears.size() == 7 && norms.size() == 6, "LayerPlan: 7 linears (q k v o gate up down), 6 norms");
   TORCH_CHECK(head_dim % 2 == 0 && heads % kv_heads == 0, "LayerPlan: an even head dim, heads a multiple of kv heads");
   TORCH_CHECK(activation == SILU || activation == GELU_TANH, "LayerPlan: activation 0 (SiLU) or 1 (GELU, tanh)");
-  TORCH_CHECK(norms[0].has_value() && norms[4].has_value(), "LayerPlan: the input and pre-MLP norms are needed");
+  TORCH_CHECK(norms[4].has_value() && norms[4]->defined(), "LayerPlan: the pre-MLP norm is needed");
   LayerPlan plan;
   Linear* slots[7] = {&plan.q, &plan.k, &plan.v, &plan.o, &plan.gate, &plan.up, &plan.down};
   for (int i = 0; i < 7; ++i) {
     auto& [blocked, bias, scale, out] = linears[i];
     *slots[i] = make_linear(blocked, bias, scale, out);
   }
-  plan.input = make_norm(norms[0], norm_offset, hidden);
+  plan.input = make_norm(norms[0], norm_offset, plan.q.blocked.size(1));
   plan.q_norm = make_norm(norms[1], norm_offset, head_dim);
   plan.k_norm = make_norm(norms[2], norm_offset, head_dim);
   plan.post_attention = make_norm(norms[3], norm_offset, hidden);
@@ -257,7 +261,8 @@ LayerPlan make_plan(std::vector<std::tuple<torch::Tensor, Opt, Opt, int64_t>> li
   plan.post_mlp = make_norm(norms[5], norm_offset, hidden);
   TORCH_CHECK(plan.q.out == heads * head_dim && plan.k.out == kv_heads * head_dim &&
                   plan.v.out == kv_heads * head_dim && plan.o.out == hidden && plan.down.out == hidden &&
-                  plan.gate.out == plan.up.out,
+                  plan.gate.out == plan.up.out && plan.k.blocked.size(1) == plan.q.blocked.size(1) &&
+                  plan.v.blocked.size(1) == plan.q.blocked.size(1),
               "LayerPlan: the products' sizes do not match the heads and hidden size");
   plan.eps = eps;
   plan.attention_scale = attention_scale;

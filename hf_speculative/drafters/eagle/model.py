@@ -29,6 +29,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ... import compat
+from ...cpu.layers import Plan, drafter_kernel, kernel_mask
 from .config import EagleConfig
 
 _SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -121,6 +122,14 @@ class EagleLayer(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         return q, k, v
 
+    def native_plan(self, kernel):
+        """The layer's plan for the native calls (``hf_speculative.cpu.layers``): q/k/v take :meth:`prepare`'s
+        output as it is, the MLP its post-attention norm."""
+        plan = self.__dict__.get("_hfs_plan")
+        if plan is None:
+            plan = self._hfs_plan = Plan()
+        return plan.get(kernel, self.self_attn, self.mlp, [None, None, None, None, self.post_attention_layernorm, None])
+
     def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Output projection, residuals and MLP: `[B, T, H]`."""
         hidden = residual + self.self_attn.o_proj(attn_out)
@@ -196,13 +205,24 @@ class EagleDraftModel(nn.Module):
         layer = self.midlayer
         cos, sin = self.rope(hidden, positions)
         x, residual = layer.prepare(hidden, embeds)
-        q, k, v = layer.qkv(x, cos, sin)
+        kernel = drafter_kernel(x, layer.self_attn, layer.mlp)  # after optimize_for_cpu(target): the native calls
+        if kernel is not None:
+            x, plan = x.contiguous(), layer.native_plan(kernel)
+            q, k, v = kernel.attention_inputs(plan, x, cos.contiguous(), sin.contiguous())
+        else:
+            q, k, v = layer.qkv(x, cos, sin)
         past = 0
         if cache is not None:
             past = cache.length
             k, v = cache.append(k, v)
+        if kernel is not None:
+            fits, mask = kernel_mask(attn_mask, x.shape[0], x.shape[1], k.shape[2])
+            if fits:
+                return kernel.layer_output(plan, residual.contiguous(), q, k, v, mask)
         if attn_mask is None:
             attn_mask = causal_mask(q.shape[2], past, q.device)
+        if kernel is not None:  # a mask the kernel's attention does not read: SDPA's, the rest native
+            return kernel.layer_output(plan, residual.contiguous(), None, None, None, None, attend(q, k, v, attn_mask))
         return layer.finish(residual, attend(q, k, v, attn_mask))
 
     def draft_logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
