@@ -24,6 +24,16 @@ What the drafter asks depends on the evidence it has, and the rules behind the a
 A drafter asks only when it is about to draft (an EAGLE drafter before the prefill asks nothing), and the budget
 learns only from what was asked, so no decision depends on the token being chosen. Drafters never keep a copy of
 these rules: a new drafter declares its :class:`Sizing` and asks its plan.
+
+A fixed budget (``adaptive=False``, :attr:`Sizing.adaptive`) asks the drafter for its whole budget at every step,
+whatever earlier drafts got: a tree drafter gets its ``nodes`` (its own chain is no option then), a confidence
+chain runs to ``tokens`` (no gate, no pause, no price per token, and its longest draft neither shrinks after a
+rejected draft nor grows after a whole accept), a keyed chain is ``tokens`` of what matched and a scored list keeps
+every node listed. A draft is shorter only where the plan's depth (the room left before ``max_length``) cuts it,
+where the drafter has less to propose (prompt lookup without a match or with a short one, fewer Medusa heads, the
+drafter's own end of text). A confidence chain's ``confidence_threshold`` is one of the cost rules and is not
+applied: fixed means fixed, which benchmarks and pinned budgets rely on. In a batch, the loop's width for the
+batch's forward (core/rows.py) still bounds every row's draft.
 """
 
 from __future__ import annotations
@@ -54,8 +64,10 @@ class Sizing:
         rule (`str`, defaults to ``"fixed"``): how its chains are sized: ``"confidence"`` (token by token on its own
             distribution), ``"keyed"`` (by the acceptance measured per key), ``"scored"`` (a best-first list with
             probabilities), ``"fixed"`` (what it proposes, up to the room).
-        adaptive (`bool`, defaults to `True`): apply the cost rules; ``False`` drafts the most it can every step.
-        confidence_threshold (`float`, defaults to 0.3): ``"confidence"`` chains stop after a token below it.
+        adaptive (`bool`, defaults to `True`): apply the cost rules; ``False``: a fixed budget, ``tokens`` (or
+            ``nodes``) at every step, fewer only where the room or the drafter ends the draft; no
+            ``confidence_threshold`` (the module docstring).
+        confidence_threshold (`float`, defaults to 0.3): adaptive ``"confidence"`` chains stop after a token below it.
         draft_price (`Callable[[], float]`, *optional*): one drafter forward, in target forwards (measured).
         draft_steps (`Callable[[int], int]`, *optional*): the drafter forwards a tree of ``m`` nodes takes.
         chain_option (`bool`, defaults to `False`): a tree drafter whose own chain is one more option each step.

@@ -117,8 +117,12 @@ class ChainLengthPolicy:
         num_tokens (`int`): the longest draft.
         draft_price (`Callable[[], float]`): one drafter step, in target forwards (read per token).
         confidence_threshold (`float`): stop after a token whose drafter probability is below it.
-        adaptive (`bool`): apply the cost rule; the longest draft grows by 2 after a fully accepted
-            draft and shrinks by 1 otherwise either way.
+        adaptive (`bool`): apply the cost rules: the gate and the pauses above, the token-by-token price, and a
+            longest draft that grows by 2 after a fully accepted draft and shrinks by 1 otherwise (within
+            ``[1, num_tokens]``, as transformers' ``num_assistant_tokens`` schedule). ``False``: a fixed budget:
+            every step drafts ``num_tokens`` tokens, fewer only where the plan's depth (the room left before
+            ``max_length``) or the drafter itself ends the chain; ``confidence_threshold`` is not applied and
+            nothing pauses.
     """
 
     def __init__(self, verify_costs: VerifyCostModel, num_tokens: int, draft_price, confidence_threshold: float = 0.3,
@@ -208,8 +212,8 @@ class ChainLengthPolicy:
         self._drafted += 1
         self._accept_all *= min(confidence * self.calibration, 1.0)
         self.predicted += self._accept_all
-        if self._drafted >= min(limit, self.max_draft) or confidence < self.confidence_threshold:
-            return False
+        if self._drafted >= min(limit, self.max_draft) or (self.adaptive and confidence < self.confidence_threshold):
+            return False  # (the threshold is a cost rule too: a fixed budget drafts its whole chain)
         # Draft one more only if even a sure next token could pay for drafting and verifying it.
         return not self.adaptive or self._accept_all >= self.draft_price() + self._verify_price(self._drafted + 1)
 
@@ -223,7 +227,7 @@ class ChainLengthPolicy:
         self._learn(-max(self._steps, 1) * self.draft_price())  # the step that chose to draft nothing
         self.acceptance.update(0, 1)  # the drafter was not sure enough of any token: as good as a rejection
         self._unprofitable += 1
-        if self._unprofitable >= 2:
+        if self.adaptive and self._unprofitable >= 2:  # a fixed budget asks the drafter at every step
             self._pause = max(self._pause, self._backoff)
             self._backoff, self._unprofitable = min(self._backoff * 2, 32), 0
 
@@ -241,6 +245,8 @@ class ChainLengthPolicy:
         if self.predicted > 0:
             ratio = num_accepted / self.predicted
             self.calibration = min(max(self.calibration + 0.1 * (ratio - self.calibration), 0.2), 2.0)
+        if not self.adaptive:
+            return  # a fixed budget: the next draft is as long as the options say, whatever this one got
         if num_accepted == num_proposed:
             self.max_draft = min(self.max_draft + 2, self.num_tokens)
         else:

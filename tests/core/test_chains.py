@@ -138,3 +138,50 @@ def test_a_forward_the_loop_verified_without_asking_is_no_draft_of_the_drafter(a
     assert result.sequences[0].tolist() == reference[0, : len(PROMPT) + max_new_tokens].tolist()
     assert sum(seen) == result.stats.drafted_tokens == result.stats.accepted_tokens
     assert seen[-1] == (0 if max_new_tokens % 2 == 0 else 1)
+
+
+def _wrong_copy(model):
+    """The target itself with its output rows rolled by one: its guess after any verified text is the target's next
+    token plus one (modulo the vocabulary), so every draft is rejected at its first token."""
+    clone = _copy(model)
+    with torch.no_grad():
+        clone.get_output_embeddings().weight.copy_(torch.roll(model.get_output_embeddings().weight, 1, dims=0))
+    return clone
+
+
+def expected_lengths(steps: dict, k: int, max_new_tokens: int) -> list[int]:
+    """What a fixed budget of ``k`` drafts at each recorded step: ``k``, or the room left before the length limit
+    (the target's own token takes one place), from the lengths the accepted tokens give."""
+    length, max_length, expected = len(PROMPT), len(PROMPT) + max_new_tokens, []
+    for accepted in steps["accepted"]:
+        expected.append(max(min(k, max_length - length - 1), 0))
+        length += accepted + 1
+    return expected
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("drafter", ["draft model, never accepted", "draft model, always accepted", "random EAGLE"])
+def test_a_fixed_budget_drafts_its_whole_chain_at_every_step(arch, drafter):
+    """``adaptive=False`` fixes a confidence chain's length: ``num_tokens`` at every step, whatever earlier drafts got,
+    fewer only where the length limit leaves less room. (The chain rule used to shorten the longest draft by one after
+    each rejected draft even so: drafts never accepted fell to one token a step after the first few.)"""
+    from tests.conftest import random_eagle
+
+    model, k, max_new_tokens = build_model(arch), 5, 30
+    reference = greedy(model, max_new_tokens)
+    if drafter == "random EAGLE":  # the case the chain rule hid on real prompts: EAGLE's chains, mostly rejected
+        strategy = hfs.Eagle(random_eagle(model), num_tokens=k, adaptive=False)  # its default threshold, not applied
+    else:
+        draft = _wrong_copy(model) if drafter.endswith("never accepted") else _copy(model)
+        strategy = hfs.DraftModel(draft, num_tokens=k, adaptive=False)
+    result = loop_generate(model, strategy, max_new_tokens)
+    assert result.sequences[0].tolist() == reference
+    steps = result.stats.steps()
+    expected = expected_lengths(steps, k, max_new_tokens)
+    if drafter == "random EAGLE":
+        expected[0] = 0  # the prompt's forward: no target features to draft from yet
+    assert steps["drafted"] == expected
+    if drafter.endswith("never accepted"):
+        assert result.stats.accepted_tokens == 0 and len(steps["drafted"]) == max_new_tokens
+    elif drafter.endswith("always accepted"):
+        assert steps["accepted"] == steps["drafted"] and max(steps["drafted"]) == k

@@ -238,6 +238,60 @@ def test_tree_budget_weighs_the_drafters_own_chain():
     assert TreeBudget(VerifyCostModel(8), 8).chain is None  # without the option: trees or nothing
 
 
+def chain_length(policy: ChainLengthPolicy, depth: int = 8, confidence: float = 0.9) -> int:
+    """The tokens a drafter drafts under ``policy`` this step, each of drafter probability ``confidence``, at most
+    ``depth`` (the plan's room); 0 when the step does not draft."""
+    if not policy.begin():
+        return 0
+    drafted = 0
+    while policy.wants(confidence):
+        drafted += 1
+        if not policy.took(confidence, depth):
+            break
+    return drafted
+
+
+@pytest.mark.parametrize("accepted", ["none", "all", "alternately"])
+def test_a_fixed_budget_keeps_its_chain_length(accepted):
+    """``adaptive=False``: every step drafts ``num_tokens``, however the drafts before it fared (the longest draft
+    used to lose one token per rejected draft, and grow back two per whole accept), fewer only within less room."""
+    policy = ChainLengthPolicy(chain_policy().verify_costs, 5, lambda: 0.05, confidence_threshold=0.0, adaptive=False)
+    lengths = []
+    for step in range(12):
+        k = chain_length(policy)
+        lengths.append(k)
+        policy.end(k)
+        kept = {"none": 0, "all": k, "alternately": k * (step % 2)}[accepted]
+        policy.verified(kept, k)
+    assert lengths == [5] * 12
+    assert chain_length(policy, depth=3) == 3  # the room left before the length limit still bounds it
+    assert ChainLengthPolicy(chain_policy().verify_costs, 5, lambda: 0.05, confidence_threshold=0.5,
+                             adaptive=False).took(0.4, 8) is True  # no threshold: fixed means fixed
+    assert ChainLengthPolicy(chain_policy().verify_costs, 5, lambda: 0.05, confidence_threshold=0.5,
+                             adaptive=True).took(0.4, 8) is False  # adaptive chains stop below it
+
+
+def test_a_fixed_budget_never_pauses():
+    """Empty drafts (the drafter had nothing to propose) do not pause a fixed budget: it asks again at the next step."""
+    policy = ChainLengthPolicy(chain_policy().verify_costs, 5, lambda: 0.05, confidence_threshold=0.0, adaptive=False)
+    for _ in range(6):
+        assert policy.begin()
+        policy.end(0)
+    assert chain_length(policy) == 5
+
+
+def test_the_adaptive_chain_rule_shrinks_after_a_rejection_and_grows_after_a_whole_accept():
+    policy = chain_policy()  # cheap verification, a confident drafter: the cost rule lets chains run to the cap
+    assert chain_length(policy, confidence=0.99) == 8
+    policy.end(8)
+    policy.verified(0, 8)
+    assert policy.max_draft == 7
+    policy.verified(1, 3)
+    assert policy.max_draft == 6
+    policy.verified(3, 3)
+    assert policy.max_draft == 8  # +2, within num_tokens
+
+
 def expensive_policy() -> ChainLengthPolicy:
     """Verification as the default layout's on this CPU for a 1.5B target (a second token costs 0.7 of a step) and a
     drafter a third of the target's size."""

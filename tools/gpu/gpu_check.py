@@ -279,10 +279,10 @@ MEASURED_DRAFTING = {"eagle-tree": "hf_speculative loop, compiled (EAGLE tree 32
 
 def measured_drafting(e2e: dict[str, Any]) -> dict[str, float]:
     """EAGLE's drafting cost per step on this device, in one-token forwards: e2e's compiled random-drafter runs
-    over the compiled greedy's seconds per token, by benchmark method name. The tree drafts its whole 32 nodes every
-    step (an upper bound for adaptive drafting); the chain does not: its longest draft shrinks by one after each
-    rejected draft even with ``adaptive=False``, so random drafts leave it at 1-2 tokens a step (a lower bound for a
-    long chain's cost). Empty when e2e did not time them."""
+    over the compiled greedy's seconds per token, by benchmark method name. Both are fixed budgets (``adaptive=False``):
+    the tree drafts its whole 32 nodes every step and the chain its ``num_tokens`` (upper bounds for adaptive
+    drafting); results from before issue 69 had the chain shrink by one after each rejected draft, so random drafts
+    left it at 1-2 tokens a step (a lower bound for a long chain's cost). Empty when e2e did not time them."""
     greedy = e2e.get("methods", {}).get("transformers greedy (static cache, compiled)", {})
     if "seconds" not in greedy:
         return {}

@@ -86,10 +86,10 @@ def test_same_text_same_drafts_after_the_prefill_and_whole_accepts(monkeypatch, 
 
 
 def test_target_forwards_against_transformers():
-    """The copying assistant saves target forwards in both loops. transformers drafts 4 every round; our chain rule
-    (core/policy.py, even with adaptive=False) shortens the longest chain by one after a partial accept and grows it
-    back after a whole one, so our chains may take a forward or two more here; our trees take no more than
-    transformers' chains (measured here: transformers 15, chains 17, trees 15)."""
+    """The copying assistant saves target forwards in both loops. transformers drafts 4 every round, and so do our
+    chains with adaptive=False (a fixed budget; they took 2 forwards more while the chain rule shortened them after
+    each partial accept), so they take no more forwards than transformers', nor do our trees (measured here:
+    transformers 15, chains 15, trees 15)."""
     model = hfs.enable(target(SEED_RUNS))
     assistant = copy_assistant(model)
     assistant.generation_config.num_assistant_tokens = K
@@ -112,5 +112,5 @@ def test_target_forwards_against_transformers():
     finally:
         handle.remove()
     assert counts["greedy"] == 30
-    assert counts["transformers"] < 30 and counts["chain"] <= counts["transformers"] + 2, counts
+    assert counts["transformers"] < 30 and counts["chain"] <= counts["transformers"], counts
     assert counts["tree"] <= counts["transformers"], counts

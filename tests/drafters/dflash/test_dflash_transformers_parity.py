@@ -77,9 +77,9 @@ class Recorder:
 @pytest.mark.parametrize("arch,kept", [("llama", False), ("gemma3", False), ("llama", True)])
 def test_generate_equals_transformers_dflash(arch, kept, monkeypatch):
     """Same text as transformers' DFlash and plain greedy; the same drafts at every length where both draft (ours a
-    prefix of theirs: our chain shrinks after a rejection, theirs is always B - 1), the same accepted tokens there;
-    as many target forwards. ``kept``: both final norms zeroed, so that the target always writes token 0 and the
-    drafter always drafts it: every draft is kept, in both loops alike."""
+    prefix of theirs: both draft B - 1 with adaptive=False, ours fewer where the length limit leaves less room), the
+    same accepted tokens there; as many target forwards. ``kept``: both final norms zeroed, so that the target always
+    writes token 0 and the drafter always drafts it: every draft is kept, in both loops alike."""
     target = build_model(arch, layers=4)
     net = random_network(target, num_hidden_layers=2, block_size=6)
     if kept:

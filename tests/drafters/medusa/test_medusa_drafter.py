@@ -28,7 +28,7 @@ def medusa(heads, shape):
 def test_random_heads_identical_to_greedy(model, shape, lm_head):
     _, _, stats = check_identity(model, "medusa", drafter=medusa(random_heads(model, lm_head=lm_head), shape),
                                  do_sample=False, max_new_tokens=40)
-    # every step drafts (chains of wrong guesses shrink to one token; trees keep their 9 nodes but near the end)
+    # every step drafts (a fixed budget: chains keep their length and trees their 9 nodes, but near the end)
     assert stats.drafted_tokens >= (stats.target_forwards - 1) * (1 if shape == "chain" else 4)
 
 
