@@ -107,52 +107,70 @@ def why_not(layer: torch.nn.Module) -> str | None:
 
 
 class Plan:
-    """A ``LayerPlan`` (``csrc/decoder_layer.cpp``) and the weight copies it was built from: built again when one of
-    them changed (the kernel's copies follow in-place changes of their weights: ``kernel.WeightCopy``). For a stock
-    layer (:meth:`for_layer`) and for a drafter's own Llama-shaped layer (EAGLE's: :meth:`get`)."""
+    """A ``LayerPlan`` (``csrc/decoder_layer.cpp``) and what it was built from: the modules (looked up again through
+    their parents' ``_modules``, so that a projection swapped for another module, a LoRA layer say, is seen) and their
+    weights' storage and version (the kernel's copies follow in-place changes: ``kernel.WeightCopy``), checked at
+    every forward and built again when something changed. For a stock layer (:meth:`for_layer`) and for a drafter's
+    own Llama-shaped layer (EAGLE's: :meth:`get`)."""
 
     def __init__(self) -> None:
         self.native = None
-        self.sources: list = []
+        self.modules: tuple = ()
+        self.stamp: tuple = ()
 
     def for_layer(self, layer: torch.nn.Module, kernel, stock: type | None = None):
-        attn, mlp = layer.self_attn, layer.mlp
-        family = FAMILIES[(stock or type(layer)._hfs_stock).__name__]
-        norms = [layer.input_layernorm, attn.q_norm if family.qk_norm else None,
-                 attn.k_norm if family.qk_norm else None,
-                 layer.post_attention_layernorm if family.sandwich else None,
-                 layer.pre_feedforward_layernorm if family.sandwich else layer.post_attention_layernorm,
-                 layer.post_feedforward_layernorm if family.sandwich else None]
-        return self.get(kernel, attn, mlp, norms, family.norm_offset)
+        modules = layer._modules
+        attn, mlp = modules["self_attn"], modules["mlp"]
+        if self.native is None or stock is not None:
+            family = FAMILIES[(stock or type(layer)._hfs_stock).__name__]
+            self.places, self.offset = _norm_places(family), family.norm_offset
+        owners = {"layer": modules, "attn": attn._modules}
+        norms = tuple(None if place is None else owners[place[0]][place[1]] for place in self.places)
+        return self.get(kernel, attn, mlp, norms, self.offset)
 
-    def get(self, kernel, attn: torch.nn.Module, mlp: torch.nn.Module, norms: list, norm_offset: bool = False):
+    def get(self, kernel, attn: torch.nn.Module, mlp: torch.nn.Module, norms, norm_offset: bool = False):
         """The plan of q/k/v/o in ``attn`` and gate/up/down in ``mlp`` (``KernelLinear`` each) with ``norms``: the
         input, q, k, post-attention, pre-MLP and post-MLP RMSNorm modules (None where there is none)."""
-        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        copies = [m._hfs_blocked.get(m.weight) for m in linears]  # (blocked, scale) each
-        weights = [None if n is None else n.weight for n in norms]
-        sources = [c[0] for c in copies] + [(w.data_ptr(), w._version) for w in weights if w is not None]
-        if self.native is None or not _same(sources, self.sources):
-            config = attn.config
-            act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
-            eps = next(_norm_weight(n)[1] for n in norms if n is not None)
-            self.native = kernel.layer_plan(
-                [(blocked, m.bias, scale, m.out_features) for m, (blocked, scale) in zip(linears, copies)],
-                [None if w is None else w.detach() for w in weights], norm_offset, float(eps), float(attn.scaling),
-                config.num_attention_heads, config.num_key_value_heads, attn.head_dim, config.hidden_size,
-                ACTIVATIONS[act])
-            self.sources = sources
+        a, m = attn._modules, mlp._modules
+        linears = (a["q_proj"], a["k_proj"], a["v_proj"], a["o_proj"], m["gate_proj"], m["up_proj"], m["down_proj"])
+        if not all(type(lin) is KernelLinear for lin in linears):
+            self.native = None  # a projection swapped for another module (a LoRA layer): the stock forward
+            return None
+        params = [lin._parameters["weight"] for lin in linears]
+        params += [n._parameters["weight"] for n in norms if n is not None]
+        stamp = tuple((p.data_ptr(), p._version) for p in params)
+        if (self.native is not None and stamp == self.stamp and self.modules[0] is attn and self.modules[1] is mlp
+                and all(x is y for x, y in zip(self.modules[2] + self.modules[3], norms + linears))):
+            return self.native
+        if not all(lin.weight.dtype == torch.float32 for lin in linears):
+            self.native = None  # cast to another dtype: the stock forward
+            return None
+        copies = [lin._hfs_blocked.get(lin.weight) for lin in linears]  # (blocked, scale) each
+        config = attn.config
+        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+        eps = next(_norm_weight(n)[1] for n in norms if n is not None)
+        self.native = kernel.layer_plan(
+            [(blocked, lin.bias, scale, lin.out_features) for lin, (blocked, scale) in zip(linears, copies)],
+            [None if n is None else n.weight.detach() for n in norms], norm_offset, float(eps), float(attn.scaling),
+            config.num_attention_heads, config.num_key_value_heads, attn.head_dim, config.hidden_size,
+            ACTIVATIONS[act])
+        self.modules, self.stamp = (attn, mlp, tuple(norms), linears), stamp
         return self.native
 
     def __deepcopy__(self, memo: dict) -> "Plan":
         return Plan()
 
     def __getstate__(self) -> dict:
-        return {"native": None, "sources": []}
+        return {"native": None, "modules": (), "stamp": ()}
 
 
-def _same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(x is y if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+def _norm_places(family: Family) -> tuple:
+    """Where a layer of ``family`` keeps the plan's six norms: (``"layer"`` or ``"attn"``, name), None where absent."""
+    return (("layer", "input_layernorm"), ("attn", "q_norm") if family.qk_norm else None,
+            ("attn", "k_norm") if family.qk_norm else None,
+            ("layer", "post_attention_layernorm") if family.sandwich else None,
+            ("layer", "pre_feedforward_layernorm" if family.sandwich else "post_attention_layernorm"),
+            ("layer", "post_feedforward_layernorm") if family.sandwich else None)
 
 
 def _submodules(layer: torch.nn.Module) -> list[torch.nn.Module]:
@@ -174,14 +192,15 @@ class NativeLayer:
 
 def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tuple | None:
     """The layer's output from the native calls, or None where this forward is not one they take."""
+    attn = layer._modules["self_attn"]
     if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
             or layer.training or (torch.is_grad_enabled() and x.requires_grad) or kwargs.get("output_attentions")
-            or layer.self_attn.config._attn_implementation != compat.CPU_ATTENTION):  # the user chose another
+            or attn.config._attn_implementation != compat.CPU_ATTENTION):  # the user chose another
         return None
     rotary = kwargs.get("position_embeddings")
     if rotary is None and "position_embeddings_global" in kwargs:  # Gemma3 on 4.x: the table of the layer's kind
-        rotary = kwargs["position_embeddings_local" if layer.self_attn.is_sliding else "position_embeddings_global"]
-    if rotary is None or rotary[0].dtype != torch.float32 or rotary[0].shape[-1] != layer.self_attn.head_dim:
+        rotary = kwargs["position_embeddings_local" if attn.is_sliding else "position_embeddings_global"]
+    if rotary is None or rotary[0].dtype != torch.float32 or rotary[0].shape[-1] != attn.head_dim:
         return None  # partial rotary or no table
     mask = kwargs.get("attention_mask")
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[1] == 1):
@@ -192,12 +211,14 @@ def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tupl
         return None  # someone watches a submodule (output_attentions' recorders, a user's hook)
     kernel = _kernel._KERNEL or load_kernel()  # built: this layer was made native with it
     plan = layer._hfs_plan.for_layer(layer, kernel)
+    if plan is None:
+        return None
     cos, sin = rotary
     x = x.contiguous()
     q, k, v = kernel.attention_inputs(plan, x, cos, sin)  # [B, H, T, D], [B, Hkv, T, D]
     cache = kwargs.get(compat.cache_kwarg(), kwargs.get("past_key_values"))
     if cache is not None:
-        k, v = compat.update_layer_cache(cache, k, v, layer.self_attn.layer_idx, cos, sin, kwargs)
+        k, v = compat.update_layer_cache(cache, k, v, attn.layer_idx, cos, sin, kwargs)
     if mask is None and k.shape[2] >= x.shape[1]:
         return _output(layer, kernel.layer_output(plan, x, q, k, v, None))
     if mask is not None and mask.shape[-1] == k.shape[2]:
@@ -205,8 +226,7 @@ def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tupl
         return _output(layer, kernel.layer_output(plan, x, q, k, v, visible.expand(x.shape[0], -1, -1)))
     # a mask the kernel's attention does not read as it is (another length than the keys): the attention of
     # optimize_for_cpu's CPU route (rows apart, as here), the rest of the layer native
-    attended, _ = cpu_sdpa(layer.self_attn, q, k, v, mask, scaling=layer.self_attn.scaling,
-                           sliding_window=getattr(layer.self_attn, "sliding_window", None))
+    attended, _ = cpu_sdpa(attn, q, k, v, mask, scaling=attn.scaling, sliding_window=getattr(attn, "sliding_window", None))
     return _output(layer, kernel.layer_output(plan, x, None, None, None, None, attended))
 
 
@@ -239,11 +259,13 @@ def use_native_layers(model: torch.nn.Module, enable: bool = True) -> tuple[int,
             if reason not in reasons:
                 reasons.append(reason)
             continue
-        plan = Plan()
+        plan, refused = Plan(), "its products are not all on the kernel"
         try:  # built now: a layer the plan refuses keeps its own forward, said here, not at generate time
-            plan.for_layer(layer, load_kernel(), type(layer))
+            built = plan.for_layer(layer, load_kernel(), type(layer))
         except RuntimeError as err:
-            reason = f"its plan was refused ({str(err).splitlines()[0]})"
+            built, refused = None, str(err).splitlines()[0]
+        if built is None:
+            reason = f"its plan was refused ({refused})"
             if reason not in reasons:
                 reasons.append(reason)
             continue

@@ -143,8 +143,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     elif kernel and enable:
         load_kernel()  # compile now (or fail with the fix), not inside the first forward
     if native and enable and not kernel:
-        raise ValueError("optimize_for_cpu(native=True) needs the CPU kernel, which does not run here (see the warning "
-                         "above); pass native=None to run without it.")
+        raise ValueError("optimize_for_cpu(native=True) needs the CPU kernel, which does not run here (the warning "
+                         "above says why); pass native=None to run without it.")
     # bf16 weights: on the kernel's bf16 dot products where the CPU has them, else left to PyTorch's bf16 products
     bf16 = not enable or (kernel and bf16_dot_supported())
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
@@ -183,15 +183,14 @@ def _native_layers(model: torch.nn.Module, enable: bool, native: bool | None) ->
     (``native=True``). Modules that are not transformers models with decoder layers (a drafter's network) are left
     alone silently."""
     changed, reasons = use_native_layers(model, enable)
+    if reasons and enable and native:
+        use_native_layers(model, False)
+        raise ValueError(f"optimize_for_cpu(native=True): {type(model).__name__}'s decoder layers cannot run as native "
+                         f"layers ({'; '.join(reasons)}). Pass native=None to run them on PyTorch's operators.")
     if reasons and enable:
-        message = (f"optimize_for_cpu: {type(model).__name__}'s decoder layers keep PyTorch's operators around the "
-                   f"kernel's products ({'; '.join(reasons)}), so a one-token forward costs more than its weights' "
-                   f"reads; this changes speed only.")
-        if native:
-            use_native_layers(model, False)
-            raise ValueError(message.replace("keep", "cannot run natively and would keep", 1)
-                             + " Pass native=None to accept that.")
-        warnings.warn(message, stacklevel=3)
+        warnings.warn(f"optimize_for_cpu: {type(model).__name__}'s decoder layers keep PyTorch's operators around the "
+                      f"kernel's products ({'; '.join(reasons)}), so a one-token forward costs more than its weights' "
+                      f"reads; this changes speed only.", stacklevel=3)
     return changed
 
 

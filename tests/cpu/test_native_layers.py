@@ -245,9 +245,36 @@ def test_a_model_the_native_path_cannot_take_says_why():
         warnings.simplefilter("error")  # a family it takes: no warning
         hfs.optimize_for_cpu(llama, kernel=True)
     bf16 = _model("llama").to(torch.bfloat16)
-    with pytest.raises(ValueError, match=r"cannot run natively.*weights are bfloat16 \(it takes fp32 models\)"):
+    with pytest.raises(ValueError, match=r"cannot run as native layers.*weights are bfloat16 \(it takes fp32 models\)"):
         hfs.optimize_for_cpu(bf16, kernel=True, native=True)
     assert native_layers(bf16) == 0
     with pytest.raises(ValueError, match=r"native=True\) needs the kernel"):
         hfs.optimize_for_cpu(llama, kernel=False, native=True)
     assert native_layers(llama) == len(llama.model.layers)  # refused before anything changed
+
+
+def test_a_projection_swapped_after_the_layout_is_seen(monkeypatch):
+    """A module put in place of a projection after optimize_for_cpu (an adapter, a LoRA layer) is what runs: the
+    layer takes its stock forward from then on, and its output is the new module's."""
+    model = _native("llama")
+    ids = torch.randint(4, 96, (1, 3))
+    layer = model.model.layers[1]
+
+    class Doubled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return 2 * self.inner(x)
+
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        layer.mlp.down_proj = Doubled(layer.mlp.down_proj)
+        calls = _counting(monkeypatch)
+        after = model(input_ids=ids).logits
+    stock = copy.deepcopy(model)
+    hfs.optimize_for_cpu(stock, kernel=True, native=False)
+    with torch.no_grad():
+        torch.testing.assert_close(after, stock(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(before, after) and len(calls) == len(model.model.layers) - 1

@@ -128,7 +128,7 @@ class EagleLayer(nn.Module):
         plan = self.__dict__.get("_hfs_plan")
         if plan is None:
             plan = self._hfs_plan = Plan()
-        return plan.get(kernel, self.self_attn, self.mlp, [None, None, None, None, self.post_attention_layernorm, None])
+        return plan.get(kernel, self.self_attn, self.mlp, (None, None, None, None, self.post_attention_layernorm, None))
 
     def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Output projection, residuals and MLP: `[B, T, H]`."""
@@ -206,8 +206,10 @@ class EagleDraftModel(nn.Module):
         cos, sin = self.rope(hidden, positions)
         x, residual = layer.prepare(hidden, embeds)
         kernel = drafter_kernel(x, layer.self_attn, layer.mlp)  # after optimize_for_cpu(target): the native calls
+        plan = None if kernel is None else layer.native_plan(kernel)
+        kernel = None if plan is None else kernel
         if kernel is not None:
-            x, plan = x.contiguous(), layer.native_plan(kernel)
+            x = x.contiguous()
             q, k, v = kernel.attention_inputs(plan, x, cos.contiguous(), sin.contiguous())
         else:
             q, k, v = layer.qkv(x, cos, sin)
