@@ -108,6 +108,21 @@ def shown(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
+def escaped(text: Any, limit: int = 500) -> str:
+    """``text`` (a path, or a name read from a file) for a message, without :func:`shown`'s quotes: every character a
+    terminal could obey or hide (control characters, ESC, CR, NUL, bidi overrides: whatever ``str.isprintable``
+    refuses) written as ``repr`` writes it (``\\x1b``, ``\\r``, ``\\x00``), at most ``limit`` characters kept."""
+    if isinstance(text, os.PathLike):
+        text = os.fsdecode(os.fspath(text))
+    elif isinstance(text, BaseException):  # its message
+        text = str(text)
+    elif not isinstance(text, str):  # a value read from a file: bounded before it is made a string
+        text = shown(text)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _is_bool(value: Any) -> bool:
     """``True``/``False``, numpy's included: bools have ``__index__`` but are never counts."""
     return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")

@@ -4,9 +4,11 @@ A trained drafter is a folder: a ``config.json`` (a self-validating dataclass, :
 the bounds below, or another project's config that a method's ``formats.py`` translates), the weights
 (``model.safetensors``, ``pytorch_model.bin``, or either sharded with an index), an optional ``training.json``,
 and, for a shipped drafter, a ``sha256sums.json`` manifest written at release. Everything here is untrusted input
-read defensively: files are regular files of bounded size, names stay inside the folder, digests are checked
-through ``registry.integrity`` (the one place that hashes), and every problem is a :class:`CheckpointError` that
-says what to do. Each method's ``checkpoints.py`` (``eagle/``, ``medusa/``) adds its network: its formats, the
+read defensively: every file is opened through :func:`folder_file` (``registry.integrity``'s one gate: a link out
+of the folder, a device or a FIFO is refused before it is opened), files are regular files of bounded size, digests
+are checked through ``registry.integrity`` (the one place that hashes), and every problem is a
+:class:`CheckpointError` that says what to do, quoting names read from files escaped. Each method's
+``checkpoints.py`` (``eagle/``, ``medusa/``) adds its network: its formats, the
 shapes its config implies, its fit to a target, its export.
 """
 
@@ -25,8 +27,9 @@ from .. import compat, options
 from ..registry import integrity
 
 __all__ = ["CheckpointError", "SavedConfig", "MANIFEST", "WEIGHT_FILES", "shipped_names", "find_folder",
-           "check_manifest", "check_digests", "read_checkpoint", "read_weights", "checked_read", "state_dict_problems",
-           "target_mismatches", "save_network", "write_folder"]
+           "folder_file", "check_manifest", "check_digests", "read_checkpoint", "read_weights", "read_weights_file",
+           "read_json", "read_config", "checked_read", "state_dict_problems", "target_mismatches", "save_network",
+           "write_folder"]
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -52,6 +55,13 @@ class CheckpointError(ValueError):
 def check_size(owner: str, name: str, value: Any, high: int, low: int = 1) -> int:
     """``value`` as an ``int`` in ``[low, high]``, or a ``ValueError`` naming ``owner(name=value)`` and the bound."""
     return options.check_int(owner, name, value, low, high)
+
+
+def config_names(cfg: dict[str, Any]) -> str:
+    """What a config.json says it is (its architectures, else its model_type), escaped for a message."""
+    found = cfg.get("architectures")
+    names = [a for a in found if isinstance(a, str)] if isinstance(found, list) else []
+    return options.escaped(", ".join(names) or cfg.get("model_type") or "no architecture", 200)
 
 
 def check_choice(owner: str, name: str, value: Any, allowed: Any) -> Any:
@@ -126,8 +136,22 @@ def checkpoint_dir(path: str | Path) -> Path:
     if directory.is_file():
         directory = directory.parent
     if not (directory / "config.json").exists():
-        raise CheckpointError(f"No config.json in {directory}: not a drafter checkpoint directory.")
+        raise CheckpointError(f"No config.json in {options.escaped(directory)}: not a drafter checkpoint directory.")
     return directory
+
+
+def folder_file(directory: Path, name: str, what: str | None = None, *, hashed: bool = False) -> Path:
+    """``directory / name``, checked before anything opens it: every file a drafter's loader reads from its folder
+    comes through here (``integrity.folder_file``), so a link out of the folder, a device, a FIFO or a socket is
+    refused, and with ``hashed`` (a file checked against a digest) a file of several hard links too.
+
+    Raises:
+        CheckpointError: naming ``what`` (by default ``name``), the file and the fix.
+    """
+    try:
+        return integrity.folder_file(directory, name, what or name, hashed=hashed)
+    except integrity.FileRefused as error:
+        raise CheckpointError(str(error)) from None
 
 
 # -- integrity: the manifest and the caller's digests (hashing is registry.integrity's) -------------------
@@ -144,24 +168,24 @@ def check_manifest(directory: str | Path, *, full: bool = False, required: bool 
             readable manifest.
     """
     directory = Path(directory)
-    manifest = directory / MANIFEST
+    manifest = folder_file(directory, MANIFEST)
     if not manifest.exists():
         if required:
-            raise CheckpointError(f"The shipped drafter {directory} has no {MANIFEST}, so its files cannot be checked: "
-                                  "the installation is incomplete. Reinstall hf-speculative.")
+            raise CheckpointError(f"The shipped drafter {options.escaped(directory)} has no {MANIFEST}, so its files "
+                                  "cannot be checked: the installation is incomplete. Reinstall hf-speculative.")
         return 0
     try:
         digests = integrity.read_json_capped(manifest, MANIFEST)["sha256"]
         problem = "its 'sha256' does not map file names to hex digests"
     except (OSError, ValueError, KeyError, TypeError) as error:  # FileRefused (a device, too big) is a ValueError
-        digests, problem = None, f"{type(error).__name__}: {error}"
+        digests, problem = None, f"{type(error).__name__}: {options.escaped(error, 1000)}"
     if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
-        raise CheckpointError(f"{manifest} is not a readable sha256 manifest ({problem}). Reinstall hf-speculative, "
-                              "or copy the drafter's folder again.")
+        raise CheckpointError(f"{options.escaped(manifest)} is not a readable sha256 manifest ({problem}). Reinstall "
+                              "hf-speculative, or copy the drafter's folder again.")
     folder = directory.resolve()
-    problems = integrity.check_files(folder, digests, integrity.drafter_trust_file(folder), full=full)
+    problems = integrity.check_files(folder, digests, integrity.drafter_trust_file(folder), full=full, own_files=True)
     if problems:
-        raise CheckpointError(f"The drafter at {directory} failed its integrity check: "
+        raise CheckpointError(f"The drafter at {options.escaped(directory)} failed its integrity check: "
                               f"{integrity.first_problem(problems)}, unlike the {MANIFEST} written at its release (a damaged install or copy, or an edit). "
                               "Reinstall hf-speculative (pip install --force-reinstall hf-speculative), or copy the "
                               "folder again.")
@@ -179,33 +203,38 @@ def check_digests(directory: Path, sha256: Any) -> None:
         if not integrity.is_sha256_hex(want):
             raise CheckpointError(f"sha256[{options.shown(name)}]={options.shown(want)}: not a hex sha256 digest "
                                   "(64 hex digits).")
+        path = folder_file(directory, name, "sha256", hashed=True)  # only a file of the folder's own is hashed
         try:
-            path = integrity.confined(directory, name, "sha256")
-            got = integrity.sha256_file(path, what=f"sha256[{name!r}]")
+            got = integrity.sha256_file(path, what=f"sha256[{options.shown(name)}]")
         except integrity.FileRefused as error:
             raise CheckpointError(str(error)) from None
         if got != want.lower():
-            raise CheckpointError(f"sha256 of {path} is {got}, expected {want.lower()}: the file is "
+            raise CheckpointError(f"sha256 of {options.escaped(path)} is {got}, expected {want.lower()}: the file is "
                                   "damaged or not the published one. Download it again.")
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def check_weights_file(path: Path) -> None:
-    """A weights file is a regular file under ``integrity.MAX_HASHED_BYTES`` (a FIFO or a device in a drafter
-    folder would hang the reader or never end), else a CheckpointError."""
+def check_weights_file(directory: Path, name: str) -> Path:
+    """The path of the weights file ``name`` of ``directory``: checked (:func:`folder_file`), a regular file under
+    ``integrity.MAX_HASHED_BYTES`` (a FIFO or a device in a drafter folder would hang the reader or never end), else
+    a CheckpointError."""
+    what = f"the weights file {options.escaped(name, 200)}"
+    path = folder_file(directory, name, what)
     try:
-        fd, st = integrity.open_regular(path, f"the weights file {path.name}")
+        fd, st = integrity.open_regular(path, what)
         os.close(fd)
         if st.st_size > integrity.MAX_HASHED_BYTES:
-            raise integrity.FileRefused(f"the weights file {path} has {st.st_size} bytes, over the limit of "
-                                        f"{integrity.MAX_HASHED_BYTES}.")
+            raise integrity.FileRefused(f"the weights file {options.escaped(path)} has {st.st_size} bytes, over the "
+                                        f"limit of {integrity.MAX_HASHED_BYTES}.")
     except integrity.FileRefused as error:
         raise CheckpointError(str(error)) from None
+    return path
 
 
-def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of one weights file (safetensors, or a torch pickle read with ``weights_only``)."""
-    check_weights_file(path)
+def read_weights_file(directory: Path, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of the weights file ``name`` of ``directory`` (safetensors, or a torch pickle read with
+    ``weights_only``)."""
+    path = check_weights_file(directory, name)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -219,48 +248,50 @@ def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def damaged(path: Path, error: Exception) -> NoReturn:
-    raise CheckpointError(f"Cannot read the weights file {path} ({type(error).__name__}: {error}); it is corrupt or "
-                          "truncated. Download or copy it again (compare its sha256 with the source's).") from error
+    raise CheckpointError(f"Cannot read the weights file {options.escaped(path)} ({type(error).__name__}: "
+                          f"{options.escaped(error, 300)}); it is corrupt or truncated. Download or copy it again "
+                          "(compare its sha256 with the source's).") from error
 
 
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """The weights of a checkpoint folder: the first of ``WEIGHT_FILES`` there, its shards read when it is an
     index (shards are files of the folder: nothing outside it is read)."""
     for name in WEIGHT_FILES:
-        path = directory / name
-        if not path.exists():
+        if not (directory / name).exists():
             continue
         if not name.endswith(".index.json"):
-            return read_weights_file(path)
-        weight_map = read_json(path).get("weight_map")
+            return read_weights_file(directory, name)
+        weight_map = read_json(directory, name).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise CheckpointError(f"{path}: its weight_map must map weight names to shard file names.")
+            raise CheckpointError(f"{options.escaped(directory / name)}: its weight_map must map weight names to shard "
+                                  "file names.")
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
-            try:  # a shard is a file of this folder: nothing outside it is read
-                shard_path = integrity.confined(directory, shard, f"{path} weight_map")
-            except integrity.FileRefused as error:
-                raise CheckpointError(str(error)) from None
+            shard_path = folder_file(directory, shard, f"{options.escaped(directory / name)} weight_map")
             if not shard_path.exists():
-                raise CheckpointError(f"{path} lists the shard {shard}, which is not in {directory}.")
-            state.update(read_weights_file(shard_path))
+                raise CheckpointError(f"{options.escaped(directory / name)} lists the shard {options.shown(shard)}, "
+                                      f"which is not in {options.escaped(directory)}.")
+            state.update(read_weights_file(directory, shard))
         return state
-    raise CheckpointError(f"No weights in {directory}: expected one of {', '.join(WEIGHT_FILES)}.")
+    raise CheckpointError(f"No weights in {options.escaped(directory)}: expected one of {', '.join(WEIGHT_FILES)}.")
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file of a drafter folder: a regular file of at most ``integrity.MAX_JSON_BYTES``."""
+def read_json(directory: Path, name: str) -> Any:
+    """The JSON file ``name`` of a drafter folder: checked (:func:`folder_file`), a regular file of at most
+    ``integrity.MAX_JSON_BYTES``."""
+    path = folder_file(directory, name)
     try:
-        return integrity.read_json_capped(path, path.name)
+        return integrity.read_json_capped(path, options.escaped(name, 200))
     except integrity.FileRefused as error:
         raise CheckpointError(str(error)) from None
 
 
-def read_config(config_path: Path) -> dict[str, Any]:
-    """The object in a drafter's ``config.json``, not yet interpreted."""
-    cfg = read_json(config_path)
+def read_config(directory: Path) -> dict[str, Any]:
+    """The object in a drafter folder's ``config.json``, not yet interpreted."""
+    cfg = read_json(directory, "config.json")
     if not isinstance(cfg, dict):
-        raise CheckpointError(f"{config_path} holds a {type(cfg).__name__}, not a config object.")
+        raise CheckpointError(f"{options.escaped(directory / 'config.json')} holds a {type(cfg).__name__}, not a "
+                              "config object.")
     return cfg
 
 
@@ -273,21 +304,24 @@ def read_checkpoint(path: str | Path, sha256: dict[str, str] | None,
     directory = checkpoint_dir(path)
     check_manifest(directory)
     check_digests(directory, sha256)
-    cfg = read_config(directory / "config.json")
+    cfg = read_config(directory)
     return directory, cfg, weights(directory)
 
 
 def checked_read(read_config: Any, config_path: Path, fmt: str) -> Any:
     """``read_config()`` (a format reader, then the config's checks), its errors as CheckpointErrors naming the
     config file: a field of the wrong type or beyond its bound, an unknown activation or rope type."""
+    # escaped here, whatever the reader quoted from the file (Python's own errors quote names raw)
+    where = f"{options.escaped(config_path)} ({options.escaped(fmt, 40)})"
     try:
         return read_config()
     except CheckpointError as error:
-        raise CheckpointError(f"{config_path} ({fmt}): {error}") from None
+        raise CheckpointError(f"{where}: {options.escaped(error, 2000)}") from None
     except KeyError as error:
-        raise CheckpointError(f"{config_path} ({fmt}) lacks the field {error}, which that format always has.") from None
+        raise CheckpointError(f"{where} lacks the field {options.escaped(error, 200)}, which that format always has.") \
+            from None
     except (ValueError, TypeError, AttributeError, OverflowError) as error:
-        raise CheckpointError(f"{config_path} ({fmt}): {error} Use the config.json that was saved with these "
+        raise CheckpointError(f"{where}: {options.escaped(error, 2000)} Use the config.json that was saved with these "
                               "weights.") from None
 
 

@@ -40,7 +40,7 @@ from ..registry import integrity
 from ..core import tree_shapes
 from ..drafters import registry
 from ..drafters.registry import SpecFiles
-from ..options import MAX_HYBRID_MEMBERS, shown
+from ..options import MAX_HYBRID_MEMBERS, escaped, shown
 
 TREE_SHAPES = (tree_shapes.DynamicTree, tree_shapes.StaticTree)
 
@@ -464,7 +464,7 @@ def _local_files(method: str, options: dict, target: Any, base_dir: Any, where: 
     digest = hashlib.sha256(f"{method}\0{name}".encode()).hexdigest()[:16]
     kept = cache_dir() / "spec-files" / files.fingerprint(target) / f"{method}-{digest}.json"
     if not kept.exists() and base_dir is not None:
-        source = integrity.confined(base_dir, name, what)
+        source = integrity.folder_file(base_dir, name, what)
         if os.path.lexists(source):
             data = integrity.read_capped(source, cap, what)
             try:
@@ -551,15 +551,16 @@ def _check_digests(folder: Path, digests: Any, where: str) -> None:
         if len(want) != 64 or any(c not in "0123456789abcdefABCDEF" for c in want):
             raise SpecError(f"{where}.sha256[{shown(name)}]: {shown(want)} is not a hex sha256 digest (64 hex digits); "
                             "save the model again to record the digests.")
-        path = integrity.confined(folder, name, f"{where}.sha256")  # no file outside the drafter's folder is hashed
+        # only a file of the drafter's folder's own is hashed: its digest is never that of a file elsewhere
+        path = integrity.folder_file(folder, name, f"{where}.sha256", hashed=True)
         if not path.is_file():
-            raise FileNotFoundError(f"{where}.sha256 lists {name}, which is not in {folder}: copy the drafter's "
-                                    "whole folder.")
-        got = integrity.sha256_file(path, what=f"{where}.sha256[{name!r}]")
+            raise FileNotFoundError(f"{where}.sha256 lists {escaped(name, 200)}, which is not in {escaped(folder)}: "
+                                    "copy the drafter's whole folder.")
+        got = integrity.sha256_file(path, what=f"{where}.sha256[{shown(name)}]")
         if got != want.lower():
-            raise SpecError(f"{where}.sha256: {path} has sha256 {got}, the config expects {want}: the drafter's "
-                            "files changed since the model was saved, or were copied incompletely. Copy them again, or "
-                            "save the model again to record the new digests.")
+            raise SpecError(f"{where}.sha256: {escaped(path)} has sha256 {got}, the config expects {want}: the "
+                            "drafter's files changed since the model was saved, or were copied incompletely. Copy them "
+                            "again, or save the model again to record the new digests.")
 
 
 def _load_draft_model(spec: dict, target: Any, base_dir: Any, where: str) -> Any:
@@ -588,6 +589,8 @@ def _load_draft_model(spec: dict, target: Any, base_dir: Any, where: str) -> Any
         except integrity.FileRefused as error:
             raise SpecError(f"{error} A spec loads a draft model only from inside the model's folder or by a cached "
                             "registry name.") from None
+        if local is not None and local.is_dir():
+            integrity.check_model_folder(local, f"{where}.path")  # before transformers opens any of its files
         if local is None or not (local / "config.json").is_file():
             raise SpecError(f"{where}.path: no draft model folder {path!r} (with a config.json) inside the model's "
                             f"folder {base_dir}, and it is not a registry name ({', '.join(models.REGISTRY)}). Loading "
@@ -600,7 +603,7 @@ def _load_draft_model(spec: dict, target: Any, base_dir: Any, where: str) -> Any
     try:
         draft = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, **compat.dtype_kwargs(param.dtype))
     except (OSError, RuntimeError, ValueError) as error:
-        raise SpecError(f"{where}.path: cannot load the draft model {path!r} ({error}).") from error
+        raise SpecError(f"{where}.path: cannot load the draft model {path!r} ({escaped(error, 1000)}).") from error
     return draft.to(param.device).eval()
 
 
@@ -612,11 +615,12 @@ def check_draft_config(folder: Path, what: str) -> None:
     parameters its sizes describe (the usual decoder's count, vocabulary included) may not exceed
     ``MAX_DRAFT_PARAMS_PER_BYTE`` per byte of the weight files beside it (4 bits a parameter at the least)."""
     try:
-        config = integrity.read_json_capped(folder / "config.json", f"{what} config.json")
+        config = integrity.read_json_capped(integrity.folder_file(folder, "config.json", what), f"{what} config.json")
     except integrity.FileRefused as error:
         raise SpecError(str(error)) from None
     if not isinstance(config, dict):
-        raise SpecError(f"{what}: {folder / 'config.json'} holds no JSON object; use the draft model's own config.")
+        raise SpecError(f"{what}: {escaped(folder / 'config.json')} holds no JSON object; use the draft model's own "
+                        "config.")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     sizes = {}
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"):

@@ -28,11 +28,13 @@ import stat
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
+
+from ..options import escaped
 
 __all__ = ["sha256_file", "is_sha256_hex", "stat_key", "settled", "check_files", "first_problem", "read_trust",
-           "write_json_atomic", "drafter_trust_file", "FileRefused", "confined", "open_regular", "read_capped",
-           "read_json_capped", "MAX_JSON_BYTES", "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
+           "write_json_atomic", "drafter_trust_file", "FileRefused", "confined", "folder_file", "check_model_folder",
+           "open_regular", "read_capped", "read_json_capped", "MAX_JSON_BYTES", "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
 
 _CHUNK = 8 << 20
 MAX_JSON_BYTES = 4 << 20  # a config.json, manifest, weights index or calibration file read from disk
@@ -40,17 +42,25 @@ MAX_HASHED_BYTES = 64 << 30  # a file hashed against a digest (a drafter's weigh
 MAX_NAME_CHARS = 1024  # a relative file name in a spec or a manifest
 TRUST_VERSION = 1
 SETTLE_NS = 2_000_000_000  # a file changed more recently than this is hashed, not trusted (see above)
+# The package's own files (its shipped drafters): an installer may hard-link them from its cache (uv does on Linux)
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 class FileRefused(ValueError):
     """A file that is not read: outside its folder, not a regular file (a device such as ``/dev/zero``, a FIFO,
-    a socket, a folder) or over its size cap. The message names the field that named the file."""
+    a socket, a folder) or over its size cap. The message names the field that named the file; ``reason`` says
+    what is wrong with it in a few words (``"is a FIFO"``), for a caller that lists several files."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or "is refused"
 
 
 def confined(folder: str | os.PathLike, name: Any, what: str) -> Path:
     """``folder / name``, resolved, when ``name`` is a plain relative name inside ``folder``: a non-empty string
     of at most ``MAX_NAME_CHARS`` characters, not absolute, no ``..``, no ``~``, no backslash or NUL, and no
-    symlink on the way that leads out of ``folder``. ``what`` names the field in the error.
+    symlink on the way that leads out of ``folder``. ``what`` names the field in the error. For a file that is
+    about to be opened, :func:`folder_file` checks more.
 
     Raises:
         FileRefused: anything else (nothing is opened or stat'ed outside ``folder``).
@@ -59,13 +69,97 @@ def confined(folder: str | os.PathLike, name: Any, what: str) -> Path:
     root = Path(folder).resolve()
     resolved = (root / relative).resolve()
     if not _inside(resolved, _link_root(root)):
-        raise FileRefused(f"{what}: {name[:200]!r} is a symlink that leads out of the folder {root} (to {resolved}); "
-                          f"{_FIX.format(folder=root)}, as a real file rather than a link.")
+        _leads_out(name, root, resolved, what)
     return resolved
+
+
+def folder_file(folder: str | os.PathLike, name: Any, what: str, *, hashed: bool = False) -> Path:
+    """``folder / name``, to be opened, after the checks that must come before anything opens it (the one gate of
+    every file a loader reads from a folder it did not write): ``name`` is a plain relative name (see
+    :func:`confined`); it is refused when it is a symlink, or under one, that leads out of ``folder``, and when it
+    is not a regular file (a device, a FIFO, a socket, a folder). With ``hashed`` (a file checked against a digest,
+    which a message may print) a file of more than one hard link is refused too: another name of it may be a file
+    outside the folder, whose digest would then be told (the package's own files are exempt). A name that does
+    not exist is returned as it is: the caller says what is missing.
+
+    Raises:
+        FileRefused: naming ``what``, the file relative to the folder (escaped) and the fix; ``reason`` in brief.
+    """
+    relative = check_relative_name(name, what, folder)
+    path = Path(folder) / relative
+    if not os.path.lexists(path):
+        return path
+    root = Path(folder).resolve()
+    resolved = path.resolve()
+    if not _inside(resolved, _link_root(root)):
+        _leads_out(name, root, resolved, what, "if you trust the file it leads to, put a copy of it in the "
+                         "link's place (cp --remove-destination \"$(readlink -f LINK)\" LINK)")
+    try:
+        st = os.stat(resolved)
+    except FileNotFoundError:  # a dangling link inside the folder: missing
+        return path
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st, what)
+    if hashed and st.st_nlink > 1 and not _inside(resolved, PACKAGE_DIR):
+        raise FileRefused(f"{what}: {_quoted(name)} in the folder {escaped(root)} has {st.st_nlink} hard links, so it "
+                          "may be a file outside the folder as well, and a file checked against a digest must be the "
+                          "folder's own: it is not read. Give it its own copy (cp NAME NAME.copy && mv NAME.copy "
+                          "NAME).", reason=f"has {st.st_nlink} hard links (it is not read)")
+    return path
+
+
+MAX_FOLDER_ENTRIES = 10_000  # entries of a model folder checked before transformers reads it (a 1 TB model: ~200)
+
+
+def check_model_folder(folder: str | os.PathLike, what: str) -> None:
+    """Every file transformers may open in a model ``folder`` (``from_pretrained``'s config, generation config,
+    weights, tokenizer files, chat template, and whatever a later version reads), checked by :func:`folder_file`
+    before transformers runs: each entry of the folder (its subfolders are checked where a weights index names a
+    shard in one), and each shard a ``*.index.json`` names. transformers itself follows any link.
+
+    Raises:
+        FileRefused: naming ``what`` and the first file refused.
+    """
+    folder = Path(folder)
+    indexes = []
+    with os.scandir(folder) as entries:
+        for count, entry in enumerate(entries):
+            if count >= MAX_FOLDER_ENTRIES:
+                raise FileRefused(f"{what}: the folder {escaped(folder)} holds more than {MAX_FOLDER_ENTRIES} entries, "
+                                  "more than any model folder, so it is not read; keep the model's files there only.",
+                                  reason="holds too many entries")
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.is_symlink() and entry.is_dir():  # a link to a folder: where it leads is what matters
+                confined(folder, entry.name, what)
+                continue
+            folder_file(folder, entry.name, what)
+            if entry.name.endswith(".index.json"):
+                indexes.append(entry.name)
+    for name in indexes:
+        weight_map = read_json_capped(folder / name, f"{what} {escaped(name)}")
+        shards = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        for shard in set(shards.values()) if isinstance(shards, dict) else ():
+            if isinstance(shard, str):  # (anything else is transformers' error to report)
+                folder_file(folder, shard, f"{what} {escaped(name)} weight_map")
 
 
 _FIX = ("name a file inside the folder by its relative name (e.g. \"config.json\"); copy the file into {folder} "
         "if it lives elsewhere")
+
+
+def _quoted(name: Any) -> str:
+    return repr(name[:200]) if isinstance(name, str) else repr(escaped(name, 200))
+
+
+def _leads_out(name: Any, root: Path, resolved: Path, what: str, fix: str | None = None) -> NoReturn:
+    fix = fix or f"{_FIX.format(folder=escaped(root))}, as a real file rather than a link"
+    raise FileRefused(f"{what}: {_quoted(name)} is a symlink that leads out of the folder {escaped(root)} (to "
+                      f"{escaped(resolved)}), so it is not read; {fix}.",
+                      reason="is a symlink that leads out of the folder (it is not read)")
+
+
+_NOT_RELATIVE = "is not a relative name inside the folder (it is not read)"
 
 
 def check_relative_name(name: Any, what: str, folder: Any = "the model's folder") -> PurePosixPath:
@@ -74,12 +168,12 @@ def check_relative_name(name: Any, what: str, folder: Any = "the model's folder"
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
         shown = repr(name)[:60] if isinstance(name, str) else type(name).__name__
         raise FileRefused(f"{what}: must be a relative file name of 1 to {MAX_NAME_CHARS} characters, got {shown}; "
-                          f"{_FIX.format(folder=folder)}.")
+                          f"{_FIX.format(folder=escaped(folder))}.", reason=_NOT_RELATIVE)
     relative = PurePosixPath(name)
     if ("\\" in name or "\x00" in name or relative.is_absolute() or Path(name).is_absolute() or name.startswith("~")
             or ".." in relative.parts):
         raise FileRefused(f"{what}: {name[:200]!r} leaves the folder (an absolute path, '..', '~' or a backslash); "
-                          f"{_FIX.format(folder=folder)}.")
+                          f"{_FIX.format(folder=escaped(folder))}.", reason=_NOT_RELATIVE)
     return relative
 
 
@@ -102,7 +196,8 @@ def _not_regular(path: Path, st: os.stat_result, what: str) -> FileRefused:
     kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else
             "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
             else "not a regular file")
-    return FileRefused(f"{what}: {path} is {kind}, not a regular file, so it is not read; name a regular file.")
+    return FileRefused(f"{what}: {escaped(path)} is {kind}, not a regular file, so it is not read; name a regular "
+                       "file.", reason=f"is {kind}, not a regular file (it is not read)")
 
 
 def open_regular(path: str | os.PathLike, what: str) -> tuple[int, os.stat_result]:
@@ -129,8 +224,9 @@ def open_regular(path: str | os.PathLike, what: str) -> tuple[int, os.stat_resul
 
 
 def _too_big(path: Path, size: int | str, cap: int, what: str) -> FileRefused:
-    return FileRefused(f"{what}: {path} has {size} bytes, over the limit of {cap} bytes for this file, so it is not "
-                       "read (see docs/hosting.md); use a smaller file.")
+    return FileRefused(f"{what}: {escaped(path)} has {size} bytes, over the limit of {cap} bytes for this file, so it "
+                       "is not read (see docs/hosting.md); use a smaller file.",
+                       reason=f"has {size} bytes, over its limit")
 
 
 def read_capped(path: str | os.PathLike, cap: int, what: str) -> bytes:
@@ -154,7 +250,8 @@ def read_json_capped(path: str | os.PathLike, what: str, cap: int = MAX_JSON_BYT
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise FileRefused(f"{what}: {path} is not valid JSON ({type(error).__name__}: {str(error)[:200]}); replace it "
+        raise FileRefused(f"{what}: {escaped(path)} is not valid JSON ({type(error).__name__}: "
+                          f"{escaped(error, 200)}); replace it "
                           "with the file that was saved.") from None
 
 
@@ -238,13 +335,15 @@ def write_json_atomic(path: Path, data: Any) -> bool:
 
 
 def check_files(folder: Path, expected: Mapping[str, str], trust_file: Path | None = None, *,
-                full: bool = False) -> list[tuple[str, str]]:
+                full: bool = False, own_files: bool = False) -> list[tuple[str, str]]:
     """Check the files of `folder` against `expected` (`{relative path: hex sha256}`).
 
     A file whose trust entry still matches its stat and its expected digest is not hashed (unless
     `full`); every other file is hashed, and those that match are recorded in `trust_file` (written
-    atomically; skipped when it cannot be written). Returns the problems as `(relative path, what is
-    wrong)`; empty when every file is as recorded.
+    atomically; skipped when it cannot be written). Each file passes :func:`folder_file` first (a link out
+    of the folder, a FIFO or a device is not opened), and with `own_files` (a folder from anyone, whose
+    digests a message may print) a file of several hard links is not read either. Returns the problems as
+    `(relative path, what is wrong)`; empty when every file is as recorded.
     """
     folder = Path(folder)
     trust = read_trust(trust_file, folder)
@@ -254,9 +353,9 @@ def check_files(folder: Path, expected: Mapping[str, str], trust_file: Path | No
     for name, want in sorted(expected.items()):
         want = want.lower()
         try:  # a name from a manifest is a relative name inside the folder: nothing outside it is opened
-            path = confined(folder, name, "a file listed in the manifest")
-        except FileRefused:
-            problems.append((str(name)[:200], "is not a relative name inside the folder (it is not read)"))
+            path = folder_file(folder, name, "a file listed in the manifest", hashed=own_files)
+        except FileRefused as refused:
+            problems.append((str(name)[:200], refused.reason))
             continue
         try:
             before = os.stat(path)
@@ -284,10 +383,12 @@ def check_files(folder: Path, expected: Mapping[str, str], trust_file: Path | No
 
 
 def first_problem(problems: list[tuple[str, str]]) -> str:
-    """:func:`check_files`' problems in a message: the first one, and how many more (named)."""
+    """:func:`check_files`' problems in a message: the first one, and how many more (named). The names come from
+    a manifest: escaped."""
     (name, what), more = problems[0], problems[1:]
-    others = f" (and {len(more)} more: {', '.join(n for n, _ in more)})" if more else ""
-    return f"{name} {what}{others}"
+    named = ", ".join(escaped(n, 200) for n, _ in more[:8]) + (", ..." if len(more) > 8 else "")
+    others = f" (and {len(more)} more: {named})" if more else ""
+    return f"{escaped(name, 200)} {what}{others}"
 
 
 def drafter_trust_file(folder: Path) -> Path | None:

@@ -19,7 +19,7 @@ from hf_speculative.hf import spec
 from hf_speculative.drafters.suffix import history as suffix_history
 from hf_speculative.drafters.self_speculative.calibration import SkipCalibration
 from hf_speculative.drafters.suffix.history import SuffixHistory
-from tests.conftest import build_model, prompt_inputs
+from tests.conftest import build_model, char_tokenizer, prompt_inputs, random_eagle, sibling_model
 
 
 @pytest.fixture
@@ -249,3 +249,135 @@ def test_a_hashed_file_is_read_up_to_its_cap(tmp_path):
     with pytest.raises(integrity.FileRefused, match="has 100 bytes, over the limit of 99"):
         integrity.sha256_file(path, cap=99)
     assert integrity.MAX_HASHED_BYTES == 64 << 30
+
+
+# -- the files a loader opens: links that stay inside still load (the refusals: test_hostile_folder.py's "linked out")
+def _link_inside(folder: Path, name: str) -> None:
+    """``folder/name`` becomes a relative link to the same file moved to ``folder/blobs/`` (inside the folder)."""
+    (folder / "blobs").mkdir(exist_ok=True)
+    (folder / name).rename(folder / "blobs" / name)
+    os.symlink(Path("blobs") / name, folder / name)
+
+
+CHECKPOINT_LABELS = {"eagle": "eagle3", "medusa": "medusa", "dflash": "dflash",
+                     "early-exit-adapter": "early-exit-adapter"}
+
+
+@pytest.mark.parametrize("method", list(CHECKPOINT_LABELS))
+def test_a_drafter_folder_linking_inside_itself_loads(tmp_path, cache, method):
+    from hf_speculative.drafters.registry import example
+
+    target = build_model("llama")
+    saved = spec.save_strategy(example(CHECKPOINT_LABELS[method], target), tmp_path / "model")
+    folder = tmp_path / "model" / saved["path"]
+    manifest = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in
+                ("config.json", "model.safetensors")}
+    for name in ("config.json", "model.safetensors"):
+        _link_inside(folder, name)
+    (folder / "sha256sums.json").write_text(json.dumps({"sha256": manifest}))
+    _link_inside(folder, "sha256sums.json")
+    restored = spec.from_spec(saved, target, tmp_path / "model")  # the spec's digests too: the files are inside
+    assert restored.spec_network() is not None
+    loaders = {"eagle": lambda: hfs.Eagle.from_pretrained(folder, target=target),
+               "medusa": lambda: hfs.Medusa.from_pretrained(folder, target=target),
+               "dflash": lambda: hfs.DFlash.from_pretrained(folder, target=target),
+               "early-exit-adapter": lambda: hfs.EarlyExit(exit_layer=1, adapter=str(folder))}
+    assert loaders[method]() is not None
+
+
+def test_a_drafter_in_a_hub_cache_snapshot_loads(tmp_path, cache):
+    """The Hub cache keeps a snapshot's files as links into the repository's ``blobs/``: inside."""
+    target = build_model("llama")
+    saved = spec.save_strategy(hfs.Eagle(random_eagle(target)), tmp_path / "model")
+    repo = tmp_path / "models--someone--drafter"
+    snapshot = repo / "snapshots" / "0123"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in (tmp_path / "model" / saved["path"]).iterdir():
+        blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+        path.rename(blob)
+        os.symlink(Path("..", "..", "blobs", blob.name), snapshot / path.name)
+    strategy = hfs.Eagle.from_pretrained(snapshot, target=target, sha256=saved["sha256"])
+    assert strategy.drafter.config.hidden_size == target.config.hidden_size
+
+
+def test_a_draft_model_folder_linking_inside_itself_loads(tmp_path, cache):
+    target = build_model("llama")
+    target.save_pretrained(tmp_path / "model")
+    char_tokenizer().save_pretrained(tmp_path / "model")
+    draft = tmp_path / "model" / "draft"
+    sibling_model(target).save_pretrained(draft)
+    char_tokenizer().save_pretrained(draft)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        _link_inside(draft, name)
+    restored = spec.from_spec({"method": "draft-model", "path": "draft"}, target, tmp_path / "model")
+    assert restored.model.config.hidden_size == target.config.hidden_size
+    from hf_speculative.drafters.draft_model.drafter import _local_tokenizer
+
+    assert len(_local_tokenizer(restored.model).get_vocab()) == len(char_tokenizer().get_vocab())  # read, not refused
+
+
+def test_the_vocabulary_check_reads_a_draft_models_own_tokenizer_only(tmp_path):
+    """A ``tokenizer_config.json`` key naming a file elsewhere (``tokenizer_file``) is not followed: the check of
+    a draft model's vocabulary reads the tokenizer of its folder."""
+    from hf_speculative.drafters.draft_model.drafter import _local_tokenizer
+
+    char_tokenizer(50).save_pretrained(tmp_path / "elsewhere")
+    model = build_model("llama")
+    model.save_pretrained(tmp_path / "draft")
+    char_tokenizer().save_pretrained(tmp_path / "draft")
+    config = json.loads((tmp_path / "draft" / "tokenizer_config.json").read_text())
+    config["tokenizer_file"] = str(tmp_path / "elsewhere" / "tokenizer.json")
+    (tmp_path / "draft" / "tokenizer_config.json").write_text(json.dumps(config))
+    model.name_or_path = str(tmp_path / "draft")
+    assert len(_local_tokenizer(model).get_vocab()) == len(char_tokenizer().get_vocab())
+    (tmp_path / "draft" / "tokenizer.json").unlink()
+    os.symlink(tmp_path / "elsewhere" / "tokenizer.json", tmp_path / "draft" / "tokenizer.json")
+    assert _local_tokenizer(model) is None  # a link out is not read: no evidence, the sizes are compared instead
+
+
+def test_an_assistant_folder_linking_inside_itself_loads(tmp_path):
+    try:
+        from transformers import Gemma4AssistantForCausalLM  # noqa: F401
+    except ImportError:
+        pytest.skip("transformers before Gemma 4: no assistant")
+    from hf_speculative.drafters.assistant.tiny import tiny_assistant, tiny_target
+
+    tiny_assistant(tiny_target()).save_pretrained(tmp_path / "assistant")
+    for name in ("config.json", "model.safetensors"):
+        _link_inside(tmp_path / "assistant", name)
+    assert hfs.Assistant.from_pretrained(tmp_path / "assistant").assistant is not None
+
+
+def test_only_a_file_checked_against_a_digest_must_have_one_link(tmp_path, monkeypatch):
+    """A hard link's other name may be a file elsewhere: a digest of it is not computed (nor shown), but a file
+    that is only read (a config, weights without a digest) may be a hard link; the package's own files too."""
+    (tmp_path / "elsewhere").write_text("{}")
+    os.link(tmp_path / "elsewhere", tmp_path / "config.json")
+    assert integrity.folder_file(tmp_path, "config.json", "f") == tmp_path / "config.json"
+    with pytest.raises(integrity.FileRefused, match=r"f: 'config\.json' in the folder .* has 2 hard links"):
+        integrity.folder_file(tmp_path, "config.json", "f", hashed=True)
+    monkeypatch.setattr(integrity, "PACKAGE_DIR", tmp_path)  # (an installer may hard-link the package's files)
+    assert integrity.folder_file(tmp_path, "config.json", "f", hashed=True) == tmp_path / "config.json"
+
+
+def test_folder_file_refuses_before_opening_and_returns_a_missing_name(tmp_path):
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(integrity.FileRefused, match=r"fifo\.json is a FIFO") as refused:
+        integrity.folder_file(tmp_path, "fifo.json", "f")  # (an open would block: no writer)
+    assert refused.value.reason.startswith("is a FIFO")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(integrity.FileRefused, match="is a folder"):
+        integrity.folder_file(tmp_path, "sub", "f")
+    os.symlink(tmp_path / "sub" / "nothing", tmp_path / "dangling.json")
+    assert integrity.folder_file(tmp_path, "missing.json", "f") == tmp_path / "missing.json"
+    assert integrity.folder_file(tmp_path, "dangling.json", "f") == tmp_path / "dangling.json"
+    with pytest.raises(integrity.FileRefused, match="leaves the folder"):
+        integrity.folder_file(tmp_path, "../x", "f")
+
+
+def test_escaped_writes_what_a_terminal_would_obey():
+    assert options.escaped("a\x1b[2J\r\x00\u202eb/c.json") == "a\\x1b[2J\\r\\x00\\u202eb/c.json"
+    assert options.escaped(Path("/m/é/config.json")) == "/m/é/config.json"
+    assert options.escaped(ValueError("x\ny")) == "x\\ny"
+    assert options.escaped("x" * 10, limit=4) == "xxxx..."

@@ -43,7 +43,7 @@ from hf_speculative.registry import models
 from hf_speculative import options
 from hf_speculative.hf import spec
 from hf_speculative.drafters.eagle.checkpoints import CheckpointError
-from tests.conftest import build_model, corrupt_same_size, prompt_inputs, random_eagle, sibling_model
+from tests.conftest import build_model, char_tokenizer, corrupt_same_size, prompt_inputs, random_eagle, sibling_model
 
 BUDGET_S = 1.0  # seconds a refusal may take
 BUDGET_MB = 50.0  # memory a refusal may grow (resident set, or Python's allocations at their peak)
@@ -70,6 +70,9 @@ class World:
         shutil.copytree(self.template / "eagle", self.outside / "eagle")
         self._count = 0
         self.fifos: list[Path] = []
+        self.elsewhere = root / "elsewhere"  # where the files of the linked-out cases live (valid files: a load
+        self.elsewhere.mkdir()               # that followed the link would succeed)
+        self._full: Path | None = None
 
     def fifo(self, path: Path) -> None:
         """A FIFO at ``path``; if a case still blocks on opening it when the alarm comes, a helper process opens
@@ -92,6 +95,59 @@ class World:
         else:
             path.write_text(json.dumps(data)[:-1] + f', "candidate_generator": {raw}}}')
         return folder
+
+    @property
+    def full(self) -> Path:
+        """A tiny Llama saved with one drafter of every kind that loads files (built on first use): EAGLE in
+        ``eagle/``, Medusa heads with their ``tree.json`` in ``medusa/``, DFlash in ``dflash/``, an exit adapter in
+        ``exit-adapter/``, a draft model with its tokenizer in ``draft-model/`` (the target's tokenizer beside it)."""
+        if self._full is None:
+            from hf_speculative.drafters.registry import example
+
+            full = self.root / "full"
+            self.target.save_pretrained(full)
+            self.specs = {"eagle": spec.save_strategy(hfs.Eagle(random_eagle(self.target)), full)}
+            for method, label in (("medusa", "medusa-tree"), ("dflash", "dflash"),
+                                  ("early-exit-adapter", "early-exit-adapter")):
+                self.specs[method] = spec.save_strategy(example(label, self.target), full)
+            example("medusa-tree", self.target).save_pretrained_heads(full / "medusa")  # with its tree.json
+            self.specs["medusa"].pop("sha256")  # (its digests are of the files before tree.json was written)
+            sibling_model(self.target).save_pretrained(full / "draft-model")
+            char_tokenizer().save_pretrained(full / "draft-model")
+            char_tokenizer().save_pretrained(full)
+            self.specs["draft-model"] = {"method": "draft-model", "path": "draft-model"}
+            self._full = full
+        return self._full
+
+    def full_folder(self, method: str, digests: bool = False) -> Path:
+        """A fresh copy of :attr:`full` whose spec is its ``method`` drafter's (without its sha256 unless
+        ``digests``: the files a loader opens itself are what these cases reach)."""
+        template = self.full
+        saved = dict(self.specs[method])
+        if not digests:
+            saved.pop("sha256", None)
+        self._count += 1
+        folder = self.root / f"case{self._count}"
+        shutil.copytree(template, folder, symlinks=True)
+        edit_json(folder / "generation_config.json", _from_model_config=False, candidate_generator=saved)
+        return folder
+
+    def link_out(self, path: Path, name: str | None = None) -> Path:
+        """Move the file at ``path`` out of its folder (to ``elsewhere/``, under ``name``) and leave in its place a
+        symlink to it; returns where it went."""
+        self._count += 1
+        moved = self.elsewhere / (name or f"{self._count}-{path.name}")
+        shutil.move(path, moved)
+        os.symlink(moved, path)
+        return moved
+
+    def hard_link_in(self, path: Path) -> Path:
+        """Move the file at ``path`` out of its folder and hard-link it back in: one inode, a name outside too."""
+        self._count += 1
+        moved = self.elsewhere / f"{self._count}-{path.name}"
+        shutil.move(path, moved)
+        os.link(moved, path)
+        return moved
 
     def eagle(self, **edits: Any) -> dict:
         """The saved EAGLE spec with ``edits`` (``sha256=None`` drops the digests)."""
@@ -218,7 +274,7 @@ def _(w):
 
 
 @case("drafter manifest is a link to /dev/zero", "runaway read", CheckpointError,
-      r"sha256sums\.json is not a readable sha256 manifest .*a device")
+      r"sha256sums\.json: 'sha256sums\.json' is a symlink that leads out of the folder .* \(to /dev/zero\)")
 def _(w):
     folder = w.folder()
     os.symlink("/dev/zero", folder / "eagle" / "sha256sums.json")
@@ -531,6 +587,249 @@ def _(w):
     return lambda: hfs.SuffixDecoding(spec_factor=10**400)
 
 
+# 5. every file a loader opens, linked out of its folder (issue 67): each outside file is a valid one, so a loader
+# that followed the link would load it without a word
+CHECKPOINT_METHODS = {  # a trained network's method -> (its subfolder, loading that folder from Python)
+    "eagle": ("eagle", lambda w, folder: hfs.Eagle.from_pretrained(folder, target=w.target)),
+    "medusa": ("medusa", lambda w, folder: hfs.Medusa.from_pretrained(folder, target=w.target)),
+    "dflash": ("dflash", lambda w, folder: hfs.DFlash.from_pretrained(folder, target=w.target)),
+    "early-exit-adapter": ("exit-adapter", lambda w, folder: hfs.EarlyExit(exit_layer=1, adapter=str(folder))),
+}
+LEADS_OUT = r"'{}' is a symlink that leads out of the folder .*, so it is not read"
+
+
+def _linked_cases(method: str, sub: str, load: Callable[[World, Path], Any]) -> None:
+    for name in ("config.json", "model.safetensors"):
+        @case(f"{method} (spec): {name} links out", "linked out", spec.SpecError,
+              r"candidate_generator\.path: .*" + LEADS_OUT.format(re.escape(name)))
+        def _(w, name=name):
+            folder = w.full_folder(method)
+            w.link_out(folder / sub / name)
+            return enabling(folder)
+
+        @case(f"{method} (from_pretrained): {name} links out", "linked out", CheckpointError,
+              LEADS_OUT.format(re.escape(name)))
+        def _(w, name=name):
+            folder = w.full_folder(method)
+            w.link_out(folder / sub / name)
+            return lambda: load(w, folder / sub)
+
+    @case(f"{method} (spec): config.json is a FIFO", "linked out", spec.SpecError,
+          r"candidate_generator\.path: .*config\.json is a FIFO")
+    def _(w):
+        folder = w.full_folder(method)
+        (folder / sub / "config.json").unlink()
+        w.fifo(folder / sub / "config.json")
+        return enabling(folder)
+
+    @case(f"{method} (spec): sha256sums.json links out to a manifest that matches", "linked out", spec.SpecError,
+          r"candidate_generator\.path: .*" + LEADS_OUT.format(r"sha256sums\.json"))
+    def _(w):
+        folder = w.full_folder(method)
+        manifest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (folder / sub).iterdir()}
+        (folder / sub / "sha256sums.json").write_text(json.dumps({"sha256": manifest}))
+        w.link_out(folder / sub / "sha256sums.json")
+        return enabling(folder)
+
+
+for _method, (_sub, _load) in CHECKPOINT_METHODS.items():
+    _linked_cases(_method, _sub, _load)
+
+
+@case("eagle (from_pretrained): a sharded checkpoint's index links out", "linked out", CheckpointError,
+      LEADS_OUT.format(r"model\.safetensors\.index\.json"))
+def _(w):
+    folder = w.full_folder("eagle")
+    eagle = folder / "eagle"
+    (eagle / "model.safetensors").rename(eagle / "shard-1.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(eagle / "shard-1.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    (eagle / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(names,
+                                                                                               "shard-1.safetensors")}))
+    w.link_out(eagle / "model.safetensors.index.json")
+    return lambda: hfs.Eagle.from_pretrained(eagle, target=w.target)
+
+
+@case("medusa (from_pretrained, tree='calibrated'): tree.json links out", "linked out", CheckpointError,
+      r"Medusa\.from_pretrained\(tree='calibrated'\): " + LEADS_OUT.format(r"tree\.json"))
+def _(w):
+    folder = w.full_folder("medusa")
+    w.link_out(folder / "medusa" / "tree.json")
+    return lambda: hfs.Medusa.from_pretrained(folder / "medusa", target=w.target, tree="calibrated")
+
+
+@case("dflash (spec): draft_vocab.safetensors links out", "linked out", spec.SpecError,
+      r"the draft vocabulary: " + LEADS_OUT.format(r"draft_vocab\.safetensors"))
+def _(w):
+    from hf_speculative.drafters.dflash.checkpoints import write_draft_vocab
+
+    folder = w.full_folder("dflash")
+    write_draft_vocab(folder / "dflash", torch.arange(0, w.target.config.vocab_size, 2))
+    w.link_out(folder / "dflash" / "draft_vocab.safetensors")
+    return enabling(folder)
+
+
+for _name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+              "tokenizer_config.json"):
+    @case(f"draft-model (spec): {_name} links out", "linked out", spec.SpecError,
+          r"candidate_generator\.path: " + LEADS_OUT.format(re.escape(_name)))
+    def _(w, name=_name):
+        folder = w.full_folder("draft-model")
+        w.link_out(folder / "draft-model" / name)
+        return enabling(folder), no_network()
+
+
+for _name in ("config.json", "model.safetensors", "tokenizer.json"):
+    @case(f"draft-model (spec): {_name} is a FIFO", "linked out", spec.SpecError,
+          r"candidate_generator\.path: .*draft-model/" + re.escape(_name) + " is a FIFO")
+    def _(w, name=_name):
+        folder = w.full_folder("draft-model")
+        (folder / "draft-model" / name).unlink()
+        w.fifo(folder / "draft-model" / name)
+        return enabling(folder), no_network()
+
+
+@case("draft-model (spec): a shard of its index links out", "linked out", spec.SpecError,
+      r"candidate_generator\.path model\.safetensors\.index\.json weight_map: "
+      + LEADS_OUT.format(r"shard/1\.safetensors"))
+def _(w):
+    folder = w.full_folder("draft-model")
+    draft = folder / "draft-model"
+    (draft / "shard").mkdir()
+    (draft / "model.safetensors").rename(draft / "shard" / "1.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(draft / "shard" / "1.safetensors"), framework="pt") as handle:
+        names = list(handle.keys())
+    (draft / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": dict.fromkeys(names, "shard/1.safetensors")}))
+    w.link_out(draft / "shard" / "1.safetensors")
+    return enabling(folder), no_network()
+
+
+try:
+    from transformers import Gemma4AssistantForCausalLM  # noqa: F401
+
+    HAS_GEMMA4 = True
+except ImportError:  # transformers before Gemma 4: no assistant to load
+    HAS_GEMMA4 = False
+
+
+def _assistant_folder(w: World) -> Path:
+    """A fresh copy of a tiny Gemma-4 assistant's folder."""
+    template = w.root / "assistant"
+    if not template.exists():
+        from hf_speculative.drafters.assistant.tiny import tiny_assistant, tiny_target
+
+        tiny_assistant(tiny_target()).save_pretrained(template)
+    w._count += 1
+    folder = w.root / f"case{w._count}"
+    shutil.copytree(template, folder, symlinks=True)
+    return folder
+
+
+if HAS_GEMMA4:
+    for _name in ("config.json", "model.safetensors"):
+        @case(f"Assistant.from_pretrained(folder): {_name} links out", "linked out", ValueError,
+              r"Assistant\.from_pretrained\(path='.*'\): " + LEADS_OUT.format(re.escape(_name)))
+        def _(w, name=_name):
+            folder = _assistant_folder(w)
+            w.link_out(folder / name)
+            return lambda: hfs.Assistant.from_pretrained(folder), no_network()
+
+    @case("Assistant.from_pretrained(folder): config.json is a FIFO", "linked out", ValueError,
+          r"Assistant\.from_pretrained\(path='.*'\): .*config\.json is a FIFO")
+    def _(w):
+        folder = _assistant_folder(w)
+        (folder / "config.json").unlink()
+        w.fifo(folder / "config.json")
+        return lambda: hfs.Assistant.from_pretrained(folder), no_network()
+
+
+# files checked against a digest are the folder's own: never a hard link that may be a file elsewhere, whose digest
+# a message would then print
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@case("eagle (spec, sha256 as saved): the weights are a hard link to a file elsewhere", "linked out", spec.SpecError,
+      r"candidate_generator\.sha256: 'model\.safetensors' in the folder .* has 2 hard links")
+def _(w):
+    folder = w.full_folder("eagle", digests=True)
+    w.hard_link_in(folder / "eagle" / "model.safetensors")
+    return enabling(folder)
+
+
+@case("eagle (spec, another sha256): a hard-linked file's digest is not told", "linked out", spec.SpecError,
+      r"candidate_generator\.sha256: 'config\.json' in the folder .* has 2 hard links")
+def _(w):
+    folder = w.full_folder("eagle")
+    edit_json(folder / "generation_config.json",
+              candidate_generator={**w.specs["eagle"], "sha256": {"config.json": "0" * 64}})
+    elsewhere = w.hard_link_in(folder / "eagle" / "config.json")
+    return enabling(folder), [], NotInMessage("the digest of a file elsewhere", lambda: [_digest(elsewhere)])
+
+
+@case("eagle (manifest): a hard-linked file's digest is not told", "linked out", CheckpointError,
+      r"failed its integrity check: model\.safetensors has 2 hard links \(it is not read\)")
+def _(w):
+    folder = w.full_folder("eagle")
+    (folder / "eagle" / "sha256sums.json").write_text(json.dumps({"sha256": {"model.safetensors": "0" * 64}}))
+    elsewhere = w.hard_link_in(folder / "eagle" / "model.safetensors")
+    return (lambda: hfs.Eagle.from_pretrained(folder / "eagle")), [], NotInMessage(
+        "the digest of a file elsewhere", lambda: [_digest(elsewhere)])
+
+
+@case("Eagle.from_pretrained(sha256=...): a hard-linked file's digest is not told", "linked out", CheckpointError,
+      r"sha256: 'model\.safetensors' in the folder .* has 2 hard links")
+def _(w):
+    folder = w.full_folder("eagle")
+    elsewhere = w.hard_link_in(folder / "eagle" / "model.safetensors")
+    return (lambda: hfs.Eagle.from_pretrained(folder / "eagle", sha256={"model.safetensors": "0" * 64})), [], \
+        NotInMessage("the digest of a file elsewhere", lambda: [_digest(elsewhere)])
+
+
+# what a message quotes from a file is escaped: a terminal showing it obeys nothing (every case checks that its
+# message holds no raw control character; these put some where a message quotes)
+@case("a link out whose target's name holds ESC and CR", "linked out", CheckpointError,
+      r"\(to .*/evil\\x1b\[2J\\r\.json\)")
+def _(w):
+    folder = w.full_folder("eagle")
+    w.link_out(folder / "eagle" / "config.json", "evil\x1b[2J\r.json")
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("a manifest names a file with ESC and BEL", "linked out", CheckpointError,
+      r"integrity check: \\x1b\]0;pwned\\x07\.bin is missing")
+def _(w):
+    folder = w.full_folder("eagle")
+    (folder / "eagle" / "sha256sums.json").write_text(json.dumps({"sha256": {"\x1b]0;pwned\x07.bin": "0" * 64}}))
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("a weights index names a shard with ESC", "linked out", CheckpointError,
+      r"lists the shard '\\x1b\[31mshard\.safetensors'")
+def _(w):
+    folder = w.full_folder("eagle")
+    (folder / "eagle" / "model.safetensors").unlink()
+    (folder / "eagle" / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"fc.weight": "\x1b[31mshard.safetensors"}}))
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
+@case("a config.json's architectures hold ESC and NUL", "linked out", CheckpointError,
+      r"Not an EAGLE drafter: config\.json names \\x1b\[2J\\x00Evil")
+def _(w):
+    from safetensors.torch import save_file
+
+    folder = w.full_folder("eagle")
+    (folder / "eagle" / "config.json").write_text(json.dumps({"architectures": ["\x1b[2J\x00Evil"]}))
+    save_file({"x": torch.zeros(1)}, str(folder / "eagle" / "model.safetensors"))
+    return lambda: hfs.Eagle.from_pretrained(folder / "eagle")
+
+
 # 6. Python API leftovers
 @case("Eagle.from_pretrained(123)", "API", TypeError, r"Eagle\.from_pretrained\(path_or_name=123\): must be a folder")
 def _(w):
@@ -606,6 +905,15 @@ def _(w):
 
 
 # -- running a case ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class NotInMessage:
+    """A case's check: none of ``texts()`` (read once the case ran, e.g. the digest of a file elsewhere) may appear
+    in the refusal's message."""
+    what: str
+    texts: Callable[[], list[str]]
+
+
+
 @dataclasses.dataclass
 class Result:
     case: Case
@@ -703,6 +1011,9 @@ def run(case: Case, world: World) -> Result:
     passwd_check = check == "no passwd digest"
     if passwd_check:
         check = None
+    absent = check if isinstance(check, NotInMessage) else None
+    if absent is not None:
+        check = None
     message = "" if error is None else str(error)
     problem = ""
     if error is None:
@@ -713,6 +1024,10 @@ def run(case: Case, world: World) -> Result:
         problem = f"raised {type(error).__name__}: {message[:300]}"
     elif not re.search(case.match, message):
         problem = f"message does not name the field ({case.match!r}): {message[:400]}"
+    elif any(not c.isprintable() for c in message):  # a terminal showing it would obey what it quotes
+        problem = f"the message holds raw control characters: {message[:400]!r}"
+    elif absent is not None and any(text in message for text in absent.texts()):
+        problem = f"the message holds {absent.what}: {message[:400]}"
     elif check is not None and not check():
         problem = "refused, but left a trace (a file created outside, or the strategy changed)"
     elif passwd_check and _PASSWD_DIGEST is not None and _PASSWD_DIGEST in message:

@@ -31,6 +31,7 @@ from ...core.sampling import rejection_sampler
 from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
 from ...options import CheckedOnAssignment, shown
+from ...registry import integrity
 from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
 from .pairing import check_pair, shared_kv, sliding_reach
@@ -91,6 +92,9 @@ class Assistant(CheckedOnAssignment, DraftStrategy, method="gemma4-assistant",
         """
         compat.gemma4_assistant_classes()
         from transformers import AutoModelForCausalLM
+
+        if os.path.isdir(path):  # a folder: its files checked before transformers opens them (a link out, a FIFO)
+            integrity.check_model_folder(path, f"Assistant.from_pretrained(path={shown(os.fspath(path))})")
 
         extra = {} if target is None else compat.dtype_kwargs(next(target.parameters()).dtype)
         assistant = AutoModelForCausalLM.from_pretrained(path, **extra).eval().requires_grad_(False)

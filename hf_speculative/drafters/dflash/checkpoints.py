@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .. import checkpoints as files
-from ...registry import integrity
+from ...options import escaped, shown
 from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, shipped_names
 from .config import DFlashConfig
 from .model import DFlashDraftModel
@@ -77,17 +77,17 @@ def detect(cfg: dict) -> str:
         return "z-lab"
     raise CheckpointError(f"config.json is neither transformers' DFlash format (model_type 'muse_glimmer_assistant') "
                           f"nor z-lab's (architectures ['DFlashDraftModel'] with a dflash_config); it says model_type "
-                          f"{str(cfg.get('model_type'))[:40]!r}, architectures {str(architectures)[:80]}.")
+                          f"{shown(cfg.get('model_type'))}, architectures {shown(architectures)}.")
 
 
 def _rope_theta(cfg: dict, default: float) -> float:
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling")
     if params is not None:
         if not isinstance(params, dict):
-            raise CheckpointError(f"rope_parameters must be an object, got {str(params)[:40]}.")
+            raise CheckpointError(f"rope_parameters must be an object, got {shown(params)}.")
         kind = params.get("rope_type", params.get("type", "default"))
         if kind != "default":
-            raise CheckpointError(f"rope type {str(kind)[:20]!r} is not supported by hf_speculative's DFlash drafter "
+            raise CheckpointError(f"rope type {shown(kind)} is not supported by hf_speculative's DFlash drafter "
                                   "(default RoPE only).")
         if "rope_theta" in params:
             return params["rope_theta"]
@@ -125,7 +125,7 @@ def read_config(fmt: str, cfg: dict) -> DFlashConfig:
             raise CheckpointError(f"its dflash_config lacks {name}, which a z-lab DFlash drafter needs.")
     for name, neutral in (("output_multiplier", 1.0), ("final_logit_softcapping", None)):
         if extra.get(name, cfg.get(name, neutral)) not in (neutral, None):
-            raise CheckpointError(f"its {name} ({str(extra.get(name, cfg.get(name)))[:20]}) is a DFlash2 feature "
+            raise CheckpointError(f"its {name} ({shown(extra.get(name, cfg.get(name)))}) is a DFlash2 feature "
                                   "hf_speculative does not apply.")
     layers = cfg["num_hidden_layers"]
     types = cfg.get("layer_types")
@@ -153,15 +153,15 @@ def read_config(fmt: str, cfg: dict) -> DFlashConfig:
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
     """Safetensors only: ``model.safetensors``, or its index with safetensors shards of this folder."""
     if (directory / SAFETENSORS[0]).exists():
-        return files.read_weights_file(directory / SAFETENSORS[0])
+        return files.read_weights_file(directory, SAFETENSORS[0])
     index = directory / SAFETENSORS[1]
     if not index.exists():
-        raise CheckpointError(f"No weights in {directory}: a DFlash drafter is read from {' or '.join(SAFETENSORS)} "
-                              "only (safetensors; pickled .bin files are not read).")
-    weight_map = files.read_json(index).get("weight_map")
+        raise CheckpointError(f"No weights in {escaped(directory)}: a DFlash drafter is read from "
+                              f"{' or '.join(SAFETENSORS)} only (safetensors; pickled .bin files are not read).")
+    weight_map = files.read_json(directory, SAFETENSORS[1]).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v.endswith(".safetensors")
                                                    for v in weight_map.values()):
-        raise CheckpointError(f"{index}: its weight_map must map weight names to .safetensors shards.")
+        raise CheckpointError(f"{escaped(index)}: its weight_map must map weight names to .safetensors shards.")
     return files.read_weights(directory)  # shards confined to the folder
 
 
@@ -190,11 +190,11 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
         try:
             config.check_target(target_config)
         except ValueError as error:
-            raise CheckpointError(f"{directory} ({fmt}): {error}") from None
+            raise CheckpointError(f"{escaped(directory)} ({fmt}): {escaped(error, 2000)}") from None
     if fmt == "transformers":
         state = {META_RENAMES.get(k, k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k not in IGNORED}
-    validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})")
+    validate_state_dict(config, state, f"The checkpoint {escaped(directory)} ({fmt})")
     return config, files.cast(state, dtype), fmt
 
 
@@ -217,30 +217,27 @@ def read_draft_vocab(directory: Path) -> torch.Tensor | None:
     folder (a symlink out of it is refused), sized for at most ``MAX_DRAFT_VOCAB`` ids before it is read, holding
     exactly ``d2t``, int64, 1-D, whose target ids are distinct and non-negative (against the target's vocabulary
     when the drafter attaches: ``drafter.check_fits``)."""
-    try:
-        path = integrity.confined(directory, DRAFT_VOCAB, "the draft vocabulary")
-    except integrity.FileRefused as error:
-        raise CheckpointError(str(error)) from None
+    path = files.folder_file(directory, DRAFT_VOCAB, "the draft vocabulary")
     if not path.exists():
         return None
-    files.check_weights_file(path)
+    files.check_weights_file(directory, DRAFT_VOCAB)
     limit = 8 * MAX_DRAFT_VOCAB + (1 << 16)  # the ids and a header
     if path.stat().st_size > limit:
-        raise CheckpointError(f"{path} has {path.stat().st_size} bytes, more than a draft vocabulary of "
+        raise CheckpointError(f"{escaped(path)} has {path.stat().st_size} bytes, more than a draft vocabulary of "
                               f"{MAX_DRAFT_VOCAB} ids takes ({limit}): not a draft vocabulary. Remove it, or write it "
                               "again with the drafter's save_pretrained.")
-    tensors = files.read_weights_file(path)
+    tensors = files.read_weights_file(directory, DRAFT_VOCAB)
     d2t = tensors.get("d2t")
     if set(tensors) != {"d2t"} or d2t.dim() != 1 or d2t.dtype != torch.int64 or not 1 <= d2t.numel():
-        found = ", ".join(f"{k} {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in
+        found = ", ".join(f"{shown(k)} {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in
                           list(tensors.items())[:4])
-        raise CheckpointError(f"{path} must hold exactly one tensor, d2t (int64, 1-D, target id = draft id + d2t[draft "
-                              f"id]); it holds {found or 'nothing'}. Write it again with the drafter's "
+        raise CheckpointError(f"{escaped(path)} must hold exactly one tensor, d2t (int64, 1-D, target id = draft id + "
+                              f"d2t[draft id]); it holds {found or 'nothing'}. Write it again with the drafter's "
                               "save_pretrained.")
     ids = torch.arange(d2t.numel()) + d2t
     if int(ids.min()) < 0 or ids.unique().numel() != ids.numel():
-        raise CheckpointError(f"{path}: its target ids (draft id + d2t) must be distinct and non-negative. Write it "
-                              "again with the drafter's save_pretrained.")
+        raise CheckpointError(f"{escaped(path)}: its target ids (draft id + d2t) must be distinct and non-negative. "
+                              "Write it again with the drafter's save_pretrained.")
     return ids
 
 

@@ -22,12 +22,13 @@ from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_accept_rate, record_draft_step
 from ...options import CheckedOnAssignment, shown
+from ...registry import integrity
 from ...core.state import state_of
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree
 from .feed import LONG_CATCH_UP, feed, size_ratio
 from .other_tokenizer import OtherTokenizerCandidateGenerator, TokenizerBridge, bridge_for, check_tokenizer
-from .saved_tokenizers import SPEC_OPTION, load_tokenizers, save_tokenizers
+from .saved_tokenizers import SPEC_OPTION, TOKENIZER_FILES, load_tokenizers, read_tokenizer, save_tokenizers
 from .tree import model_tree_expander
 from ...core.budget import Plan
 from ...core.policy import check_chain_options
@@ -320,7 +321,10 @@ def _vocab_size(model: torch.nn.Module) -> int:
 
 
 def _local_tokenizer(model: torch.nn.Module) -> Any:
-    """The tokenizer saved beside a model loaded from a local folder (never downloads)."""
+    """The tokenizer saved beside a model loaded from a local folder (never downloads), or ``None`` when there is none
+    or it cannot be read (no evidence either way). The folder may be a stranger's (a draft model a spec names): its
+    files pass the checks of ``saved_tokenizers.read_tokenizer`` (a link out of the folder, a FIFO, a file over its cap,
+    a ``tokenizer_config.json`` key naming a file elsewhere: none of them is read)."""
     path = getattr(model, "name_or_path", "") or ""
     if not os.path.isdir(path) or not any(
         os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
@@ -329,8 +333,12 @@ def _local_tokenizer(model: torch.nn.Module) -> Any:
     from transformers import AutoTokenizer
 
     try:
+        if os.path.lexists(os.path.join(path, "tokenizer_config.json")):
+            return read_tokenizer(Path(path), "the tokenizer saved beside the model", "save it again")
+        for name in TOKENIZER_FILES:  # no tokenizer_config.json, so no key of it names a file: the files themselves
+            integrity.folder_file(path, name, "the tokenizer saved beside the model")
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception:  # an unreadable tokenizer is no evidence either way
+    except Exception:  # an unreadable or refused tokenizer is no evidence either way
         return None
 
 

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...options import escaped
 from ...registry import integrity
 
 SPEC_OPTION = "across_tokenizers"  # the spec's option saying that both tokenizers are kept with the model
@@ -113,7 +114,7 @@ def read_tokenizer(folder: Path, what: str, fix: str) -> Any:
         for name in TOKENIZER_FILES:
             if not os.path.lexists(folder / name):
                 continue
-            source = integrity.confined(folder, name, f"{what} {name}")
+            source = integrity.folder_file(folder, name, f"{what} {name}")
             data = integrity.read_capped(source, MAX_TOKENIZER_FILE_BYTES, f"{what} {name}")
             total += len(data)
             if total > MAX_TOKENIZER_BYTES:
@@ -126,8 +127,8 @@ def read_tokenizer(folder: Path, what: str, fix: str) -> Any:
         try:
             return AutoTokenizer.from_pretrained(copy, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError, KeyError, ImportError) as error:
-            raise _error(f"{what}: cannot read the tokenizer saved in {folder} ({type(error).__name__}: "
-                         f"{str(error)[:300]}); {fix}.") from error
+            raise _error(f"{what}: cannot read the tokenizer saved in {escaped(folder)} ({type(error).__name__}: "
+                         f"{escaped(error, 300)}); {fix}.") from error
 
 
 def _without_file_names(data: bytes, what: str) -> bytes:

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ...options import escaped
 from .. import checkpoints as files
 from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, shipped_names
 from .config import EagleConfig
@@ -81,12 +82,11 @@ def network_kind(path: str | Path) -> tuple[int, int | None]:
     """``(EAGLE version, exit layer or None)`` of the drafter saved in ``path``, from its
     ``config.json`` and weight names alone (no target needed; the weights are not checked)."""
     directory = files.checkpoint_dir(path)
-    cfg = files.read_config(directory / "config.json")
-    single = directory / "model.safetensors"
-    if single.exists():
+    cfg = files.read_config(directory)
+    if (directory / "model.safetensors").exists():
         from safetensors import safe_open
 
-        files.check_weights_file(single)
+        single = files.check_weights_file(directory, "model.safetensors")
         try:
             with safe_open(str(single), framework="pt") as handle:  # the header only
                 names = set(handle.keys())
@@ -124,7 +124,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     config, state = files.checked_read(lambda: read(fmt, cfg, state, target_config), config_path, fmt)
     if target_config is not None:  # first: cheap, and its message names both sides
         _check_target_config(config, target_config)
-    files.checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})"),
+    files.checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {escaped(directory)} ({fmt})"),
                        config_path, fmt)
     return config, files.cast(state, dtype), fmt
 

@@ -203,8 +203,9 @@ class EagleConfig(SavedConfig):
             problems.append(f"exit after layer {self.exit_layer}, target has {layers} layers")
         if problems:
             kind, flag = ("exit adapter", f" --exit-layer {self.exit_layer}") if self.exit_layer else ("EAGLE drafter", "")
+            trained = options.escaped(self.target or "an unnamed target", 200)  # a config.json's string
             raise ValueError(
-                f"This {kind} (trained for {self.target or 'an unnamed target'}) does not fit the target {name!r}: "
+                f"This {kind} (trained for {trained}) does not fit the target {name!r}: "
                 + "; ".join(problems) + f". Use a {kind} trained for this model (`hf-speculative train-eagle --target ...{flag}`)."
             )
 

@@ -29,18 +29,17 @@ def detect(cfg: dict[str, Any], keys: set[str]) -> str:
     if "speculators_model_type" in cfg:
         if cfg["speculators_model_type"] != "eagle3":
             raise CheckpointError(
-                f"speculators checkpoint of type {cfg['speculators_model_type']!r}: only 'eagle3' is an EAGLE drafter "
-                "this library reads (speculators and vLLM dropped their 'eagle' (EAGLE-1) type).")
+                f"speculators checkpoint of type {options.shown(cfg['speculators_model_type'])}: only 'eagle3' is an "
+                "EAGLE drafter this library reads (speculators and vLLM dropped their 'eagle' (EAGLE-1) type).")
         return VLLM3
     if "fc.weight" in keys and any(k.startswith("midlayer.") for k in keys):
         return SPECFORGE3 if "eagle_config" in cfg else SAFEAILAB3
     if "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys):
         return SAFEAILAB1
-    arch = ", ".join(cfg.get("architectures") or []) or cfg.get("model_type") or "no architecture"
     raise CheckpointError(
-        f"Not an EAGLE drafter: config.json names {arch} and the weights have none of the EAGLE names "
-        f"(fc.weight with midlayer.* or layers.0.*; first keys: {sorted(keys)[:5]}). Pass the directory of an EAGLE "
-        "drafter (SafeAILab EAGLE-1/2/3, SpecForge, vLLM speculators eagle3 or hf_speculative's own).")
+        f"Not an EAGLE drafter: config.json names {bounds.config_names(cfg)} and the weights have none of the EAGLE "
+        f"names (fc.weight with midlayer.* or layers.0.*; first keys: {sorted(keys)[:5]}). Pass the directory of an "
+        "EAGLE drafter (SafeAILab EAGLE-1/2/3, SpecForge, vLLM speculators eagle3 or hf_speculative's own).")
 
 
 _REQUIRED = object()
@@ -103,15 +102,16 @@ def _rename(sd: dict[str, torch.Tensor], old: str, new: str) -> dict[str, torch.
             continue
         if key.startswith(old):
             if not key.startswith(old + "0."):
-                raise CheckpointError(f"The checkpoint has a second decoder layer ({key}); this library's EAGLE "
-                                      "drafter has exactly one. Use a one-layer drafter.")
+                raise CheckpointError(f"The checkpoint has a second decoder layer ({options.shown(key)}); this "
+                                      "library's EAGLE drafter has exactly one. Use a one-layer drafter.")
             key = new + key[len(old) + 2:]
         out[key] = value
     return out
 
 
 def _unsupported(cfg: dict[str, Any], flags: dict[str, Any], source: str) -> None:
-    bad = [f"{name}={cfg[name]!r}" for name, ok in flags.items() if name in cfg and cfg[name] not in (ok, None)]
+    bad = [f"{name}={options.shown(cfg[name])}" for name, ok in flags.items()
+           if name in cfg and cfg[name] not in (ok, None)]
     if bad:
         raise CheckpointError(f"{source} uses {', '.join(bad)}, a variant this library's EAGLE drafter does not "
                               f"implement (it needs {', '.join(f'{k}={v!r}' for k, v in flags.items())}).")
@@ -165,9 +165,9 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
         source = "SpecForge EAGLE-3 checkpoint" if fmt == SPECFORGE3 else "SafeAILab EAGLE-3 checkpoint"
         _unsupported(cfg, {"fc_norm": False, "norm_output": True}, source)
         if cfg.get("target_hidden_size") not in (None, cfg["hidden_size"]):
-            raise CheckpointError(f"{source}: target_hidden_size {cfg['target_hidden_size']} differs from the "
-                                  f"drafter's hidden_size {cfg['hidden_size']}; this library's drafter has the "
-                                  "target's width.")
+            raise CheckpointError(f"{source}: target_hidden_size {options.shown(cfg['target_hidden_size'])} differs "
+                                  f"from the drafter's hidden_size {options.shown(cfg['hidden_size'])}; this library's "
+                                  "drafter has the target's width.")
         sd = {k: v for k, v in sd.items() if k not in IGNORED_KEYS and not k.endswith("rotary_emb.inv_freq")}
         vocab = _int(cfg, "vocab_size")
         draft = _int(cfg, "draft_vocab_size", vocab)
@@ -184,12 +184,14 @@ def read(fmt: str, cfg: dict[str, Any], sd: dict[str, torch.Tensor], target_conf
         if not isinstance(layer_cfg, dict):
             raise CheckpointError(f"{source}: transformer_layer_config must be an object (a Llama config).")
         if layer_cfg.get("model_type", "llama") != "llama":
-            raise CheckpointError(f"{source}: transformer_layer_config.model_type={layer_cfg['model_type']!r}; this "
-                                  "library's drafter is a Llama layer (model_type 'llama').")
+            raise CheckpointError(f"{source}: transformer_layer_config.model_type="
+                                  f"{options.shown(layer_cfg['model_type'])}; this library's drafter is a Llama layer "
+                                  "(model_type 'llama').")
         _unsupported(cfg, {"norm_before_fc": False, "fc_norm": False, "norm_output": False}, source)
         if cfg.get("target_hidden_size") not in (None, layer_cfg["hidden_size"]):
-            raise CheckpointError(f"{source}: target_hidden_size {cfg['target_hidden_size']} differs from hidden_size "
-                                  f"{layer_cfg['hidden_size']}; this library's drafter has the target's width.")
+            raise CheckpointError(f"{source}: target_hidden_size {options.shown(cfg['target_hidden_size'])} differs "
+                                  f"from hidden_size {options.shown(layer_cfg['hidden_size'])}; this library's drafter "
+                                  "has the target's width.")
         sd = _rename(sd, "layers.", "midlayer.")
         vocab = _int(layer_cfg, "vocab_size")
         draft = _int(cfg, "draft_vocab_size", vocab)

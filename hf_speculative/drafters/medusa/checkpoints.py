@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
+from ...options import escaped
 from .. import checkpoints as files
-from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, shipped_names
+from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, folder_file, shipped_names
 from .config import MedusaConfig
 from .formats import MEDUSA_FILES, detect, read, write
 from .model import MedusaHeads
 
 __all__ = ["CheckpointError", "save_pretrained", "load_checkpoint", "load_heads", "export", "check_manifest",
-           "find_folder", "shipped_names", "MANIFEST"]
+           "find_folder", "folder_file", "shipped_names", "MANIFEST"]
 
 
 def save_pretrained(heads: MedusaHeads, directory: str | Path, *, metadata: dict | None = None) -> Path:
@@ -32,7 +33,7 @@ def save_pretrained(heads: MedusaHeads, directory: str | Path, *, metadata: dict
 def _weights(directory: Path) -> dict[str, torch.Tensor]:
     for name in MEDUSA_FILES:  # FasterDecoding's file names first, then ours / vLLM's
         if (directory / name).exists():
-            return files.read_weights_file(directory / name)
+            return files.read_weights_file(directory, name)
     try:
         return files.read_weights(directory)
     except CheckpointError as error:
@@ -75,7 +76,7 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     config, state = files.checked_read(lambda: read(fmt, cfg, state), config_path, fmt)
     if target_config is not None:  # first: cheap, and its message names both sides
         _check_target_config(config, target_config, directory)
-    files.checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {directory} ({fmt})"),
+    files.checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {escaped(directory)} ({fmt})"),
                        config_path, fmt)
     return config, files.cast(state, dtype), fmt
 
@@ -85,7 +86,7 @@ def _check_target_config(config: MedusaConfig, target_config: Any, directory: Pa
 
     problems = files.target_mismatches(config, target_config, "heads")
     if problems:
-        raise CheckpointError(f"The Medusa heads at {directory} do not fit the target "
+        raise CheckpointError(f"The Medusa heads at {escaped(directory)} do not fit the target "
                               f"{files.target_name(target_config)}: "
                               + "; ".join(problems) + ". Use heads trained for this target "
                               "(`hf-speculative train-medusa --target ...`).")

@@ -88,6 +88,7 @@ class MedusaConfig(SavedConfig):
         if self.target_num_layers is not None and self.target_num_layers != layers:
             problems.append(f"depth: heads trained on a {self.target_num_layers}-layer target, target has {layers}")
         if problems:
-            raise ValueError(f"These Medusa heads (trained for {self.target or 'an unnamed target'}) do not fit the "
+            trained = options.escaped(self.target or "an unnamed target", 200)  # a config.json's string
+            raise ValueError(f"These Medusa heads (trained for {trained}) do not fit the "
                              f"target {name!r}: " + "; ".join(problems) + ". Use heads trained for this model "
                              "(`hf-speculative train-medusa --target ...`).")

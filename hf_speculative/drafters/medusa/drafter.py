@@ -122,8 +122,10 @@ class Medusa(CheckedOnAssignment, DraftStrategy, method="medusa",
                                  "there); otherwise pass hfs.StaticTree(paths) or None.")
             from ...registry import integrity
 
-            integrity.read_capped(path / TREE_FILE, integrity.MAX_JSON_BYTES, f"Medusa.from_pretrained(tree={tree!r})")
-            tree = StaticTree.load(path / TREE_FILE)  # a regular file under the cap (checked just above)
+            what = f"Medusa.from_pretrained(tree={tree!r})"
+            tree_file = checkpoints.folder_file(path, TREE_FILE, what)
+            integrity.read_capped(tree_file, integrity.MAX_JSON_BYTES, what)
+            tree = StaticTree.load(tree_file)  # a regular file of the folder under the cap (checked just above)
         param = None if target is None else next(target.parameters())
         heads = checkpoints.load_heads(path, dtype=None if param is None else param.dtype,
                                        target_config=None if target is None else target.config, sha256=sha256)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ... import options
-from ..checkpoints import CheckpointError
+from ..checkpoints import CheckpointError, config_names
 from .config import FORMAT_NAME, MedusaConfig
 
 NATIVE, FASTERDECODING, VLLM = "native", "fasterdecoding", "vllm"
@@ -45,10 +45,9 @@ def detect(cfg: dict[str, Any], keys: set[str]) -> str:
         return VLLM
     if "medusa_num_heads" in cfg:
         return FASTERDECODING
-    arch = ", ".join(cfg.get("architectures") or []) or cfg.get("model_type") or "no architecture"
     raise CheckpointError(
-        f"Not Medusa heads: config.json names {arch}, has no medusa_num_heads (FasterDecoding's Medusa) nor "
-        f"model_type 'medusa' (vLLM), and the weights have no blocks.* names (first keys: {sorted(keys)[:5]}). "
+        f"Not Medusa heads: config.json names {config_names(cfg)}, has no medusa_num_heads (FasterDecoding's Medusa) "
+        f"nor model_type 'medusa' (vLLM), and the weights have no blocks.* names (first keys: {sorted(keys)[:5]}). "
         "Pass the folder of Medusa heads (FasterDecoding Medusa-1/2, vLLM's Medusa or hf_speculative's own).")
 
 
@@ -90,8 +89,8 @@ def _read_fasterdecoding(cfg, sd):
     head, block = out.get("lm_heads.0.weight"), out.get("blocks.0.layers.0.weight")  # [V, H], [H, H]
     shaped = head if head is not None else block
     if shaped is None and not cfg.get("hidden_size"):
-        raise CheckpointError(f"No Medusa head weights (keys like 0.0.linear.weight, 0.{layers}.weight) in this "
-                              f"FasterDecoding checkpoint; first keys: {sorted(sd)[:5]}.")
+        raise CheckpointError(f"No Medusa head weights (keys like 0.0.linear.weight, 0.{options.escaped(layers, 20)}"
+                              f".weight) in this FasterDecoding checkpoint; first keys: {sorted(sd)[:5]}.")
     hidden = cfg.get("hidden_size") or int(shaped.shape[-1])
     vocab = int(head.shape[0]) if head is not None else (cfg.get("vocab_size") or 1)
     return MedusaConfig(num_heads=heads, num_layers=layers, hidden_size=hidden, vocab_size=vocab,
@@ -107,9 +106,10 @@ def _read_vllm(cfg, sd):
     vocab = cfg.get("vocab_size", 32001)
     truncated = cfg.get("truncated_vocab_size")
     if truncated is not None and truncated != vocab:
-        raise CheckpointError(f"These vLLM Medusa heads use a truncated vocabulary (truncated_vocab_size {truncated}, "
-                              f"vocab_size {vocab}, with a token_map), which hf_speculative does not read; train "
-                              "full-vocabulary heads (`hf-speculative train-medusa`) or use vLLM.")
+        raise CheckpointError(f"These vLLM Medusa heads use a truncated vocabulary (truncated_vocab_size "
+                              f"{options.shown(truncated)}, vocab_size {options.shown(vocab)}, with a token_map), "
+                              "which hf_speculative does not read; train full-vocabulary heads (`hf-speculative "
+                              "train-medusa`) or use vLLM.")
     shared = bool(cfg.get("original_lm_head", False))
     out: dict[str, torch.Tensor] = {}
     for key, value in sd.items():
