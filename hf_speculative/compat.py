@@ -103,6 +103,17 @@ def generation_field(generation_config: Any, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
+@functools.lru_cache(maxsize=None)
+def generation_default(name: str) -> Any:
+    """What transformers gives the ``GenerationConfig`` field ``name`` when neither the call nor the model sets it: its
+    constructor's default (4.x), else the default ``generate()`` fills in (5.x, whose fields start as ``None``)."""
+    from transformers import GenerationConfig
+
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    value = getattr(GenerationConfig(), name, None)
+    return defaults().get(name, value) if value is None and defaults is not None else value
+
+
 def eos_token_ids(generation_config: Any) -> list[int]:
     """The EOS ids of the call as a list (empty when the model has none)."""
     tensor = getattr(generation_config, "_eos_token_tensor", None)

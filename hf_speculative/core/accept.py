@@ -32,11 +32,12 @@ draft can have, ``1 - TV(p, q)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import RejectionSampler, split_sampler
+from .sampling import RejectionSampler, SeededSampler, refuse_nothing_to_draw, split_sampler
 from .tree import ROOT, DraftTree, Verdict
 
 if TYPE_CHECKING:
@@ -63,7 +64,10 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
         if processors:
             logits = processors(sequence, logits[None])[0]
         probs = torch.softmax(logits.float(), dim=-1)  # [V]
-        if not plan.wants(float(probs.max())):
+        top = float(probs.max())
+        if math.isnan(top):
+            break  # nothing to draw from (NaN or +inf scores, or all -inf): the target's own draw there refuses it
+        if not plan.wants(top):
             break  # its expected gain does not pay for verifying it (its drafting is already paid)
         if isinstance(sampler, RejectionSampler):  # the rejection rule: draw from q, keep q for the rule
             token = sampler.draw(probs)
@@ -80,14 +84,20 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
 
 
 # -- the rule on a tree ---------------------------------------------------------------------------
-def accept_greedy(tree: DraftTree, scores: torch.Tensor) -> Verdict:
+def accept_greedy(tree: DraftTree, scores: torch.Tensor, drawn: bool = False) -> Verdict:
     """Greedy verification of a tree: follow the target's argmax from the root down the tree.
 
     ``scores`` is ``[1 + n, V]``: row 0 the root's, row ``1 + i`` node ``i``'s. At each step the target's
     token at the current node is its argmax there; the walk goes on into the child drafting that token, if
     any. The kept path is exactly what plain greedy decoding would write, so the output is identical.
+    ``drawn``: the scores are a :class:`~hf_speculative.core.sampling.SeededSampler`'s draws, whose NaN rows had
+    nothing to draw from; reaching one raises (:func:`~hf_speculative.core.sampling.refuse_nothing_to_draw`; a row
+    off the kept path is never read, as plain sampling would never have reached it).
     """
-    best = scores.argmax(dim=-1).tolist()  # [1 + n]
+    best = scores.argmax(dim=-1)  # [1 + n]
+    if drawn:  # the marks come back in the verdict's own read of the device
+        best = torch.where(scores[:, 0].isnan(), -1, best)
+    best = best.tolist()
     children: dict[int, dict[int, int]] = {}
     for node, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
         children.setdefault(parent, {}).setdefault(token, node)  # first sibling wins a duplicate token
@@ -95,6 +105,8 @@ def accept_greedy(tree: DraftTree, scores: torch.Tensor) -> Verdict:
     while best[node + 1] in children.get(node, {}):
         node = children[node][best[node + 1]]
         path.append(node)
+    if best[node + 1] < 0:
+        refuse_nothing_to_draw()
     return Verdict(tuple(path), best[node + 1])
 
 
@@ -128,7 +140,10 @@ def accept_rejection(tree: DraftTree, scores: torch.Tensor, sampler: RejectionSa
         for child in children.get(node, []):
             x = tokens[child]
             q = None if tree.q is None else tree.q[child].double().to(p.device)
-            accept_x = float(p[x]) if q is None else min(1.0, float(p[x]) / max(float(q[x]), 1e-300))
+            px = float(p[x])
+            if math.isnan(px):  # softmax of scores with nothing to draw from is all NaN; min(1, NaN / q) is 1
+                refuse_nothing_to_draw()
+            accept_x = px if q is None else min(1.0, px / max(float(q[x]), 1e-300))
             if sampler.uniform() < accept_x:
                 break
             p = _residual(p, q, x)
@@ -156,4 +171,4 @@ def accept(tree: DraftTree, scores: torch.Tensor, sampler=None) -> Verdict:
     :func:`accept_greedy` (greedy decoding, and the seeded rule: its scores are the seeded draw already)."""
     if isinstance(sampler, RejectionSampler):
         return accept_rejection(tree, scores, sampler)
-    return accept_greedy(tree, scores)
+    return accept_greedy(tree, scores, drawn=isinstance(sampler, SeededSampler))

@@ -38,7 +38,7 @@ from .batch_verify import BatchVerifier
 from .budget import DraftBudget, Plan, Sizing
 from .call import CallContext, TargetView
 from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, forward_columns, left_padding, row_view
-from .sampling import RejectionSampler, rejection_sampler, split_sampler
+from .sampling import RejectionSampler, split_sampler
 from .stats import SpeculativeStats
 from .tree import ROOT, DraftTree, Verdict
 from .verify import DynamicVerifier, OneRow
@@ -82,12 +82,12 @@ class Row:
     budget: DraftBudget = None
     end: int | None = None          # its length when a stopping criterion fired
     closed: bool = False
-    sampler: Any = None             # a RejectionSampler last in its processors: the rejection rule (accept.py)
+    sampler: Any = None             # the sampler last in its processors: which rule accept.py applies
 
     def __post_init__(self):
         self.budget = DraftBudget(self.drafter.sizing)
         if self.sampler is None and isinstance(self.processors, (list, tuple)):
-            self.sampler = rejection_sampler(self.processors)
+            self.sampler = split_sampler(self.processors)[1]
 
     @property
     def text(self) -> torch.LongTensor:
@@ -263,9 +263,9 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, 
     ``verifier`` runs the forwards and keeps the cache (``forward(uncached, tree)``, ``keep(prefix, tree, path)``):
     a :class:`~hf_speculative.core.verify.DynamicVerifier` by default, a static-cache one for compiled targets;
     ``cached``: the prompt's first tokens already in its cache (a cache the caller passed), not computed again.
-    ``sampler``: the call's ``RejectionSampler`` when ``logits_processor`` is a function that hides it (it is found
-    at the end of a processor list otherwise). The streamer gets each step's new tokens as one block ``[1, k]``; the
-    result keeps every new token's scores and logits ``[1, V]``.
+    ``sampler``: the call's sampler (a ``SeededSampler`` or a ``RejectionSampler``) when ``logits_processor`` is a
+    function that hides it (it is found at the end of a processor list otherwise). The streamer gets each step's new
+    tokens as one block ``[1, k]``; the result keeps every new token's scores and logits ``[1, V]``.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"hf_speculative's loop runs one sequence at a time; got input_ids of shape "

@@ -30,13 +30,12 @@ class RowSampler(SeededSampler):
     without padding)."""
 
     def __init__(self, seed: int, row: int, offset: int = 0):
-        super().__init__(seed)
+        super().__init__(seed, marks=True)  # the loop's rows only: it reads the draws with its verdicts
         self.row, self.offset = row, offset
 
-    def choose(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
+    def noises(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         position, vocab = input_ids.shape[-1] + self.offset, scores.shape[-1]
-        logprobs = torch.log_softmax(scores.float(), dim=-1)  # [1, V]
-        return (logprobs + self.noise(self.row, position, vocab, scores.device)).argmax(dim=-1)
+        return self.noise(self.row, position, vocab, scores.device)[None]  # [1, V]
 
 
 def row_view(processor: Any, row: int, batch: int) -> Any:

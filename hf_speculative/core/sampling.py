@@ -21,11 +21,16 @@ target (acceptance ``P(argmax(log q + g) = argmax(log p + g))``, close to the re
 :class:`SeededSampler` is a logits processor appended after transformers' own (warpers included); it
 turns the scores into the draw, a point mass (``0`` at the drawn token, ``-inf`` elsewhere), so that
 transformers' sampling and assisted loops, and ours, keep exactly that token.
+
+A position whose processed scores leave nothing to draw from (a NaN or ``+inf`` score, or every score ``-inf``: what
+``torch.multinomial`` refuses in transformers' own sampling) raises (:func:`refuse_nothing_to_draw`) under either rule,
+never a token 0 taken from an argmax over NaN.
 """
 
 from __future__ import annotations
 
 import operator
+from typing import NoReturn
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -69,18 +74,35 @@ def position_key(seed: int, row: int, position: int) -> int:
     return _mix(_mix(_mix(seed) ^ row) ^ position) >> 1
 
 
+def refuse_nothing_to_draw() -> NoReturn:
+    """Raise what a sampled call raises where the processed scores of the position being drawn hold no distribution."""
+    raise RuntimeError(
+        "Sampling found nothing to draw from: after the logits processors, the next token's scores hold a NaN or "
+        "+inf, or every one is -inf (every probability zero). Check what the call does to the scores: temperature= "
+        "(positive and not tiny), top_k= / top_p= / min_p=, suppress_tokens= / bad_words_ids=, a custom "
+        "logits_processor= (it must leave at least one finite score), or the model's own logits (NaN from a "
+        "float16 overflow: load it in bfloat16 or float32); or decode greedily (do_sample=False). transformers' own "
+        "sampling refuses this too (torch.multinomial: 'probability tensor contains either inf, nan or element < 0').")
+
+
 class SeededSampler(LogitsProcessor):
     """The last logits processor of a seeded sampling call: the scores become the draw.
 
     Args:
         seed (`int`): the call's seed, ``0 <= seed < 2**64`` (see :func:`call_seed`).
+        marks (`bool`): a row with nothing to draw from (NaN or ``+inf`` scores, or all ``-inf``) comes back as NaN
+            scores, for the loop that reads the draw to refuse (hf_speculative's loop: ``accept_greedy`` reads it
+            with its verdict, no read of the device added); by default (``False``, for transformers' loops, whose
+            argmax would take a NaN row's token 0) the sampler refuses it itself, with one read of the device.
 
     Called with ``input_ids`` `[B, L]` and scores `[B, V]`, it draws position ``L`` of each row from
-    ``softmax(scores)`` with that position's own noise and returns the point mass of the draw `[B, V]`.
+    ``softmax(scores)`` with that position's own noise and returns the point mass of the draw `[B, V]`; a row with
+    nothing to draw from raises (:func:`refuse_nothing_to_draw`; or, ``marks``, is NaN).
     """
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, *, marks: bool = False):
         self.seed = check_seed(seed, "seed")
+        self.marks = marks
 
     def noise(self, row: int, position: int, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """``[vocab]`` float32 Gumbel(0, 1) noise of ``position`` in ``row``; the same on every call."""
@@ -88,17 +110,32 @@ class SeededSampler(LogitsProcessor):
         uniform = torch.rand(vocab, generator=generator, device=device)  # [0, 1): u == 0 gives -inf, never drawn
         return -torch.log(-torch.log(uniform))
 
-    def choose(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
-        """``[B]`` the drawn tokens: per row, ``argmax(log_softmax(scores) + noise(row, L))``."""
+    def noises(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        """``[B, V]`` the noise of each row's next position (position ``L`` of ``input_ids`` `[B, L]`)."""
         position, vocab = input_ids.shape[-1], scores.shape[-1]
+        return torch.stack([self.noise(row, position, vocab, scores.device) for row in range(scores.shape[0])])
+
+    def draw(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
+        """``([B] the drawn tokens, [B] whether each row had a distribution to draw from)``: per row,
+        ``argmax(log_softmax(scores) + noise(row, L))``. Both stay on the device."""
         logprobs = torch.log_softmax(scores.float(), dim=-1)  # [B, V]
-        noise = torch.stack([self.noise(row, position, vocab, scores.device) for row in range(scores.shape[0])])
-        return (logprobs + noise).argmax(dim=-1)
+        # log_softmax turns a row with nothing to draw from (a NaN or +inf score, or all -inf) into NaNs, and max
+        # propagates a NaN: the validity comes with the draw's own reduction
+        best, drawn = (logprobs + self.noises(input_ids, scores)).max(dim=-1)
+        return drawn, ~best.isnan()
+
+    def choose(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
+        """``[B]`` the drawn tokens (see :meth:`draw`; a row with nothing to draw from gets an arbitrary one)."""
+        return self.draw(input_ids, scores)[0]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        drawn = self.choose(input_ids, scores)  # [B]
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(-1, drawn[:, None], 0.0)
+        drawn, valid = self.draw(input_ids, scores)  # [B] each
+        out = torch.full_like(scores, float("-inf")).scatter_(-1, drawn[:, None], 0.0)
+        if self.marks:
+            return out.masked_fill_(~valid[:, None], float("nan"))
+        if not bool(valid.all()):
+            refuse_nothing_to_draw()
+        return out
 
 
 class RejectionSampler(LogitsProcessor):
@@ -115,8 +152,15 @@ class RejectionSampler(LogitsProcessor):
         self.generator = generator
 
     def draw(self, probs: torch.Tensor) -> int:
-        """One token drawn from ``probs`` `[V]` (non-negative, summing to 1 up to rounding)."""
-        return int(torch.multinomial(probs.float(), 1, generator=self.generator))
+        """One token drawn from ``probs`` `[V]` (non-negative, summing to 1 up to rounding); raises
+        (:func:`refuse_nothing_to_draw`) when they hold a NaN or an infinity, or sum to 0."""
+        probs = probs.float()
+        try:
+            return int(torch.multinomial(probs, 1, generator=self.generator))
+        except RuntimeError:  # multinomial checks its input (on every device) and says too little
+            if bool(torch.isfinite(probs).all()) and float(probs.sum()) > 0:
+                raise
+            refuse_nothing_to_draw()
 
     def uniform(self) -> float:
         """One draw from U[0, 1)."""
@@ -164,9 +208,11 @@ def seeded_processors(processors, generation_config, seed: int | None, mode: str
                       ours: bool = True) -> LogitsProcessorList:
     """``processors`` (a call's prepared list) ending with a SeededSampler when ``generation_config`` samples:
     the one already there, else one of ``seed`` (``None``: :func:`call_seed`'s draw); with ``mode="rejection"`` a
-    :class:`RejectionSampler` instead (``ours=False``, transformers' assisted loop: nothing, it samples). The call's
-    ``generation_config`` (transformers' per-call copy) is then switched to ``do_sample=False``: the loops
-    take the sampler's point mass with an argmax, so nothing else draws from torch's generator and a call
+    :class:`RejectionSampler` instead (``ours=False``, transformers' assisted loop: nothing, it samples). ``ours``:
+    hf_speculative's loop reads the draws (the SeededSampler ``marks`` a row with nothing to draw from), else
+    transformers' (its own ``_sample`` of a plain seeded call, or its assisted loop: the sampler refuses such a row
+    itself). The call's ``generation_config`` (transformers' per-call copy) is then switched to ``do_sample=False``:
+    the loops take the sampler's point mass with an argmax, so nothing else draws from torch's generator and a call
     advances it by the one draw of its seed at most, whatever was drafted. Unchanged for greedy decoding."""
     processors = processors if isinstance(processors, LogitsProcessorList) else LogitsProcessorList(processors or [])
     if not getattr(generation_config, "do_sample", False):
@@ -183,6 +229,6 @@ def seeded_processors(processors, generation_config, seed: int | None, mode: str
         if split_sampler(processors)[1] is None:
             processors.append(RejectionSampler())
     elif split_sampler(processors)[1] is None:
-        processors.append(SeededSampler(call_seed(seed)))
+        processors.append(SeededSampler(call_seed(seed), marks=ours))
     generation_config.do_sample = False
     return processors

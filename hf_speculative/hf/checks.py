@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from ..core.static_cache import MAX_BUDGET, StaticCacheError
 from ..drafters.base import DraftStrategy
 from ..drafters.registry import capabilities_of, registered
@@ -67,3 +69,25 @@ def check_batch_strategy(strategy: Any) -> None:
     raise ValueError(
         f"Batched speculative decoding (batch size > 1) supports {listed}, not {name!r} ({type(strategy).__name__}). "
         f"Use one of those for batches, or call generate() once per prompt with this drafter.")
+
+
+# The dtypes an embedding takes as indices: transformers' forward refuses the others (floats, int8, bool...), but only
+# once a drafter has read the tokens (prompt lookup copies whatever they hold, floats included).
+TOKEN_DTYPES = (torch.long, torch.int32)
+
+
+def check_call_inputs(input_ids: torch.Tensor, attention_mask: Any = None) -> None:
+    """Raise a ``ValueError`` naming the fix for ``input_ids`` (a 2-D tensor, as ``check_input_ids`` has it) of a dtype
+    that is not token ids, or an ``attention_mask`` whose shape is not theirs. Reads shapes and dtypes only."""
+    if input_ids.dtype not in TOKEN_DTYPES:
+        raise ValueError(f"input_ids hold {input_ids.dtype}, and token ids are integers of dtype torch.long (or "
+                         "torch.int32): pass the tokenizer's input_ids as they are "
+                         "(tokenizer(text, return_tensors='pt')), or convert them with input_ids.long().")
+    if attention_mask is None:
+        return
+    shape = tuple(getattr(attention_mask, "shape", ()))
+    if shape != tuple(input_ids.shape):
+        raise ValueError(f"attention_mask has shape {shape} and input_ids {tuple(input_ids.shape)}: it needs one "
+                         "entry per token, the same [batch, length]. Pass the attention_mask the tokenizer returned "
+                         "with these input_ids (tokenizer(texts, return_tensors='pt', padding=True)), or none for "
+                         "unpadded prompts.")

@@ -38,6 +38,7 @@ import copy
 import dataclasses
 import inspect
 import os
+import sys
 import threading
 import time
 import warnings
@@ -51,7 +52,7 @@ from transformers import LogitsProcessorList
 from .. import compat
 from . import spec
 from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
-from .checks import check_batch_strategy, drafts_trees
+from .checks import check_batch_strategy, check_call_inputs, drafts_trees
 from .loop_entry import batch_generate, run_batch_call, run_call, tree_generate
 from ..core.policy import check_input_ids
 from ..core.sampling import RejectionSampler, check_mode, check_seed, seeded_processors
@@ -65,6 +66,13 @@ _PATCHED_METHODS = ("generate", "save_pretrained", *_LOOP_HOOKS)
 _CONFLICTING_ARGS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 # transformers enters its assisted loop when this is set; our `_get_candidate_generator` ignores it.
 _ASSISTED_SWITCH = {"prompt_lookup_num_tokens": 1}
+# Options of transformers' own assistant that no strategy reads (each holds its own): what to set instead.
+_ASSISTANT_OPTIONS = {
+    "num_assistant_tokens": "num_tokens=, e.g. hfs.PromptLookup(num_tokens=5)",
+    "num_assistant_tokens_schedule": "adaptive=, e.g. hfs.PromptLookup(adaptive=False)",
+    "assistant_confidence_threshold": "confidence_threshold=, e.g. hfs.DraftModel(m, confidence_threshold=0.4)",
+    "max_matching_ngram_size": "max_ngram=, e.g. hfs.PromptLookup(max_ngram=3)",
+}
 
 
 @dataclasses.dataclass
@@ -199,7 +207,8 @@ def speculative_generate(
     (default ``"seeded"``: the text a seed gives, whatever is drafted).
 
     transformers does not pass ``streamer`` or ``tokenizer`` to a ``custom_generate`` callable
-    (so no streaming and no ``stop_strings`` on this route): use :func:`enable` for those.
+    (so no streaming, and a warning when a ``streamer=`` was given, and no ``stop_strings`` on this route): use
+    :func:`enable` for those.
     """
     if not compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE:
         raise RuntimeError(
@@ -216,8 +225,22 @@ def speculative_generate(
                          "(or a generation config holding one).")
     _check_generation_config(model, generation_config)
     strategy = _check_strategy(model, candidate_generator)
+    mask = model_kwargs.get("attention_mask")
+    if mask is None and getattr(generation_config, "_mask_length", None) is not None:
+        # transformers 5 drops an all-ones mask before calling a custom_generate callable; the position ids it made
+        # from it keep its shape
+        mask = model_kwargs.get("position_ids")
+    check_call_inputs(input_ids, mask)
     _check_batch(input_ids, strategy)
     seed = None if sampling_seed is None else check_seed(sampling_seed)
+    _warn_seed_unused(seed, getattr(generation_config, "do_sample", False))
+    _warn_assistant_options(strategy, [name for name in _ASSISTANT_OPTIONS
+                                       if _set_for_call(model, name, getattr(generation_config, name, None))])
+    if streamer is None and _streamer_left_out() is not None:
+        warnings.warn("streamer= is ignored under custom_generate=hfs.speculative_generate: transformers hands a "
+                      "custom_generate callable no streamer (it was given the prompt only). To stream, call "
+                      "hfs.enable(model) and generate(..., candidate_generator=..., streamer=...) instead.",
+                      UserWarning, stacklevel=2)
     sampling = check_mode(_sampling_mode(model, speculative_sampling, generation_config, seed), seed)
     ours = _batched(input_ids) or _our_loop(speculative_loop, strategy, static=False, batched=False)
     logits_processor = seeded_processors(logits_processor, generation_config, seed, sampling, ours)
@@ -250,6 +273,7 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
     named = _named_arguments(self, args, kwargs)
     passed = named.get("generation_config")
     seed = None if sampling_seed is None else check_seed(sampling_seed)
+    _warn_seed_unused(seed, _samples(self, named), stacklevel=3)
     sampling = check_mode(_sampling_mode(self, speculative_sampling, passed, seed), seed)
     strategy, origin = _resolve_strategy(self, candidate_generator, passed)
     if strategy is None:
@@ -261,6 +285,8 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
             return type(self).generate(self, *args, **kwargs)
     with _explained(origin):
         strategy = _check_call(self, strategy, named)
+    _warn_assistant_options(strategy, [name for name in _ASSISTANT_OPTIONS if named.get(name) is not None or (
+        passed is not None and _set_for_call(self, name, getattr(passed, name, None)))], stacklevel=3)
     kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
     static = _static_requested(self, named)
     batched = _batched(named.get("inputs", named.get("input_ids")))
@@ -362,9 +388,51 @@ def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -
     if inputs is not None:
         # drafters read the tokens: a 3-D tensor or an empty prompt would otherwise fail deep inside one
         check_input_ids(type(strategy).__name__, inputs, min_length=1)
+        check_call_inputs(inputs, named.get("attention_mask"))
         _check_batch(inputs, strategy)
     _check_cache(model, named)
     return strategy
+
+
+def _samples(model: torch.nn.Module, named: dict) -> bool:
+    """Whether a call may sample: ``do_sample=`` if given, else either generation config (the one passed, the model's)
+    saying so (how transformers merges them varies by version; this never calls a sampling call greedy)."""
+    if named.get("do_sample") is not None:
+        return bool(named["do_sample"])
+    configs = (named.get("generation_config"), getattr(model, "generation_config", None))
+    return any(getattr(config, "do_sample", False) for config in configs if config is not None)
+
+
+def _warn_seed_unused(seed: int | None, samples: bool, stacklevel: int = 2) -> None:
+    if seed is not None and not samples:
+        warnings.warn(f"sampling_seed={seed} fixes the draws of sampling, and this call decodes greedily (do_sample is "
+                      "not True), so it changes nothing: pass do_sample=True to sample, or drop sampling_seed=.",
+                      UserWarning, stacklevel=stacklevel + 1)
+
+
+def _set_for_call(model: torch.nn.Module, name: str, value: Any) -> bool:
+    """Whether a generation config's ``value`` of field ``name`` was set for the call: neither the model's own value
+    nor transformers' default (which 5.x writes into the config it hands a ``custom_generate`` callable)."""
+    own = getattr(getattr(model, "generation_config", None), name, None)
+    return value is not None and value != own and value != compat.generation_default(name)
+
+
+def _warn_assistant_options(strategy: Any, names: list[str], stacklevel: int = 2) -> None:
+    for name in names:
+        warnings.warn(f"{name}= is an option of transformers' own assistant (assistant_model=, "
+                      f"prompt_lookup_num_tokens=), which {type(strategy).__name__} does not read: it changes nothing "
+                      f"in this call. Set the strategy's own {_ASSISTANT_OPTIONS[name]}, or drop {name}=.",
+                      UserWarning, stacklevel=stacklevel + 1)
+
+
+def _streamer_left_out() -> Any:
+    """The ``streamer=`` given to the transformers ``generate()`` that called this ``custom_generate`` callable (the
+    caller of the caller), else ``None``: transformers puts the prompt into it and hands the callable nothing, so
+    its frame is the one place to see it."""
+    frame = sys._getframe(2)
+    if frame.f_code.co_name != "generate" or not str(frame.f_globals.get("__name__", "")).startswith("transformers."):
+        return None
+    return frame.f_locals.get("streamer")
 
 
 def _with_config(args: tuple, kwargs: dict, config: Any) -> tuple[tuple, dict]:
@@ -476,8 +544,8 @@ def _call(model: torch.nn.Module, strategy: Any, seed: int | None, sampling: str
     """Within: the call of ``model`` in this context (:data:`_ACTIVE_CALL`), which the hooks transformers calls back
     read. Under sampling it draws with a SeededSampler of ``seed`` (``None``: a seed drawn from torch's global
     generator when the processors are built). ``strategy`` ``None``: plain decoding (seeded), no statistics."""
-    if strategy is None:
-        call = _Call(model=model, strategy=None, stats=None, seed=seed)
+    if strategy is None:  # transformers' own sampling loop reads the draws (`ours`: see seeded_processors)
+        call = _Call(model=model, strategy=None, stats=None, seed=seed, ours=False)
         token = _ACTIVE_CALL.set(call)
         try:
             yield call

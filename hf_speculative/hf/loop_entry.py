@@ -22,7 +22,7 @@ from .. import compat
 from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator
 from ..core.loop import run
 from ..core.rows import left_padding
-from ..core.sampling import rejection_sampler
+from ..core.sampling import split_sampler
 from ..core.verify import DynamicVerifier
 from ..core.static_cache import compiled_mode, static_requested, verifier_for
 from .checks import check_batch_strategy, check_strategy, draft_budget, drafts_trees
@@ -87,7 +87,7 @@ def run_call(model: torch.nn.Module, call: Any, input_ids: torch.LongTensor, log
         raise
     call.generator = generator  # closed when the call ends
     call.stopping_criteria = stopping_criteria
-    sampler = rejection_sampler(logits_processor)  # before _after hides the list in a function
+    sampler = split_sampler(logits_processor)[1]  # before _after hides the list in a function
     if pads:  # the processors and criteria see the ids transformers' own loop would: the padding first
         stopping_criteria, logits_processor = _after(padding, stopping_criteria), _after(padding, logits_processor)
     try:

@@ -145,8 +145,9 @@ def test_threads_with_their_own_seeds_get_their_own_texts(target):
 def test_greedy_ignores_the_seed(target):
     inputs = prompt_inputs()
     greedy = target.generate(**inputs, max_new_tokens=NEW, do_sample=False)
-    seeded = target.generate(**inputs, max_new_tokens=NEW, do_sample=False, sampling_seed=1,
-                             candidate_generator=hfs.PromptLookup())
+    with pytest.warns(UserWarning, match="sampling_seed=1 fixes the draws of sampling, and this call decodes greedily"):
+        seeded = target.generate(**inputs, max_new_tokens=NEW, do_sample=False, sampling_seed=1,
+                                 candidate_generator=hfs.PromptLookup())
     assert seeded.tolist() == greedy.tolist()
 
 

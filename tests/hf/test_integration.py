@@ -686,8 +686,9 @@ def test_smollm2_shipped_exit_adapter(integration):
         adapter=untrained.eval().requires_grad_(False), num_tokens=4, confidence_threshold=0.0, adaptive=False))
     assert out.tolist() == ref.tolist()
     random = hfs.last_stats(model)
-    # (measured on this prompt: 17% of fixed 4-token drafts accepted, tau 1.28; untrained: ~0%)
-    assert trained.acceptance_rate > 0.1 and trained.tau > 1.15, trained
+    # (measured on this prompt: 8.7% of fixed 4-token drafts accepted, 16 of 183, tau 1.33; untrained: ~0%. Before
+    # fixed budgets were fixed, the chain shrank after rejections: 17% of fewer drafts, tau 1.28)
+    assert trained.acceptance_rate > 0.05 and trained.tau > 1.15, trained
     assert trained.acceptance_rate > 3 * random.acceptance_rate + 0.05, (trained, random)
     assert model.config.num_hidden_layers == 30
 
