@@ -26,6 +26,7 @@ from .. import compat
 from ..core.cost_profile import FORMAT
 from ..core.tree import DraftTree
 from ..core.verify import forward_tree
+from .bandwidth import bandwidth_fields, weights_gbs
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -135,9 +136,12 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
     """Time verification on ``model`` for every context, shape and size of ``settings``.
 
     Returns a JSON-ready dict: ``seconds[context][shape][n]`` (median seconds of one forward verifying
-    ``n`` draft tokens) and ``relative[context][shape][n]`` (that over the one-token forward).
+    ``n`` draft tokens) and ``relative[context][shape][n]`` (that over the one-token forward); on a CPU also
+    ``weight_bytes_per_token``, ``read_bandwidth_gbs`` (``bandwidth.py``) and ``weights_gbs[context]``, the weights'
+    read rate in the one-token forward.
     """
     settings = settings or ProfileSettings()
+    bandwidth = bandwidth_fields(model)  # measured before the timings, not between them
     device = model.get_input_embeddings().weight.device
     vocab = int(compat.text_config(model.config).vocab_size)
     seconds: dict[str, dict[str, dict[str, float]]] = {}
@@ -165,6 +169,9 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
         batches = {"batch_seconds": batch_seconds,
                    "batch_relative": {c: {b: {n: t / times["0"] for n, t in times.items()} for b, times in by_b.items()}
                                       for c, by_b in batch_seconds.items()}}
+    if bandwidth:
+        bandwidth["weights_gbs"] = {c: weights_gbs(bandwidth["weight_bytes_per_token"], 1 / t)
+                                    for c, t in one_token_seconds(seconds).items()}
     return {"format": FORMAT, "label": label or type(model).__name__, "device": describe(device),
             **({"cpu": cpu_model()} if device.type == "cpu" else {}),  # as the benchmark records it
             "dtype": str(model.get_input_embeddings().weight.dtype).replace("torch.", ""),
@@ -172,7 +179,12 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
             "threads": torch.get_num_threads(), "compile": settings.compile,
             "settings": {k: list(v) if isinstance(v, (tuple, list)) else v
                          for k, v in dataclasses.asdict(settings).items()},
-            "seconds": seconds, "relative": relative, **batches}
+            "seconds": seconds, "relative": relative, **batches, **bandwidth}
+
+
+def one_token_seconds(seconds: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Per context, the one-token forward's seconds: each shape times that same forward, the fastest is kept."""
+    return {c: min(times["0"] for times in by_shape.values()) for c, by_shape in seconds.items()}
 
 
 def _static_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: int, generator: torch.Generator,

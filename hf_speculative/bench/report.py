@@ -15,6 +15,9 @@ Per method:
   method drafted nothing, ``–`` when the method does not report them);
 - **identical**: how many outputs equal greedy's token for token, e.g. ``10/10``;
 - **vs <ref>** (with ``reference``): aggregate tokens/s over the reference method's.
+
+Under each table of a CPU run, greedy's aggregate tokens/s as the weights' read rate, against the machine's
+single-thread read bandwidth the run measured (``bandwidth.py``): how far plain decoding is from the memory limit.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.stats import format_acceptance
+from .bandwidth import describe as describe_bandwidth
 
 BASELINE = "greedy"
 OVERALL = "overall"
@@ -146,7 +150,13 @@ def format_report(records: list[dict], reference: str | None = None) -> str:
         for category in categories + ([OVERALL] if len(categories) > 1 else []):
             subset = run if category == OVERALL else [r for r in run if r["category"] == category]
             parts.append(f"### {category}")
-            parts.append(markdown_table(summarize(subset, reference), reference))
+            rows = summarize(subset, reference)
+            parts.append(markdown_table(rows, reference))
+            greedy = next((row for row in rows if row["method"] == BASELINE and row["tokens_per_s"]), None)
+            line = greedy and describe_bandwidth(first, tokens_per_s=greedy["tokens_per_s"],
+                                                 threads=first.get("threads", 1))
+            if line:
+                parts.append(f"{BASELINE} (plain decoding): {line}")
     return "\n\n".join(parts) + "\n"
 
 

@@ -3,7 +3,9 @@
 Timing discipline (see :func:`run_bench`): a fixed number of CPU threads, one untimed warm-up
 generation per method, then every prompt is decoded by plain greedy and each method in turn before
 moving to the next prompt (so slow drifts of the machine hit all methods alike), with the median
-time over ``repeats``. Every method's output is compared token by token with greedy's.
+time over ``repeats``. Every method's output is compared token by token with greedy's. A CPU run also records the
+weights' bytes per token and this machine's read bandwidth, measured before the warm-up (``bandwidth.py``), and
+greedy's records the weights' GB/s.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..drafters.suffix.history import outputs_held
 from ..extras import require
 from ..tooling.methods import MethodRun, MethodSpec, get_method, run_method
 from ..tooling.prompting import encode_prompt
+from .bandwidth import bandwidth_fields, weights_gbs
 # the dataset's names, re-exported: benchmarks and older scripts import them from here
 from .spec_bench import MT_BENCH, MT_BENCH_CATEGORIES, SPEC_BENCH_CATEGORIES, Prompt, default_dataset_path, load_prompts
 
@@ -128,6 +131,8 @@ def run_bench(
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
         **environment(model, threads),
+        # CPU runs: the weights' bytes per token and the machine's read bandwidth, measured here, before any timing
+        **bandwidth_fields(model),
     }
     encoded = [encode_prompt(tokenizer, p.text, chat_template) for p in prompts]
     with outputs_held(model, keep=False):  # warm-up, untimed; SuffixDecoding's history does not keep it
@@ -156,6 +161,8 @@ def run_bench(
                 seconds = statistics.median(r.seconds for r in runs[spec.name])
                 record = _record(first, seconds, prompt, greedy_ids, base)
                 record["input_tokens"] = int(input_ids.shape[1])
+                if spec.name == BASELINE and "weight_bytes_per_token" in base:  # plain decoding: one read per token
+                    record["weights_gbs"] = weights_gbs(base["weight_bytes_per_token"], record["tokens_per_s"])
                 if repeats > 1:
                     record["seconds_all"] = [r.seconds for r in runs[spec.name]]
                 f.write(json.dumps(record) + "\n")

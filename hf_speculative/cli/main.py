@@ -571,6 +571,7 @@ def profile(
     import torch
 
     from ..bench import profile as profiling
+    from ..bench.bandwidth import describe as describe_bandwidth
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
@@ -595,7 +596,10 @@ def profile(
             target, label = target.to(device).eval(), model
     except ValueError as err:
         _fail(str(err))
-    result = profiling.profile(target, settings, label=label, progress=lambda line: _err().print(line))
+    try:
+        result = profiling.profile(target, settings, label=label, progress=lambda line: _err().print(line))
+    except ValueError as err:  # a bad HFS_READ_BANDWIDTH_GBS
+        _fail(str(err))
     profiling.save(result, out)
     for context, by_shape in result["relative"].items():
         cells = ", ".join(f"{n}: {r:.2f}" for n, r in by_shape["tree"].items())
@@ -604,6 +608,10 @@ def profile(
         for batch, by_size in by_batch.items():
             cells = ", ".join(f"{n}: {r:.2f}" for n, r in by_size.items())
             typer.echo(f"context {context}, batch {batch}, draft tokens per row -> cost in plain steps: {cells}")
+    for context, forward in profiling.one_token_seconds(result["seconds"]).items():
+        line = describe_bandwidth(result, seconds_per_token=forward, threads=result["threads"])  # None off a CPU
+        if line:
+            typer.echo(f"context {context}, one-token forward {forward * 1e3:.2f} ms: {line}")
     if plot:
         _err().print(f"plot: {profiling.plot(result, out.with_suffix('.png'))}")
     _err().print(f"profile written to {out}")

@@ -103,3 +103,16 @@ def test_bad_inputs_name_the_fix(tmp_path):
     (tmp_path / "x.json").write_text('{"a": 1}')
     with pytest.raises(ValueError, match="not an hf-speculative profile"):
         load(tmp_path / "x.json")
+
+
+def test_a_cpu_profile_records_the_one_token_forwards_weight_bandwidth(monkeypatch):
+    from hf_speculative.bench.bandwidth import ENV, weight_bytes
+
+    monkeypatch.setenv(ENV, "18.0")  # measured over 1 GiB otherwise
+    model = build_model("llama")
+    result = P.profile(model, P.ProfileSettings(contexts=(8, 20), sizes=(0, 2), repeats=1, warmup=0))
+    assert result["weight_bytes_per_token"] == weight_bytes(model) and result["read_bandwidth_gbs"] == 18.0
+    forwards = P.one_token_seconds(result["seconds"])
+    assert forwards == {c: min(result["seconds"][c]["chain"]["0"], result["seconds"][c]["tree"]["0"])
+                        for c in ("8", "20")}
+    assert result["weights_gbs"] == {c: pytest.approx(weight_bytes(model) / t / 1e9) for c, t in forwards.items()}

@@ -141,3 +141,21 @@ def test_write_report_of_given_records_only(jsonl):
     text, md_path = write_report(jsonl, records=second)
     assert "(run r2)" in text and "(run r1)" not in text and md_path.read_text() == text
     assert "(run r1)" in write_report(jsonl)[0]  # the whole file, as `bench-report FILE` makes it
+
+
+def test_a_cpu_run_reports_greedys_weight_bandwidth_under_each_table():
+    """Greedy's aggregate tokens/s per table as the weights' GB/s against the run's measured read bandwidth; a run
+    that recorded none (a GPU's, an older file) gets no line."""
+    cpu = {"weight_bytes_per_token": 540_000_000, "read_bandwidth_gbs": 23.0, "read_bandwidth_from": "measured"}
+    text = format_report([dict(r, **cpu) for r in RECORDS])
+    expected = {  # greedy: a 150 tok / 20 s, b 60 tok / 6 s, overall 210 tok / 26 s; 0.54 GB a token
+        "a": "weights 540 MB/token -> 4.05 GB/s at 7.5 tok/s, 18% of this machine's 23.0 GB/s single-thread read",
+        "b": "weights 540 MB/token -> 5.4 GB/s at 10.0 tok/s, 23% of this machine's 23.0 GB/s single-thread read",
+        "overall": "weights 540 MB/token -> 4.36 GB/s at 8.1 tok/s, 19% of this machine's 23.0 GB/s single-thread "
+                   "read",
+    }
+    for category, line in expected.items():
+        section = text[text.index(f"### {category}"):].split("###")[1]
+        assert section.rstrip().endswith(f"greedy (plain decoding): {line}"), section
+    assert text.count("greedy (plain decoding)") == 3
+    assert "plain decoding" not in format_report(RECORDS)

@@ -117,3 +117,22 @@ def test_a_run_replaces_the_file_unless_append(tmp_path, two_prompts, chat_model
                       **kwargs)
     assert [json.loads(line) for line in out.read_text().splitlines()] == second + third
     assert len(first) == len(second) == len(third) == 1
+
+
+def test_a_cpu_run_records_the_weights_bandwidth(tmp_path, two_prompts, chat_model, chat_tokenizer, monkeypatch):
+    from hf_speculative.bench.bandwidth import ENV, weight_bytes
+
+    monkeypatch.setenv(ENV, "19.5")  # measured over 1 GiB otherwise
+    out = tmp_path / "r.jsonl"
+    records = run_bench(chat_model, chat_tokenizer, ["prompt-lookup"], load_prompts(two_prompts, ["rag"]), out=out,
+                        max_new_tokens=4, progress=False)
+    for r in records:
+        assert r["weight_bytes_per_token"] == weight_bytes(chat_model) and r["read_bandwidth_gbs"] == 19.5
+        assert r["read_bandwidth_from"] == ENV
+    greedy, lookup = records
+    # plain decoding reads the weights once per token; a speculative step does not, so it gets no read rate
+    assert greedy["weights_gbs"] == pytest.approx(weight_bytes(chat_model) * greedy["tokens_per_s"] / 1e9)
+    assert "weights_gbs" not in lookup
+    text, _ = write_report(out)
+    assert "greedy (plain decoding): weights " in text
+    assert "of this machine's 19.5 GB/s single-thread read (HFS_READ_BANDWIDTH_GBS)" in text

@@ -313,6 +313,33 @@ def test_profile_random_weights_writes_a_loadable_profile(cli, tmp_path):
     assert "context 24, batch 2, draft tokens per row -> cost in plain steps: 0: 1.00, 3:" in result.output
 
 
+def test_bench_and_profile_print_the_weights_bandwidth_on_cpu(cli, chat_checkpoint, dataset, tmp_path, monkeypatch):
+    """Greedy's tokens/s (bench) and the one-token forward (profile) as the weights' GB/s against the machine's
+    read bandwidth, here given (measured over 1 GiB otherwise), and in the JSON results."""
+    monkeypatch.setenv("HFS_READ_BANDWIDTH_GBS", "21.0")
+    share = "of this machine's 21.0 GB/s single-thread read (HFS_READ_BANDWIDTH_GBS)"
+    out = tmp_path / "bench.jsonl"
+    result = cli("bench", "--model", chat_checkpoint, "--methods", "prompt-lookup", "--dataset", dataset,
+                 "--categories", "rag", "--per-category", "1", "--max-new-tokens", "4", "--out", out, "--no-progress")
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.stdout.splitlines() if x.startswith("greedy (plain decoding): weights "))
+    assert "/token -> " in line and share in line
+    greedy, lookup = [json.loads(x) for x in out.read_text().splitlines()]
+    assert greedy["read_bandwidth_gbs"] == 21.0 and greedy["weight_bytes_per_token"] > 0
+    assert greedy["weights_gbs"] > 0 and "weights_gbs" not in lookup
+    result = cli("profile", "--model", chat_checkpoint, "--contexts", "12", "--sizes", "0,2", "--repeats", "1",
+                 "--out", tmp_path / "p.json")
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.stdout.splitlines() if x.startswith("context 12, one-token forward "))
+    assert " ms: weights " in line and share in line
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["read_bandwidth_gbs"] == 21.0 and set(data["weights_gbs"]) == {"12"}
+    monkeypatch.setenv("HFS_READ_BANDWIDTH_GBS", "fast")
+    result = cli("profile", "--model", chat_checkpoint, "--contexts", "12", "--sizes", "0", "--repeats", "1",
+                 "--out", tmp_path / "p.json")
+    assert result.exit_code == 2 and "HFS_READ_BANDWIDTH_GBS='fast': give this machine's" in result.output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config", "smollm2-135m"], "add --random-weights"),
     ([], "needs one of --model NAME and --config NAME --random-weights"),
