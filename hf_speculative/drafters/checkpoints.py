@@ -325,18 +325,45 @@ def checked_read(read_config: Any, config_path: Path, fmt: str) -> Any:
                               "weights.") from None
 
 
-def state_dict_problems(expected: dict[str, torch.Size], state: dict[str, torch.Tensor], noun: str) -> list[str]:
-    """How ``state`` differs from ``expected`` (the keys and shapes of the network ``config.json`` describes, built
-    on the meta device): missing and unexpected keys, shape mismatches named ``"checkpoint (...), {noun} (...)"``;
-    empty when it loads strictly."""
+def state_dict_problems(expected: dict[str, Any], state: dict[str, torch.Tensor], noun: str) -> list[str]:
+    """How ``state`` differs from ``expected`` (the network ``config.json`` describes, built on the meta device: its
+    tensors, or only their shapes): missing and unexpected keys, shape mismatches named
+    ``"checkpoint (...), {noun} (...)"``, and, given tensors, dtypes the network cannot take; empty when it loads
+    strictly."""
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     problems = [f"{what} keys {keys[:6]}{' ...' if len(keys) > 6 else ''}"
                 for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)}, {noun} {tuple(shape)}"
-              for k, shape in expected.items() if k in state and state[k].shape != shape]
-    if shapes:
-        problems.append("shape mismatches " + "; ".join(shapes[:4]))
+    shapes = {k: v.shape if isinstance(v, torch.Tensor) else v for k, v in expected.items()}
+    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)}, {noun} {tuple(shape)}"
+                  for k, shape in shapes.items() if k in state and state[k].shape != shape]
+    if mismatched:
+        problems.append("shape mismatches " + "; ".join(mismatched[:4]))
+    # load_state_dict copies across dtypes without a word: integer weights would run, a float id map would be
+    # truncated into ids nobody wrote
+    dtypes = [f"{k}: checkpoint {_dtype_name(state[k].dtype)}, {noun} {_dtype_kind(v.dtype)}"
+              for k, v in expected.items()
+              if isinstance(v, torch.Tensor) and k in state and not _dtype_fits(state[k].dtype, v.dtype)]
+    if dtypes:
+        problems.append("dtype mismatches " + "; ".join(dtypes[:4]))
     return problems
+
+
+def _dtype_fits(found: torch.dtype, wanted: torch.dtype) -> bool:
+    if wanted.is_floating_point:
+        return found.is_floating_point
+    if wanted == torch.bool:
+        return found == torch.bool
+    return not found.is_floating_point and not found.is_complex and found != torch.bool
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype.is_floating_point:
+        return "floating point"
+    return "bool" if dtype == torch.bool else "integer"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def target_mismatches(config: Any, target_config: Any, noun: str) -> list[str]:

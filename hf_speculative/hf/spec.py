@@ -36,7 +36,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..registry import integrity
+from ..registry import integrity, model_config
 from ..core import tree_shapes
 from ..drafters import registry
 from ..drafters.registry import SpecFiles
@@ -607,33 +607,14 @@ def _load_draft_model(spec: dict, target: Any, base_dir: Any, where: str) -> Any
     return draft.to(param.device).eval()
 
 
-MAX_DRAFT_PARAMS_PER_BYTE = 4  # a draft model's config may describe at most 4 parameters per byte of its weights
+MAX_DRAFT_PARAMS_PER_BYTE = model_config.MAX_PARAMS_PER_BYTE  # parameters a config may describe per byte of weights
 
 
 def check_draft_config(folder: Path, what: str) -> None:
-    """Bound what a draft model folder's ``config.json`` makes transformers allocate, before it is loaded: the
-    parameters its sizes describe (the usual decoder's count, vocabulary included) may not exceed
-    ``MAX_DRAFT_PARAMS_PER_BYTE`` per byte of the weight files beside it (4 bits a parameter at the least)."""
+    """Bound what a draft model folder's ``config.json`` makes transformers allocate, before it is loaded
+    (``registry.model_config``: its sizes sane, its parameters at most ``MAX_DRAFT_PARAMS_PER_BYTE`` per byte of the
+    weights beside it)."""
     try:
-        config = integrity.read_json_capped(integrity.folder_file(folder, "config.json", what), f"{what} config.json")
-    except integrity.FileRefused as error:
+        model_config.check_model_config(folder, what)
+    except (model_config.ConfigRefused, integrity.FileRefused) as error:
         raise SpecError(str(error)) from None
-    if not isinstance(config, dict):
-        raise SpecError(f"{what}: {escaped(folder / 'config.json')} holds no JSON object; use the draft model's own "
-                        "config.")
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    sizes = {}
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"):
-        value = text.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 40:
-            raise SpecError(f"{what}: config.json's {key} is {shown(value)}, not a size; use the draft model's own "
-                            "config.json.")
-        sizes[key] = value
-    h, i, n, v = sizes["hidden_size"], sizes["intermediate_size"], sizes["num_hidden_layers"], sizes["vocab_size"]
-    params = n * (4 * h * h + 3 * h * i) + 2 * v * h
-    weights = sum(p.stat().st_size for p in folder.iterdir()
-                  if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt", ".pth"))
-    if params > MAX_DRAFT_PARAMS_PER_BYTE * weights + (1 << 20):
-        raise SpecError(f"{what}: its config.json describes about {params:,} parameters, far more than its "
-                        f"{weights:,} bytes of weights hold; refused before anything is allocated. Use the config.json "
-                        "saved with these weights.")

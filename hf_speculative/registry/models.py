@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import integrity
+from . import integrity, model_config
 from ..extras import require
 from ..locks import exclusive
 
@@ -680,6 +680,10 @@ def _check_folder(folder: Path, verify: bool) -> None:
                                 "there is nothing to verify against. Write one where the folder is made, or load "
                                 "without verify=True.")
     check_generation_config(folder)
+    try:  # transformers builds every layer the config describes before it reads the weights
+        model_config.check_model_config(folder, f"load_model({integrity.escaped(folder)})")
+    except (model_config.ConfigRefused, integrity.FileRefused) as error:
+        raise RegistryError(str(error)) from None
 
 
 def _check_manifest(folder: Path) -> None:

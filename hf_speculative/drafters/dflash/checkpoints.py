@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ... import compat
 from .. import checkpoints as files
 from ...options import escaped, shown
 from ..checkpoints import MANIFEST, CheckpointError, check_manifest, find_folder, shipped_names
@@ -166,9 +167,10 @@ def _weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def validate_state_dict(config: DFlashConfig, state: dict[str, torch.Tensor], source: str) -> None:
-    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys and shapes ``config`` describes."""
+    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys, shapes and kinds of dtype ``config``
+    describes."""
     with torch.device("meta"):
-        expected = {k: v.shape for k, v in DFlashDraftModel(config).state_dict().items()}
+        expected = DFlashDraftModel(config).state_dict()
     problems = files.state_dict_problems(expected, state, "drafter")
     if problems:
         raise CheckpointError(
@@ -205,6 +207,14 @@ def load_drafter(path: str | Path, *, dtype: torch.dtype | None = None, target_c
     embedding's ``inv_freq`` is not in the state dict."""
     config, state, _ = load_checkpoint(path, dtype=dtype, target_config=target_config, sha256=sha256)
     vocab = read_draft_vocab(files.checkpoint_dir(path))
+    known = config.vocab_size if target_config is None else int(compat.text_config(target_config).vocab_size)
+    if vocab is not None and known is not None and int(vocab.max()) >= known:
+        # known here: refused at load rather than at the first attach (the target's embedding would be indexed past)
+        raise CheckpointError(f"{escaped(files.checkpoint_dir(path) / DRAFT_VOCAB)}: its d2t maps a draft id to the "
+                              f"target id {int(vocab.max())}, outside the vocabulary of {known} (the "
+                              f"{'config.json vocab_size' if target_config is None else 'target'}'s). It was made for "
+                              "another tokenizer: write it again with the drafter's save_pretrained, or remove it to "
+                              "draft over the whole vocabulary.")
     net = DFlashDraftModel(config)
     net.load_state_dict(state, strict=True)
     net = (net.to(dtype) if dtype is not None else net).eval().requires_grad_(False)

@@ -104,6 +104,12 @@ class DFlashConfig:
         if self.num_target_layers is not None:
             self.num_target_layers = size(owner, "num_target_layers", self.num_target_layers,
                                           bounds.MAX_TARGET_LAYERS)
+            outside = [i for i in self.target_layer_ids if i >= self.num_target_layers]
+            if outside:  # the depth it records is its target's: refused before any target is at hand
+                raise options.OptionError(f"{owner}(target_layer_ids={self.target_layer_ids}, num_target_layers="
+                                          f"{self.num_target_layers}): {outside} outside the target's "
+                                          f"{self.num_target_layers} layers (0..{self.num_target_layers - 1}) that "
+                                          "num_target_layers records.")
         self.rms_norm_eps = options.check_number(owner, "rms_norm_eps", self.rms_norm_eps, 0.0, 1.0)
         self.rope_theta = options.check_number(owner, "rope_theta", self.rope_theta, 1.0, 1e12)
         self.max_position_embeddings = size(owner, "max_position_embeddings", self.max_position_embeddings,

@@ -65,9 +65,10 @@ def save_pretrained(model: EagleDraftModel, directory: str | Path, *, metadata: 
 
 
 def validate_state_dict(config: EagleConfig, state: dict[str, torch.Tensor], source: str) -> None:
-    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys and shapes ``config`` describes."""
+    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys, shapes and kinds of dtype ``config``
+    describes."""
     with torch.device("meta"):
-        expected = {k: v.shape for k, v in EagleDraftModel(config).state_dict().items()}
+        expected = EagleDraftModel(config).state_dict()
     drafter = (f"the drafter its config describes (EAGLE-{config.version}, hidden {config.hidden_size}, vocabulary "
                f"{config.vocab_size}/{config.draft_vocab_size}, fc_bias={config.fc_bias}, "
                f"input_layernorm={config.input_layernorm})")
@@ -123,21 +124,50 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype | None = None, targe
     fmt = detect(cfg, set(state))
     config, state = files.checked_read(lambda: read(fmt, cfg, state, target_config), config_path, fmt)
     if target_config is not None:  # first: cheap, and its message names both sides
-        _check_target_config(config, target_config)
+        _check_target_config(config, target_config, config_path)
     files.checked_read(lambda: validate_state_dict(config, state, f"The checkpoint {escaped(directory)} ({fmt})"),
                        config_path, fmt)
+    weights = next((n for n in files.WEIGHT_FILES if (directory / n).exists()), files.WEIGHT_FILES[0])
+    check_vocab_map(config, state, f"{escaped(directory / weights)} ({fmt})")
     return config, files.cast(state, dtype), fmt
 
 
-def _check_target_config(config: EagleConfig, target_config: Any) -> None:
+def check_vocab_map(config: EagleConfig, state: dict[str, torch.Tensor], source: str) -> None:
+    """Raise :class:`CheckpointError` unless ``state``'s ``d2t`` (an integer map of the shape ``config`` gives,
+    checked before) sends every draft id to a distinct id of the vocabulary ``config.vocab_size``: else the first
+    draft step indexes past the target's embedding (an ``IndexError`` inside ``generate()``), or two draft ids
+    stand for one token."""
+    d2t = state.get("d2t")
+    if d2t is None:
+        return
+    ids = torch.arange(d2t.numel()) + d2t.reshape(-1).long()
+    outside = ((ids < 0) | (ids >= config.vocab_size)).nonzero()
+    if outside.numel():
+        first = int(outside[0])
+        raise CheckpointError(f"{source}: d2t maps {outside.numel()} draft ids outside the vocabulary of "
+                              f"{config.vocab_size} (config.json's vocab_size), the first draft id {first} to target "
+                              f"id {int(ids[first])}; target id = draft id + d2t[draft id] must be from 0 to "
+                              f"{config.vocab_size - 1}. The d2t comes from another vocabulary or is damaged: use the "
+                              "weights saved with this drafter's config.json (or retrain its draft vocabulary).")
+    if ids.unique().numel() != ids.numel():
+        raise CheckpointError(f"{source}: d2t maps {ids.numel() - ids.unique().numel()} draft ids to a "
+                              "target id another draft id already has; each draft id must stand for its own token. "
+                              "Use the weights saved with this drafter's config.json (or retrain its draft vocabulary).")
+
+
+def _check_target_config(config: EagleConfig, target_config: Any, config_path: Path) -> None:
     from ... import compat
 
     depth = int(compat.text_config(target_config).num_hidden_layers)
     problems = files.target_mismatches(config, target_config, "drafter")
     if any(not 0 <= i < depth for i in config.target_layers):
-        problems.append(f"fused layers {config.target_layers} outside the target's 0..{depth - 1}")
+        problems.append(f"fused layers {config.target_layers} outside the target's 0..{depth - 1} (target_layers, "
+                        "or the format's layer ids, in config.json)")
+    if config.exit_layer is not None and config.exit_layer >= depth:
+        problems.append(f"exit after layer {config.exit_layer} (exit_layer in config.json), target has {depth} layers")
     if problems:
-        raise CheckpointError(f"This EAGLE drafter does not fit the target config {files.target_name(target_config)}: "
+        raise CheckpointError(f"{escaped(config_path)}: This EAGLE drafter does not fit the target config "
+                              f"{files.target_name(target_config)}: "
                               + "; ".join(problems) + ". Use a drafter trained for this target.")
 
 

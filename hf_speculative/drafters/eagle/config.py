@@ -106,6 +106,17 @@ class EagleConfig(SavedConfig):
             raise ValueError("EagleConfig: EAGLE-1 reads the target's final hidden state; target_layers must be empty.")
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"EagleConfig: draft_vocab_size ({self.draft_vocab_size}) exceeds vocab_size ({self.vocab_size}).")
+        depth = self.target_num_layers
+        if depth is not None:  # the depth of its target, recorded: refused here, before any target is at hand
+            problems = []
+            if any(i >= depth for i in self.target_layers):
+                problems.append(f"fused layers {self.target_layers} outside the target's 0..{depth - 1}")
+            if self.exit_layer is not None and self.exit_layer >= depth:
+                problems.append(f"exit after layer {self.exit_layer}, target has {depth} layers")
+            if problems:
+                raise ValueError(f"EagleConfig(target_layers={self.target_layers}, exit_layer={self.exit_layer}, "
+                                 f"target_num_layers={depth}): " + "; ".join(problems) + ": config.json's "
+                                 "target_layers, exit_layer or target_num_layers is wrong.")
 
     def _check_fields(self) -> None:
         """Every field's type and documented bound (``drafters/checkpoints.py``), before anything is built from
@@ -198,7 +209,7 @@ class EagleConfig(SavedConfig):
         if self.target_num_layers is not None and self.target_num_layers != layers:
             problems.append(f"depth: drafter trained on a {self.target_num_layers}-layer target, target has {layers}")
         if any(not 0 <= i < layers for i in self.target_layers):
-            problems.append(f"fused layers {self.target_layers} outside the target's 0..{layers - 1}")
+            problems.append(f"fused layers {self.target_layers} outside the target's 0..{layers - 1} (target_layers)")
         if self.exit_layer is not None and self.exit_layer >= layers:
             problems.append(f"exit after layer {self.exit_layer}, target has {layers} layers")
         if problems:

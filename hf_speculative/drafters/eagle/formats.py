@@ -119,6 +119,14 @@ def _unsupported(cfg: dict[str, Any], flags: dict[str, Any], source: str) -> Non
 
 def _eagle3_vocab(sd: dict[str, torch.Tensor], vocab: int, draft: int) -> None:
     """Identity maps for full-vocabulary drafters that omit ``d2t`` / ``t2d`` (SafeAILab, speculators do)."""
+    # checked before the casts below, which would turn a float map into truncated ids without a word
+    for name, allowed in (("d2t", "an integer"), ("t2d", "a bool or integer")):
+        found = sd.get(name)
+        if found is not None and (found.is_floating_point() or found.is_complex()
+                                  or (name == "d2t" and found.dtype == torch.bool)):
+            raise CheckpointError(f"its weights' {name} is {str(found.dtype).removeprefix('torch.')}, not {allowed} "
+                                  f"tensor (target id = draft id + d2t[draft id]); use the weights saved with this "
+                                  "drafter's config.json.")
     if draft == vocab:
         sd.setdefault("d2t", torch.zeros(draft, dtype=torch.long))
         sd.setdefault("t2d", torch.ones(vocab, dtype=torch.bool))

@@ -41,9 +41,10 @@ def _weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def validate_state_dict(config: MedusaConfig, state: dict[str, torch.Tensor], source: str) -> None:
-    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys and shapes ``config`` describes."""
+    """Raise :class:`CheckpointError` unless ``state`` has exactly the keys, shapes and kinds of dtype ``config``
+    describes."""
     with torch.device("meta"):
-        expected = {k: v.shape for k, v in MedusaHeads(config).state_dict().items()}
+        expected = MedusaHeads(config).state_dict()
     heads = (f"the heads its config describes ({config.num_heads} heads of {config.num_layers} blocks, hidden "
              f"{config.hidden_size}, vocabulary {config.vocab_size}, lm_head={config.lm_head!r}, "
              f"block_bias={config.block_bias})")

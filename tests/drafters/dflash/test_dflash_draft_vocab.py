@@ -5,6 +5,7 @@ file that is not a draft vocabulary, or one for another tokenizer, is refused by
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -153,7 +154,12 @@ def test_a_vocabulary_outside_the_folder_or_the_tokenizer_is_refused(target, tmp
         hfs.DFlash.from_pretrained(folder, target=target)
     (folder / checkpoints.DRAFT_VOCAB).unlink()
     _write(folder, {"d2t": torch.tensor([0, 200])})  # ids 0 and 201: the target has 96
-    strategy = hfs.DFlash.from_pretrained(folder)
+    with pytest.raises(CheckpointError, match="the target id 201, outside the vocabulary of 96"):
+        hfs.DFlash.from_pretrained(folder)  # its config.json gives the vocabulary: refused at load
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("vocab_size")
+    (folder / "config.json").write_text(json.dumps(config))
+    strategy = hfs.DFlash.from_pretrained(folder)  # no vocabulary known before the target: refused at attach
     with pytest.raises(ValueError, match="holds the id 201, outside the target's vocabulary of 96"):
         hfs.enable(target).generate(**prompt_inputs(), max_new_tokens=3, do_sample=False, candidate_generator=strategy)
     with pytest.raises(ValueError, match="distinct and non-negative"):
