@@ -195,7 +195,8 @@ def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tupl
     attn = layer._modules["self_attn"]
     if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
             or layer.training or (torch.is_grad_enabled() and x.requires_grad) or kwargs.get("output_attentions")
-            or attn.config._attn_implementation != compat.CPU_ATTENTION):  # the user chose another
+            or attn.config._attn_implementation != compat.CPU_ATTENTION  # the user chose another
+            or torch.compiler.is_compiling()):  # (a compiled forward traces the stock layer)
         return None
     rotary = kwargs.get("position_embeddings")
     if rotary is None and "position_embeddings_global" in kwargs:  # Gemma3 on 4.x: the table of the layer's kind

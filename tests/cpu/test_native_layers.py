@@ -278,3 +278,20 @@ def test_a_projection_swapped_after_the_layout_is_seen(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(after, stock(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
     assert not torch.equal(before, after) and len(calls) == len(model.model.layers) - 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["prompt-lookup-fixed", "eagle3", "lookup-tree"])
+def test_native_layers_on_a_static_cache_equal_greedy(arch, name, monkeypatch):
+    """transformers' StaticCache between the two calls (its full-length keys under the model's mask), as the loop's
+    static verifier runs it."""
+    model = hfs.enable(_model(arch))
+    hfs.optimize_for_cpu(model, kernel=True)
+    expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    calls = _counting(monkeypatch)
+    strategy = (hfs.PromptLookup(tree=hfs.DynamicTree(nodes=6, depth=3, top_k=2), adaptive=False)
+                if name == "lookup-tree" else make_drafter(name, model, expected))
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy,
+                         cache_implementation="static")
+    assert out.tolist() == expected.tolist()
+    assert calls and hfs.last_stats(model).drafted_tokens > 0
