@@ -48,6 +48,22 @@ app = typer.Typer(
 models_app = typer.Typer(help="The offline model registry.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"hf-speculative {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the version and exit.")] = False,
+) -> None:
+    """Speculative decoding for Hugging Face transformers: compare and benchmark decoding methods."""
+
 DEFAULT_PROMPT = EXAMPLES[DEFAULT_EXAMPLE]  # the demo app's code-editing example
 SHOWCASE_PROMPT = """\
 Write this shopping list out again in full, one item per line.

@@ -26,7 +26,8 @@ DraftOpt = Annotated[
     typer.Option("--draft-model", help="Draft model (registry name or folder) for draft-model / hf-assisted."),
 ]
 NumTokensOpt = Annotated[
-    Optional[int], typer.Option("--num-tokens", help="Tokens drafted per step (default: each method's own).")
+    Optional[int], typer.Option("--num-tokens", min=1,
+                                help="Tokens drafted per step (default: each method's own).")
 ]
 MaxNgramOpt = Annotated[Optional[int], typer.Option("--max-ngram", help="Longest n-gram matched by prompt lookup.")]
 ExitLayerOpt = Annotated[

@@ -86,7 +86,7 @@ def _prompt_rows(spec: str, passages: list[Path] = ()) -> list[dict]:
 
 
 def self_distill(
-    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
+    target: Annotated[str, typer.Option("--model", "--target", help="Registry name or folder of the target model.")],
     prompts: Annotated[str, typer.Option("--prompts", help=PROMPTS_HELP)],
     out: Annotated[Path, typer.Option("--out", help="JSONL file of answers (appended; resumes).")] = Path(
         "self_distill.jsonl"),
@@ -145,7 +145,7 @@ def _exclusions(paths: list[Path]) -> list[str]:
 
 
 def sample_prompts(
-    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target (a chat model).")],
+    target: Annotated[str, typer.Option("--model", "--target", help="Registry name or folder of the target (a chat model).")],
     count: Annotated[int, typer.Option("--count", min=1, help="Prompts wanted in --out (rows there count).")],
     out: Annotated[Path, typer.Option("--out", help="JSONL file of prompts (appended; resumes).")] = Path(
         "self_prompts.jsonl"),
@@ -187,7 +187,7 @@ def sample_prompts(
 
 
 def train_eagle(
-    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
+    target: Annotated[str, typer.Option("--model", "--target", help="Registry name or folder of the target model.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder: drafter, checkpoint, feature cache, logs.")],
     data: Annotated[list[str], typer.Option("--data", help="JSONL training data (self-distillation rows, chat "
                                                             "conversations ('messages' or ShareGPT 'conversations': "
@@ -288,7 +288,7 @@ def export_eagle(
                                                           "(SafeAILab EAGLE format, for SGLang and EAGLE's "
                                                           "repo) or openvino (an OpenVINO GenAI draft model; "
                                                           "needs the [openvino] extra).")] = "vllm",
-    target: Annotated[Optional[str], typer.Option("--target", help="The target (registry name, folder or Hub id) "
+    target: Annotated[Optional[str], typer.Option("--model", "--target", help="The target (registry name, folder or Hub id) "
                                                                    "recorded as the verifier; for openvino, the "
                                                                    "model it drafts for (default: the one the "
                                                                    "drafter records).")] = None,

@@ -21,7 +21,7 @@ def _layer_list(text: Optional[str]) -> Optional[list[int]]:
 
 
 def train_dflash(
-    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
+    target: Annotated[str, typer.Option("--model", "--target", help="Registry name or folder of the target model.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder: drafter (z-lab format), checkpoint, feature "
                                                     "cache, logs.")],
     data: Annotated[list[str], typer.Option("--data", help="JSONL training data, as for train-eagle (self-distilled "

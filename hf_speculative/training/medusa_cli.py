@@ -12,7 +12,7 @@ from .cli import PromptsOpt, _prompt_rows, _training_extra, self_distill
 
 
 def train_medusa(
-    target: Annotated[str, typer.Option("--target", help="Registry name or folder of the target model.")],
+    target: Annotated[str, typer.Option("--model", "--target", help="Registry name or folder of the target model.")],
     out: Annotated[Path, typer.Option("--out", help="Output folder: heads, tree.json, checkpoint, feature cache, logs.")],
     data: Annotated[list[str], typer.Option("--data", help="JSONL training data, as for train-eagle (self-distilled "
                                                             "answers, chat conversations, {'text': ...}); "
@@ -78,7 +78,7 @@ def export_medusa(
     format: Annotated[str, typer.Option("--format", help="vllm (vLLM's Medusa) or medusa (FasterDecoding's, also "
                                                           "TGI's).")] = "vllm",
     target: Annotated[Optional[str], typer.Option(
-        "--target", help="The target (registry name or folder); needed for heads on the target's lm_head.")] = None,
+        "--model", "--target", help="The target (registry name or folder); needed for heads on the target's lm_head.")] = None,
 ) -> None:
     """Write Medusa heads in the layout a serving engine loads."""
     from ..drafters.medusa import checkpoints

@@ -34,6 +34,23 @@ def test_help_lists_commands(cli):
         assert command in result.output
 
 
+def test_version_and_a_zero_draft_length_before_anything_loads(cli, monkeypatch):
+    import hf_speculative
+
+    result = cli("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"hf-speculative {hf_speculative.__version__}"
+    monkeypatch.setattr(registry, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    result = cli("compare", "--num-tokens", "0", "--model", "smollm2-135m-instruct")
+    assert result.exit_code == 2 and "--num-tokens" in result.output
+
+
+def test_training_commands_take_model_as_the_target(cli):
+    """--model names the target everywhere; the training commands' --target stays as another name of it."""
+    for command in ("train-eagle", "self-distill", "train-dflash", "train-medusa"):
+        text = cli(command, "--help").output
+        assert "--model" in text and "--target" in text, command
+
+
 def test_models_list(cli, monkeypatch):
     rows = [
         {"name": "model-a", "description": "first", "params": "135M", "license": "Apache-2.0", "cached": True},
