@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn
@@ -106,6 +107,9 @@ def shipped_names(shipped_dir: Path) -> list[str]:
     return sorted(p.name for p in shipped_dir.iterdir() if (p / "config.json").exists())
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "owner/name", as the Hub names repositories
+
+
 def find_folder(source: str | Path, shipped_dir: Path, missing: str, owner: str = "from_pretrained",
                 argument: str = "path_or_name") -> Path:
     """``source`` if it is a folder, else the shipped network of that name under ``shipped_dir``. A shipped
@@ -123,6 +127,10 @@ def find_folder(source: str | Path, shipped_dir: Path, missing: str, owner: str 
     path = Path(source)
     if not path.is_dir():
         if str(source) not in shipped_names(shipped_dir):
+            if _HUB_ID.fullmatch(str(source)) and not os.path.lexists(path):
+                missing += (f" {options.escaped(source, 200)} looks like a Hugging Face Hub id: drafters are never "
+                            "downloaded here (no network is touched). Download it yourself (`huggingface-cli download "
+                            f"{options.escaped(source, 200)} --local-dir DIR`) and pass DIR.")
             raise FileNotFoundError(missing)
         path = shipped_dir / str(source)
     if path.resolve().parent == Path(shipped_dir).resolve():

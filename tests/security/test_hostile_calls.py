@@ -360,3 +360,14 @@ def test_no_ops_under_custom_generate_warn():
         assert model.generate(**prompt_inputs(), **route, **GREEDY).tolist() == ref.tolist()
         model.generate(**prompt_inputs(), **route, sampling_seed=4, do_sample=True, max_new_tokens=NEW)
     assert not ours(caught)
+
+
+@pytest.mark.parametrize("kind", ["Eagle", "DFlash", "Medusa"])
+def test_a_hub_id_says_drafters_are_not_downloaded(kind, tmp_path, monkeypatch):
+    """A new user's first try, ``from_pretrained("owner/name")``: the error says that nothing is downloaded and how to
+    get the folder, at once (no network: the test would hang or fail on this offline machine otherwise)."""
+    monkeypatch.chdir(tmp_path)  # (no folder of that name here)
+    loader = getattr(hfs, kind).from_pretrained
+    with pytest.raises(FileNotFoundError, match=r"looks like a Hugging Face Hub id: drafters are never downloaded.*"
+                                                r"huggingface-cli download yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"):
+        loader("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")

@@ -217,7 +217,8 @@ class EagleConfig(SavedConfig):
             trained = options.escaped(self.target or "an unnamed target", 200)  # a config.json's string
             raise ValueError(
                 f"This {kind} (trained for {trained}) does not fit the target {name!r}: "
-                + "; ".join(problems) + f". Use a {kind} trained for this model (`hf-speculative train-eagle --target ...{flag}`)."
+                + "; ".join(problems) + f". Use {'an' if kind[0] in 'AEIOUaeiou' else 'a'} {kind} trained for this "
+                f"model (`hf-speculative train-eagle --model ...{flag}`)."
             )
 
 
