@@ -32,7 +32,7 @@ from hf_speculative.drafters.registry import example
 from hf_speculative.hf import spec
 from hf_speculative.registry import models
 from tests.conftest import build_model, char_tokenizer, prompt_inputs, random_eagle, random_exit_adapter, stock_generate
-from tests.security.test_hostile_folder import Case, World, run
+from tests.security.test_hostile_folder import Case, World, model_cache_at, run
 
 CASES: list[Case] = []
 
@@ -319,18 +319,11 @@ def _(w):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
-    before = os.environ.get("HF_SPECULATIVE_CACHE")
-    os.environ["HF_SPECULATIVE_CACHE"] = str(root / "cache")
-    try:
+    with model_cache_at(root / "cache"):
         world = Folders(root)
         models.load_model(str(world.template))  # warm: the first load imports the model's classes
         hfs.enable(build_model("llama"))
         yield world
-    finally:
-        if before is None:
-            os.environ.pop("HF_SPECULATIVE_CACHE", None)
-        else:
-            os.environ["HF_SPECULATIVE_CACHE"] = before
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

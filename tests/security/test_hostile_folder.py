@@ -16,6 +16,8 @@ refused.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import gc
 import hashlib
@@ -1044,21 +1046,29 @@ def run(case: Case, world: World) -> Result:
     return Result(case, not problem, seconds, grown, problem)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
+@contextlib.contextmanager
+def model_cache_at(folder: Path):
+    """``HF_SPECULATIVE_CACHE`` pointed at ``folder`` (nothing in the user's cache: every registry model uncached) for
+    a module's fixture, the user's value back after."""
     before = os.environ.get("HF_SPECULATIVE_CACHE")
-    os.environ["HF_SPECULATIVE_CACHE"] = str(root / "cache")  # nothing in the user's cache; every registry model uncached
+    os.environ["HF_SPECULATIVE_CACHE"] = str(folder)
     try:
-        world = World(root)
-        AutoModelForCausalLM.from_pretrained(world.template)  # warm: the first load imports the model's classes
-        hfs.enable(build_model("llama"))
-        yield world
+        yield
     finally:
         if before is None:
             os.environ.pop("HF_SPECULATIVE_CACHE", None)
         else:
             os.environ["HF_SPECULATIVE_CACHE"] = before
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    with model_cache_at(root / "cache"):
+        world = World(root)
+        AutoModelForCausalLM.from_pretrained(world.template)  # warm: the first load imports the model's classes
+        hfs.enable(build_model("llama"))
+        yield world
 
 
 _RESULTS: dict[str, Result] = {}
