@@ -371,3 +371,16 @@ def test_a_hub_id_says_drafters_are_not_downloaded(kind, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"looks like a Hugging Face Hub id: drafters are never downloaded.*"
                                                 r"huggingface-cli download yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"):
         loader("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+
+
+@pytest.mark.parametrize("kind, hint", [("eagle", r"looks like an EAGLE drafter: load it with hfs\.Eagle"),
+                                        ("medusa", r"looks like Medusa heads: load them with hfs\.Medusa")])
+def test_a_dflash_loader_given_another_drafter_says_what_it_looks_like(kind, hint):
+    """The shipped EAGLE and Medusa folders given to DFlash.from_pretrained: the error names the right loader."""
+    from hf_speculative.drafters.checkpoints import CheckpointError
+    from hf_speculative.drafters.eagle.drafter import PRETRAINED_DIR as EAGLE_DIR
+    from hf_speculative.drafters.medusa.drafter import PRETRAINED_DIR as MEDUSA_DIR
+
+    folder = (EAGLE_DIR if kind == "eagle" else MEDUSA_DIR) / "smollm2-135m-instruct"
+    with pytest.raises(CheckpointError, match=r"neither transformers' DFlash format.*" + hint):
+        hfs.DFlash.from_pretrained(folder)

@@ -76,9 +76,20 @@ def detect(cfg: dict) -> str:
         return "transformers"
     if "DFlashDraftModel" in architectures or "dflash_config" in cfg:
         return "z-lab"
+    looks = _other_kind(cfg, architectures)
     raise CheckpointError(f"config.json is neither transformers' DFlash format (model_type 'muse_glimmer_assistant') "
                           f"nor z-lab's (architectures ['DFlashDraftModel'] with a dflash_config); it says model_type "
-                          f"{shown(cfg.get('model_type'))}, architectures {shown(architectures)}.")
+                          f"{shown(cfg.get('model_type'))}, architectures {shown(architectures)}.{looks}")
+
+
+def _other_kind(cfg: dict, architectures: list) -> str:
+    """A hint when a folder of another drafter kind was given to the DFlash loader (a user's easy mistake)."""
+    fmt = cfg.get("format")
+    if fmt == "hf_speculative.eagle" or "eagle_config" in cfg or any("Eagle" in str(a) for a in architectures):
+        return " It looks like an EAGLE drafter: load it with hfs.Eagle.from_pretrained(folder)."
+    if fmt == "hf_speculative.medusa" or "medusa_num_heads" in cfg:
+        return " It looks like Medusa heads: load them with hfs.Medusa.from_pretrained(folder)."
+    return ""
 
 
 def _rope_theta(cfg: dict, default: float) -> float:
