@@ -342,6 +342,7 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
     import torch
 
     from ..bench.runner import environment
+    from ..drafters.suffix.history import outputs_held
     from ..tooling.methods import get_method, run_method
     from ..tooling.prompting import encode_prompt
 
@@ -354,17 +355,20 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
     max_new_tokens = run.max_new_tokens
     warm = min(max_new_tokens, 16)
     runs = []
+    # SuffixDecoding's history keeps the model's outputs: the warm-up's and greedy's answers to this very prompt would
+    # let it copy the answer whole (τ far above what a new prompt gets); no call of compare's joins it
     try:
-        for spec in specs:  # warm-up
-            _progress(f"warming up {spec.name} ({warm} tokens)…")
-            run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=warm)
-        for number, spec in enumerate(specs, 1):
-            step = f"[{number}/{len(specs)}] {spec.name}"
-            _progress(f"{step}: generating up to {max_new_tokens} tokens…")
-            done = run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens)
-            tau = "" if done.tau is None else f", tau {done.tau:.2f}"
-            _progress(f"{step}: done, {done.new_tokens} tokens in {done.seconds:.2f} s{tau}")
-            runs.append(done)
+        with outputs_held(target, keep=False):
+            for spec in specs:  # warm-up
+                _progress(f"warming up {spec.name} ({warm} tokens)…")
+                run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=warm)
+            for number, spec in enumerate(specs, 1):
+                step = f"[{number}/{len(specs)}] {spec.name}"
+                _progress(f"{step}: generating up to {max_new_tokens} tokens…")
+                done = run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens)
+                tau = "" if done.tau is None else f", tau {done.tau:.2f}"
+                _progress(f"{step}: done, {done.new_tokens} tokens in {done.seconds:.2f} s{tau}")
+                runs.append(done)
     except ValueError as err:  # the options' errors (OptionTypeError is a ValueError too)
         _fail(str(err))
     greedy = runs[0]

@@ -189,6 +189,25 @@ def test_compare_and_bench_with_cpu_layout(cli, chat_checkpoint, dataset, tmp_pa
                 in result.output)
 
 
+def test_compare_keeps_its_own_answers_out_of_suffix_decodings_history(cli, chat_checkpoint, monkeypatch):
+    """The warm-up's and greedy's answers to the compared prompt never join SuffixDecoding's history, which would let
+    the timed suffix call copy its answer whole: every call of compare runs with the model's outputs held back."""
+    from hf_speculative.core.state import state_of
+    from hf_speculative.tooling import methods
+
+    held, real = [], methods.run_method
+
+    def watched(spec, model, *args, **kwargs):
+        held.append(state_of(model).held_outputs is not None)
+        return real(spec, model, *args, **kwargs)
+
+    monkeypatch.setattr(methods, "run_method", watched)
+    result = cli("compare", "--model", chat_checkpoint, "--method", "suffix", "--max-new-tokens", "8", "--json")
+    assert result.exit_code == 0, result.output
+    assert held == [True] * 4  # two warm-ups, greedy and suffix
+    assert all(r["identical_to_greedy"] for r in json.loads(result.stdout)["results"])
+
+
 def test_compare_table(cli, chat_checkpoint):
     result = cli("compare", "--model", chat_checkpoint, "--method", "hf-prompt-lookup", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.output
