@@ -388,11 +388,24 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
         }
         for done in runs
     ]
+    for doubt in timing_doubts(results):
+        _progress(f"note: {doubt}")
     if as_json:
         payload = {"model": model_name, "prompt": text, "max_new_tokens": max_new_tokens, "results": results}
         typer.echo(json.dumps({**payload, "environment": environment(target, run.threads)}, indent=2))
         return
     _print_comparison(results, compare_title(model_name, results, max_new_tokens, run.threads))
+
+
+def timing_doubts(results: list[dict]) -> list[str]:
+    """Speedups that τ contradicts: a method whose drafts saved no target forward (τ at most 1.01) cannot be much
+    faster or slower than greedy, so a speedup beyond ±10% there is the timing of one call (the machine's other work,
+    caches), which one call of each cannot tell apart from a real effect."""
+    return [f"{res['method']}: {res['speedup']:.2f}× at τ {res['tau']:.2f}: with no target forward saved the speedup is "
+            "timing noise of single calls; `hf-speculative bench` interleaves repeated runs and reports medians."
+            for res in results[1:]
+            if res.get("tau") is not None and res["tau"] <= 1.01 and res.get("speedup")
+            and not 0.9 <= res["speedup"] <= 1.1]
 
 
 def compare_title(model_name: str, results: list[dict], max_new_tokens: int, threads: int) -> str:

@@ -208,6 +208,17 @@ def test_compare_keeps_its_own_answers_out_of_suffix_decodings_history(cli, chat
     assert all(r["identical_to_greedy"] for r in json.loads(result.stdout)["results"])
 
 
+def test_a_speedup_that_tau_contradicts_is_called_noise():
+    from hf_speculative.cli.main import timing_doubts
+
+    rows = [{"method": "greedy", "tau": 1.0, "speedup": 1.0},
+            {"method": "suffix", "tau": 1.0, "speedup": 1.52},    # nothing accepted, 52% faster: the clock
+            {"method": "prompt-lookup", "tau": 1.8, "speedup": 1.52},  # forwards saved: plausible
+            {"method": "eagle", "tau": 1.0, "speedup": 0.95}]     # within the noise band
+    doubts = timing_doubts(rows)
+    assert len(doubts) == 1 and doubts[0].startswith("suffix: 1.52× at τ 1.00") and "bench" in doubts[0]
+
+
 def test_compare_table(cli, chat_checkpoint):
     result = cli("compare", "--model", chat_checkpoint, "--method", "hf-prompt-lookup", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.output
