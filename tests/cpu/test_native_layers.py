@@ -295,3 +295,27 @@ def test_native_layers_on_a_static_cache_equal_greedy(arch, name, monkeypatch):
                          cache_implementation="static")
     assert out.tolist() == expected.tolist()
     assert calls and hfs.last_stats(model).drafted_tokens > 0
+
+
+def test_threads_share_a_native_model():
+    """The native calls let go of the GIL (tensors only inside): calls on one model from several threads each give
+    their own greedy text."""
+    import threading
+
+    model = hfs.enable(_model("llama"))
+    hfs.optimize_for_cpu(model, kernel=True)
+    prompts = [list(range(4, 4 + n)) * 2 for n in (5, 6, 7, 8)]
+    expected = [stock_generate(model, **prompt_inputs(p), do_sample=False, max_new_tokens=24).tolist() for p in prompts]
+    got: dict[int, list] = {}
+
+    def work(i: int) -> None:
+        for _ in range(3):
+            got.setdefault(i, []).append(model.generate(**prompt_inputs(prompts[i]), do_sample=False, max_new_tokens=24,
+                                                        candidate_generator=hfs.PromptLookup()).tolist())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(got[i] == [expected[i]] * 3 for i in range(len(prompts)))

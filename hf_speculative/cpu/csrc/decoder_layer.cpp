@@ -285,9 +285,10 @@ void register_decoder_layer(pybind11::module& m) {
   m.def("attention_inputs", &attention_inputs,
         "input norm, q/k/v products, q/k norms and rotary for hidden states [B, T, C]: q [B, H, T, D], k and v "
         "[B, Hkv, T, D]",
-        py::arg("plan"), py::arg("x"), py::arg("cos"), py::arg("sin"));
+        py::arg("plan"), py::arg("x"), py::arg("cos"), py::arg("sin"),
+        py::call_guard<py::gil_scoped_release>());  // tensors only inside: other threads' calls run meanwhile
   m.def("layer_output", &layer_output,
         "attention over the cache's keys and values, o-projection, residual, norms, gated MLP, residual: [B, T, C]",
         py::arg("plan"), py::arg("x"), py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("mask"),
-        py::arg("attended") = py::none());
+        py::arg("attended") = py::none(), py::call_guard<py::gil_scoped_release>());
 }
