@@ -30,7 +30,7 @@ import inspect
 import torch
 
 from .. import compat
-from .attention import cpu_sdpa
+from .attention import _visible, cpu_sdpa
 from . import kernel as _kernel
 from .kernel import MAX_ROWS, KernelLinear, load_kernel
 
@@ -223,8 +223,7 @@ def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tupl
     if mask is None and k.shape[2] >= x.shape[1]:
         return _output(layer, kernel.layer_output(plan, x, q, k, v, None))
     if mask is not None and mask.shape[-1] == k.shape[2]:
-        visible = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0  # [B, T, kv]: the keys a row sees
-        return _output(layer, kernel.layer_output(plan, x, q, k, v, visible.expand(x.shape[0], -1, -1)))
+        return _output(layer, kernel.layer_output(plan, x, q, k, v, _visible(mask).expand(x.shape[0], -1, -1)))
     # a mask the kernel's attention does not read as it is (another length than the keys): the attention of
     # optimize_for_cpu's CPU route (rows apart, as here), the rest of the layer native
     attended, _ = cpu_sdpa(attn, q, k, v, mask, scaling=attn.scaling, sliding_window=getattr(attn, "sliding_window", None))
@@ -319,16 +318,13 @@ def native_layers(model: torch.nn.Module) -> int:
 
 
 # -- a drafter's own Llama-shaped layer (EAGLE's) -------------------------------------------------------------------
-def drafter_kernel(x: torch.Tensor, attn: torch.nn.Module, mlp: torch.nn.Module):
-    """The built kernel when a drafter layer's forward over ``x`` `[B, T, in]` can take the native calls (its
-    products on the kernel in fp32, 1-16 rows, no gradients, not compiling, a SiLU MLP, a head dim the kernel's
-    attention takes); else None (the layer's PyTorch operators)."""
+def drafter_kernel(x: torch.Tensor, attn: torch.nn.Module):
+    """The built kernel when a drafter layer's forward over ``x`` `[B, T, in]` can take the native calls (1-16 fp32
+    rows, no gradients, not compiling, a SiLU MLP, a head dim the kernel's attention takes); else None (the layer's
+    PyTorch operators). Whether its products are fp32 weights on the kernel, :meth:`Plan.get` says (None)."""
     if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
             or _kernel._KERNEL is None or (torch.is_grad_enabled() and x.requires_grad)
             or torch.compiler.is_compiling()):
-        return None
-    linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    if not all(type(m) is KernelLinear and m.weight.dtype == torch.float32 for m in linears):
         return None
     act = getattr(attn.config, "hidden_act", None)
     if act not in ACTIVATIONS or attn.head_dim % 8 or attn.head_dim > 128:

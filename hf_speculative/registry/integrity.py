@@ -56,11 +56,11 @@ class FileRefused(ValueError):
         self.reason = reason or "is refused"
 
 
-def confined(folder: str | os.PathLike, name: Any, what: str) -> Path:
+def confined(folder: str | os.PathLike, name: Any, what: str, *, fix: str | None = None) -> Path:
     """``folder / name``, resolved, when ``name`` is a plain relative name inside ``folder``: a non-empty string
     of at most ``MAX_NAME_CHARS`` characters, not absolute, no ``..``, no ``~``, no backslash or NUL, and no
-    symlink on the way that leads out of ``folder``. ``what`` names the field in the error. For a file that is
-    about to be opened, :func:`folder_file` checks more.
+    symlink on the way that leads out of ``folder``. ``what`` names the field in the error, ``fix`` (optional) what
+    to do about a link out. For a file that is about to be opened, :func:`folder_file` checks more.
 
     Raises:
         FileRefused: anything else (nothing is opened or stat'ed outside ``folder``).
@@ -69,7 +69,7 @@ def confined(folder: str | os.PathLike, name: Any, what: str) -> Path:
     root = Path(folder).resolve()
     resolved = (root / relative).resolve()
     if not _inside(resolved, _link_root(root)):
-        _leads_out(name, root, resolved, what)
+        _leads_out(name, root, resolved, what, fix)
     return resolved
 
 
@@ -89,11 +89,8 @@ def folder_file(folder: str | os.PathLike, name: Any, what: str, *, hashed: bool
     path = Path(folder) / relative
     if not os.path.lexists(path):
         return path
-    root = Path(folder).resolve()
-    resolved = path.resolve()
-    if not _inside(resolved, _link_root(root)):
-        _leads_out(name, root, resolved, what, "if you trust the file it leads to, put a copy of it in the "
-                         "link's place (cp --remove-destination \"$(readlink -f LINK)\" LINK)")
+    resolved = confined(folder, name, what, fix="if you trust the file it leads to, put a copy of it in the link's "
+                        "place (cp --remove-destination \"$(readlink -f LINK)\" LINK)")
     try:
         st = os.stat(resolved)
     except FileNotFoundError:  # a dangling link inside the folder: missing
@@ -101,7 +98,8 @@ def folder_file(folder: str | os.PathLike, name: Any, what: str, *, hashed: bool
     if not stat.S_ISREG(st.st_mode):
         raise _not_regular(path, st, what)
     if hashed and st.st_nlink > 1 and not _inside(resolved, PACKAGE_DIR):
-        raise FileRefused(f"{what}: {_quoted(name)} in the folder {escaped(root)} has {st.st_nlink} hard links, so it "
+        raise FileRefused(f"{what}: {_quoted(name)} in the folder {escaped(Path(folder).resolve())} has {st.st_nlink} "
+                          "hard links, so it "
                           "may be a file outside the folder as well, and a file checked against a digest must be the "
                           "folder's own: it is not read. Give it its own copy (cp NAME NAME.copy && mv NAME.copy "
                           "NAME).", reason=f"has {st.st_nlink} hard links (it is not read)")

@@ -205,7 +205,7 @@ class EagleDraftModel(nn.Module):
         layer = self.midlayer
         cos, sin = self.rope(hidden, positions)
         x, residual = layer.prepare(hidden, embeds)
-        kernel = drafter_kernel(x, layer.self_attn, layer.mlp)  # after optimize_for_cpu(target): the native calls
+        kernel = drafter_kernel(x, layer.self_attn)  # after optimize_for_cpu(target): the native calls
         plan = None if kernel is None else layer.native_plan(kernel)
         kernel = None if plan is None else kernel
         if kernel is not None:
