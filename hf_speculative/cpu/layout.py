@@ -46,6 +46,7 @@ from .kernel import (
     load_kernel,
 )
 from .layers import use_native_layers
+from .mapped import copy_off_files
 
 
 def _converted(weight: torch.Tensor) -> bool:
@@ -169,6 +170,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             elif type(module) is KernelLinear:
                 module._hfs_blocked.get(module.weight)
             changed += touched
+    if enable and changed:
+        copy_off_files(model)  # the norms' views would keep the whole checkpoint mapped (mapped.py)
     # a bf16 model's attention in fp32: PyTorch's bf16 CPU attention is slow for one query; an fp32 model's on the
     # kernel: faster for a row or two, and its rows apart (attention.py)
     attention = use_cpu_attention(model, enable, kernel=bool(kernel))
