@@ -99,7 +99,7 @@ def accept_greedy(tree: DraftTree, scores: torch.Tensor, drawn: bool = False) ->
         best = torch.where(scores[:, 0].isnan(), -1, best)
     best = best.tolist()
     children: dict[int, dict[int, int]] = {}
-    for node, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
+    for node, (parent, token) in enumerate(zip(tree.parent_list(), tree.token_list())):  # (read once per tree)
         children.setdefault(parent, {}).setdefault(token, node)  # first sibling wins a duplicate token
     path, node = [], ROOT
     while best[node + 1] in children.get(node, {}):
@@ -130,7 +130,7 @@ def accept_rejection(tree: DraftTree, scores: torch.Tensor, sampler: RejectionSa
     row is the same thing), tried without replacement. A draw never depends on a later sibling, so trying them in
     order is exact; a point mass already rejected at a node has ``p = 0`` there, so a repeated one is never accepted.
     """
-    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    parents, tokens = tree.parent_list(), tree.token_list()
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(parents):
         children.setdefault(parent, []).append(node)

@@ -40,6 +40,7 @@ from .call import CallContext, TargetView
 from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, forward_columns, left_padding, row_view
 from .sampling import RejectionSampler, split_sampler
 from .stats import SpeculativeStats
+from .stops import Stops
 from .tree import ROOT, DraftTree, Verdict
 from .verify import DynamicVerifier, OneRow
 
@@ -121,8 +122,13 @@ def processed_scores(logits: torch.Tensor, sequence: torch.LongTensor, tree: Dra
     return torch.cat(rows, dim=0)
 
 
-def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any) -> int | None:
-    """The first new position ``>= start`` at which a stopping criterion holds (its token kept), or None."""
+def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any,
+               new_tokens: list[int] | None = None) -> int | None:
+    """The first new position ``>= start`` at which a stopping criterion holds (its token kept), or None. With the
+    call's criteria as :class:`~hf_speculative.core.stops.Stops` and the step's ``new_tokens`` (``sequence``'s tokens
+    from ``start``, as ints), the rules it knows are checked on the host (stops.py)."""
+    if new_tokens is not None and isinstance(stopping_criteria, Stops):
+        return stopping_criteria.first(sequence, start, new_tokens)
     for end in range(start + 1, sequence.shape[1] + 1):
         if compat.stopping_result(stopping_criteria(sequence[:, :end], None)):
             return end
@@ -170,6 +176,7 @@ def ladder(rows: list[Row], verifier: Any, pending: torch.Tensor, pending_mask: 
     members = list(range(batch))  # the rows in the verifier's batch, in order: running ones and finished ones
     live = set(members)           # the running ones; finished rows stay (decoding nothing) until half are
     first, limit = True, None
+    stops = Stops(stopping_criteria)  # split once: EOS and length checked on the host (stops.py)
     while live:
         tick = time.perf_counter()
         running = [b for b in members if b in live]
@@ -193,10 +200,10 @@ def ladder(rows: list[Row], verifier: Any, pending: torch.Tensor, pending_mask: 
                 continue
             row = rows[b]
             before = row.ids.shape[1]
-            row.ids = torch.cat([row.ids, row.ids.new_tensor([tree.path_tokens(verdict.path) + [verdict.next_token]])],
-                                dim=-1)
+            new = tree.path_tokens(verdict.path) + [verdict.next_token]
+            row.ids = torch.cat([row.ids, row.ids.new_tensor([new])], dim=-1)
             if row.end is None:
-                row.end = stop_index(row.ids, before, stopping_criteria)
+                row.end = stop_index(row.ids, before, stops, new)
                 if row.end is not None and cut_at_stop:
                     row.ids = row.ids[:, :row.end]
             kept = [node + 1 for node in (ROOT, *verdict.path)][: row.ids.shape[1] - before]  # their score rows

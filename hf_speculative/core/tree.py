@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 ROOT = -1  # the parent index of the root's children
+_EMPTY: dict[torch.device, torch.Tensor] = {}  # DraftTree.empty's tensor per device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,41 +59,88 @@ class DraftTree:
         if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != tokens.numel()):
             raise ValueError(f"DraftTree: q must be [n, V] with one row per node, got {tuple(self.q.shape)} for "
                              f"{tokens.numel()} nodes.")
-        index = torch.arange(tokens.numel(), device=parents.device)
-        if bool(((parents < ROOT) | (parents >= index)).any()):
+        if tokens.numel():  # the structure is checked on the host, where the loop reads it anyway: one read for both
+            both = torch.stack([tokens, parents]).tolist() if tokens.device == parents.device else None
+            if both is not None:
+                object.__setattr__(self, "_tokens", both[0])
+                object.__setattr__(self, "_parents", both[1])
+            self._check(self.parent_list())
+
+    @staticmethod
+    def _check(parents: list[int]) -> None:
+        if any(p < ROOT or p >= i for i, p in enumerate(parents)):
             raise ValueError("DraftTree: every parent must come before its child (-1 for the root's children); "
-                             f"got parents {parents.tolist()}.")
+                             f"got parents {parents}.")
+
+    # The loop reads a tree's structure on the host (the rule walks it, the cache keeps a path): read once, from the
+    # device or from the lists a drafter built it from, and kept beside the tensors (a frozen tree never changes).
+    def token_list(self) -> list[int]:
+        """``tokens`` as python ints (one read of the device, once)."""
+        known = self.__dict__.get("_tokens")
+        if known is None:
+            known = self.tokens.tolist()
+            object.__setattr__(self, "_tokens", known)
+        return known
+
+    def parent_list(self) -> list[int]:
+        """``parents`` as python ints (one read of the device, once)."""
+        known = self.__dict__.get("_parents")
+        if known is None:
+            known = self.parents.tolist()
+            object.__setattr__(self, "_parents", known)
+        return known
+
+    @classmethod
+    def _built(cls, tokens: torch.Tensor, parents: torch.Tensor, token_list: list[int] | None,
+               parent_list: list[int]) -> DraftTree:
+        """A tree valid by construction (a chain, no draft), its host lists known: nothing checked, nothing read."""
+        tree = object.__new__(cls)
+        for name, value in (("tokens", tokens), ("parents", parents), ("q", None), ("_parents", parent_list)):
+            object.__setattr__(tree, name, value)
+        if token_list is not None:
+            object.__setattr__(tree, "_tokens", token_list)
+        return tree
 
     @classmethod
     def chain(cls, tokens: torch.Tensor | Sequence[int]) -> DraftTree:
         """The tree of one branch: ``tokens[i]`` follows ``tokens[i - 1]``."""
+        known = [int(t) for t in tokens] if not isinstance(tokens, torch.Tensor) else None
         tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
-        return cls(tokens, torch.arange(-1, tokens.numel() - 1, device=tokens.device))
+        n = tokens.numel()
+        return cls._built(tokens, torch.arange(-1, n - 1, device=tokens.device), known, list(range(-1, n - 1)))
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[int], device: torch.device | str | None = None) -> DraftTree:
         """A drafted chain of python ints as a tree on ``device`` (empty for no tokens)."""
         if not tokens:
             return cls.empty(device)
-        return cls.chain(torch.tensor(list(tokens), dtype=torch.long, device=device))
+        known = [int(t) for t in tokens]
+        return cls.chain(torch.tensor(known, dtype=torch.long, device=device))._known_tokens(known)
+
+    def _known_tokens(self, known: list[int]) -> DraftTree:
+        object.__setattr__(self, "_tokens", known)
+        return self
 
     @classmethod
     def empty(cls, device: torch.device | str | None = None) -> DraftTree:
         """No draft: the step is a plain decoding step."""
-        none = torch.empty(0, dtype=torch.long, device=device)
-        return cls(none, none.clone())
+        device = torch.device(device if device is not None else "cpu")
+        none = _EMPTY.get(device)
+        if none is None:  # one per device, shared: an empty tensor has nothing to change
+            none = _EMPTY[device] = torch.empty(0, dtype=torch.long, device=device)
+        return cls._built(none, none, [], [])
 
     @property
     def size(self) -> int:
         return int(self.tokens.numel())
 
     def is_chain(self) -> bool:
-        return bool(torch.equal(self.parents, torch.arange(-1, self.size - 1, device=self.parents.device)))
+        return self.parent_list() == list(range(-1, self.size - 1))
 
     def depths(self) -> torch.Tensor:
         """``[n]`` the depth of each node (0 for the root's children)."""
         depth = [0] * self.size
-        for i, p in enumerate(self.parents.tolist()):
+        for i, p in enumerate(self.parent_list()):
             depth[i] = 0 if p == ROOT else depth[p] + 1
         return torch.tensor(depth, dtype=torch.long, device=self.tokens.device)
 
@@ -100,7 +148,7 @@ class DraftTree:
         """``[n, n]`` bool: ``[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors."""
         n = self.size
         lines: list[list[int]] = []  # each node's ancestors and itself, root side first
-        for i, p in enumerate(self.parents.tolist()):
+        for i, p in enumerate(self.parent_list()):
             lines.append((lines[p] if p != ROOT else []) + [i])
         rows = [i for i, line in enumerate(lines) for _ in line]
         cols = [j for line in lines for j in line]
@@ -111,10 +159,11 @@ class DraftTree:
 
     def children(self, node: int) -> list[int]:
         """The nodes whose parent is ``node`` (``-1``: the root's children), in drafting order."""
-        return [i for i, p in enumerate(self.parents.tolist()) if p == node]
+        return [i for i, p in enumerate(self.parent_list()) if p == node]
 
     def path_tokens(self, path: Sequence[int]) -> list[int]:
-        return [int(self.tokens[i]) for i in path]
+        tokens = self.token_list() if path else []
+        return [tokens[i] for i in path]
 
     def first_branch(self) -> DraftTree:
         """The branch through every node's first child (a best-first tree's likeliest path), as a chain: what a loop
@@ -122,7 +171,7 @@ class DraftTree:
         if self.is_chain():
             return self
         path, node = [], ROOT
-        for i, parent in enumerate(self.parents.tolist()):
+        for i, parent in enumerate(self.parent_list()):
             if parent == node:
                 path.append(i)
                 node = i

@@ -88,8 +88,8 @@ def cuts(request, monkeypatch):
         records.append((int(tokens.numel()), keep))
         return keep
 
-    def stop_spy(sequence, start, stopping_criteria):
-        end = original_stop(sequence, start, stopping_criteria)
+    def stop_spy(sequence, start, stopping_criteria, *new_tokens):
+        end = original_stop(sequence, start, stopping_criteria, *new_tokens)
         if end is not None:
             records.append((sequence.shape[1] - start, end - start))
         return end
