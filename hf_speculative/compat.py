@@ -266,6 +266,15 @@ def _cache_tensors(cache: Any) -> list[tuple[Any, str, int]]:
             for i, t in enumerate(getattr(cache, name, [])) if t.numel()]
 
 
+def cache_layer_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(keys, values)`` of every layer of a dynamic cache, each ``[B, H, T, D]`` (the tensors themselves, not
+    copies): layer objects from 4.56, the ``key_cache`` / ``value_cache`` lists before (``hfs.MagicDec`` reads the
+    keys and values a verifying forward wrote)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(getattr(cache, "key_cache", []), getattr(cache, "value_cache", [])))
+
+
 def keep_tree_path(cache: Any, start: int, path: Any, written: int) -> None:
     """Keep only an accepted path of the nodes a tree verification wrote into ``cache``.
 

@@ -76,6 +76,9 @@ def _options(name: str, draft_copy) -> dict:
         # a drafter as costly as the target (the copy; 28 of 30 layers) never pays, so the cost rule would not run it
         # at all (tests/drafters/test_draft_model.py); here its drafting path is what is checked
         options["adaptive"] = False
+    if name == "magicdec":
+        # the smoke prompt (~60 tokens) fits in the default window of 512, where MagicDec rightly drafts nothing
+        options.update(window=8, adaptive=False)
     return options
 
 

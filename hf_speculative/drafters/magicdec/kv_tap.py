@@ -1,0 +1,125 @@
+"""What MagicDec reads of the target's verifying forwards: the keys and values each wrote, and its wall time.
+
+A forward pre-hook and a forward hook on the target (the ``...ForCausalLM`` module) see every forward of the call:
+the verifier's (one row or a batch), or transformers' own in its assisted loop. After a forward, its cache holds
+the keys and values of the ``T`` tokens it ran as the last ``T`` positions of every layer; the hook keeps those
+(:class:`Forward`) until every row of the group has taken its own columns (``group.py``), and the seconds the
+forward took, which the cost model reads (``costs.py``). Nothing of the model is patched or copied: hooks only.
+
+The drafter's own forwards call the target's ``forward`` directly (not the module), so no hook sees them: they are
+not verifications, and a counter of the target's forwards (``hfs.last_stats(model).target_forwards``, a test's
+forward hook) does not count them either. Like ``core/features.py``'s taps, the hooks record the forwards of the
+thread that made them only, so concurrent calls on one model do not see each other's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ... import compat
+
+# forwards of at most this many tokens are copied (a verification, a few KB per layer); a longer one (a prefill) is
+# kept as views of the cache, whose positions nothing overwrites before the rows have read them
+_COPIED_TOKENS = 64
+
+
+@dataclasses.dataclass
+class Forward:
+    """One forward of the target, as the hook saw it.
+
+    Attributes:
+        layers (`list[tuple[Tensor, Tensor]]`, *optional*): per layer the keys and values of its tokens,
+            ``[B, H, T, D]`` each; ``None`` when the forward had no dynamic cache to read them from.
+        batch (`int`), width (`int`): ``B`` and ``T``.
+        seconds (`float`): its wall time.
+    """
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]] | None
+    batch: int
+    width: int
+    seconds: float
+
+
+class ForwardTap:
+    """Hooks on ``target`` calling ``receive(forward)`` after each of its forwards on this thread.
+
+    Args:
+        target (`PreTrainedModel`): the model the call verifies with.
+        receive (`Callable[[Forward], None]`): called with each forward.
+    """
+
+    def __init__(self, target: torch.nn.Module, receive: Callable[[Forward], None]):
+        self._thread = threading.get_ident()
+        self._receive = receive
+        self._started: float | None = None
+        self._handles = [target.register_forward_pre_hook(self._before, with_kwargs=True),
+                         target.register_forward_hook(self._after, with_kwargs=True)]
+
+    def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if threading.get_ident() == self._thread:
+            self._started = time.perf_counter()
+
+    def _after(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if threading.get_ident() != self._thread or self._started is None:
+            return
+        started, self._started = self._started, None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        logits = getattr(output, "logits", None)
+        if logits is not None and logits.is_cuda:
+            torch.cuda.synchronize(logits.device)  # the loop reads the logits next: this wait costs nothing more
+        seconds = time.perf_counter() - started
+        if ids is None:
+            return
+        batch, width = int(ids.shape[0]), int(ids.shape[1])
+        cache = None
+        for holder, name in ((output, compat.cache_kwarg()), (output, "past_key_values"), (kwargs, None)):
+            if cache is None:  # (never `or`: a cache with no layer yet is falsy)
+                cache = holder.get(compat.cache_kwarg()) if name is None else getattr(holder, name, None)
+        self._receive(Forward(self._last_positions(cache, width), batch, width, seconds))
+
+    @staticmethod
+    def _last_positions(cache: Any, width: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per layer the keys and values of the forward's ``width`` tokens (the cache's last positions)."""
+        if cache is None or not hasattr(cache, "get_seq_length"):
+            return None
+        layers = []
+        for keys, values in compat.cache_layer_tensors(cache):
+            if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] < width:
+                return None
+            keys, values = keys[..., -width:, :], values[..., -width:, :]
+            if width <= _COPIED_TOKENS:  # a verification's own positions are overwritten by later forwards
+                keys, values = keys.clone(), values.clone()
+            layers.append((keys, values))
+        return layers or None
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def row_columns(forwards: list[Forward], view_row: tuple[int, torch.Tensor] | None
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]] | None, torch.Tensor | None]:
+    """A row's keys and values in the forwards since its last step, per layer ``[H, T, D]``, and the columns of them
+    that are its tokens ``[T']``: a batch row's real columns of the last forward, or every column of a lone row's
+    forwards (a prefill the verifier split in two, transformers' separate prefill), in order."""
+    if not forwards or any(f.layers is None for f in forwards):
+        return None, None
+    if view_row is not None:
+        row, columns = view_row
+        layers = [(k[row], v[row]) for k, v in forwards[-1].layers]
+        return layers, columns.to(layers[0][0].device)
+    if len(forwards) == 1:
+        layers = [(k[0], v[0]) for k, v in forwards[0].layers]
+    else:
+        layers = [(torch.cat([f.layers[i][0][0] for f in forwards], dim=1),
+                   torch.cat([f.layers[i][1][0] for f in forwards], dim=1)) for i in range(len(forwards[0].layers))]
+    return layers, torch.arange(layers[0][0].shape[1], device=layers[0][0].device)

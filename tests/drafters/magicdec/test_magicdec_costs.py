@@ -1,0 +1,97 @@
+"""MagicDec's cost rule (``drafters/magicdec/costs.py``): a draft of ``n`` pays when its expected tokens beat
+``t_f(B, 1 + n) / t_f(B, 1) + n * t_d / t_f(B, 1)``; both costs timed in the call, the prior from the bytes a step
+reads. Decisions are checked on given timings (never the wall clock), and a call that must decline does."""
+
+from __future__ import annotations
+
+import pytest
+
+import hf_speculative as hfs
+from hf_speculative.core.batch_costs import batch_costs_for
+from hf_speculative.core.costs import verify_costs_for
+from hf_speculative.drafters.magicdec.costs import StepCosts
+from tests.conftest import build_model, prompt_inputs, stock_generate
+
+
+@pytest.fixture
+def costs(magicdec_costs):
+    target = build_model("llama")
+    magicdec_costs(target)
+    verify = verify_costs_for(target, 8)
+    verify.fix([1.0 + 0.05 * k for k in range(9)])  # verifying k tokens: 5% of a step each
+    batch_costs_for(target).fix(overhead=10.0, per_token=0.01)  # a batch's forward: memory-bound
+    model = StepCosts(target, bound=16, verify_costs=verify)
+    model.token_bytes = 1024
+    return model
+
+
+def test_a_draft_step_as_dear_as_a_full_one_never_pays(costs):
+    costs.observe_forward(1, 1, 0.010)
+    costs.observe_forward(1, 1, 0.010)
+    costs.observe_draft(1, 0.010)
+    costs.observe_draft(1, 0.010)
+    assert costs.price(1, 1, context=20) == pytest.approx(1.0)
+    assert costs.best_depth([0.9], 8, batch=1, price=costs.price(1, 1, 20)) == 0
+
+
+def test_a_cheap_draft_step_pays_by_the_acceptance(costs):
+    costs.observe_forward(8, 1, 0.100)
+    costs.observe_forward(8, 1, 0.100)
+    costs.observe_draft(8, 0.020)
+    costs.observe_draft(8, 0.030)  # the lower of the first two
+    price = costs.price(8, 8, context=4096)
+    assert price == pytest.approx(0.2)
+    assert costs.best_depth([0.9] * 8, 8, batch=8, price=price) >= 3
+    assert costs.best_depth([0.1] * 8, 8, batch=8, price=price) == 0  # drafts that are rarely right do not pay
+
+
+def test_verification_timed_in_the_call_replaces_the_shared_ratio(costs):
+    assert costs.ratio(1, 4) == pytest.approx(1.2)  # the shared one-row model's, until timed
+    for width, seconds in ((1, 0.010), (5, 0.030)):
+        costs.observe_forward(1, width, seconds)
+        costs.observe_forward(1, width, seconds)
+    assert costs.ratio(1, 4) == pytest.approx(3.0)
+    costs.observe_forward(1, 600, 5.0)  # a prefill: no step's cost
+    assert costs.plain(1) == pytest.approx(0.010)
+
+
+def test_the_plain_step_is_derived_from_a_timed_verification(costs):
+    costs.observe_forward(1, 5, 0.012)
+    costs.observe_forward(1, 5, 0.012)
+    assert costs.plain(1) == pytest.approx(0.012 / 1.2)  # over the shared ratio of 4 draft tokens
+
+
+def test_the_prior_is_the_bytes_each_step_reads(costs):
+    weights = costs.weight_bytes
+    assert costs.price(1, 1, context=16) == pytest.approx(1.0)  # the cache is the whole cache
+    long = costs.price(8, 8, context=4096)
+    assert long == pytest.approx((weights + 8 * 16 * 1024) / (weights + 8 * 4096 * 1024))
+    assert long < costs.price(1, 1, context=4096) < 1.0  # cheaper at a larger batch, where the cache dominates
+
+
+def test_a_given_draft_cost_is_the_price(costs):
+    costs.fixed_price = 0.25
+    assert costs.price(4, 4, context=10_000) == 0.25
+
+
+def test_a_call_declines_every_step_where_drafts_cannot_pay(magicdec_costs):
+    model = hfs.enable(build_model("llama"))
+    magicdec_costs(model)
+    ref = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    strategy = hfs.MagicDec(window=4, sinks=2, draft_cost=1.0)  # a draft step priced as a full one
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.drafted_tokens == 0 and stats.extra["magicdec"]["declined_steps"] > 0, stats.extra
+
+
+def test_a_call_drafts_where_drafts_are_cheap(magicdec_costs):
+    model = hfs.enable(build_model("llama"))
+    magicdec_costs(model)
+    verify_costs_for(model, 32).fix([1.0 + 0.01 * k for k in range(33)])
+    ref = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+    strategy = hfs.MagicDec(window=4, sinks=2, draft_cost=0.01, confidence_threshold=0.0)
+    out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.drafted_tokens > 0 and stats.extra["magicdec"]["price"] == 0.01
