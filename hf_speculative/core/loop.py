@@ -327,8 +327,10 @@ def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_ma
     try:
         for b in range(batch):  # per-row drafter state; its own stats, so its rules never see a batched forward
             view = TargetView()  # its drafter reads its own row of the forwards
+            own = SpeculativeStats()
+            own.extra = stats.extra  # drafter details (stats.extra) reach the call's stats; the rows share them
             ctx = CallContext(target, generation_config, row_processors(b, pads[b]), stopping_criteria,
-                              SpeculativeStats(), model_kwargs=None, view=view, prompt_length=length - pads[b])
+                              own, model_kwargs=None, view=view, prompt_length=length - pads[b])
             rows.append(Row(input_ids[b:b + 1], pads[b], strategy.open(ctx), row_processors(b, 0), view))
         verifier = BatchVerifier(target, batch)
         limit = ladder(rows, verifier, input_ids, mask, stopping_criteria=stopping_criteria, stats=stats,

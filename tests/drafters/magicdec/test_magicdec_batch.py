@@ -131,3 +131,11 @@ def test_calls_on_several_threads_keep_to_their_own_rows(magicdec_costs):
     for thread in threads:
         thread.join()
     assert not errors and results == [[True] * 3, [True] * 3]
+
+
+def test_a_batch_reports_its_compressed_cache_in_the_call_stats(magicdec_costs):
+    """The rows' drafter details reach ``hfs.last_stats(model).extra`` (the loop gives the rows the call's dict)."""
+    model = cheap(hfs.enable(build_model("llama", max_positions=512)), magicdec_costs)
+    strategy = hfs.MagicDec(window=6, sinks=2, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    model.generate(**left_padded(RAGGED), do_sample=False, max_new_tokens=12, candidate_generator=strategy)
+    assert "magicdec" in hfs.last_stats(model).extra
