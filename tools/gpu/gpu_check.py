@@ -18,6 +18,10 @@ Steps (``--steps``, default all), each writing under ``--out``:
 - ``project``: ``hf-speculative project`` of the benchmark JSONLs given with ``--bench`` onto each profile.
 - ``real`` (with ``--real-model``): real weights end to end on Spec-Bench prompts, greedy against prompt lookup and
   EAGLE chains and trees, eager and compiled (``tools/gpu/real_e2e.py``): ``real_e2e.json``.
+- ``inflated`` (only when asked for): ``--real-model`` (default: the registry's smollm2-135m-instruct) and its
+  shipped EAGLE, DFlash and Medusa drafters inflated to ``--inflate-shape`` (Llama-3.1-8B's by default), every
+  drafter compiled against compiled greedy, in float32 (``tools/gpu/inflated_e2e.py``): ``inflated_e2e.json``, every
+  table headed ``inflated (cost model)``.
 
 Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
 this package (``pip install --no-deps --no-build-isolation -e .``), and a clone of the repository (this runner and
@@ -41,7 +45,8 @@ from typing import Any, Callable
 
 import torch
 
-STEPS = ("tests", "profile", "e2e", "project", "real")
+STEPS = ("tests", "profile", "e2e", "project", "real", "inflated")
+DEFAULT_STEPS = STEPS[:-1]  # the inflated step runs when asked for (GPU_STEPS=inflated)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -364,9 +369,37 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
         from .real_e2e import summary_lines
 
         lines += summary_lines(report["real"])
+    if "inflated" in report:
+        from . import inflated_e2e
+
+        lines += inflated_e2e.summary_lines(report["inflated"])
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def run_inflated_step(args: argparse.Namespace, report: dict[str, Any], save: Callable[[], None]) -> None:
+    """The ``inflated`` step with ``args``'s options, its report saved after every prompt (``inflated_e2e.json``)."""
+    from . import inflated_e2e
+
+    def saved(result: dict) -> None:
+        report["inflated"] = result
+        (args.out / "inflated_e2e.json").write_text(json.dumps(result, indent=1) + "\n")
+        save()
+
+    tiny = args.tiny
+    compile_arg = args.inflated_compile or ("static" if args.device == "cpu" else True)  # True: as the real step
+    # sized for a lent H200's last call (docs/gpu.md): one timed run after each prompt's warm-up, no prompt begun
+    # after 6 minutes (the first prompt's warm-up compiles every graph: most of it)
+    max_minutes = args.inflated_max_minutes if args.inflated_max_minutes is not None else (None if tiny else 6.0)
+    saved(inflated_e2e.run_inflated(
+        args.real_model or "smollm2-135m-instruct", args.device, DTYPES[args.inflated_dtype],
+        drafters=args.inflated_drafters, shape=args.inflate_shape or ("smollm2-wide" if tiny else "llama-3.1-8b"),
+        categories=tuple(comma_list(args.inflated_categories) or (inflated_e2e.TINY_CATEGORIES if tiny
+                                                                   else inflated_e2e.CATEGORIES)),
+        new_tokens=args.real_new_tokens or (6 if tiny else 128), repeats=args.real_repeats or 1,
+        compile=compile_arg, fixed=not args.inflated_no_fixed, max_minutes=max_minutes or None,
+        only=comma_list(args.inflated_arms) or None, on_prompt=saved))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
     parser.add_argument("--tiny", action="store_true", help="the small CPU run: smollm2-135m, short contexts")
-    parser.add_argument("--steps", default=",".join(STEPS))
+    parser.add_argument("--steps", default=",".join(DEFAULT_STEPS), help=f"some of {', '.join(STEPS)}")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--configs", default=None, help="profile configs (default: llama-3.1-8b on cuda)")
     parser.add_argument("--e2e-config", default=None)
@@ -390,10 +423,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="also compiled arms drafting their full budget every step (adaptive=False)")
     parser.add_argument("--real-arms", default=None,
                         help="comma-separated parts of the real step's arm labels to run, e.g. 'fixed' (greedy stays)")
-    parser.add_argument("--real-repeats", type=int, default=None, help="timed runs per arm and prompt (default 3)")
-    parser.add_argument("--real-new-tokens", type=int, default=None, help="new tokens per call (default 128)")
+    parser.add_argument("--real-repeats", type=int, default=None,
+                        help="timed runs per arm and prompt, of the real and inflated steps (default 3 and 1)")
+    parser.add_argument("--real-new-tokens", type=int, default=None,
+                        help="new tokens per call, of the real and inflated steps (default 128)")
     parser.add_argument("--real-max-minutes", type=float, default=None,
                         help="start no prompt after this many minutes of the real step (a lent GPU's call is limited)")
+    inflated = parser.add_argument_group("the inflated step (a cost model: tools/gpu/inflate.py)")
+    inflated.add_argument("--inflate-shape", default=None,
+                          help="the large shape: a shipped config (default llama-3.1-8b; --tiny: smollm2-wide)")
+    inflated.add_argument("--inflated-drafters", default="smollm2-135m-instruct",
+                          help="the registry name whose shipped EAGLE, DFlash and Medusa drafters are inflated")
+    inflated.add_argument("--inflated-dtype", default="float32", choices=sorted(DTYPES),
+                          help="float32 (default): outputs token-identical to greedy; bfloat16: a user's precision")
+    inflated.add_argument("--inflated-compile", default=None,
+                          help="a torch.compile mode, or 'static' for the static cache uncompiled (default: "
+                               "reduce-overhead on cuda, static on the cpu: inductor's CPU compiles take minutes)")
+    inflated.add_argument("--inflated-categories", default=None, help="Spec-Bench categories, one prompt each")
+    inflated.add_argument("--inflated-arms", default=None, help="parts of the arms' labels to run (greedy stays)")
+    inflated.add_argument("--inflated-no-fixed", action="store_true", help="leave out the arms drafting every step")
+    inflated.add_argument("--inflated-max-minutes", type=float, default=None,
+                          help="start no prompt after this many minutes of the step (default 6 on a GPU, sized for "
+                               "a lent call's 10 minutes; 0: no limit)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --tiny for a quick run).")
@@ -453,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                        new_tokens=args.real_new_tokens or (24 if tiny else 128),
                        repeats=args.real_repeats or (1 if tiny else 3), max_minutes=args.real_max_minutes,
                        on_prompt=saved))
+    if "inflated" in steps:
+        run_inflated_step(args, report, save)
     log("summary:", args.out / "summary.md")
     failed = [k for k, v in report.get("tests", {}).items() if v["returncode"] != 0]
     return 1 if failed else 0

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import torch
 
+EAGER, STATIC = "transformers greedy (eager)", "transformers greedy (static cache)"  # the greedy arms' labels
+
 
 def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None,
           fixed: bool = False, only: list[str] | None = None) -> dict[str, tuple[Any, Any]]:
@@ -37,8 +39,7 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
     import hf_speculative as hfs
 
     tree32 = hfs.DynamicTree(nodes=32)
-    arms: dict[str, tuple[Any, Any]] = {"transformers greedy (eager)": (None, False),
-                                        "transformers greedy (static cache)": (None, "static"),
+    arms: dict[str, tuple[Any, Any]] = {EAGER: (None, False), STATIC: (None, "static"),
                                         "prompt lookup, compiled": (hfs.PromptLookup(), True),
                                         "prompt lookup tree 32, compiled": (hfs.PromptLookup(tree=tree32), True),
                                         "SuffixDecoding, compiled": (hfs.SuffixDecoding(), True)}
@@ -62,7 +63,9 @@ def _arms(model: torch.nn.Module, drafter: str | None, medusa: str | None = None
 def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict,
           capacity: int | None = None) -> Callable[[], torch.Tensor]:
     """One arm's call; transformers' static-cache greedy gets a fresh cache of ``capacity`` positions each call (one
-    size for every prompt, so transformers compiles its decoding forward once rather than per prompt length)."""
+    size for every prompt, so transformers compiles its decoding forward once rather than per prompt length). A
+    strategy's ``compile``: ``True`` or a mode compiles our verification (on its static cache), ``"static"`` verifies
+    on the static cache uncompiled (the CPU dry run of the inflated step), ``False`` on the dynamic cache."""
     import hf_speculative as hfs
 
     from hf_speculative.compat import cache_kwarg, new_static_cache
@@ -74,8 +77,9 @@ def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict,
         if capacity is None:
             return lambda: type(model).generate(model, **base, cache_implementation="static")
         return lambda: type(model).generate(model, **base, **{cache_kwarg(): new_static_cache(model, capacity)})
-    hfs.enable(model, compile=compile, static_budget=draft_budget(strategy))  # chains are not padded to a tree's size
-    return lambda: model.generate(**base, candidate_generator=strategy)
+    static = {"cache_implementation": "static"} if compile == "static" else {}
+    hfs.enable(model, compile=False if static else compile, static_budget=draft_budget(strategy))  # chains: own size
+    return lambda: model.generate(**base, **static, candidate_generator=strategy)
 
 
 def _sync(device: str) -> None:
@@ -134,8 +138,11 @@ def run_real(model_dir: Path, device: str, dtype: torch.dtype, *, drafter: str |
 
 
 def _run_prompt(model: torch.nn.Module, arms: dict[str, tuple[Any, Any]], prompt: Any, ids: torch.Tensor,
-                new_tokens: int, repeats: int, capacity: int, device: str, rows: dict[str, list[dict]]) -> None:
-    """One prompt: a warm-up round (it compiles), then ``repeats`` rounds of every arm in turn; a row per arm."""
+                new_tokens: int, repeats: int, capacity: int, device: str, rows: dict[str, list[dict]],
+                reference: str = EAGER, others: dict[str, torch.Tensor] | None = None) -> None:
+    """One prompt: a warm-up round (it compiles), then ``repeats`` rounds of every arm in turn; a row per arm, its
+    ``identical`` against the arm ``reference``'s output (and ``identical_to_static`` against the static-cache
+    greedy's, ``identical_to_<name>`` against each of ``others``, outputs computed elsewhere)."""
     import hf_speculative as hfs
 
     from .gpu_check import _step_times
@@ -160,8 +167,8 @@ def _run_prompt(model: torch.nn.Module, arms: dict[str, tuple[Any, Any]], prompt
             if repeat:
                 times[label].append(seconds)
             outputs[label] = (out, hfs.last_stats(model) if strategy is not None else None)
-    reference = outputs["transformers greedy (eager)"][0]
-    static = outputs.get("transformers greedy (static cache)")
+    reference = outputs[reference][0]
+    static = outputs.get(STATIC)
     static = static[0] if isinstance(static, tuple) else None
     new = reference.shape[1] - ids.shape[1]
     for label in arms:
@@ -174,6 +181,9 @@ def _run_prompt(model: torch.nn.Module, arms: dict[str, tuple[Any, Any]], prompt
                "first_divergence": _first_divergence(out, reference, ids.shape[1])}
         if static is not None:
             row["identical_to_static"] = bool(torch.equal(out, static))
+        for name, other in (others or {}).items():
+            row[f"identical_to_{name}"] = bool(torch.equal(out.cpu(), other.cpu()))
+            row[f"first_divergence_from_{name}"] = _first_divergence(out.cpu(), other.cpu(), ids.shape[1])
         if stats is not None:
             row.update(tau=round(stats.tau, 3), **_step_times(stats))
         rows[label].append(row)
@@ -187,10 +197,11 @@ def _first_divergence(out: torch.Tensor, reference: torch.Tensor, prompt: int) -
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _summarize(rows: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
-    """Per arm: tokens/s and the median of its per-prompt speed against each greedy, τ, identical prompts."""
+def _summarize(rows: dict[str, list[dict]], baselines: tuple[str, ...] = (EAGER, STATIC)) -> dict[str, dict[str, Any]]:
+    """Per arm: tokens/s and the median of its per-prompt speed against each greedy of ``baselines``, τ, identical
+    prompts (and ``identical_to_<name>`` counts for each such field of the rows)."""
     greedy = {label: {r["question_id"]: r["seconds"] for r in rows[label] if "seconds" in r}
-              for label in ("transformers greedy (eager)", "transformers greedy (static cache)")}
+              for label in baselines if label in rows}
     summary = {}
     for label, runs in rows.items():
         done = [r for r in runs if "seconds" in r]
@@ -204,6 +215,8 @@ def _summarize(rows: dict[str, list[dict]]) -> dict[str, dict[str, Any]]:
             ratios = [by_id[r["question_id"]] / r["seconds"] for r in done if r["question_id"] in by_id]
             if ratios:
                 arm[f"vs {name}"] = round(statistics.median(ratios), 3)
+        for key in sorted({k for r in done for k in r if k.startswith("identical_to_") and k != "identical_to_static"}):
+            arm[key] = sum(r.get(key, False) for r in done)
         parted = [r["first_divergence"] for r in done if r.get("first_divergence") is not None]
         if parted:  # where bfloat16 near-ties part it from eager greedy: the new token's index, median
             arm["first_divergence"] = statistics.median(parted)
@@ -226,7 +239,7 @@ def summary_lines(real: dict[str, Any]) -> list[str]:
                                                          f"{arm.get('identical_to_static', 0)}/{arm['prompts']}",
                                                          arm.get("first_divergence", "")])
             for label, arm in real["arms"].items()]
-    prompts = len(real["rows"]["transformers greedy (eager)"])
+    prompts = len(real["rows"][EAGER])
     return [f"## Real weights: {real['model']} ({real['dtype']}), EAGLE drafter {real['drafter']}, Medusa heads "
             f"{real.get('medusa')}, {prompts} Spec-Bench prompts (up to {real['per_category']} per category), "
             f"{real['new_tokens']} new tokens, median of {real['repeats']}", "",

