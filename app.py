@@ -36,6 +36,15 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "env HFS_APP_THREADS)")
     parser.add_argument("--max-queue", type=int, default=_env_int("HFS_APP_MAX_QUEUE") or 16,
                         help="requests allowed to wait in the queue (env HFS_APP_MAX_QUEUE)")
+    parser.add_argument("--max-per-session", type=int, default=_env_int("HFS_APP_MAX_PER_SESSION"),
+                        help="comparisons one session (a page, a gradio_client.Client) may have waiting or running; "
+                        "more are refused with HTTP 429 (default 2; 0: no bound; env HFS_APP_MAX_PER_SESSION)")
+    parser.add_argument("--max-per-address", type=int, default=_env_int("HFS_APP_MAX_PER_ADDRESS"),
+                        help="the same for one IP address (default: half of --max-queue; 0: no bound, behind a proxy "
+                        "that hides visitors' addresses; env HFS_APP_MAX_PER_ADDRESS)")
+    parser.add_argument("--max-body-kb", type=int, default=_env_int("HFS_APP_MAX_BODY_KB"),
+                        help="KiB one HTTP request body may hold; a larger one gets HTTP 413 before it is read "
+                        "(default 512; 0: no limit; env HFS_APP_MAX_BODY_KB)")
     parser.add_argument("--allow-local-paths", action="store_true",
                         help="let visitors also type local folders and Hub ids for the model, draft model, EAGLE "
                         "drafter and exit adapter (default: only the registry's models, --model and the shipped "
@@ -57,6 +66,13 @@ def _fetch_default(model: str) -> None:
         fetch(model)
 
 
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The per-client and per-request bounds given on the command line (the others keep build_app's defaults)."""
+    given = {"max_per_session": args.max_per_session, "max_per_address": args.max_per_address,
+             "max_body_bytes": None if args.max_body_kb is None else args.max_body_kb * 1024}
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Build the app and serve it until interrupted, printing the local URL."""
     args = _parse_args(argv)
@@ -74,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     kwargs: dict[str, Any] = {"max_queue": args.max_queue, "allow_local_paths": args.allow_local_paths,
-                              "allow_downloads": args.allow_downloads}
+                              "allow_downloads": args.allow_downloads, **_limits(args)}
     if args.model:
         kwargs["default_model"] = args.model
     _fetch_default(args.model or DEFAULT_MODEL)

@@ -176,5 +176,7 @@ def render_pane(
 LEGEND_HTML = (
     '<div class="hfs-legend"><span class="hfs-draft">Highlighted text</span>: draft tokens the target accepted. '
     '<span class="hfs-target">Plain text</span>: tokens the target produced itself (one per target forward). '
-    "τ = new tokens per target forward; speedup = tokens/s against the baseline (the first pane).</div>"
+    "τ = new tokens per target forward; speedup = tokens/s against the baseline (the first pane); acceptance = "
+    "accepted over drafted tokens, unknown (—) for transformers' own methods, which report only what they "
+    "accepted.</div>"
 )

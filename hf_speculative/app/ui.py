@@ -11,10 +11,13 @@ from ..extras import require
 from ..tooling.methods import get_method
 from ..registry.models import DEFAULT_MODEL, REGISTRY
 from .cache import ModelCache, describe_device
+from .calls import AppBlocks, exception_handlers
 from .examples import EXAMPLES
 from .highlight import LEGEND_HTML, PANE_CSS, render_pane
+from .limits import MAX_BODY_BYTES, middleware
 from .offer import check_downloads, draft_models, method_problems, served_models, trained_sources
 from .plots import comparison_figure
+from .queue_share import DEFAULT_PER_SESSION, QueueShare, default_per_address
 from .request import (
     MAX_PANES,
     MAX_SEED,
@@ -55,6 +58,9 @@ def build_app(
     default_methods: list[str] | None = None,
     max_queue: int = 16,
     concurrency_limit: int | None = None,
+    max_per_session: int = DEFAULT_PER_SESSION,
+    max_per_address: int | None = None,
+    max_body_bytes: int | None = MAX_BODY_BYTES,
     max_prompt_tokens: int = 2048,
     max_new_tokens_limit: int = 512,
     default_max_new_tokens: int = 128,
@@ -76,6 +82,12 @@ def build_app(
         max_queue (`int`): requests waiting at most; later visitors are told the queue is full.
         concurrency_limit (`int`, *optional*): comparisons running at once (default: 1 on CPU, where
             two would distort each other's timings, 2 on a GPU).
+        max_per_session (`int`): comparisons one session (an open page, a ``gradio_client.Client``) may have
+            waiting or running; more are refused at once with HTTP 429 and a message (0: no bound).
+        max_per_address (`int`, *optional*): the same for one IP address (default: half of ``max_queue``; 0: no
+            bound, behind a proxy that hides visitors' addresses). See :mod:`hf_speculative.app.queue_share`.
+        max_body_bytes (`int`, *optional*): bytes one HTTP request body may hold: a larger one gets 413 before
+            gradio reads it (:mod:`hf_speculative.app.limits`; default 512 KiB; ``None`` or 0: no limit).
         max_prompt_tokens (`int`): longest prompt accepted, chat template included.
         max_new_tokens_limit (`int`): upper bound of the "max new tokens" slider.
         default_max_new_tokens (`int`): its initial value.
@@ -95,6 +107,9 @@ def build_app(
     """
     check_exposure(allow_local_paths)
     check_downloads(allow_downloads)
+    share = QueueShare(per_session=max_per_session,
+                       per_address=default_per_address(max_queue) if max_per_address is None else max_per_address)
+    _check_body_limit(max_body_bytes)
     cache = cache or ModelCache()
     sources = Sources.offered(default_model, allow_local_paths=allow_local_paths, allow_downloads=allow_downloads)
     on_gpu = cache.device.type == "cuda"
@@ -106,7 +121,7 @@ def build_app(
     running: dict[str, Comparison] = {}  # session -> its comparison in progress (for Stop)
 
     # analytics off: no calls home from a demo that may run offline or on a visitor-facing Space
-    with gr.Blocks(title="hf_speculative: speculative decoding demo", analytics_enabled=False) as demo:
+    with AppBlocks(title="hf_speculative: speculative decoding demo", analytics_enabled=False) as demo:
         gr.HTML(INTRO_HTML, css_template=PANE_CSS)
         gr.Markdown(f"**Device:** {describe_device(cache.device)} · {_versions()}", elem_id="hfs-device")
         with gr.Row():
@@ -128,20 +143,25 @@ def build_app(
                                       elem_id="hfs-methods-off", visible=bool(disabled))
                 max_new = gr.Slider(1, max_new_tokens_limit, value=default_max_new_tokens, step=1,
                                     label="Max new tokens")
+                sampling = gr.Checkbox(value=False, label="Sample (else greedy)", elem_id="hfs-sample")
+                # each with the width its content needs (the slider's label, number box and reset button take
+                # 171 px, over gradio's 160 px default, which left a scrollbar under it): the row wraps instead
                 with gr.Row():
-                    sampling = gr.Checkbox(value=False, label="Sample (else greedy)", elem_id="hfs-sample")
-                    temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.7, step=0.05, label="Temperature")
-                    seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed")
+                    temperature = gr.Slider(*TEMPERATURE_RANGE, value=0.7, step=0.05, label="Temperature",
+                                            min_width=200, elem_id="hfs-temperature")
+                    seed = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_SEED, label="Seed", min_width=120,
+                                     elem_id="hfs-seed")
                 concurrent = gr.Checkbox(value=False, interactive=on_gpu, label="Run methods at the same time",
                                          info="GPU only; on CPU methods run one after another for fair timings")
         groups, option_inputs, draft_inputs = _option_inputs(slots, sources, default_model, ticked)
         with gr.Row():
             run_btn = gr.Button("Generate and compare", variant="primary", elem_id="hfs-run")
             stop_btn = gr.Button("Stop", variant="secondary", interactive=False, elem_id="hfs-stop")
-        status = gr.Markdown("Ready.", elem_id="hfs-status")
+        status = gr.Markdown("Ready.", label="status", show_label=False, elem_id="hfs-status")
         gr.HTML(LEGEND_HTML, css_template=PANE_CSS)
         with gr.Row(equal_height=False):
-            panes = [gr.HTML(visible=False, css_template=PANE_CSS, elem_id=f"hfs-pane-{i}") for i in range(MAX_PANES)]
+            panes = [gr.HTML(visible=False, css_template=PANE_CSS, label=_pane_name(i), elem_id=f"hfs-pane-{i}")
+                     for i in range(MAX_PANES)]
         plot = gr.Plot(label="Tokens over time and accepted length per step", elem_id="hfs-plot")
         with gr.Accordion("Raw results (JSON)", open=False):
             results = gr.JSON(label="results", elem_id="hfs-results")
@@ -188,8 +208,22 @@ def build_app(
         event.then(lambda: _stop_button(False), outputs=[stop_btn], **ui)
         stop_btn.click(stop, outputs=[status, *panes, plot, results, stop_btn], cancels=[event], **ui)
     demo.queue(max_size=max_queue, default_concurrency_limit=concurrency_limit or (2 if on_gpu else 1))
-    _guard_launch(demo, allow_local_paths)
+    share.install(demo)
+    _guard_launch(demo, allow_local_paths, max_body_bytes)
     return demo
+
+
+def _pane_name(index: int) -> str:
+    """The API's name of pane ``index``'s output (the baseline's is ``pane_1_baseline``)."""
+    return "pane_1_baseline" if index == 0 else f"pane_{index + 1}"
+
+
+def _check_body_limit(max_body_bytes: Any) -> None:
+    if max_body_bytes is None:
+        return
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 0:
+        raise ValueError(f"build_app(max_body_bytes={max_body_bytes!r}): a whole number of bytes >= 0 (0 or None: "
+                         "no limit), e.g. 524288.")
 
 
 def _stop_button(active: bool) -> Any:
@@ -197,15 +231,20 @@ def _stop_button(active: bool) -> Any:
     return gr.update(variant="stop" if active else "secondary", interactive=active)
 
 
-def _guard_launch(demo: gr.Blocks, allow_local_paths: bool) -> None:
-    """Make ``demo.launch()`` refuse uploads (``max_file_size=0`` unless given: the app has no file input) and,
-    with ``allow_local_paths``, a host beyond localhost or a share link."""
+def _guard_launch(demo: gr.Blocks, allow_local_paths: bool, max_body_bytes: int | None = MAX_BODY_BYTES) -> None:
+    """Make ``demo.launch()`` refuse uploads (``max_file_size=0`` unless given: the app has no file input) and
+    request bodies over ``max_body_bytes`` (:class:`~hf_speculative.app.limits.BodyLimit` in front of gradio's
+    routes) and, with ``allow_local_paths``, a host beyond localhost or a share link."""
     launch = demo.launch
 
     def guarded_launch(*args: Any, **kwargs: Any) -> Any:
         if allow_local_paths:
             check_exposure(True, kwargs.get("server_name"), bool(kwargs.get("share")))
         kwargs.setdefault("max_file_size", MAX_UPLOAD)
+        app_kwargs = dict(kwargs.get("app_kwargs") or {})
+        app_kwargs["middleware"] = [middleware(max_body_bytes), *app_kwargs.get("middleware", [])]
+        app_kwargs["exception_handlers"] = {**exception_handlers(demo), **app_kwargs.get("exception_handlers", {})}
+        kwargs["app_kwargs"] = app_kwargs
         return launch(*args, **kwargs)
 
     demo.launch = guarded_launch
@@ -471,15 +510,29 @@ def _drafts_from_a_model(method: str) -> bool:
 def _figures(comparison: Comparison, trace: MethodTrace) -> str:
     if trace.status == "waiting" or (trace.status in ("error", "cancelled") and not trace.ids):
         return ""
-    speedup, tau, rate = comparison.speedup(trace), trace.tau, trace.acceptance_rate
+    speedup, tau = comparison.speedup(trace), trace.tau
     return " · ".join([
         f"{trace.tokens_per_s:.1f} tok/s",
         "speedup " + ("—" if speedup is None else f"{speedup:.2f}×"),
         "τ " + ("—" if tau is None else f"{tau:.2f}"),
-        "acceptance " + ("—" if rate is None else f"{rate:.0%}"),
+        acceptance_figure(trace),
         f"{trace.target_forwards} target forwards",
         f"{trace.new_tokens} tokens",
     ])
+
+
+def acceptance_figure(trace: MethodTrace) -> str:
+    """Accepted over drafted tokens, or why there is no such figure: transformers' own methods do not report how
+    many tokens they drafted (only what was accepted reaches the streamer, which τ counts), and a method that
+    drafted nothing has no rate."""
+    rate = trace.acceptance_rate
+    if rate is not None:
+        return f"acceptance {rate:.0%}"
+    if trace.spec.kind == "baseline":
+        return "acceptance — (no drafts)"
+    if trace.spec.kind == "transformers":
+        return "acceptance — (transformers does not report its drafted tokens)"
+    return "acceptance — (nothing drafted)" if trace.drafted_tokens == 0 else "acceptance —"
 
 
 def _badge(comparison: Comparison, trace: MethodTrace, index: int) -> tuple[str, str] | None:

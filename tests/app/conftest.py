@@ -103,10 +103,10 @@ def generation_threads() -> list[threading.Thread]:
 
 
 @contextlib.contextmanager
-def slow_app(model_dir: Path, seconds_per_forward: float = 0.02, max_queue: int = 16):
+def slow_app(model_dir: Path, seconds_per_forward: float = 0.02, max_queue: int = 16, **options):
     """Serve an app whose model takes ``seconds_per_forward`` per forward and never stops by itself
     (no EOS): only a cancel ends a long generation early. Yields ``(url, forwards)``, ``forwards`` a
-    list that grows by one per forward."""
+    list that grows by one per forward. ``options`` go to ``build_app`` (e.g. ``max_per_session``)."""
     from hf_speculative.app.cache import ModelCache
     from hf_speculative.app.ui import build_app
     from hf_speculative.registry.models import load_model
@@ -125,7 +125,7 @@ def slow_app(model_dir: Path, seconds_per_forward: float = 0.02, max_queue: int 
 
     demo = build_app(ModelCache(loader, device=torch.device("cpu"), warmup=False), default_model=str(model_dir),
                      max_new_tokens_limit=512, default_max_new_tokens=400, default_methods=["hf-prompt-lookup"],
-                     max_queue=max_queue)
+                     max_queue=max_queue, **options)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
     try:
         yield url, forwards

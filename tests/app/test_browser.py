@@ -102,6 +102,24 @@ def test_a_bad_request_shows_a_message_in_the_page(browser_page, served_app):
     assert "Traceback" not in page.content()
 
 
+SCROLLING = """() => [...document.querySelectorAll('*')].filter(el => {
+    const style = getComputedStyle(el), shown = el.offsetParent !== null;
+    const across = el.scrollWidth > el.clientWidth + 1 && ['auto', 'scroll'].includes(style.overflowX);
+    return shown && across;
+}).map(el => (el.id || el.className.toString().slice(0, 40)) + ': ' + (el.innerText || '').slice(0, 40))"""
+
+
+@pytest.mark.parametrize("width", [1600, 1280, 1024])
+def test_no_control_scrolls_sideways(browser_page, served_app, width):
+    """The Temperature slider's label, number box and reset button once needed 171 px in a 160 px block: a stray
+    scrollbar under it. No block of the page scrolls sideways, at a wide or a narrow window."""
+    page = browser_page
+    page.set_viewport_size({"width": width, "height": 1000})
+    open_app(page, served_app[0])
+    page.locator("#hfs-temperature").wait_for(timeout=30_000)
+    assert page.evaluate(SCROLLING) == []
+
+
 def test_closing_the_page_stops_the_generation(browser_page, tiny_chat_dir):
     page = browser_page
     with slow_app(tiny_chat_dir) as (url, forwards):

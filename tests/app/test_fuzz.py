@@ -430,7 +430,8 @@ def test_the_served_api_hands_values_over_as_sent_and_answers_with_the_apps_mess
 def test_past_the_queue_bound_the_app_answers_queue_full_and_cancelled_runs_stop(tiny_chat_dir):
     from gradio_client import Client
 
-    with slow_app(tiny_chat_dir, max_queue=1) as (url, forwards):
+    # no per-client share here (test_queue_share.py checks it): one client meets the queue's own bound
+    with slow_app(tiny_chat_dir, max_queue=1, max_per_session=0, max_per_address=0) as (url, forwards):
         client = Client(url, verbose=False)
         jobs = [client.submit(*form(prompt=TINY_PROMPT, model=str(tiny_chat_dir), methods=["hf-prompt-lookup"],
                                     max_new_tokens=400), api_name="/compare") for _ in range(4)]

@@ -167,6 +167,23 @@ def test_sampling_is_named_plain_sampling(loaded):
     assert "identical to plain sampling ✓" in _pane_html(comparison, 1) and "greedy" not in _pane_html(comparison, 1)
 
 
+def test_an_acceptance_dash_says_why():
+    """A transformers method's pane showed "acceptance —" beside τ 6.86: transformers reports no drafted count."""
+    from hf_speculative.app.ui import acceptance_figure
+
+    hf = MethodTrace(get_method("hf-prompt-lookup"), 32)
+    for block in ([1, 2, 3, 4, 5, 6, 7], [8]):
+        hf.add_block(block, 0.0)
+    assert hf.tau == 4.0 and acceptance_figure(hf) == "acceptance — (transformers does not report its drafted tokens)"
+    assert acceptance_figure(_trace("prompt-lookup", SpeculativeStats(new_tokens=8))) == "acceptance — (nothing drafted)"
+    drafted = SpeculativeStats(new_tokens=8)
+    drafted.record_draft(4, 0.0)
+    drafted.record_verify(3, 0.0)
+    assert acceptance_figure(_trace("prompt-lookup", drafted)) == "acceptance 75%"
+    assert acceptance_figure(MethodTrace(get_method("greedy"), 4)) == "acceptance — (no drafts)"
+    assert "unknown (—) for transformers' own methods" in LEGEND_HTML
+
+
 def test_the_legend_reads_as_sentences():
     text = LEGEND_HTML.replace("</span>", "").split(">")
     words = " ".join(" ".join(part.split("<")[0] for part in text).split())

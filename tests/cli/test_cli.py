@@ -217,6 +217,41 @@ def test_a_speedup_that_tau_contradicts_is_called_noise():
             {"method": "eagle", "tau": 1.0, "speedup": 0.95}]     # within the noise band
     doubts = timing_doubts(rows)
     assert len(doubts) == 1 and doubts[0].startswith("suffix: 1.52× at τ 1.00") and "bench" in doubts[0]
+    assert "--repeats N" in doubts[0] and "medians of 5 runs each" in timing_doubts(rows, repeats=5)[0]
+
+
+def test_compare_repeats_runs_each_method_in_turn_and_reports_medians(cli, chat_checkpoint, monkeypatch):
+    """--repeats 3: a warm-up, then greedy, a, greedy, a, greedy, a; each row's figures the medians of its method's
+    runs (the clock is the test's: the three timed runs of greedy take 3, 1 and 2 s, prompt lookup's half that)."""
+    from hf_speculative.tooling import methods
+
+    calls, real = [], methods.run_method
+
+    def counted(spec, *args, **kwargs):
+        done = real(spec, *args, **kwargs)
+        calls.append(spec.name)
+        timed = calls.count(spec.name) - 2  # the first call of each method is its warm-up
+        if timed >= 0:
+            done.seconds = {"greedy": 1.0, "prompt-lookup": 0.5}[spec.name] * [3, 1, 2][timed]
+        return done
+
+    monkeypatch.setattr(methods, "run_method", counted)
+    result = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "6",
+                 "--repeats", "3", "--json")
+    assert result.exit_code == 0, result.output
+    assert calls == ["greedy", "prompt-lookup"] + ["greedy", "prompt-lookup"] * 3, "a warm-up, then in turn"
+    payload = json.loads(result.stdout)
+    greedy, lookup = payload["results"]
+    assert payload["repeats"] == 3 and greedy["runs"] == lookup["runs"] == 3
+    assert greedy["seconds"] == 2.0 and lookup["seconds"] == 1.0, "the medians of 1, 2, 3 (x 0.5) s"
+    assert lookup["tokens_per_s"] == pytest.approx(6 / 1.0) and lookup["speedup"] == pytest.approx(2.0)
+    assert len(lookup["tokens_per_s_runs"]) == 3 and lookup["identical_to_greedy"] is True
+    assert "[2/2] prompt-lookup, run 3/3: done, 6 tokens" in result.stderr
+    calls.clear()
+    table = cli("compare", "--model", chat_checkpoint, "--method", "prompt-lookup", "--max-new-tokens", "4",
+                "--repeats", "2")
+    assert table.exit_code == 0 and "medians of 2 runs" in table.stdout, table.output
+    assert cli("compare", "--repeats", "0").exit_code == 2, "at least one run"
 
 
 def test_compare_table(cli, chat_checkpoint):
@@ -275,7 +310,7 @@ def test_compare_and_bench_share_their_run_options():
     shared = {field.name for field in dataclasses.fields(RunOptions)}
     assert shared <= options["compare"] and shared <= options["bench"]
     assert "run" not in options["compare"] | options["bench"]
-    assert {"method", "prompt", "as_json"} == options["compare"] - shared - {"help"}
+    assert {"method", "prompt", "repeats", "as_json"} == options["compare"] - shared - {"help"}
     assert callable(compare) and callable(bench)
 
     def clashing(run: RunOptions, model: str = "x") -> None:
