@@ -16,8 +16,11 @@ What the drafter asks depends on the evidence it has, and the rules behind the a
   :data:`CHAIN` when its own chain is worth more);
 - ``plan.start_chain()`` / ``plan.wants(peak)`` / ``plan.took(confidence)``: a drafter that sees its confidence in
   every token grows a chain while it pays (:class:`~.policy.ChainLengthPolicy`; ``draft_chain`` in accept.py asks);
-- ``plan.chain_length(key, available)``: a drafter that copies text (prompt lookup) gets the length that pays for
-  the acceptance measured for ``key`` (the matched n-gram's length; :func:`~.policy.best_length`);
+- ``plan.chain_length(key, available)``: a drafter that copies text gets the length that pays for the acceptance
+  measured for ``key`` (:func:`~.policy.best_length`);
+- ``plan.copy_length(keys, prior)``: a drafter whose ``j``-th copied token has an acceptance of its own (prompt
+  lookup: a copy that has matched further is likelier to go on) gets the length that pays for the product of the
+  acceptances measured under ``keys[0..j]`` (:func:`best_survival_length`); each key learns from its own tokens;
 - ``plan.prefix_size(probs)``: a drafter with a best-first list of nodes and their probabilities (SuffixDecoding)
   gets how many pay (:class:`~.policy.ScoredPrefix`).
 
@@ -39,7 +42,7 @@ batch's forward (core/rows.py) still bounds every row's draft.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .costs import VerifyCostModel
 from .policy import AcceptanceEstimate, ChainLengthPolicy, ScoredPrefix, TreeBudget, best_length
@@ -119,6 +122,7 @@ class Plan:
     began: bool = False        # start_chain() said yes: the chain rule closes the draft when verified
     nodes: int = 0             # the tree budget's answer (a size, 0, or CHAIN)
     key: Any = None          # the key of a "keyed" chain
+    keys: tuple | None = None  # the per-token keys of a "keyed" chain sized by copy_length
 
     # -- what a drafter asks ---------------------------------------------------------------------
     def tree_nodes(self) -> int:
@@ -167,9 +171,49 @@ class Plan:
                 self.key = None
         return k
 
+    def copy_length(self, keys: Sequence[Any], prior: Callable[[Any], float] | None = None) -> int:
+        """How many of ``len(keys)`` copied tokens to draft when the ``j``-th one, once the ones before it were
+        accepted, is accepted at the rate measured under ``keys[j]`` (a key's estimate starts at ``prior(key)``).
+        A fixed budget drafts them all, within ``tokens`` and the depth."""
+        budget = self._budget
+        keys = tuple(keys)[: min(budget.sizing.tokens, self.depth)]
+        self.asked_chain = True
+        if not budget.sizing.adaptive or not keys:
+            self.keys = keys or None
+            return len(keys)
+        rates = {key: budget.estimate(key, None if prior is None else prior(key)).rate for key in set(keys)}
+        k = best_survival_length(budget.sizing.costs, [rates[key] for key in keys])
+        if k == 0:
+            budget.estimate(keys[0]).forgive()
+        self.keys = keys[:k] or None
+        return k
+
     def prefix_size(self, probs: list[float]) -> int:
         """How many of a best-first list of nodes (``probs``: each one's probability of being accepted) to draft."""
         return self._budget.scored.size(probs)
+
+
+def best_survival_length(costs: VerifyCostModel, rates: Sequence[float]) -> int:
+    """:func:`~.policy.best_length` for a per-token acceptance that varies along the draft: token ``j`` is accepted
+    with probability ``rates[j]`` once the ones before it were, so ``k`` tokens gain
+    ``E(k) = sum_{i<=k} prod_{j<i} rates[j]`` in expectation; the ``k`` in ``[0, len(rates)]`` with the best
+    ``(1 + E(k)) / c(k)``, 0 unless it beats a plain step by 2%."""
+    best_k, best, gain, survival = 0, 1.0, 0.0, 1.0
+    for k, rate in enumerate(rates, start=1):
+        survival *= rate
+        gain += survival
+        value = (1.0 + gain) / costs.ratio(k)
+        if value > best * 1.02:  # the same margin as best_length: do not draft for noise
+            best_k, best = k, value
+    return best_k
+
+
+def learn_per_token(budget: "DraftBudget", keys: Sequence[Any], accepted: int) -> None:
+    """Each key of a verified copy learns from its own tokens: the accepted ones, and the rejected one if it was that
+    key's (the tokens after the first rejection were never tried)."""
+    tried = keys[: accepted + 1]
+    for key in dict.fromkeys(tried):  # distinct, in order
+        budget.estimate(key).update(keys[:accepted].count(key), tried.count(key))
 
 
 class DraftBudget:
@@ -187,8 +231,13 @@ class DraftBudget:
         self.estimates: dict[Any, AcceptanceEstimate] = {}
         self.members = [DraftBudget(member) for member in sizing.members]
 
-    def estimate(self, key: Any) -> AcceptanceEstimate:
-        return self.estimates.setdefault(key, AcceptanceEstimate())
+    def estimate(self, key: Any, prior: float | None = None) -> AcceptanceEstimate:
+        """The acceptance measured under ``key``; a new one starts at ``prior`` (two drafts' worth of evidence)."""
+        estimate = self.estimates.get(key)
+        if estimate is None:
+            estimate = AcceptanceEstimate() if prior is None else AcceptanceEstimate(2 * prior, 2 * (1 - prior))
+            self.estimates[key] = estimate
+        return estimate
 
     def plan(self, depth: int, chain_only: bool = False) -> Plan:
         """This step's plan, for a draft at most ``depth`` deep."""
@@ -219,7 +268,9 @@ class DraftBudget:
         elif sizing.rule == "keyed":
             if seconds is not None:
                 costs.observe(size, seconds)
-            if plan.key is not None and size:
+            if plan.keys is not None and size:
+                learn_per_token(self, plan.keys[:size], accepted)
+            elif plan.key is not None and size:
                 self.estimate(plan.key).update(accepted, size)
         elif costs is not None and size:
             if seconds is not None:

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import heapq
 import json
+import math
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -31,6 +32,7 @@ from ..options import (
     shown,
 )
 from ..options import check_int as _check_int
+from .draft_guide import DraftGuide, branch_of
 from .tree import ROOT, DraftTree
 
 MAX_NODES = MAX_TREE_NODES  # the widest tree any shape may ask one forward to verify
@@ -179,22 +181,26 @@ class DynamicTree:
         object.__setattr__(self, "depth", _check_int("DynamicTree", "depth", self.depth, 1, MAX_DEPTH))
         object.__setattr__(self, "top_k", _check_int("DynamicTree", "top_k", self.top_k, 1, MAX_TOP_K))
 
-    def grow(self, root_logprobs: torch.Tensor, expand: Callable[[list[int], torch.Tensor, list[int]], torch.Tensor],
-             nodes: int | None = None, depth: int | None = None, sampler=None) -> DraftTree:
+    def grow(self, root_logits: torch.Tensor, expand: Callable[[list[int], torch.Tensor, list[int]], torch.Tensor],
+             nodes: int | None = None, depth: int | None = None, sampler=None,
+             guide: DraftGuide | None = None) -> DraftTree:
         """Grow one step's tree.
 
         Args:
-            root_logprobs: ``[V]`` the drafter's log-probabilities for the token after the root.
+            root_logits: ``[V]`` the drafter's logits (or log-probabilities) for the token after the root.
             expand: ``expand(frontier, tokens, parents)`` runs the drafter one depth further on the frontier's
                 nodes (indices into the nodes drafted so far, in drafting order, with their ``[k]`` tokens and
-                their parents' indices, ``-1`` for the root) and returns ``[k, V]`` log-probabilities for each
-                one's next token.
+                their parents' indices, ``-1`` for the root) and returns ``[k, V]`` logits (or log-probabilities)
+                for each one's next token.
             nodes: this step's budget (defaults to ``self.nodes``; the cost model may lower it).
             depth: this step's deepest level (defaults to ``self.depth``; less near the length limit).
-            sampler: the call's ``RejectionSampler`` under the rejection rule: each node's guesses are then its
-                top one, then draws without replacement (Gumbel-top-k with the sampler's generator) from the
-                drafter's distribution over its ``PROPOSAL_TOKENS`` (256) likeliest tokens, in the order drawn, and
-                the tree keeps what each was drawn from (``DraftTree.q``) for the rule.
+            sampler: a ``RejectionSampler`` when there is no ``guide`` (the guide's sampler otherwise).
+            guide: the call's :class:`~hf_speculative.core.draft_guide.DraftGuide`: every node's logits go through
+                the call's processors with the node's branch as the context before its guesses are chosen (a guess
+                they ban is dropped); under the rejection rule a node's guesses are its top one, then draws without
+                replacement (Gumbel-top-k with the sampler's generator) from the processed distribution over its
+                ``PROPOSAL_TOKENS`` (256) likeliest tokens, in the order drawn, the tree keeping what each was drawn
+                from (``DraftTree.q``).
 
         Each depth adds the ``top_k`` guesses of each frontier node; the next frontier is the ``top_k``
         new nodes of highest cumulative log-probability (the product of the guesses' probabilities along
@@ -205,18 +211,24 @@ class DynamicTree:
         """
         budget = min(self.nodes if nodes is None else nodes, MAX_NODES)
         if budget <= 0:
-            return DraftTree.empty(root_logprobs.device)
+            return DraftTree.empty(root_logits.device)
+        guide = guide if guide is not None else DraftGuide(sampler=sampler)
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
         dists: list[tuple] = []  # under the rejection rule: what each node was drawn from (_drawn_from)
-        values, indices = self._guesses(root_logprobs[None], sampler, dists)
-        frontier = self._add(tokens, parents, scores, [ROOT], [0.0], values, indices)
+        guesses = self._guesses(guide.logprobs(root_logits[None], [[]]), guide)
+        frontier = self._add(tokens, parents, scores, [ROOT], [0.0], guesses, dists)
         for _ in range(1, min(self.depth, depth or self.depth)):
-            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
-                              [parents[i] for i in frontier])  # [k, V]
-            values, indices = self._guesses(logprobs, sampler, dists)  # [k, top_k] each
-            frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier], values, indices)
+            if not frontier:
+                break  # every guess banned: nothing to grow from
+            logits = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
+                            [parents[i] for i in frontier])  # [k, V]
+            branches = [branch_of(tokens, parents, i) for i in frontier]  # each node's context: its own branch
+            guesses = self._guesses(guide.logprobs(logits, branches), guide)  # [k, top_k] each
+            frontier = self._add(tokens, parents, scores, frontier, [scores[i] for i in frontier], guesses, dists)
+        if not tokens:
+            return DraftTree.empty(root_logits.device)
         keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:budget]
         keep.sort()  # drafting order is topological: parents were drafted first
         where = {old: new for new, old in enumerate(keep)}
@@ -225,16 +237,16 @@ class DynamicTree:
                          torch.tensor([ROOT if parents[i] == ROOT else where[parents[i]] for i in keep],
                                       dtype=torch.long), q)
 
-    def _guesses(self, logprobs: torch.Tensor, sampler, dists: list) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's ``top_k`` guesses ``[k, top_k]`` (their log-probabilities, their tokens): the top ranks, or under
-        the rejection rule draws without replacement (the Gumbel-top-k trick: the order of ``logprobs + g`` is a
-        sequential draw), for each guess appended to ``dists`` what it was drawn from (``_drawn_from`` builds the
-        kept nodes' rows); a drawn guess's value is capped at the one drawn before it."""
-        logprobs = logprobs.float()
-        k = min(self.top_k, logprobs.shape[-1])
+    def _guesses(self, logprobs: torch.Tensor, guide: DraftGuide) -> tuple:
+        """Each row's ``top_k`` guesses ``(values [k, top_k], tokens [k, top_k], drawn)`` from its processed
+        ``logprobs``: the guide's ranking (:meth:`~hf_speculative.core.draft_guide.DraftGuide.ranked`), or under the
+        rejection rule draws without replacement (the Gumbel-top-k trick: the order of ``logprobs + g`` is a
+        sequential draw), ``drawn`` then holding for each guess what it was drawn from (``_drawn_from`` builds the
+        kept nodes' rows; ``None`` otherwise); a guess's value is capped at the one before it."""
+        sampler = guide.rejection
         if sampler is None:
-            top = logprobs.topk(k, dim=-1)
-            return top.values, top.indices
+            return (*guide.ranked(logprobs, self.top_k), None)
+        k = min(self.top_k, logprobs.shape[-1])
         # The draws come from the drafter's distribution over its PROPOSAL_TOKENS likeliest tokens, renormalised:
         # what each guess was drawn from is what the rule is told (so it stays exact); noise for a few hundred
         # tokens instead of the whole vocabulary, and no guesses from a tail the target never keeps.
@@ -245,19 +257,26 @@ class DynamicTree:
         order = top.indices.gather(-1, perturbed.topk(k, dim=-1).indices)  # [k, top_k]: then draws w/o replacement
         values = torch.cummin(logprobs.gather(-1, order), dim=-1).values  # never above the sibling drawn before
         probs = torch.zeros_like(logprobs).scatter_(-1, top.indices, torch.softmax(top.values, dim=-1))  # [k, V]
-        for row, tokens in enumerate(order.tolist()):
-            dists.extend((probs, row, tokens[:i], tokens[i]) for i in range(len(tokens)))
-        return values, order
+        drawn = [[(probs, row, tokens[:i], tokens[i]) for i in range(len(tokens))]
+                 for row, tokens in enumerate(order.tolist())]
+        return values, order, drawn
 
-    def _add(self, tokens, parents, scores, frontier, base, values, indices) -> list[int]:
-        """Append each frontier node's guesses; return the next frontier (the ``top_k`` best new nodes)."""
+    def _add(self, tokens, parents, scores, frontier, base, guesses, dists) -> list[int]:
+        """Append each frontier node's guesses but the banned ones (value ``-inf``: the processors leave them no
+        probability), with what each was drawn from under the rejection rule; return the next frontier (the
+        ``top_k`` best new nodes)."""
+        values, indices, drawn = guesses
         first = len(tokens)
         values, indices = values.tolist(), indices.tolist()  # one read each (on a GPU, a sync each)
         for row, parent in enumerate(frontier):
-            for value, token in zip(values[row], indices[row]):
+            for i, (value, token) in enumerate(zip(values[row], indices[row])):
+                if not math.isfinite(value):
+                    continue
                 tokens.append(int(token))
                 parents.append(parent)
                 scores.append(base[row] + float(value))
+                if drawn is not None:
+                    dists.append(drawn[row][i])
         new = range(first, len(tokens))
         return sorted(sorted(new, key=lambda i: (-scores[i], i))[: self.top_k])
 
@@ -297,28 +316,54 @@ def shape_from_json(value: object) -> DynamicTree | StaticTree:
                      f"{{\"static_tree\": [[0], [1], [0, 0]]}}, got {value!r}.")
 
 
-def grow_static(shape: "StaticTree", root_logprobs: torch.Tensor, expand, max_depth: int) -> DraftTree:
+def grow_static(shape: "StaticTree", root_logits: torch.Tensor, expand, max_depth: int,
+                guide: DraftGuide | None = None) -> DraftTree:
     """Fill a static tree's rank paths with the drafter's guesses, one drafter forward per depth (over the
-    nodes that have children in the tree), down to ``max_depth``."""
-    paths = [p for p in shape.paths if len(p) <= max_depth]  # sorted by depth: parents first
+    nodes that have children in the tree), down to ``max_depth`` (:func:`grow_paths`)."""
+    return grow_paths(shape.paths, root_logits, expand, max_depth, guide)
+
+
+def grow_paths(paths: Sequence[RankPath], root_logits: torch.Tensor, expand, max_depth: int,
+               guide: DraftGuide | None = None) -> DraftTree:
+    """The tree of rank ``paths`` (parents before children, every path's parent among them) down to ``max_depth``:
+    node ``p + (r,)`` is the guess of rank ``r`` after node ``p`` (``expand`` and ``root_logits`` as in
+    :meth:`DynamicTree.grow`). With a ``guide`` each node's guesses are ranked on its logits processed with its own
+    branch as the context; a rank the processors leave no guess for (banned tokens) drops its node and the nodes
+    under it."""
+    guide = guide if guide is not None else DraftGuide()
+    paths = [p for p in paths if len(p) <= max_depth]  # sorted by depth: parents first
+    if not paths:
+        return DraftTree.empty(root_logits.device)
     index = {p: i for i, p in enumerate(paths)}
     parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
     has_children = {p[:-1] for p in paths if len(p) > 1}
-    top_k = min(shape.top_k, root_logprobs.shape[-1])
-    ranked: dict[tuple[int, ...], list[int]] = {(): root_logprobs.topk(top_k).indices.tolist()}
-    tokens = [0] * len(paths)
-    for depth in range(1, 1 + max((len(p) for p in paths), default=0)):
+    top_k = 1 + max(max(p) for p in paths)
+    ranked: dict[RankPath, list[int]] = {(): _ranked(guide, root_logits[None], [[]], top_k)[0]}
+    tokens: list[int | None] = [None] * len(paths)
+    for depth in range(1, 1 + max(len(p) for p in paths)):
         level = [i for i, p in enumerate(paths) if len(p) == depth]
         for i in level:
-            guesses = ranked[paths[i][:-1]]
-            tokens[i] = guesses[min(paths[i][-1], len(guesses) - 1)]
-        frontier = [i for i in level if paths[i] in has_children]
+            guesses = ranked.get(paths[i][:-1], [])  # (none when the parent was dropped)
+            if paths[i][-1] < len(guesses):
+                tokens[i] = guesses[paths[i][-1]]
+        frontier = [i for i in level if tokens[i] is not None and paths[i] in has_children]
         if frontier:
-            logprobs = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
-                              [parents[i] for i in frontier])  # [k, V]
-            for i, top in zip(frontier, logprobs.topk(top_k, dim=-1).indices.tolist()):
+            branch = [branch_of(tokens, parents, i) for i in frontier]
+            logits = expand(frontier, torch.tensor([tokens[i] for i in frontier], dtype=torch.long),
+                            [parents[i] for i in frontier])  # [k, V]
+            for i, top in zip(frontier, _ranked(guide, logits, branch, top_k)):
                 ranked[paths[i]] = top
-    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+    keep = [i for i, token in enumerate(tokens) if token is not None]
+    where = {old: new for new, old in enumerate(keep)}
+    return DraftTree(torch.tensor([tokens[i] for i in keep], dtype=torch.long),
+                     torch.tensor([ROOT if parents[i] == ROOT else where[parents[i]] for i in keep], dtype=torch.long))
+
+
+def _ranked(guide: DraftGuide, logits: torch.Tensor, branches: list, top_k: int) -> list[list[int]]:
+    """Each row's guesses best first (:meth:`~hf_speculative.core.draft_guide.DraftGuide.ranked`), the banned ones
+    left out."""
+    values, order = guide.ranked(guide.logprobs(logits, branches), top_k)
+    return [[t for t, v in zip(row, vals) if math.isfinite(v)] for row, vals in zip(order.tolist(), values.tolist())]
 
 
 def tree_depth(shape: "DynamicTree | StaticTree", nodes: int) -> int:
@@ -330,16 +375,17 @@ def tree_depth(shape: "DynamicTree | StaticTree", nodes: int) -> int:
     return max(len(path) for path in shape.paths)
 
 
-def grow_tree(shape: "DynamicTree | StaticTree", root_logprobs: torch.Tensor, expand, nodes: int,
-              max_depth: int, sampler=None) -> DraftTree:
+def grow_tree(shape: "DynamicTree | StaticTree", root_logits: torch.Tensor, expand, nodes: int,
+              max_depth: int, guide: DraftGuide | None = None) -> DraftTree:
     """One step's tree of ``shape`` with a budget of ``nodes`` (dynamic trees), no deeper than ``max_depth``: what
-    EAGLE and draft models both grow from their root log-probabilities and ``expand`` (see :meth:`DynamicTree.grow`).
-    ``sampler``: the call's ``RejectionSampler``, under which a dynamic tree's guesses are drawn (a static tree's
-    rank paths stay deterministic guesses: a shape may keep rank 2 without rank 1, which draws cannot)."""
+    EAGLE, DFlash and draft models grow from their root logits and ``expand`` (see :meth:`DynamicTree.grow`).
+    ``guide``: the call's :class:`~hf_speculative.core.draft_guide.DraftGuide` (its processors on every node's
+    branch; under the rejection rule a dynamic tree's guesses are drawn, while a static tree's rank paths stay
+    deterministic guesses: a shape may keep rank 2 without rank 1, which draws cannot)."""
     if isinstance(shape, DynamicTree):
-        return shape.grow(root_logprobs, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)),
-                          sampler=sampler)
-    return grow_static(shape, root_logprobs, expand, max_depth)
+        return shape.grow(root_logits, expand, nodes=nodes, depth=min(max_depth, tree_depth(shape, nodes)),
+                          guide=guide)
+    return grow_static(shape, root_logits, expand, max_depth, guide)
 
 
 def drafter_levels(tree: DraftTree) -> int:

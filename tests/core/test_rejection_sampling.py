@@ -15,6 +15,7 @@ from scipy.stats import chisquare
 import hf_speculative as hfs
 from hf_speculative.core import accept as accept_module
 from hf_speculative.core.accept import accept_rejection
+from hf_speculative.core.draft_guide import DraftGuide
 from hf_speculative.core.sampling import RejectionSampler, check_mode
 from hf_speculative.core.tree import DraftTree
 from hf_speculative.core import tree_shapes
@@ -394,6 +395,11 @@ def _echo_medusa(target) -> hfs.Medusa:
     return hfs.Medusa(heads.eval(), tree=tree, adaptive=False)
 
 
+def _raw(guide, logits, branches):
+    """A tree's guesses from the drafter's own distribution, without the call's processors."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
 def _forwards_per_text(target, mode: str, seeds: range) -> list[tuple[int, int]]:
     """(forwards of the sampled call, forwards of greedy decoding forced to write its text) for each seed."""
     from transformers import LogitsProcessorList
@@ -404,9 +410,11 @@ def _forwards_per_text(target, mode: str, seeds: range) -> list[tuple[int, int]]
         out = target.generate(**inputs(PROMPT), do_sample=True, temperature=1.0, max_new_tokens=12,
                               candidate_generator=medusa, speculative_sampling=mode)
         text, sampled = out[0, len(PROMPT):].tolist(), hfs.last_stats(target).target_forwards
-        replay = target.generate(**inputs(PROMPT), do_sample=False, max_new_tokens=len(text),
-                                 candidate_generator=medusa,
-                                 logits_processor=LogitsProcessorList([_Force(len(PROMPT), text)]))
+        with pytest.MonkeyPatch.context() as patch:  # trees apply the call's processors to their guesses: the
+            patch.setattr(DraftGuide, "logprobs", _raw)  # replay's drafter must not see the forcing one
+            replay = target.generate(**inputs(PROMPT), do_sample=False, max_new_tokens=len(text),
+                                     candidate_generator=medusa,
+                                     logits_processor=LogitsProcessorList([_Force(len(PROMPT), text)]))
         assert replay[0, len(PROMPT):].tolist() == text
         pairs.append((sampled, hfs.last_stats(target).target_forwards))
     return pairs

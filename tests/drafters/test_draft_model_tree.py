@@ -62,7 +62,11 @@ def test_expansions_equal_plain_forwards_along_each_branch(arch):
         def logits_of(logits):
             return logits.float()
 
-        expand, crop = model_tree_expander(draft, cache, logits_of)
+        raw, crop = model_tree_expander(draft, cache, logits_of)
+
+        def expand(*args):  # the expander returns logits; the tree grower normalises them (after the processors)
+            return torch.log_softmax(raw(*args), dim=-1)
+
         first = expand([0, 1], torch.tensor([30, 31]), [-1, -1])  # two children of the root
         second = expand([2, 3], torch.tensor([40, 41]), [0, 1])  # a child under each
         third = expand([4], torch.tensor([50]), [2])  # one deeper under the first branch

@@ -27,7 +27,7 @@ from ...core.budget import Plan
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import FeatureTap
 from ...core.policy import check_chain_options
-from ...core.sampling import rejection_sampler
+from ...core.draft_guide import DraftGuide
 from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
 from ...options import CheckedOnAssignment, shown
@@ -250,10 +250,10 @@ class AssistantCandidateGenerator(TreeOrChainCandidateGenerator):
             logits, out = self._run(tokens, torch.stack([hidden_of[p] for p in parents]), kv, position)
             for i, node in enumerate(frontier):
                 hidden_of[node] = out[i]
-            return torch.log_softmax(logits, dim=-1)  # [k, V]
+            return logits  # [k, V]: the grower processes and normalises them per branch
 
-        tree = grow_tree(self.config.tree, torch.log_softmax(logits, dim=-1), expand, nodes, max_depth,
-                         rejection_sampler(self.ctx.logits_processor))
+        tree = grow_tree(self.config.tree, logits, expand, nodes, max_depth,
+                         DraftGuide(self.ctx.logits_processor, sequence))  # the call's processors per node
         return DraftTree(tree.tokens.to(sequence.device), tree.parents.to(sequence.device), tree.q)
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...core.policy import check_chain_options
-from ...core.sampling import rejection_sampler
+from ...core.draft_guide import DraftGuide
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
 from ...options import CheckedOnAssignment, shown
@@ -287,16 +287,17 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         logits = self.window_logits(sequence, depth)
         if logits is None:
             return DraftTree.empty(sequence.device)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [D, V]
+        logits = logits.float()  # [D, V]
         level = 0
 
         def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
             nonlocal level  # shapes expand one level at a time, from the root's children down
             level += 1
-            return logprobs[level].expand(len(frontier), -1)  # [k, V]: the same guesses under every parent
+            # the same logits under every parent (the grower processes them with each one's own branch)
+            return logits[level].expand(len(frontier), -1)  # [k, V]
 
-        tree = grow_tree(self.config.tree, logprobs[0], expand, nodes, depth,
-                         rejection_sampler(self.ctx.logits_processor))
+        tree = grow_tree(self.config.tree, logits[0], expand, nodes, depth,
+                         DraftGuide(self.ctx.logits_processor, sequence))  # the call's processors per node
         return dataclasses.replace(tree, tokens=tree.tokens.to(sequence.device),
                                    parents=tree.parents.to(sequence.device))
 

@@ -17,7 +17,7 @@ from ... import compat
 from ...core.accept import draft_chain
 from ...cpu.kernel import WEIGHTS
 from ...cpu.layout import follow_layout
-from ...core.sampling import rejection_sampler
+from ...core.draft_guide import DraftGuide
 from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_accept_rate, record_draft_step
@@ -267,12 +267,12 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         common = self._rollback(input_ids)
-        root = torch.log_softmax(self._forward(input_ids[0, common:].tolist(), input_ids.device).float(), dim=-1)
+        root = self._forward(input_ids[0, common:].tolist(), input_ids.device)  # [V] logits
         self._synced = input_ids.shape[1]
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
             tree = grow_tree(self.config.tree, root, expand, nodes, max_depth,
-                             rejection_sampler(self.ctx.logits_processor))
+                             DraftGuide(self.ctx.logits_processor, input_ids))  # the call's processors per node
         finally:
             crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)
         steps = drafter_levels(tree)

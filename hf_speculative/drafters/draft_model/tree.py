@@ -21,7 +21,7 @@ from ...core.verify import tree_masks
 
 
 def model_tree_expander(model: torch.nn.Module, cache: Any, logits_of: Callable[[torch.Tensor], torch.Tensor]):
-    """An ``expand(frontier, tokens, parents) -> [k, V] log-probabilities`` over ``model``'s ``cache``.
+    """An ``expand(frontier, tokens, parents) -> [k, V] logits`` over ``model``'s ``cache``.
 
     ``cache`` holds the verified sequence, the root last (``compat.cache_length(cache)`` tokens); ``logits_of``
     maps the drafter's logits ``[k, V_draft]`` to the target's vocabulary ``[k, V]``. Returns the expander and a
@@ -48,7 +48,7 @@ def model_tree_expander(model: torch.nn.Module, cache: Any, logits_of: Callable[
         positions = position_ids(fed, prefix_length)[:, -k:]  # [1, k]
         out = model(input_ids=fed.tokens[-k:][None], position_ids=positions, attention_mask=masks, use_cache=True,
                     **{compat.cache_kwarg(): cache}, **compat.logits_to_keep_kwargs(model, k))
-        return torch.log_softmax(logits_of(out.logits[0, -k:]).float(), dim=-1)  # [k, V]
+        return logits_of(out.logits[0, -k:]).float()  # [k, V]: the grower processes and normalises them
 
     def crop() -> None:
         if fed_tokens:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...core.accept import draft_chain
-from ...core.sampling import rejection_sampler
+from ...core.draft_guide import DraftGuide
 from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
@@ -272,14 +272,13 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
-        root = torch.log_softmax(logits.float(), dim=-1)  # [V]
         if self.graphs is not None:
             expand = self.graphs.tree_expander(self.n_true, input_ids.shape[1] - 1, hidden)
         else:
             expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
                                    lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
-        tree = grow_tree(self.config.tree, root, expand, nodes, max_depth,
-                         rejection_sampler(self.ctx.logits_processor))
+        tree = grow_tree(self.config.tree, logits, expand, nodes, max_depth,
+                         DraftGuide(self.ctx.logits_processor, input_ids))  # the call's processors on every node
         steps = drafter_levels(tree)
         record_draft_step(self.net, (time.perf_counter() - start) / steps)
         return tree

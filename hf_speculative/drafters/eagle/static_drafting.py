@@ -169,7 +169,7 @@ class StaticDrafting:
 
     def tree_expander(self, n_true: int, root_position: int, root_hidden: torch.Tensor):
         """The static twin of :func:`~hf_speculative.drafters.eagle.tree_drafting.tree_expander`: an
-        ``expand(frontier, tokens, parents) -> [k, V]`` log-probabilities, one padded forward per depth."""
+        ``expand(frontier, tokens, parents) -> [k, V]`` logits, one padded forward per depth."""
         branches = Branches(root_hidden)
 
         def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
@@ -181,7 +181,7 @@ class StaticDrafting:
             out, logits = self._forward(k, self.width, tokens.tolist(), hidden_in, positions, seen,
                                         list(range(max(k, self.width))), fused=False)
             branches.expanded(frontier, out, past)
-            return torch.log_softmax(logits[:k], dim=-1)  # [k, V]
+            return logits[:k].float()  # [k, V]: the grower processes and normalises them per branch
 
         return expand
 

@@ -46,7 +46,7 @@ class Branches:
 
 def tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCache, n_true: int, root_position: int,
                   root_hidden: torch.Tensor, logits_of: Callable[[torch.Tensor], torch.Tensor]):
-    """An ``expand(frontier, tokens, parents) -> [k, V] log-probabilities`` over ``net``'s cache.
+    """An ``expand(frontier, tokens, parents) -> [k, V] logits`` over ``net``'s cache.
 
     ``cache`` holds the true prefix ``[0, n_true)``; ``root_position`` is the root's position (the last
     verified token); ``root_hidden`` `[H]` the drafter's output predicting the root's children;
@@ -66,6 +66,6 @@ def tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCa
         positions = torch.tensor([positions], device=device)  # [1, k]
         out = net(embed(tokens.to(device)[None]), hidden_in[None], positions, cache, fused=False, attn_mask=mask)
         branches.expanded(frontier, out[0], past)  # out: [1, k, H]
-        return torch.log_softmax(logits_of(out[0]).float(), dim=-1)  # [k, V]
+        return logits_of(out[0]).float()  # [k, V]: the grower processes and normalises them per branch
 
     return expand

@@ -24,8 +24,9 @@ from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
-from ...core.tree import ROOT, DraftTree, Verdict
-from ...core.tree_shapes import StaticTree
+from ...core.tree import DraftTree, Verdict
+from ...core.tree_shapes import StaticTree, grow_paths
+from ...core.draft_guide import DraftGuide
 from ...core.budget import Plan, Sizing
 from ...core.policy import check_chain_options
 from .model import MedusaHeads
@@ -251,20 +252,23 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _tree(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         """One step's draft tree: the first ``nodes`` rank paths of the static tree (parents come first, so
-        any prefix is a tree), down to the plan's depth and the number of heads."""
-        shape = self.config.tree
+        any prefix is a tree), down to the plan's depth and the number of heads. Head ``d``'s logits are the same
+        under every node of depth ``d``; each node ranks them processed with its own branch as the context (the
+        call's logits processors: a token they ban is no guess, core/draft_guide.py)."""
         nodes = plan.tree_nodes()
         depth = min(plan.depth, self.num_heads)
-        paths = [p for p in shape.paths[:nodes] if len(p) <= depth]
+        paths = [p for p in self.config.tree.paths[:nodes] if len(p) <= depth]
         if not paths:
             return DraftTree.empty(input_ids.device)
-        top_k = min(shape.top_k, self.ctx.vocab_size)
-        top = [self._head_logits(k).topk(top_k).indices.tolist() for k in range(max(len(p) for p in paths))]
-        index = {p: i for i, p in enumerate(paths)}
-        tokens = [top[len(p) - 1][min(p[-1], top_k - 1)] for p in paths]  # [depth][rank]
-        parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
-        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=input_ids.device),
-                         torch.tensor(parents, dtype=torch.long, device=input_ids.device))
+        level = 0
+
+        def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+            nonlocal level  # a level's nodes are expanded together, from the root's children down
+            level += 1
+            return self._head_logits(level).expand(len(frontier), -1)  # [k, V]
+
+        tree = grow_paths(paths, self._head_logits(0), expand, depth, DraftGuide(self.ctx.logits_processor, input_ids))
+        return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device))
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
         """Keep the hidden state of the newest accepted row (of any drafter's tree, e.g. in ``hfs.Hybrid``)."""

@@ -22,8 +22,9 @@ from ...core.budget import CHAIN, Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...core.state import state_of
-from ...core.tree import ROOT, DraftTree, Verdict, additive_mask
-from ...core.tree_shapes import StaticTree
+from ...core.tree import DraftTree, Verdict, additive_mask
+from ...core.tree_shapes import StaticTree, grow_paths
+from ...core.draft_guide import DraftGuide, first_guess
 from ...options import CheckedOnAssignment, shown
 from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
 from ..registry import Capabilities, ExampleNotApplicable, example_label
@@ -268,7 +269,9 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
 
     def _tree(self, sequence: torch.LongTensor, nodes: int, plan: Plan) -> DraftTree:
         """The first ``nodes`` rank paths of the tree, down to the plan's depth and ``num_tokens``: depth ``d``'s
-        guesses are the ``d``-th step's ranked tokens along the top-ranked chain (point masses under either rule)."""
+        guesses are the ``d``-th step's ranked tokens along the chain of first guesses (point masses under either
+        rule), each node ranking them processed with its own branch as the context (the call's logits processors,
+        core/draft_guide.py)."""
         shape = self.config.tree
         depth = min(plan.depth, self._depth(sequence))
         paths = [p for p in shape.paths[:nodes] if len(p) <= depth]
@@ -277,19 +280,27 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
         logits = self._begin(sequence)
         if logits is None:
             return DraftTree.empty(sequence.device)
-        top_k, need, top = min(shape.top_k, self.ctx.vocab_size), max(len(p) for p in paths), []
+        guide = DraftGuide(self.ctx.logits_processor, sequence)
+        levels, spine = [logits], []  # each depth's logits, along the chain of first guesses
         try:
-            for d in range(need):
-                top.append(logits.topk(top_k).indices.tolist())  # [rank]
-                if d + 1 < need:
-                    logits = self._next(sequence, top[-1][0])
+            while len(levels) < max(len(p) for p in paths):
+                token = first_guess(guide, levels[-1], spine)
+                if token is None:
+                    break  # the processors leave nothing to draft there
+                spine.append(token)
+                levels.append(self._next(sequence, token))
         finally:
             self._end()
-        index = {p: i for i, p in enumerate(paths)}
-        tokens = [top[len(p) - 1][min(p[-1], top_k - 1)] for p in paths]
-        parents = [ROOT if len(p) == 1 else index[p[:-1]] for p in paths]
-        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=sequence.device),
-                         torch.tensor(parents, dtype=torch.long, device=sequence.device))
+
+        level = 0
+
+        def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+            nonlocal level  # a level's nodes are expanded together, from the root's children down
+            level += 1
+            return levels[level].expand(len(frontier), -1)  # [k, V]: the same logits under every node of a depth
+
+        tree = grow_paths(paths, levels[0], expand, len(levels), guide)
+        return DraftTree(tree.tokens.to(sequence.device), tree.parents.to(sequence.device))
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
         """Queue the target's features of the verified rows (of any drafter's tree): never a rejected branch's."""

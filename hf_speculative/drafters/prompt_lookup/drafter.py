@@ -16,6 +16,7 @@ from ..registry import Capabilities, example_label
 from ...options import CheckedOnAssignment
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree
+from .copying import CopyTracker, best_alignment, copied, copy_keys, copy_prior, copy_reach
 from .tree import MultiNgramIndex, lookup_tree
 from ...core.budget import Plan, Sizing
 from ...core.policy import check_input_ids
@@ -28,12 +29,13 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
 
     Better than transformers' ``prompt_lookup_num_tokens``: the longest n-gram first and its *most
     recent* occurrence, an incremental index (the per-step cost does not grow with the context),
-    and a draft length chosen per step from the measured acceptance of matches of that n-gram size
-    and the measured cost of verifying drafts on this hardware; when matches do not pay, it drafts
-    nothing and costs nothing.
+    a copy that goes on matching followed as far as it reaches (a whole copied sentence in a few forwards), and a
+    draft length chosen per step from the measured acceptance of matches that long and the measured cost of
+    verifying drafts on this hardware; when matches do not pay, it drafts nothing and costs nothing
+    (:mod:`~hf_speculative.drafters.prompt_lookup.copying`).
 
     Args:
-        num_tokens (`int`, defaults to 10): the longest draft (1-64).
+        num_tokens (`int`, defaults to 10): the longest draft of a fresh match (1-64).
         max_ngram (`int`, defaults to 3): the longest n-gram to match (1-16).
         min_ngram (`int`, defaults to 1): the shortest n-gram to match (1-``max_ngram``).
         adaptive (`bool`, defaults to `True`): choose the draft length per step; ``False`` always
@@ -43,6 +45,10 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
             they agree, up to ``tree.nodes`` nodes and ``tree.depth`` tokens deep; verified in one forward
             by hf_speculative's own loop. With ``adaptive`` the node count per step (0 included) follows the
             measured verification cost and what trees kept.
+        copy_tokens (`int`, defaults to 64): the longest draft of a copy under way (``num_tokens``-64): a match that
+            already matched ``m`` tokens may draft up to ``m`` tokens ahead, within ``[num_tokens, copy_tokens]``, so a
+            copy whose drafts are accepted doubles its reach every step. ``copy_tokens=num_tokens``: no growth. With
+            ``adaptive=False`` every draft is ``num_tokens`` long.
     """
 
     num_tokens: int = 10
@@ -50,11 +56,14 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
     min_ngram: int = 1
     adaptive: bool = True
     tree: DynamicTree | None = None
+    copy_tokens: int = 64  # last: the positional order of the options before it stays
     examples: ClassVar[tuple[str, ...]] = ("prompt-lookup", "prompt-lookup-fixed", "lookup-tree")
 
     def __post_init__(self):
         # types and limits first: the n-gram index and the verify-cost model grow with these numbers
         self.num_tokens = options.check_int("PromptLookup", "num_tokens", self.num_tokens, 1, options.MAX_DRAFT_TOKENS)
+        self.copy_tokens = options.check_int("PromptLookup", "copy_tokens", self.copy_tokens, 1,
+                                             options.MAX_DRAFT_TOKENS)
         self.max_ngram = options.check_int("PromptLookup", "max_ngram", self.max_ngram, 1, options.MAX_NGRAM)
         self.min_ngram = options.check_int("PromptLookup", "min_ngram", self.min_ngram, 1, options.MAX_NGRAM)
         self.adaptive = options.check_bool("PromptLookup", "adaptive", self.adaptive)
@@ -62,12 +71,23 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
             raise ValueError(
                 f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}): need 1 <= min_ngram <= max_ngram."
             )
+        if self.copy_tokens < self.num_tokens:
+            raise ValueError(f"PromptLookup(num_tokens={self.num_tokens}, copy_tokens={self.copy_tokens}): need "
+                             "copy_tokens >= num_tokens (copy_tokens is the longest draft of a copy under way, "
+                             "num_tokens of a fresh match); set copy_tokens=num_tokens for no growth.")
         if self.tree is not None and not isinstance(self.tree, DynamicTree):
             raise ValueError(f"PromptLookup(tree={options.shown(self.tree)}): use hfs.DynamicTree(nodes=..., depth=..., "
                              f"top_k=...) (top_k: occurrences per n-gram) or None for chains.")
 
     def open(self, ctx: CallContext) -> "PromptLookupCandidateGenerator":
         return PromptLookupCandidateGenerator(ctx, self)
+
+    def longest_chain(self) -> int:
+        """The longest chain one step may draft: ``copy_tokens`` (``num_tokens`` with ``adaptive=False``)."""
+        return self.copy_tokens if self.adaptive else self.num_tokens
+
+    def draft_budget(self) -> int:
+        return self.tree.nodes if self.tree is not None else self.longest_chain()
 
     @classmethod
     def example(cls, target: torch.nn.Module, label: str | None = None, **options) -> "PromptLookup":
@@ -111,15 +131,18 @@ class NgramIndex:
 
 class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
     """One call of :class:`PromptLookup`: the n-gram index of the text so far (and of its several matches, for
-    trees). The chain's length is the loop's choice for the acceptance measured per matched n-gram length."""
+    trees) and the copy under way. The chain's length is the loop's choice for the acceptance measured per match
+    length (``copying``)."""
 
     def __init__(self, ctx: CallContext, config: PromptLookup):
         super().__init__(ctx)
         self.config = config
         self.index = NgramIndex(config.min_ngram, config.max_ngram)
+        self.copy = CopyTracker()
         nodes = config.tree.nodes if config.tree else 0
-        self.sizing = Sizing(ctx.verify_costs(max(config.num_tokens, nodes)), tokens=config.num_tokens, nodes=nodes,
-                             rule="keyed", adaptive=config.adaptive)
+        tokens = config.longest_chain()
+        self.sizing = Sizing(ctx.verify_costs(max(tokens, nodes)), tokens=tokens, nodes=nodes, rule="keyed",
+                             adaptive=config.adaptive)
         if config.tree is not None:
             self.matches = MultiNgramIndex(config.min_ngram, config.max_ngram, occurrences=config.tree.top_k)
 
@@ -127,13 +150,19 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
         check_input_ids("PromptLookup", sequence)
         if self.config.tree is not None and not plan.chain_only:
             return self._tree(sequence, plan)
-        self.index.extend(sequence[0, len(self.index.tokens) :].tolist())
-        match = self.index.lookup()
-        if match is None:
+        index, config = self.index, self.config
+        index.extend(sequence[0, len(index.tokens) :].tolist())
+        tokens = index.tokens
+        found = best_alignment(tokens, index.lookup(), self.copy.candidate(tokens))
+        if found is None:
             return DraftTree.empty(sequence.device)
-        n, start = match
-        k = plan.chain_length(n, self.config.num_tokens)  # the matched length's measured acceptance decides
-        return DraftTree.from_tokens(self.index.tokens[start : start + k], sequence.device)
+        start, m = found
+        self.copy.drafted_from(start, len(tokens))  # carried to the next step, drafted or not
+        reach = copy_reach(m, config.num_tokens, config.copy_tokens) if config.adaptive else config.num_tokens
+        # token j of the draft, once the ones before it are accepted, continues a copy of m + j matched tokens: the
+        # acceptance measured for copies that long decides how much of the reach pays
+        k = plan.copy_length(copy_keys(m, reach), copy_prior)
+        return DraftTree.from_tokens(copied(tokens, start, k), sequence.device)
 
     def _tree(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         """The matches' continuations as one tree, within the loop's node budget."""

@@ -126,7 +126,11 @@ def test_expansions_equal_chain_steps_along_each_branch(version):
         def logits_of(h):
             return gen._to_target_vocab(net.draft_logits(h, gen.head), gen._target_ids)
 
-        expand = tree_expander(net, gen.embed, gen.cache, n_true, root_position, hidden[0, -1], logits_of)
+        raw = tree_expander(net, gen.embed, gen.cache, n_true, root_position, hidden[0, -1], logits_of)
+
+        def expand(*args):  # the expander returns logits; the tree grower normalises them (after the processors)
+            return torch.log_softmax(raw(*args), dim=-1)
+
         first = expand([0, 1], torch.tensor([30, 31]), [-1, -1])  # two children of the root
         second = expand([2, 3], torch.tensor([40, 41]), [0, 1])  # a child under each
         third = expand([4], torch.tensor([50]), [2])  # and one deeper under the first branch
