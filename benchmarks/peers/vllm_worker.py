@@ -204,7 +204,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import torch
 
     engines = {}
-    for mode in [m for m in args.modes.split(",") if m]:
+    # n-gram engines last: vLLM 0.32's n-gram proposer loads numba (llvmlite), and every later engine's start scans
+    # the loaded modules for Triton kernels and trips on llvmlite's lazy library object (AttributeError:
+    # '_lib_fn_wrapper' object has no attribute 'get', vllm/triton_utils/dispatcher.py)
+    modes = [m for m in args.modes.split(",") if m]
+    for mode in sorted(modes, key=lambda m: m == "ngram"):
         spec = speculative_config(mode, eagle3=args.eagle3, tokens=args.num_speculative_tokens,
                                   max_ngram=args.max_ngram_size)
         engines[mode] = load_llm(args.model, spec, threads=args.threads, max_model_len=args.max_model_len)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn, Optional
 
 from ..bench.report import format_value
 from ..bench.spec_bench import DATASET, SPEC_BENCH_CATEGORIES
+from .flags import Typer
 from .options import (
     AdapterOpt,
     DraftOpt,
@@ -39,13 +40,13 @@ Console = require("rich.console", "cli", _CLI).Console
 Table = require("rich.table", "cli", _CLI).Table
 escape = require("rich.markup", "cli", _CLI).escape
 
-app = typer.Typer(
+app = Typer(  # typer.Typer whose --help shows no <bool> beside a flag (.flags)
     name="hf-speculative",
     help="Speculative decoding for Hugging Face transformers: compare and benchmark decoding methods.",
     no_args_is_help=True,
     add_completion=False,
 )
-models_app = typer.Typer(help="The offline model registry.", no_args_is_help=True)
+models_app = Typer(help="The offline model registry.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
 

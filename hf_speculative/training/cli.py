@@ -263,13 +263,18 @@ def train_eagle(
             from .start import check_init_from
 
             check_init_from(cfg)
+        _check_vocabulary(cfg)
     except (ValueError, FileNotFoundError) as error:
         raise typer.BadParameter(str(error)) from None
     state = process_state()
     if prompts:
         self_distill(target, prompts, distilled, distill_tokens, threads=threads, max_prompt_tokens=max_prompt_tokens,
                      passages=passages)  # the processes share the batches
-    path = train(cfg)
+    try:
+        path = train(cfg)
+    except ValueError as error:  # a resume of another network, a target the drafter does not fit, too little data
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
     if not state.is_main_process:
         return
     summary = path / "training_summary.json"
@@ -279,6 +284,21 @@ def train_eagle(
         typer.echo(f"exit adapter saved in {path}; use it with hfs.EarlyExit(adapter={str(path)!r})")
     else:
         typer.echo(f"drafter saved in {path}; use it with hfs.Eagle.from_pretrained({str(path)!r}, target=model)")
+
+
+def _check_vocabulary(cfg) -> None:
+    """``--draft-vocab-size`` against the target's vocabulary, read from its config alone (a local folder or a cached
+    registry model; any other target is checked once it has loaded): before the self-distillation and the target."""
+    from transformers import AutoConfig
+
+    from ..registry.models import resolve
+    from .start import check_draft_vocab_size
+
+    try:
+        config = AutoConfig.from_pretrained(resolve(cfg.target, fetch_missing=False))
+    except Exception:  # noqa: BLE001 - the loader reports an unknown or missing target with its own message
+        return
+    check_draft_vocab_size(cfg, config)
 
 
 def export_eagle(

@@ -33,6 +33,7 @@ from .data import FeatureCache, read_examples
 from .evaluate import validation_tau
 from .losses import eagle_loss
 from .online import OnlineFeatures
+from .resume import check_resume
 from .start import initial_network
 
 LOG = "train_log.jsonl"
@@ -132,6 +133,9 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
     net, warm = initial_network(cfg, target, [examples[i] for i in train_idx])
     eagle_cfg = net.config
+    state_dir = out / STATE
+    if (state_dir / "progress.json").exists():  # a resume: the checkpoint fits this network, checked before any work
+        check_resume(state_dir, net, cfg.to_dict())
 
     online = None
     if cfg.features == "online":  # computed batch by batch, each process its own
@@ -169,7 +173,6 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
 
     # seen_tokens counts this process's tokens since the start or resume; earlier_tokens, every process's before
     step, earlier_tokens, seen_tokens, done_batches = 0, 0, 0, 0
-    state_dir = out / STATE
     if (state_dir / "progress.json").exists():
         accelerator.load_state(str(state_dir))
         saved = json.loads((state_dir / "progress.json").read_text())

@@ -21,6 +21,7 @@ def initial_network(cfg: TrainConfig, target: Any, train_examples: list) -> tupl
     ``cfg.init_from`` (continued training), else a new one shaped for ``target`` (its draft
     vocabulary the most frequent tokens of ``train_examples``), started from the target's last
     layer where ``cfg.init_from_target`` allows."""
+    check_draft_vocab_size(cfg, target.config)
     if cfg.init_from is not None:
         net = _continued(cfg, target)
         if cfg.refresh_vocab:
@@ -45,6 +46,18 @@ def initial_network(cfg: TrainConfig, target: Any, train_examples: list) -> tupl
         draft_ids = draft_vocabulary(train_examples, eagle_cfg.draft_vocab_size, eagle_cfg.vocab_size, eos)
         _set_vocabulary(net, draft_ids)
     return net, cfg.init_from_target and init_from_target(net, target, draft_ids)
+
+
+def check_draft_vocab_size(cfg: TrainConfig, target_config: Any) -> None:
+    """Raise ``ValueError`` naming the fix when the draft vocabulary ``cfg`` chooses (EAGLE-3's and an exit
+    adapter's, or ``refresh_vocab``'s) is larger than the vocabulary of the target of ``target_config`` (a
+    transformers config), of which it is a subset: else the run would fail only once the network is built."""
+    chooses = cfg.eagle3 and (cfg.init_from is None or cfg.refresh_vocab)
+    vocab_size = int(compat.text_config(target_config).vocab_size)
+    if chooses and cfg.draft_vocab_size > vocab_size:
+        raise ValueError(f"--draft-vocab-size {cfg.draft_vocab_size}: the target's vocabulary has only {vocab_size:,} "
+                         f"tokens, and the draft vocabulary is chosen among them; give at most --draft-vocab-size "
+                         f"{vocab_size} (all of them), or fewer: the most frequent tokens (8192 for a 49k vocabulary).")
 
 
 def init_source(cfg: TrainConfig) -> Path:
