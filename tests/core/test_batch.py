@@ -373,7 +373,7 @@ def test_batches_leave_the_one_row_verify_costs_alone(cheap_batches):
     from hf_speculative.core.costs import verify_costs_for
 
     model = cheap_batches(hfs.enable(build_model("llama")))
-    shared = verify_costs_for(model, 8)
+    shared = verify_costs_for(model, hfs.PromptLookup().longest_chain())  # the cost model prompt lookup learns in
     before = (list(shared._seconds), list(shared._timings))
     model.generate(**left_padded(PROMPTS), do_sample=False, max_new_tokens=20, candidate_generator=hfs.PromptLookup())
     assert hfs.last_stats(model).drafted_tokens > 0

@@ -153,7 +153,7 @@ def copy_steps(strategy: hfs.PromptLookup, source: list[int], lead: int = 4) -> 
 
 def test_a_whole_copy_takes_doubling_drafts_and_fewer_steps():
     source = list(range(10, 150))  # 140 distinct tokens, copied whole
-    grown = copy_steps(hfs.PromptLookup(), source)
+    grown = copy_steps(hfs.PromptLookup(copy_tokens=64), source)
     capped = copy_steps(hfs.PromptLookup(copy_tokens=10), source)
     assert max(capped) <= 10 and max(grown) > 32, (grown, capped)
     assert all(b >= a for a, b in zip(grown[1:-2], grown[2:-1])), grown  # a copy that is accepted keeps growing
@@ -165,7 +165,9 @@ def test_copy_tokens_is_checked():
         hfs.PromptLookup(num_tokens=12, copy_tokens=8)
     with pytest.raises(ValueError, match="copy_tokens"):
         hfs.PromptLookup(copy_tokens=65)
-    assert hfs.PromptLookup(num_tokens=7).draft_budget() == 64
+    assert hfs.PromptLookup(num_tokens=7).draft_budget() == 15  # the default: 16 rows verify it (the CPU kernel's)
+    assert hfs.PromptLookup(num_tokens=20).draft_budget() == 20  # never below num_tokens
+    assert hfs.PromptLookup(num_tokens=7, copy_tokens=64).draft_budget() == 64
     assert hfs.PromptLookup(num_tokens=7, adaptive=False).draft_budget() == 7
 
 
@@ -282,7 +284,7 @@ def test_a_copy_takes_fewer_target_forwards_than_capped_drafts_and_transformers_
     fixed_costs(model, CPU_RATIOS)
     # an EOS the text never reaches (transformers 4.x's own lookup needs one)
     settings = dict(max_new_tokens=60, eos_token_id=min(set(range(VOCAB)) - set(free)))
-    grown = forwards(model, prompt, settings, candidate_generator=hfs.PromptLookup())
+    grown = forwards(model, prompt, settings, candidate_generator=hfs.PromptLookup(copy_tokens=64))
     capped = forwards(model, prompt, settings, candidate_generator=hfs.PromptLookup(copy_tokens=10))
     theirs = forwards(model, prompt, settings, prompt_lookup_num_tokens=10)
     assert grown < capped and grown < theirs, (grown, capped, theirs)
@@ -301,7 +303,7 @@ def test_the_apps_context_answer_takes_no_more_forwards_than_transformers_lookup
         fixed_costs(model, CPU_RATIOS)
         prompt = encode_prompt(tokenizer, EXAMPLES["answer from a context"])[0].tolist()
         app = {"max_new_tokens": 128, "pad_token_id": tokenizer.pad_token_id}  # the app's default length, its EOS
-        grown = forwards(model, prompt, app, candidate_generator=hfs.PromptLookup())
+        grown = forwards(model, prompt, app, candidate_generator=hfs.PromptLookup(copy_tokens=64))
         capped = forwards(model, prompt, app, candidate_generator=hfs.PromptLookup(copy_tokens=10))
         theirs = forwards(model, prompt, app, prompt_lookup_num_tokens=10)
     finally:

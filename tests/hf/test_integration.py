@@ -312,7 +312,8 @@ def llama():
 
 def test_error_batch_size_two_with_a_drafter_batches_do_not_support(llama):
     ids = torch.tensor([PROMPT, PROMPT])  # (batches themselves: tests/core/test_batch.py)
-    with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.MTP\(\), hfs.PromptLookup\(\), hfs.DFlash\(...\), hfs.DraftModel\(...\) and hfs.Eagle"):
+    with pytest.raises(ValueError, match=r"batch size > 1\) supports hfs.MagicDec\(\), hfs.MTP\(\), hfs.PromptLookup\(\), hfs.DFlash\(...\), "
+                                          r"hfs.DraftModel\(...\) and hfs.Eagle"):
         llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
                        candidate_generator=hfs.EarlyExit(exit_layer=1))
 

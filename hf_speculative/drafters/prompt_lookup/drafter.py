@@ -22,6 +22,12 @@ from ...core.budget import Plan, Sizing
 from ...core.policy import check_input_ids
 
 
+# The default longest draft of a copy under way: a verification of more than 16 rows leaves the CPU kernel's fast path
+# (cpu/kernel.py's MAX_ROWS), and its timings, learned into the target's shared cost model, move every drafter's
+# decisions on that model (early exit and Medusa stopped drafting after long copies)
+COPY_TOKENS = 15
+
+
 @dataclasses.dataclass
 class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
                    capabilities=Capabilities(trees=True, batch=True)):
@@ -45,7 +51,8 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
             they agree, up to ``tree.nodes`` nodes and ``tree.depth`` tokens deep; verified in one forward
             by hf_speculative's own loop. With ``adaptive`` the node count per step (0 included) follows the
             measured verification cost and what trees kept.
-        copy_tokens (`int`, defaults to 64): the longest draft of a copy under way (``num_tokens``-64): a match that
+        copy_tokens (`int`, *optional*): the longest draft of a copy under way (``num_tokens``-64; default
+            ``max(num_tokens, 15)``: 16 rows, the CPU kernel's, verify a draft of 15 and its root): a match that
             already matched ``m`` tokens may draft up to ``m`` tokens ahead, within ``[num_tokens, copy_tokens]``, so a
             copy whose drafts are accepted doubles its reach every step. ``copy_tokens=num_tokens``: no growth. With
             ``adaptive=False`` every draft is ``num_tokens`` long.
@@ -56,14 +63,15 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
     min_ngram: int = 1
     adaptive: bool = True
     tree: DynamicTree | None = None
-    copy_tokens: int = 64  # last: the positional order of the options before it stays
+    copy_tokens: int | None = None  # last: the positional order of the options before it stays
     examples: ClassVar[tuple[str, ...]] = ("prompt-lookup", "prompt-lookup-fixed", "lookup-tree")
 
     def __post_init__(self):
         # types and limits first: the n-gram index and the verify-cost model grow with these numbers
         self.num_tokens = options.check_int("PromptLookup", "num_tokens", self.num_tokens, 1, options.MAX_DRAFT_TOKENS)
-        self.copy_tokens = options.check_int("PromptLookup", "copy_tokens", self.copy_tokens, 1,
-                                             options.MAX_DRAFT_TOKENS)
+        if self.copy_tokens is not None:
+            self.copy_tokens = options.check_int("PromptLookup", "copy_tokens", self.copy_tokens, 1,
+                                                 options.MAX_DRAFT_TOKENS)
         self.max_ngram = options.check_int("PromptLookup", "max_ngram", self.max_ngram, 1, options.MAX_NGRAM)
         self.min_ngram = options.check_int("PromptLookup", "min_ngram", self.min_ngram, 1, options.MAX_NGRAM)
         self.adaptive = options.check_bool("PromptLookup", "adaptive", self.adaptive)
@@ -71,7 +79,7 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
             raise ValueError(
                 f"PromptLookup(min_ngram={self.min_ngram}, max_ngram={self.max_ngram}): need 1 <= min_ngram <= max_ngram."
             )
-        if self.copy_tokens < self.num_tokens:
+        if self.copy_tokens is not None and self.copy_tokens < self.num_tokens:
             raise ValueError(f"PromptLookup(num_tokens={self.num_tokens}, copy_tokens={self.copy_tokens}): need "
                              "copy_tokens >= num_tokens (copy_tokens is the longest draft of a copy under way, "
                              "num_tokens of a fresh match); set copy_tokens=num_tokens for no growth.")
@@ -84,7 +92,11 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
 
     def longest_chain(self) -> int:
         """The longest chain one step may draft: ``copy_tokens`` (``num_tokens`` with ``adaptive=False``)."""
-        return self.copy_tokens if self.adaptive else self.num_tokens
+        return self.copy_limit() if self.adaptive else self.num_tokens
+
+    def copy_limit(self) -> int:
+        """``copy_tokens``, or by default ``max(num_tokens, COPY_TOKENS)``."""
+        return self.copy_tokens if self.copy_tokens is not None else max(self.num_tokens, COPY_TOKENS)
 
     def draft_budget(self) -> int:
         return self.tree.nodes if self.tree is not None else self.longest_chain()
@@ -158,7 +170,7 @@ class PromptLookupCandidateGenerator(SpeculativeCandidateGenerator):
             return DraftTree.empty(sequence.device)
         start, m = found
         self.copy.drafted_from(start, len(tokens))  # carried to the next step, drafted or not
-        reach = copy_reach(m, config.num_tokens, config.copy_tokens) if config.adaptive else config.num_tokens
+        reach = copy_reach(m, config.num_tokens, config.copy_limit()) if config.adaptive else config.num_tokens
         # token j of the draft, once the ones before it are accepted, continues a copy of m + j matched tokens: the
         # acceptance measured for copies that long decides how much of the reach pays
         k = plan.copy_length(copy_keys(m, reach), copy_prior)
