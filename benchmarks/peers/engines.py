@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
+import subprocess
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 BASELINE = "greedy"
@@ -65,6 +68,63 @@ class Engine:
 
     def close(self) -> None:
         pass
+
+
+class WorkerEngine(Engine):
+    """An engine that runs in a worker process of its own venv (OpenVINO GenAI, vLLM): one JSON request a line on its
+    stdin, one JSON reply a line on its stdout, its stderr in ``self.log``. ``worker`` names it in errors."""
+
+    worker = ""
+    log: Path
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.process: subprocess.Popen | None = None
+        self.ready: dict = {}
+
+    def spawn(self, command: list[str], env: dict, cwd: str | None = None) -> None:
+        """Start the worker and read its ready line (``{"ready": true, "versions": ..., ...}``)."""
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w", encoding="utf-8") as err:
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                            text=True, bufsize=1, env=env, cwd=cwd)
+        self.ready = self._read()
+        if not self.ready.get("ready"):
+            raise RuntimeError(f"the {self.worker} worker did not start: {self.ready} (see {self.log})")
+
+    def _read(self) -> dict:
+        assert self.process is not None and self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            tail = self.log.read_text(encoding="utf-8", errors="replace")[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"the {self.worker} worker ended (exit code {self.process.poll()}); its log {self.log} "
+                               f"ends:\n{tail}")
+        return json.loads(line)
+
+    def ask(self, request: dict) -> dict:
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        reply = self._read()
+        if not reply.get("ok"):
+            raise RuntimeError(f"the {self.worker} worker failed on {request.get('mode')}: {reply.get('error')}")
+        return reply
+
+    def versions(self) -> dict:
+        return dict(self.ready.get("versions", {}))
+
+    def close(self) -> None:
+        if self.process is None:
+            return
+        try:
+            if self.process.poll() is None:
+                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
 
 # -- interleaving -------------------------------------------------------------------------------------

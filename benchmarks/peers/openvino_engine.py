@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from engines import BASELINE, Engine, Run
+from engines import BASELINE, Run, WorkerEngine
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -76,10 +76,11 @@ def exported(name: str, python: Path, *, progress: Callable[[str], None] = print
     return out
 
 
-class OpenVinoEngine(Engine):
+class OpenVinoEngine(WorkerEngine):
     """OpenVINO GenAI, in ``openvino_worker.py serve`` under the OpenVINO venv's Python."""
 
     name = "openvino"
+    worker = "OpenVINO"
     weights = "fp32 IR (optimum-intel)"
 
     def __init__(self, model_name: str, methods: list[str], encoded: list[list[int]], *, python: Path,
@@ -89,8 +90,6 @@ class OpenVinoEngine(Engine):
         self.model_name, self.wanted, self.encoded, self.python = model_name, methods, encoded, python
         self.draft_model, self.eagle3, self.threads, self.log, self.meta = draft_model, eagle3, threads, log, meta
         self.num_assistant_tokens, self.max_ngram_size, self.precision = num_assistant_tokens, max_ngram_size, precision
-        self.process: subprocess.Popen | None = None
-        self.ready: dict = {}
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -129,36 +128,11 @@ class OpenVinoEngine(Engine):
         draft_ir = exported(self.draft_model, self.python) if self.draft_model and "draft-model" in self.wanted \
             else None
         command = self.command(model_ir, draft_ir)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
-        with open(self.log, "w", encoding="utf-8") as err:
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                            text=True, bufsize=1, env=env)
-        self.ready = self._read()
-        if not self.ready.get("ready"):
-            raise RuntimeError(f"the OpenVINO worker did not start: {self.ready} (see {self.log})")
+        self.spawn(command, {**os.environ, "OMP_NUM_THREADS": str(self.threads)})
         self.base = {"run_id": self.meta["run_id"], "model": self.model_name, "engine": self.name,
                      "max_new_tokens": self.meta["max_new_tokens"], "repeats": self.meta["repeats"],
                      "threads": self.threads, "device": "cpu", "cpu": self.meta.get("cpu"),
                      "precision": self.precision, "ir": str(model_ir), **self.ready.get("versions", {})}
-
-    def _read(self) -> dict:
-        assert self.process is not None and self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            tail = self.log.read_text(encoding="utf-8", errors="replace")[-2000:] if self.log.exists() else ""
-            raise RuntimeError(f"the OpenVINO worker ended (exit code {self.process.poll()}); its log {self.log} "
-                               f"ends:\n{tail}")
-        return json.loads(line)
-
-    def ask(self, request: dict) -> dict:
-        assert self.process is not None and self.process.stdin is not None
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        reply = self._read()
-        if not reply.get("ok"):
-            raise RuntimeError(f"the OpenVINO worker failed on {request.get('mode')}: {reply.get('error')}")
-        return reply
 
     def request(self, index: int, method: str, max_new_tokens: int) -> dict:
         return {"op": "generate", "mode": OPENVINO_MODES[method], "input_ids": self.encoded[index],
@@ -178,21 +152,6 @@ class OpenVinoEngine(Engine):
             return f"EAGLE-3 (num_assistant_tokens={self.num_assistant_tokens})"
         return method
 
-    def versions(self) -> dict:
-        return dict(self.ready.get("versions", {}))
-
-    def close(self) -> None:
-        if self.process is None:
-            return
-        try:
-            if self.process.poll() is None:
-                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.process.stdin.flush()
-                self.process.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            self.process.kill()
-            self.process.wait()
-        self.process = None
 
 
 def run_of_reply(method: str, reply: dict) -> Run:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from engines import BASELINE, Engine, Run
+from engines import BASELINE, Run, WorkerEngine
 from openvino_engine import registry_folder
 
 HERE = Path(__file__).resolve().parent
@@ -72,10 +72,11 @@ def shipped_eagle3(model_name: str, *, progress: Callable[[str], None] = print) 
     return out
 
 
-class VllmEngine(Engine):
+class VllmEngine(WorkerEngine):
     """vLLM's CPU build, in ``vllm_worker.py serve`` under the vLLM venv's Python."""
 
     name = "vllm"
+    worker = "vLLM"
     weights = "fp32 (the registry's safetensors)"
 
     def __init__(self, model_name: str, methods: list[str], encoded: list[list[int]], *, python: Path,
@@ -86,8 +87,6 @@ class VllmEngine(Engine):
         self.eagle3, self.threads, self.log, self.meta = eagle3, threads, log, meta
         self.num_speculative_tokens, self.max_ngram_size = num_speculative_tokens, max_ngram_size
         self.ld_preload = preload(python, preload_choice)
-        self.process: subprocess.Popen | None = None
-        self.ready: dict = {}
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -125,39 +124,15 @@ class VllmEngine(Engine):
             self.eagle3 = str(found) if found else None
         model = registry_folder(self.model_name)
         command = self.command(model)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads)}
         if self.ld_preload:
             env["LD_PRELOAD"] = " ".join(filter(None, [self.ld_preload, os.environ.get("LD_PRELOAD")]))
-        with open(self.log, "w", encoding="utf-8") as err:
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                            text=True, bufsize=1, env=env, cwd=str(ROOT))
-        self.ready = self._read()
-        if not self.ready.get("ready"):
-            raise RuntimeError(f"the vLLM worker did not start: {self.ready} (see {self.log})")
+        self.spawn(command, env, cwd=str(ROOT))
         self.base = {"run_id": self.meta["run_id"], "model": self.model_name, "engine": self.name,
                      "max_new_tokens": self.meta["max_new_tokens"], "repeats": self.meta["repeats"],
                      "threads": self.threads, "torch_threads": self.ready.get("threads"), "device": "cpu",
                      "cpu": self.meta.get("cpu"), "precision": "fp32", "ld_preload": self.ld_preload,
                      **self.ready.get("versions", {})}
-
-    def _read(self) -> dict:
-        assert self.process is not None and self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            tail = self.log.read_text(encoding="utf-8", errors="replace")[-2000:] if self.log.exists() else ""
-            raise RuntimeError(f"the vLLM worker ended (exit code {self.process.poll()}); its log {self.log} "
-                               f"ends:\n{tail}")
-        return json.loads(line)
-
-    def ask(self, request: dict) -> dict:
-        assert self.process is not None and self.process.stdin is not None
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        reply = self._read()
-        if not reply.get("ok"):
-            raise RuntimeError(f"the vLLM worker failed on {request.get('mode')}: {reply.get('error')}")
-        return reply
 
     def run(self, index: int, method: str, max_new_tokens: int) -> Run:
         reply = self.ask({"op": "generate", "mode": VLLM_MODES[method], "input_ids": self.encoded[index],
@@ -172,21 +147,6 @@ class VllmEngine(Engine):
             return f"EAGLE-3, our export (num_speculative_tokens={self.num_speculative_tokens})"
         return method
 
-    def versions(self) -> dict:
-        return dict(self.ready.get("versions", {}))
-
-    def close(self) -> None:
-        if self.process is None:
-            return
-        try:
-            if self.process.poll() is None:
-                self.process.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                self.process.stdin.flush()
-                self.process.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired, ValueError):
-            self.process.kill()
-            self.process.wait()
-        self.process = None
 
 
 def run_of_reply(method: str, reply: dict) -> Run:
