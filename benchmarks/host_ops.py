@@ -41,7 +41,8 @@ if str(_HERE) not in sys.path:
 from host_ops_counter import HostOps
 
 from hf_speculative.core.tree import DraftTree
-from hf_speculative.drafters.base import DraftStrategy, SpeculativeCandidateGenerator
+from hf_speculative.drafters.strategy import DraftStrategy
+from hf_speculative.drafters.generator import SpeculativeCandidateGenerator
 
 BUDGET = _HERE / "host_ops_budget.json"
 MARGIN = 0.10

@@ -42,7 +42,7 @@ def rank_paths(model, network, sequence: torch.Tensor, prompt_length: int, depth
     token the drafter cannot propose (out of its vocabulary) and where no draft can reach: the last
     token of an answer cut by ``max_new_tokens`` is always the target's own (a draft may only
     reach an end-of-sequence token, ``ended_by_eos``)."""
-    from hf_speculative.drafters.base import to_target_vocab
+    from hf_speculative.drafters.generator import to_target_vocab
     from hf_speculative.core.features import tapped_features
     from hf_speculative.training.losses import unroll
 

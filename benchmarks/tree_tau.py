@@ -123,7 +123,7 @@ def main(argv=None) -> None:
 
     import hf_speculative as hfs
     from hf_speculative.core import tree_shapes as shapes
-    from hf_speculative.drafters.base import CallContext
+    from hf_speculative.core.call import CallContext
     from hf_speculative.bench.runner import environment
     from hf_speculative.bench.spec_bench import DATASET, load_prompts
     from hf_speculative.core.loop import run

@@ -24,10 +24,10 @@ __version__ = "0.1.0"
 # public name -> (module relative to this package, attribute in it; None: the module itself). The drafters are not
 # listed here: each drafter folder declares its public names (``PUBLIC`` in its ``__init__``), found on first use.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "CallContext": (".drafters.base", "CallContext"),
+    "CallContext": (".core.call", "CallContext"),
     "Capabilities": (".drafters.registry", "Capabilities"),
-    "DraftStrategy": (".drafters.base", "DraftStrategy"),
-    "SpeculativeCandidateGenerator": (".drafters.base", "SpeculativeCandidateGenerator"),
+    "DraftStrategy": (".drafters.strategy", "DraftStrategy"),
+    "SpeculativeCandidateGenerator": (".drafters.generator", "SpeculativeCandidateGenerator"),
     "SpeculativeStats": (".core.stats", "SpeculativeStats"),
     "disable": (".hf.integration", "disable"),
     "enable": (".hf.integration", "enable"),
@@ -48,7 +48,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs (the drafters: hf_speculative.drafters.*)
     from .registry import models
-    from .drafters.base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+    from .core.call import CallContext
+    from .drafters.strategy import DraftStrategy
+    from .drafters.generator import SpeculativeCandidateGenerator
     from .drafters.registry import Capabilities
     from .core.cost_profile import use_profile
     from .cpu.layout import optimize_for_cpu

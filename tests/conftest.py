@@ -24,7 +24,8 @@ from transformers import (
 from transformers.generation.candidate_generator import CandidateGenerator
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative import compat
+from hf_speculative.drafters.generator import SpeculativeCandidateGenerator
 from hf_speculative.drafters.registry import ExampleNotApplicable, example, examples
 from hf_speculative.core.tree import DraftTree
 
@@ -224,7 +225,7 @@ class _AdversaryGenerator(SpeculativeCandidateGenerator):
 
     def draft(self, input_ids, plan):
         ref, length = self.config.reference, input_ids.shape[1]
-        avoid = self.config.avoid | set(self._eos)
+        avoid = self.config.avoid | set(compat.eos_token_ids(self.ctx.generation_config))
         draft = []
         for j in range(min(self.config.num_tokens, plan.depth)):
             true = ref[length + j] if length + j < len(ref) else None

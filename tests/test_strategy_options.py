@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import DraftStrategy
+from hf_speculative.drafters.strategy import DraftStrategy
 
 STRATEGIES = ("PromptLookup", "DraftModel", "Eagle", "EarlyExit", "LayerSkip", "Hybrid", "SuffixDecoding",
               "Lookahead", "Medusa")

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from ..drafters.base import DraftStrategy
+from ..drafters.strategy import DraftStrategy
 from ..tooling.methods import get_method, pad_token_id
 from ..tooling.prompting import encode_prompt
 from .cache import LoadedModel, ModelCache

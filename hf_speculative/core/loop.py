@@ -46,7 +46,7 @@ from .verify import DynamicVerifier, OneRow
 
 
 class Drafter(Protocol):
-    """What the loop asks of a per-call drafter (``strategy.open(ctx)``; drafters/base.py documents it)."""
+    """What the loop asks of a per-call drafter (``strategy.open(ctx)``; drafters/generator.py documents it)."""
 
     sizing: Sizing
 

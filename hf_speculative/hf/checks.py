@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..core.static_cache import MAX_BUDGET, StaticCacheError
-from ..drafters.base import DraftStrategy
+from ..drafters.strategy import DraftStrategy
 from ..drafters.registry import capabilities_of, registered
 
 

@@ -51,7 +51,9 @@ from transformers import LogitsProcessorList
 
 from .. import compat
 from . import spec
-from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator, SpeculativeCandidateGenerator
+from ..core.call import CallContext
+from ..drafters.strategy import DraftStrategy
+from ..drafters.generator import ExternalCandidateGenerator, SpeculativeCandidateGenerator
 from .checks import check_batch_strategy, check_call_inputs, drafts_trees
 from .loop_entry import batch_generate, run_batch_call, run_call, tree_generate
 from ..core.policy import check_input_ids

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..drafters.base import CallContext, DraftStrategy, ExternalCandidateGenerator
+from ..core.call import CallContext
+from ..drafters.strategy import DraftStrategy
+from ..drafters.generator import ExternalCandidateGenerator
 from ..core.loop import run
 from ..core.rows import left_padding
 from ..core.sampling import split_sampler

@@ -76,7 +76,7 @@ def _files(method: str) -> SpecFiles:
 def method_of(strategy: Any) -> str | None:
     """The spec's method name of ``strategy`` (``None`` for a class with no spec: a user's own, or a subclass of a
     registered one, which a spec would bring back as its base class)."""
-    from ..drafters.base import DraftStrategy  # (imports torch: whoever holds a strategy has it already)
+    from ..drafters.strategy import DraftStrategy  # (imports torch: whoever holds a strategy has it already)
 
     if not isinstance(strategy, DraftStrategy):
         return None

@@ -10,7 +10,8 @@ from transformers import GenerationConfig
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import CallContext, ExternalCandidateGenerator
+from hf_speculative.core.call import CallContext
+from hf_speculative.drafters.generator import ExternalCandidateGenerator
 from hf_speculative.core.budget import DraftBudget
 from hf_speculative.core.loop import run
 from hf_speculative.core.stats import SpeculativeStats

@@ -10,7 +10,7 @@ from transformers import GenerationConfig
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.call import CallContext
 from tests.conftest import (
     draft_once,
     ARCHS,

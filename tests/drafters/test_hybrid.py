@@ -9,7 +9,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.core.tree import DraftTree
-from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative.drafters.generator import SpeculativeCandidateGenerator
 from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
 from tests.conftest import PROMPT, build_model, prompt_inputs, stock_generate
 from tests.drafters.eagle.test_drafter import _hook_count, train_on_own_text

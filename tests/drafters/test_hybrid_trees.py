@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative.drafters.generator import SpeculativeCandidateGenerator
 from hf_speculative.core.tree import DraftTree
 from tests.conftest import ARCHS, build_model, prompt_inputs, random_eagle, stock_generate
 from tests.drafters.test_hybrid import GREEDY, eagle_state, trained  # noqa: F401 (fixtures)

@@ -12,7 +12,7 @@ from transformers import GenerationConfig
 from tests.conftest import draft_once
 import hf_speculative as hfs
 from hf_speculative.core.accept import accept_greedy
-from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.call import CallContext
 from hf_speculative.drafters.lookahead.drafter import NgramPool
 from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.core.tree import ROOT

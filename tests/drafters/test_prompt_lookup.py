@@ -7,7 +7,7 @@ import torch
 from transformers import GenerationConfig
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.call import CallContext
 from hf_speculative.drafters.prompt_lookup.drafter import NgramIndex
 
 
@@ -130,7 +130,7 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch):
-    import hf_speculative.drafters.base as base
+    import hf_speculative.drafters.assisted as base
 
     fake = FakeClock()
     monkeypatch.setattr(base, "time", fake)

@@ -12,7 +12,7 @@ import hf_speculative as hfs
 from hf_speculative.core.budget import DraftBudget, Sizing, best_survival_length
 from hf_speculative.core.costs import VerifyCostModel, forget_costs, verify_costs_for
 from hf_speculative.core.policy import best_length
-from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.call import CallContext
 from hf_speculative.drafters.prompt_lookup.copying import (
     MAX_MATCH,
     CopyTracker,

@@ -21,7 +21,7 @@ from hf_speculative import compat
 from hf_speculative.core.static_cache import StaticCacheError
 from hf_speculative.hf.checks import check_batch_strategy, check_strategy, draft_budget
 from hf_speculative.drafters import registry
-from hf_speculative.drafters.base import DraftStrategy
+from hf_speculative.drafters.strategy import DraftStrategy
 from hf_speculative.drafters.registry import CHAINS_ONLY, Capabilities, capabilities_of
 from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.tooling import methods

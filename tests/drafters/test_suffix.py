@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.call import CallContext
 from hf_speculative.drafters.suffix.history import history_for, outputs_held
 from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.core.tree import Verdict

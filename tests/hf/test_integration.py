@@ -19,7 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.drafters.base import SpeculativeCandidateGenerator
+from hf_speculative.drafters.generator import SpeculativeCandidateGenerator
 from hf_speculative.core.state import state_of
 from hf_speculative.hf.checks import drafts_trees
 from tests.conftest import (

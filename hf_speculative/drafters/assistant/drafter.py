@@ -32,7 +32,9 @@ from ...core.tree import ROOT, DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
 from ...options import CheckedOnAssignment, shown
 from ...registry import integrity
-from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
 from .pairing import check_pair, shared_kv, sliding_reach
 

@@ -33,7 +33,9 @@ from ...core.draft_guide import DraftGuide
 from ...core.tree import DraftTree, Verdict
 from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
 from ...options import CheckedOnAssignment, shown
-from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
 from .model import DFlashDraftModel
 

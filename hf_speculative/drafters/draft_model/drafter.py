@@ -18,7 +18,9 @@ from ...core.accept import draft_chain
 from ...cpu.kernel import WEIGHTS
 from ...cpu.layout import follow_layout
 from ...core.draft_guide import DraftGuide
-from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import TreeOrChainCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_accept_rate, record_draft_step
 from ...options import CheckedOnAssignment, shown

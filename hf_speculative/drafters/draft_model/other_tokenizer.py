@@ -28,7 +28,8 @@ from ... import compat
 from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price
 from ...core.tree import DraftTree
-from ..base import CallContext, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..generator import SpeculativeCandidateGenerator
 from .feed import feed, size_ratio
 
 LOOKBEHIND = 10  # target tokens re-encoded behind the newest ones (transformers' target_lookbehind, the same default)

@@ -19,7 +19,9 @@ import torch
 
 from ...core.accept import draft_chain
 from ...core.draft_guide import DraftGuide
-from ..base import CallContext, DraftStrategy, TreeOrChainCandidateGenerator, check_network_once
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
 from ...cpu.layout import follow_layout

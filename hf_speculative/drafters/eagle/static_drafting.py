@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..base import to_target_vocab
+from ..generator import to_target_vocab
 from ...core.static_cache import new_replay
 from ...core.state import borrow
 from .model import EagleDraftModel

@@ -23,7 +23,9 @@ from typing import Any, ClassVar
 import torch
 
 from ... import options
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import SpeculativeCandidateGenerator
 from ..registry import Capabilities, all_of, capabilities_of, example, example_label
 from ...options import CheckedOnAssignment
 from ...core.budget import Plan, Sizing

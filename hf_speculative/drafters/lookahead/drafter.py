@@ -33,7 +33,9 @@ from typing import ClassVar
 import torch
 
 from ... import options
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import SpeculativeCandidateGenerator
 from ..registry import Capabilities, example_label
 
 from ...options import CheckedOnAssignment

@@ -14,7 +14,8 @@ import torch
 
 from ...core.budget import Plan, Sizing
 from ...core.tree import DraftTree, Verdict
-from ..base import CallContext, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..generator import SpeculativeCandidateGenerator
 from .group import join
 
 

@@ -20,7 +20,8 @@ import torch
 from ... import compat, options
 from ...core.policy import check_chain_options
 from ...options import CheckedOnAssignment
-from ..base import CallContext, DraftStrategy
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
 from ..registry import Capabilities, ExampleNotApplicable
 
 MAX_WINDOW = 1 << 17  # ``window``: positions kept per row (the cache is bounded by it: 131072)

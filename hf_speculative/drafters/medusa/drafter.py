@@ -18,7 +18,9 @@ from typing import Any, ClassVar
 import torch
 
 from ...core.accept import draft_chain
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import SpeculativeCandidateGenerator
 from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures

@@ -26,7 +26,9 @@ from ...core.tree import DraftTree, Verdict, additive_mask
 from ...core.tree_shapes import StaticTree, grow_paths
 from ...core.draft_guide import DraftGuide, first_guess
 from ...options import CheckedOnAssignment, shown
-from ..base import CallContext, DraftStrategy, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
+from ..generator import SpeculativeCandidateGenerator
 from ..registry import Capabilities, ExampleNotApplicable, example_label
 from . import modules as mtp_modules
 

@@ -19,7 +19,8 @@ import torch
 
 from ... import compat
 from ...core.accept import draft_chain
-from ..base import CallContext, SpeculativeCandidateGenerator
+from ...core.call import CallContext
+from ..generator import SpeculativeCandidateGenerator
 from ...core.costs import draft_price, record_draft_step
 from .calibration import SkipCalibration, cached_calibration
 from .layer_view import LayerSubset, layer_subset, num_layers

@@ -20,7 +20,8 @@ import torch
 
 from ... import options
 from ...options import CheckedOnAssignment
-from ..base import CallContext, DraftStrategy
+from ...core.call import CallContext
+from ..strategy import DraftStrategy
 from ..registry import NO_FILES, Capabilities, SpecFiles, example_label
 from ...core.costs import verify_costs_for
 from .calibration import (SkipCalibration, calibrate_layer_skip, cached_calibration, model_fingerprint,

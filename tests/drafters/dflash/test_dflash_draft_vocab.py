@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 import hf_speculative as hfs
 from hf_speculative.drafters.dflash import checkpoints
 from hf_speculative.drafters.dflash.checkpoints import CheckpointError
-from hf_speculative.drafters.base import to_target_vocab
+from hf_speculative.drafters.generator import to_target_vocab
 from hf_speculative.drafters.dflash.drafter import (DFlash, DFlashCandidateGenerator,
                                                      random_network)
 from tests.conftest import ARCHS, build_model, prompt_inputs, stock_generate

@@ -9,7 +9,7 @@ from transformers import GenerationConfig
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
 import hf_speculative as hfs
-from hf_speculative.drafters.base import CallContext
+from hf_speculative.core.call import CallContext
 from hf_speculative.core.loop import run
 from hf_speculative.core.stats import SpeculativeStats
 from hf_speculative.core.tree_shapes import DynamicTree, StaticTree

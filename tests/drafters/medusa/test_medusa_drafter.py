@@ -104,7 +104,7 @@ def test_tree_nodes_come_from_the_heads_ranked_guesses():
     target = build_model("llama")
     heads = random_heads(target)
     strategy = hfs.Medusa(heads, tree=TREE, adaptive=False)
-    from hf_speculative.drafters.base import CallContext
+    from hf_speculative.core.call import CallContext
     from hf_speculative.core.stats import SpeculativeStats
     from transformers import GenerationConfig
 
