@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--forwards", action="store_true", help="time forwards of 1, 2 and 6 tokens instead")
     args = parser.parse_args()
 
-    from hf_speculative.compat import CPU_ATTENTION
+    from hf_speculative.core.sdpa import CPU_ATTENTION
     from hf_speculative.cpu import attention
     from hf_speculative.tooling.methods import run_method
 

@@ -81,13 +81,14 @@ def time_forwards(model, repeats: int, context: int = 512) -> None:
 
     import hf_speculative as hfs
     from hf_speculative import compat
+    from hf_speculative.core.kv_cache import new_dynamic_cache
     from hf_speculative.cpu.kernel import KernelLinear
 
     linears = [m for m in model.modules() if type(m) is KernelLinear]
     rows = {m: torch.randn(1, m.in_features) for m in linears}
     seconds: dict[tuple[str, int], list[float]] = {}
     with torch.inference_mode():
-        cache = compat.new_dynamic_cache()
+        cache = new_dynamic_cache()
         model(torch.randint(100, 20000, (1, context)), use_cache=True, **{compat.cache_kwarg(): cache})
         for _ in range(repeats):
             for route in ("native", "pytorch ops"):

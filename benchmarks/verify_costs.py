@@ -17,7 +17,7 @@ the kernel on one instruction set (interleaved in one process; without ``@`` it 
 
 ``#gqa`` / ``#repeat`` after a layout set transformers' ``TRANSFORMERS_SDPA_FORCE_GQA`` to 1 / 0 before each of its
 forwards (grouped-query SDPA, or ``repeat_kv`` copies, in masked multi-token forwards; what hf_speculative's own
-verification chooses on a CPU: ``compat.grouped_query_sdpa``):
+verification chooses on a CPU: ``core.sdpa.grouped_query_sdpa``):
 
     python benchmarks/verify_costs.py --layouts "all+kernel#repeat,all+kernel#gqa" --tokens 1,2,6,11
 

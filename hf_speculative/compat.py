@@ -1,17 +1,17 @@
 """Every difference between supported transformers versions, in one place.
 
 Supported: transformers >= 4.45, < 6. The facts behind each shim are in the team's notes on
-transformers' assisted-generation internals; keep new shims here rather than in the drafters.
+transformers' assisted-generation internals. Only shims live here: what differs between versions (names, signatures,
+where a cache keeps its tensors) behind one function each. What is built on them lives with its user: KV-cache
+surgery in ``core/kv_cache.py``, the SDPA names and the grouped-query switch in ``core/sdpa.py``, a drafter's lookups of
+transformers classes (``MtpModel``, the Gemma-4 assistants) in its folder.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import os
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import transformers
@@ -65,17 +65,6 @@ def crop_cache(cache: Any, num_tokens_to_remove: int) -> None:
     """
     if num_tokens_to_remove > 0:
         cache.crop(-num_tokens_to_remove)
-
-
-def new_dynamic_cache() -> Any:
-    """An empty full-attention ``DynamicCache`` (no sliding layers, so it can always be cropped)."""
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-def cache_length(cache: Any) -> int:
-    return 0 if cache is None else int(cache.get_seq_length())
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,9 +144,11 @@ def rollbackable_cache(cache: Any) -> Any:
     """The cache an assisted loop can crop. On 4.x, ``generate()`` builds sliding-window layers
     unless it knows the call is assisted (the ``custom_generate`` route), and those cannot be
     cropped once past the window: an empty cache is swapped for a full-attention one."""
-    if IS_TRANSFORMERS_5 or cache is None or cache_length(cache) > 0:
+    if IS_TRANSFORMERS_5 or cache is None or cache.get_seq_length() > 0:
         return cache
-    return new_dynamic_cache()
+    from transformers import DynamicCache
+
+    return DynamicCache()  # full attention only: every layer can be cropped
 
 
 # -- EAGLE / self-speculative building blocks ----------------------------------------------------
@@ -256,14 +247,33 @@ def user_cache(kwargs: dict) -> Any:
     return kwargs.get("cache", kwargs.get("past_key_values"))
 
 
-# -- tree verification ----------------------------------------------------------------------------
-def _cache_tensors(cache: Any) -> list[tuple[Any, str, int]]:
-    """(holder, attribute, index) of every key and value tensor of a dynamic cache, on every version."""
-    if hasattr(cache, "layers"):  # >= 4.56: layer objects with .keys / .values
-        return [(layer, name, -1) for layer in cache.layers for name in ("keys", "values")
-                if isinstance(getattr(layer, name, None), torch.Tensor) and getattr(layer, name).numel()]
-    return [(getattr(cache, name), name, i) for name in ("key_cache", "value_cache")
-            for i, t in enumerate(getattr(cache, name, [])) if t.numel()]
+# -- where a cache keeps its tensors (the surgery on them: core/kv_cache.py) -----------------------------
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """Every non-empty key and value tensor of a dynamic cache (each ``[B, H, T, D]``), the tensors themselves, so
+    that writes into them land in the cache: layer objects' ``keys`` / ``values`` from 4.56, the ``key_cache`` /
+    ``value_cache`` lists before."""
+    if hasattr(cache, "layers"):
+        return [tensor for layer in cache.layers for tensor in (getattr(layer, "keys", None),
+                                                                getattr(layer, "values", None))
+                if isinstance(tensor, torch.Tensor) and tensor.numel()]
+    return [tensor for name in ("key_cache", "value_cache") for tensor in getattr(cache, name, []) if tensor.numel()]
+
+
+def replace_cache_tensors(cache: Any, fn: Any) -> None:
+    """Replace every non-empty key and value tensor of a dynamic cache (``[B, H, T, D]``) with ``fn(tensor)``: layer
+    objects' ``keys`` / ``values`` (>= 4.56), the ``key_cache`` / ``value_cache`` lists before."""
+    if hasattr(cache, "layers"):
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor) and tensor.numel():
+                    setattr(layer, name, fn(tensor))
+        return
+    for name in ("key_cache", "value_cache"):
+        tensors = getattr(cache, name, [])
+        for i, tensor in enumerate(tensors):
+            if tensor.numel():
+                tensors[i] = fn(tensor)
 
 
 def cache_layer_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -273,38 +283,6 @@ def cache_layer_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(getattr(cache, "key_cache", []), getattr(cache, "value_cache", [])))
-
-
-def keep_tree_path(cache: Any, start: int, path: Any, written: int) -> None:
-    """Keep only an accepted path of the nodes a tree verification wrote into ``cache``.
-
-    The forward wrote ``written`` node positions after ``start`` (node ``i`` at ``start + i``); afterwards
-    the cache holds positions ``[0, start)`` and then the nodes of ``path`` in order, nothing more. The
-    path's keys and values move down along the sequence axis (``[B, H, T, D]``, axis -2) and the rest is
-    cropped, so the prefix is never copied. A path ``0, 1, ..., m-1`` (a chain kept) is a plain crop.
-    """
-    path = move_tree_path(cache, start, path)
-    crop_cache(cache, written - len(path))
-
-
-def move_tree_path(cache: Any, start: int, path: Any) -> list[int]:
-    """Move the keys and values of the nodes ``path`` (node ``i`` written at ``start + i``) to positions
-    ``start, start + 1, ...``, in place (a static cache's tensors keep their addresses). Returns the path."""
-    path = [int(i) for i in path]
-    if path != list(range(len(path))):
-        for holder, name, index in _cache_tensors(cache):
-            tensor = getattr(holder, name) if index < 0 else holder[index]
-            source = torch.tensor(path, device=tensor.device) + start
-            tensor[..., start: start + len(path), :] = tensor.index_select(-2, source)
-    return path
-
-
-def new_static_cache(model: Any, capacity: int) -> Any:
-    """A transformers ``StaticCache`` of ``capacity`` positions for ``model`` (its tensors are made at the
-    first forward, on the model's device and dtype)."""
-    from transformers import StaticCache
-
-    return StaticCache(config=model.config, max_cache_len=int(capacity))
 
 
 def set_static_length(cache: Any, length: int) -> None:
@@ -322,138 +300,18 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56.0") else "torch_dtype": dtype}
 
 
-# -- batches with holes (batch_verify.py) ---------------------------------------------------------
-def _replace_cache_tensors(cache: Any, fn: Any) -> None:
-    """Replace every key and value tensor of a dynamic cache (``[B, H, T, D]``) with ``fn(tensor)``: layer
-    objects' ``keys`` / ``values`` (>= 4.56), the ``key_cache`` / ``value_cache`` lists before."""
-    if hasattr(cache, "layers"):
-        for layer in cache.layers:
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name, None)
-                if isinstance(tensor, torch.Tensor) and tensor.numel():
-                    setattr(layer, name, fn(tensor))
-        return
-    for name in ("key_cache", "value_cache"):
-        tensors = getattr(cache, name, [])
-        for i, tensor in enumerate(tensors):
-            if tensor.numel():
-                tensors[i] = fn(tensor)
-
-
-def gather_cache_slots(cache: Any, start: int, index: torch.Tensor) -> None:
-    """Per row ``b``, write the slots ``start + index[b]`` to ``start, start + 1, ...`` (``index``: ``[B, A]``), in
-    place: each row's accepted draft path moved to the front of its step's node slots."""
-    for holder, name, i in _cache_tensors(cache):
-        tensor = getattr(holder, name) if i < 0 else holder[i]
-        b, h, _, d = tensor.shape
-        source = (index.to(tensor.device) + start)[:, None, :, None].expand(b, h, index.shape[1], d)
-        tensor[:, :, start: start + index.shape[1]] = tensor.gather(2, source)
-
-
-def reorder_cache_slots(cache: Any, order: torch.Tensor) -> None:
-    """Per row ``b``, the cache becomes its slots ``order[b]`` (``[B, W]``): a re-packed batch."""
-    def pick(tensor: torch.Tensor) -> torch.Tensor:
-        b, h, _, d = tensor.shape
-        return tensor.gather(2, order.to(tensor.device)[:, None, :, None].expand(b, h, order.shape[1], d))
-
-    _replace_cache_tensors(cache, pick)
-
-
-def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
-    """Keep the batch rows ``rows`` (``[B']`` indices) of every key and value tensor."""
-    _replace_cache_tensors(cache, lambda tensor: tensor.index_select(0, rows.to(tensor.device)))
-
-
-# -- Gemma-4 assistants (hfs.Assistant) -------------------------------------------------------------
-GEMMA4_ASSISTANT_VERSION = "5.24"  # transformers' first version with Gemma4AssistantForCausalLM used here
-
-
-def gemma4_assistant_classes() -> tuple[type, ...]:
-    """transformers' Gemma-4 assistant classes (``Gemma4AssistantForCausalLM``, and ``Gemma4UnifiedAssistantForCausalLM``
-    where it exists); an ``ImportError`` naming the version needed on a transformers without them (4.x)."""
-    try:
-        from transformers import Gemma4AssistantForCausalLM
-    except ImportError:
-        raise ImportError(
-            f"Gemma-4 assistants need transformers' Gemma4AssistantForCausalLM, which transformers "
-            f"{TRANSFORMERS_VERSION} lacks: pip install \"transformers>={GEMMA4_ASSISTANT_VERSION}\".") from None
-    try:
-        from transformers import Gemma4UnifiedAssistantForCausalLM
-    except ImportError:
-        return (Gemma4AssistantForCausalLM,)
-    return (Gemma4AssistantForCausalLM, Gemma4UnifiedAssistantForCausalLM)
-
-
-# -- MTP modules built into the target (hfs.MTP) ----------------------------------------------------
-MTP_VERSION = "5.24"  # transformers' first version with MtpModel used here (generate(use_mtp=True))
-
-
-def mtp_model_class() -> type:
-    """transformers' ``MtpModel`` (the target's own multi-token-prediction layers); an ``ImportError`` naming the
-    version needed on a transformers without it (4.x)."""
-    try:
-        from transformers.modeling_layers import MtpModel
-    except ImportError:
-        raise ImportError(
-            f"hfs.MTP drafts with transformers' MtpModel, which transformers {TRANSFORMERS_VERSION} lacks: "
-            f"pip install \"transformers>={MTP_VERSION}\".") from None
-    return MtpModel
-
-
-# -- grouped-query SDPA in the multi-token forwards of verification (CPU) ------------------------------
-# transformers' SDPA path repeats the keys and values of a grouped-query model (`repeat_kv`) for every head
-# whenever a forward has a mask (several tokens after a cache), unless TRANSFORMERS_SDPA_FORCE_GQA=1 (read per
-# call, in the 5.x versions that have it); then it passes `enable_gqa=True` to torch (2.5+). On a CPU that copy is
-# ~14% of a verification forward of SmolLM2 with the kernel layout (k = 2..11, benchmarks in docs/how-it-works.md).
-# On CUDA a masked GQA call would fall back to SDPA's math kernel, so it stays off there.
-_GQA_VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
-# transformers' SDPA attention on tensors widened to fp32, for 16-bit models on a CPU (hf_speculative/cpu/attention.py,
-# registered in transformers' interfaces under this name): masks, trees and the GQA switch as "sdpa"
-CPU_ATTENTION = "hfs_cpu_sdpa"
-SDPA_NAMES = ("sdpa", CPU_ATTENTION)
-# on such a model (bf16 on the CPU kernel), a forward of up to this many tokens computes each of its rows as a one-token
-# forward does (products and attention), so verification keeps to it (core/verify.py splits a first forward)
-CPU_ROWWISE_TOKENS = 64
-_GQA_LOCK = threading.Lock()
-_GQA_USERS = 0
+# -- transformers' switch to grouped-query SDPA under a mask (core/sdpa.py sets it around our forwards) --------------
+SDPA_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read from the environment by every SDPA call of the 5.x that have it
 
 
 @functools.cache
 def reads_force_gqa() -> bool:
-    """Whether this transformers reads ``TRANSFORMERS_SDPA_FORCE_GQA`` and torch takes ``enable_gqa``."""
+    """Whether this transformers reads ``TRANSFORMERS_SDPA_FORCE_GQA`` (5.x; 4.x repeats the keys and values of a
+    grouped-query model under any mask) and torch takes ``enable_gqa`` (2.5+)."""
     try:
         from transformers.integrations import sdpa_attention
 
-        has_switch = _GQA_VARIABLE in inspect.getsource(sdpa_attention)
+        has_switch = SDPA_FORCE_GQA in inspect.getsource(sdpa_attention)
     except (ImportError, OSError, TypeError):  # no such module, or installed without its sources
         return False
     return has_switch and Version(torch.__version__.split("+")[0]) >= Version("2.5")
-
-
-@contextlib.contextmanager
-def grouped_query_sdpa(model: Any, tokens: int) -> Iterator[None]:
-    """Around one of our target forwards over ``tokens`` tokens: on a CPU SDPA model, transformers' grouped-query
-    SDPA instead of its ``repeat_kv`` copies. A value the user set (``0`` or ``1``) is left as it is; concurrent
-    calls share one setting, restored when the last one ends."""
-    global _GQA_USERS
-    config = getattr(model, "config", None)
-    wanted = (tokens > 1 and reads_force_gqa() and getattr(config, "_attn_implementation", None) in SDPA_NAMES
-              and getattr(getattr(model, "device", None), "type", "cpu") == "cpu")
-    if not wanted:
-        yield
-        return
-    with _GQA_LOCK:
-        if _GQA_USERS == 0 and _GQA_VARIABLE in os.environ:
-            wanted = False  # the user's own choice
-        else:
-            _GQA_USERS += 1
-            os.environ[_GQA_VARIABLE] = "1"
-    try:
-        yield
-    finally:
-        if wanted:
-            with _GQA_LOCK:
-                _GQA_USERS -= 1
-                if _GQA_USERS == 0:
-                    os.environ.pop(_GQA_VARIABLE, None)
-

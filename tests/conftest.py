@@ -217,6 +217,9 @@ class AdversaryStrategy(hfs.DraftStrategy):
     def open(self, ctx):
         return _AdversaryGenerator(ctx, self)
 
+    def draft_budget(self):  # a strategy of one's own that is not a dataclass says how long its drafts are
+        return self.num_tokens
+
 
 class _AdversaryGenerator(SpeculativeCandidateGenerator):
     def __init__(self, ctx, config: AdversaryStrategy):

@@ -101,8 +101,8 @@ def loops(monkeypatch) -> list:
     from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run",
-                        lambda *a, **k: runs.append(k["verifier"]) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder",
+                        lambda *a, **k: runs.append(a[1]) or loop.ladder(*a, **k))
     return runs
 
 

@@ -3,10 +3,13 @@
 Layers, bottom first; a module imports its own unit and the layers below it, never a peer of its layer:
 
     compat, options, extras, locks   the root leaves: nothing of the package
-    core                        loop, accept, tree, verify, costs, state, stats, sampling, policy, static cache
+    core                        call, entry, loop, accept, tree, verify, costs, state, stats, sampling, policy, static cache,
+                                kv_cache, sdpa
     cpu, registry               the CPU layout and kernel; the offline model registry and its integrity checks
-    drafters                    base, registry, checkpoints, vllm_support; then one folder per method
-    hf                          the transformers adapter: integration, loop_entry, spec
+    drafters                    declaration, strategy, generator, assisted, registry, spec_writer, checkpoints,
+                                vllm_support (base: old names);
+                                then one folder per method
+    hf                          the transformers adapter: integration (the generate() entry), checks, spec
     hf_speculative              the package's ``__init__``: the public names, each loaded on first use
     tooling                     methods, prompting: what the command line, the app and the benchmark share
     bench
@@ -51,21 +54,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
 )
 # The shared modules of drafters/ (the rest of it is one folder per method)
-DRAFTERS_SHARED = ("base", "strategy", "generator", "assisted", "registry", "checkpoints", "vllm_support")  # vllm_support: what vLLM reads, for exports
+DRAFTERS_SHARED = ("base", "strategy", "declaration", "spec_writer", "generator", "assisted", "registry", "checkpoints",
+                   "vllm_support")  # vllm_support: what vLLM reads, for exports
 
 # Function-level imports that point up: (importing module, imported module) -> why. Each must still exist (an
 # entry that no longer matches fails the test: delete it); the list only shrinks.
-FUNCTION_LEVEL_UP: dict[tuple[str, str], str] = {
-    ("hf_speculative.drafters.strategy", "hf_speculative.hf.spec"):
-        "DraftStrategy.to_dict / save_pretrained write the strategy's generation_config spec: transformers calls "
-        "to_dict() on what a GenerationConfig holds, so the strategy serializes itself through the spec writer",
-    ("hf_speculative.registry.models", "hf_speculative.hf.spec"):
-        "load_model reads a folder's generation_config.json within the spec's bounds (SpecError, check_bounds, "
-        "MAX_GENERATION_CONFIG_BYTES) before transformers does; goes when those bounds live below the registry",
-    ("hf_speculative.drafters.draft_model.saved_tokenizers", "hf_speculative.hf.spec"):
-        "the tokenizers a saved across-tokenizer DraftModel reads beside the model fail as the spec's SpecError, as "
-        "every other file the spec reads does; goes with the entry above, when SpecError lives below the drafters",
-}
+FUNCTION_LEVEL_UP: dict[tuple[str, str], str] = {}
 # A method's folder importing another method's: (importing folder, imported folder) -> why.
 CROSS_METHOD: dict[tuple[str, str], str] = {
     ("self_speculative", "eagle"): "an exit adapter is an EAGLE network (EagleDraftModel with exit_layer), saved and "
@@ -324,9 +318,9 @@ if __name__ == "__main__":
 
 # Per-call state travels on the call object (core/call.CallContext), passed down. A ContextVar only where
 # transformers' entry leaves no other way: the running call, which transformers' callbacks into the enabled model
-# (_get_candidate_generator, _get_logits_processor, _get_stopping_criteria, custom_generate) cannot be handed; and
-# the specs being saved while transformers writes generation_config.json (spec.saving).
-CONTEXT_VARS = {("hf_speculative.hf.integration", "_ACTIVE_CALL"), ("hf_speculative.hf.spec", "_SAVING")}
+# (_get_candidate_generator, _get_logits_processor, _get_stopping_criteria, custom_generate) cannot be handed. (The
+# spec a model's save_pretrained wrote is handed to hf.spec.keep_field_on_load, not kept in a ContextVar.)
+CONTEXT_VARS = {("hf_speculative.hf.integration", "_ACTIVE_CALL")}
 
 
 def context_vars() -> set[tuple[str, str]]:

@@ -19,7 +19,7 @@ Methods (``--methods``) are hf_speculative's names; each engine runs those it ha
 ``prompt_lookup``, llama.cpp's ``llama-lookup``), ``draft-model`` (with ``--draft-model``: OpenVINO's
 ``draft_model``, llama.cpp's ``llama-speculative-simple`` with ``--draft-gguf``), ``eagle`` (OpenVINO's EAGLE-3
 pipeline with ``--openvino-eagle3 DIR``; vLLM's ``eagle3`` with our shipped drafter's export, or ``--vllm-eagle3``);
-vLLM's ``ngram`` is its ``prompt-lookup``; the others (``eagle+lookup``, ``hf-prompt-lookup``...) run on our engines
+vLLM's ``ngram`` is its ``prompt-lookup``; the others (``hybrid``, ``hf-prompt-lookup``...) run on our engines
 only. Every engine runs its own plain greedy decoding, the baseline its speedups and identical counts refer to.
 
 Discipline, as ``hf-speculative bench``'s (:func:`hf_speculative.bench.runner.run_bench`): one thread everywhere,
@@ -67,7 +67,7 @@ ENGINES = ("hfs-default", "hfs-kernel", "openvino", "vllm", "llamacpp")
 CATEGORIES = ("writing", "summarization", "qa", "math_reasoning", "rag", "translation")
 """Spec-Bench's categories in the order of the table: MT-bench's writing (question ids 81, 82), then the five
 Spec-Bench ones."""
-DEFAULT_METHODS = ("prompt-lookup", "eagle", "eagle+lookup", "hf-prompt-lookup")
+DEFAULT_METHODS = ("prompt-lookup", "eagle", "hybrid", "hf-prompt-lookup")
 
 
 # -- the machine -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any
 
-from ..tooling.methods import available_methods, get_method
+from ..tooling.methods import available_methods, canonical_name, get_method
 from ..options import MAX_DRAFT_TOKENS, MAX_LAYERS, MAX_NGRAM
 
 MAX_PANES = 4  # the baseline plus up to three methods, side by side
@@ -165,8 +165,8 @@ def option_slots() -> list[OptionSlot]:
 
 
 def api_parameter(method: str, key: str) -> str:
-    """The ``/compare`` API's parameter for option ``key`` of ``method``: ``eagle+lookup``, ``eagle`` ->
-    ``eagle_plus_lookup__eagle``."""
+    """The ``/compare`` API's parameter for option ``key`` of ``method``: ``prompt-lookup``, ``num_tokens`` ->
+    ``prompt_lookup__num_tokens``."""
     return identifier(f"{method}__{key}")
 
 
@@ -281,6 +281,7 @@ def _methods(methods: Any) -> list[str]:
     known = selectable_methods()
     if len(names) > MAX_NAMES:
         raise AppError(f"Too many method names ({len(names)}); pick at most {MAX_PANES - 1} of: {', '.join(known)}.")
+    names = [canonical_name(n) for n in names]  # an earlier name of a method (eagle+lookup) is the method (hybrid)
     unknown = [n for n in names if n not in known and n != baseline_method()]
     if unknown:
         shown = ", ".join(_short(n, 40) for n in unknown[:5]) + (" …" if len(unknown) > 5 else "")

@@ -7,7 +7,6 @@ the visitor may ask for all of them at once instead.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import Any, Iterator
@@ -151,7 +150,9 @@ class Comparison:
         extra = dict(spec.build(model, tokenizer, options))
         strategy = extra.get("candidate_generator")
         if isinstance(strategy, DraftStrategy):
-            extra["candidate_generator"] = strategy = private(strategy)
+            # without state shared across calls that a visitor could read another visitor's answers from
+            # (SuffixDecoding's history of the model's outputs): a visitor's tau depends on their own prompt only
+            extra["candidate_generator"] = strategy = strategy.private()
             strategy.validate_target(model)
         if extra.get("assistant_model") is not None:  # transformers' assisted generation: same vocabulary
             from ..drafters.draft_model.drafter import check_same_vocabulary
@@ -267,16 +268,6 @@ class Comparison:
         if isinstance(context, int) and n + self.request.max_new_tokens > context:
             raise AppError(f"The prompt ({n:,} tokens) plus {self.request.max_new_tokens} new tokens exceed the "
                            f"model's context of {context:,} tokens.")
-
-
-def private(strategy: DraftStrategy) -> DraftStrategy:
-    """``strategy`` without state shared across calls that a visitor could read another visitor's answers from:
-    SuffixDecoding's history of the model's earlier outputs (``history_tokens``) is off, so that a visitor's τ
-    and target forwards depend only on their own prompt. Strategies without such state are returned as they are."""
-    if dataclasses.is_dataclass(strategy) and getattr(strategy, "history_tokens", 0) and \
-            getattr(strategy, "history_file", None) is None:
-        return dataclasses.replace(strategy, history_tokens=0)
-    return strategy
 
 
 def _json_keys(value: Any) -> Any:

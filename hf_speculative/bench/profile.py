@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import compat
+from ..core import kv_cache
 from ..core.cost_profile import FORMAT
 from ..core.tree import DraftTree
 from ..core.verify import forward_tree
@@ -150,7 +151,7 @@ def profile(model: torch.nn.Module, settings: ProfileSettings | None = None, *, 
         seconds = _static_seconds(model, settings, vocab, generator, progress)
     with torch.no_grad():
         for context in settings.contexts if settings.compile is None else ():
-            cache = compat.new_dynamic_cache()
+            cache = kv_cache.new_dynamic_cache()
             prompt = torch.randint(3, vocab, (1, context - 1), generator=generator).to(device)
             model(input_ids=prompt, use_cache=True, **{compat.cache_kwarg(): cache})
             row = seconds.setdefault(str(context), {})
@@ -206,14 +207,14 @@ def _static_seconds(model: torch.nn.Module, settings: ProfileSettings, vocab: in
             for context in settings.contexts:
                 prompt = torch.randint(3, vocab, (context,), generator=generator).to(device)
                 verifier.length = 0
-                verifier.forward(prompt, DraftTree.empty(device))  # prefill: the context before the root
+                verifier.forward_row(prompt, DraftTree.empty(device))  # prefill: the context before the root
                 for shape in settings.shapes:
                     tree = tree_of(n, shape)
                     times = []
                     for i in range(settings.warmup + settings.repeats):
                         _sync(device)
                         start = time.perf_counter()
-                        verifier.forward(prompt[-1:], tree)  # writes after the context; nothing kept
+                        verifier.forward_row(prompt[-1:], tree)  # writes after the context; nothing kept
                         _sync(device)
                         if i >= settings.warmup:
                             times.append(time.perf_counter() - start)

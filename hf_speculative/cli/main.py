@@ -122,13 +122,12 @@ def _split(values: list[str] | str | None) -> list[str]:
 def _methods(names: list[str], draft_model: str | None, reference: str | None = None,
              options: dict | None = None) -> list[Any]:
     """Resolve method names (clear errors for unknown ones, for options none of them reads, with the close match,
-    and for a missing --draft-model)."""
+    and for a missing --draft-model). An earlier name of a method (``eagle+lookup``, now ``hybrid``) resolves to it."""
     from ..tooling.methods import check_options, get_method
 
     try:
         specs = [get_method(n) for n in names]
-        if reference:
-            get_method(reference)
+        reference = get_method(reference).name if reference else None
         check_options(specs, options)
     except ValueError as err:
         _fail(str(err))
@@ -137,7 +136,7 @@ def _methods(names: list[str], draft_model: str | None, reference: str | None = 
     needing = [s.name for s in specs if s.needs_draft_model]
     if needing and not draft_model:
         _fail(f"method(s) {', '.join(needing)} need --draft-model NAME")
-    if reference and reference not in {"greedy", *names}:
+    if reference and reference not in {"greedy", *(s.name for s in specs)}:
         _fail(f"--reference {reference} must be greedy or one of the benchmarked methods ({', '.join(names)})")
     return specs
 
@@ -496,8 +495,12 @@ def bench(
     from ..bench.runner import run_bench
     from ..bench.spec_bench import load_prompts
 
-    names = _split(methods)
-    _methods(names, run.draft_model, reference, parse_option_pairs(run.option))
+    specs = _methods(_split(methods), run.draft_model, reference, parse_option_pairs(run.option))
+    names = [spec.name for spec in specs]  # (an earlier name given: the records and the report use the method's)
+    if reference:
+        from ..tooling.methods import get_method
+
+        reference = get_method(reference).name
     if not Path(dataset).is_file():
         _fail(f"dataset not found: {dataset} (use --dataset PATH)")
     try:

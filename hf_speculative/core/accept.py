@@ -14,8 +14,9 @@ processor is a :class:`~hf_speculative.core.sampling.SeededSampler`, which turns
 ``argmax(log softmax(p) + g_t)`` with Gumbel noise ``g_t`` keyed by (seed, row, position t), an exact draw
 from ``softmax(p)`` whatever the text before (the Gumbel-max trick; see :mod:`hf_speculative.core.sampling`).
 So the kept text is a sample of the target's distribution and a fixed function of the seed: drafts only
-decide how many target forwards it takes. Drafters choose their tokens with :func:`draft_chain`: the
-argmax of their own processed logits, or the seeded draw from them (the same noise as the target's,
+decide how many target forwards it takes. Drafters choose their tokens with chain_drafting.py's
+:func:`~hf_speculative.core.chain_drafting.draft_chain`: the argmax of their own processed logits, or the seeded draw
+from them (the same noise as the target's,
 so a drafter whose ``q`` is close to ``p`` draws the target's token).
 
 Chains apply the rule position by position up to the first mismatch (transformers' assisted loop, or
@@ -31,56 +32,14 @@ draft can have, ``1 - TV(p, q)``.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import math
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import torch
 
-from .sampling import RejectionSampler, SeededSampler, refuse_nothing_to_draw, split_sampler
+from .sampling import RejectionSampler, SeededSampler, refuse_nothing_to_draw
 from .tree import ROOT, DraftTree, Verdict
-
-if TYPE_CHECKING:
-    from .budget import Plan
-
-
-# -- drafting a chain for the rule ---------------------------------------------------------------
-def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step) -> DraftTree:
-    """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``, repeat while
-    the loop's ``plan`` says it pays (its chain rule: ``wants`` / ``took``, see core/budget.py). The call's logits
-    processors warp the drafter's logits as they warp the target's; the token is their argmax, or under seeded
-    sampling the seeded draw from them at that position (the target's draw there if the drafter's distribution
-    were the target's).
-
-    Whether to draft a position is asked of ``plan.wants`` before its token is chosen (``plan.took`` sees the
-    token, and only decides about the positions after it). Under the rejection rule the token is a draw from the
-    drafter's warped distribution ``q`` instead, and the tree keeps ``q`` (``tree.q``, ``[k, V]``) for the rule.
-    Returns the chain, ``[k]`` tokens as a one-branch :class:`DraftTree` (empty when nothing paid)."""
-    processors, sampler = split_sampler(ctx.logits_processor)
-    tokens: list[int] = []
-    dists: list[torch.Tensor] = []  # under the rejection rule: the q each token was drawn from, [V] each
-    sequence = input_ids  # [1, L + drafted]: the context the processors and the sampler's positions read
-    while True:
-        if processors:
-            logits = processors(sequence, logits[None])[0]
-        probs = torch.softmax(logits.float(), dim=-1)  # [V]
-        top = float(probs.max())
-        if math.isnan(top):
-            break  # nothing to draw from (NaN or +inf scores, or all -inf): the target's own draw there refuses it
-        if not plan.wants(top):
-            break  # its expected gain does not pay for verifying it (its drafting is already paid)
-        if isinstance(sampler, RejectionSampler):  # the rejection rule: draw from q, keep q for the rule
-            token = sampler.draw(probs)
-            dists.append(probs)
-        else:
-            token = int(torch.argmax(logits) if sampler is None else sampler.choose(sequence, logits[None])[0])
-        tokens.append(token)
-        if not plan.took(float(probs[token]), max_tokens):
-            break
-        sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
-        logits = step(token)
-    tree = DraftTree.from_tokens(tokens, input_ids.device)
-    return dataclasses.replace(tree, q=torch.stack(dists)) if dists else tree
 
 
 # -- the rule on a tree ---------------------------------------------------------------------------
@@ -172,3 +131,13 @@ def accept(tree: DraftTree, scores: torch.Tensor, sampler=None) -> Verdict:
     if isinstance(sampler, RejectionSampler):
         return accept_rejection(tree, scores, sampler)
     return accept_greedy(tree, scores, drawn=isinstance(sampler, SeededSampler))
+
+
+def rule_for(sampler=None) -> Callable[[DraftTree, torch.Tensor], Verdict]:
+    """The call's rule as one function ``rule(tree, scores) -> Verdict``, chosen once when the call starts (the loop
+    calls it without a dispatch per step): what :func:`accept` does for ``sampler``."""
+    if isinstance(sampler, RejectionSampler):
+        return functools.partial(accept_rejection, sampler=sampler)
+    if isinstance(sampler, SeededSampler):
+        return functools.partial(accept_greedy, drawn=True)
+    return accept_greedy

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import compat
+from . import kv_cache, sdpa
 from .tree import DraftTree
 from .verify import _window, check_tree_attention
 
@@ -42,12 +43,14 @@ class BatchVerifier:
         batch_size (`int`): the rows of the first forward.
     """
 
+    budget = 64  # the most draft nodes a step verifies per row (as the one-row DynamicVerifier)
+
     def __init__(self, model: torch.nn.Module, batch_size: int):
         check_tree_attention(model)
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self.dtype = model.get_input_embeddings().weight.dtype
-        self.cache = compat.new_dynamic_cache()  # full attention only: sliding windows are in the masks
+        self.cache = kv_cache.new_dynamic_cache()  # full attention only: sliding windows are in the masks
         self.slots = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)       # [B, S] real?
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)   # [B, S]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)        # [B] real tokens
@@ -121,7 +124,7 @@ class BatchVerifier:
 
         ids = torch.cat([pending, tokens], dim=-1)                                   # [B, m + n]
         keep = compat.logits_to_keep_kwargs(self.model, 1 + n)
-        with compat.grouped_query_sdpa(self.model, ids.numel()):  # rows are masked: no repeat_kv copies (CPU)
+        with sdpa.grouped_query_sdpa(self.model, ids.numel()):  # rows are masked: no repeat_kv copies (CPU)
             out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
                              **{compat.cache_kwarg(): self.cache}, **keep)
         self.cache = compat.output_cache(out)
@@ -148,7 +151,7 @@ class BatchVerifier:
                 kept[row, :len(path)] = True
         in_place = all(list(path) == list(range(len(path))) for path in paths)
         if longest and not in_place:
-            compat.gather_cache_slots(self.cache, start, index)
+            kv_cache.gather_cache_slots(self.cache, start, index)
         compat.crop_cache(self.cache, written - longest)
         self.slots = torch.cat([self.slots[:, :start], kept], dim=-1)
         steps = torch.arange(1, longest + 1, device=self.device)
@@ -167,7 +170,7 @@ class BatchVerifier:
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (``[B']`` indices) of the batch: finished rows leave it."""
         rows = rows.to(self.device)
-        compat.select_cache_rows(self.cache, rows)
+        kv_cache.select_cache_rows(self.cache, rows)
         self.slots, self.positions, self.lengths = self.slots[rows], self.positions[rows], self.lengths[rows]
 
     def shrinkable(self) -> int:
@@ -187,7 +190,7 @@ class BatchVerifier:
         # a stable sort of holes before real slots keeps each row's order
         order = torch.sort(self.slots.long(), dim=-1, stable=True).indices[:, -width:] if width else \
             self.slots.new_zeros(self.slots.shape[0], 0, dtype=torch.long)           # [B, width]
-        compat.reorder_cache_slots(self.cache, order)
+        kv_cache.reorder_cache_slots(self.cache, order)
         self.slots = torch.gather(self.slots, 1, order)
         self.positions = torch.gather(self.positions, 1, order)
 

@@ -1,11 +1,17 @@
-"""The call object: what one ``generate()`` call's steps and its drafter need, passed down explicitly.
+"""The call object: one ``generate()`` call, built once at its entry and passed down explicitly.
 
-A :class:`CallContext` is built by the loop's entry for every call (for every row of a batch) and handed to
-``strategy.open(ctx)``. Besides the call's settings (generation config, processors, stopping criteria, stats) it
-carries how the target's forwards look to a drafter that reads them (:class:`TargetView`: hidden states from
-hooks or from the verifier, padding rows of a static step, a batch row's columns) and which cost model prices
-its drafts (``cost_key``: a static-cache verifier's padded forward, else the dynamic one's). Nothing of this
-travels through context variables: a drafter reads it from its ``ctx``.
+A :class:`Call` is made by the entry (the enabled model's ``generate``, or ``custom_generate=hfs.speculative_generate``)
+from what the user asked (the strategy, the seed and sampling rule, the streamer and tokenizer, a static cache, a
+cache to fill), completed with what transformers prepared for the call (generation config, logits processors,
+stopping criteria, model kwargs) when it hands them over, and handed to the loop (core/entry.py) and to
+``strategy.open(call)``: a drafter reads everything about its call from it. The sampling rule is a field
+(:attr:`Call.sampler`), not a position in the processor list. A batch's rows get views of it (:meth:`Call.for_row`:
+their own processors, statistics and view of the forwards).
+
+It also carries how the target's forwards look to a drafter that reads them (:class:`TargetView`: hidden states from
+hooks or from the verifier, padding rows of a static step, a batch row's columns) and which cost model prices its
+drafts (``cost_key``: a static-cache verifier's padded forward, else the dynamic one's). Nothing of this travels
+through context variables below the entry. ``CallContext`` is its older name, kept for drafters written against it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 import torch
 
 from .. import compat
+from .sampling import split_sampler
 from .stats import SpeculativeStats
 
 
@@ -38,27 +45,89 @@ class TargetView:
     row: tuple[int, torch.Tensor] | None = None
 
 
-@dataclasses.dataclass
-class CallContext:
-    """What a per-call drafter needs to know about the ``generate()`` call it serves."""
+_UNSET: Any = object()  # ``sampler`` not given: found at the end of ``logits_processor`` (a hand-built call)
+
+
+@dataclasses.dataclass(eq=False)
+class Call:
+    """One ``generate()`` call: what the loop runs and what a per-call drafter needs to know about it.
+
+    The first five fields keep the order drafters and tests build a call with by hand
+    (``Call(target, generation_config, logits_processor, stopping_criteria, stats)``).
+
+    Attributes:
+        target (`PreTrainedModel`): the model verifying the drafts.
+        generation_config (`GenerationConfig`): the call's (transformers' per-call copy, once it handed it over).
+        logits_processor (`LogitsProcessorList`): the call's prepared processors; under sampling the call's sampler
+            ends the list (transformers' own loops draw with it there).
+        stopping_criteria (`StoppingCriteriaList`): EOS, max length, stop strings and the user's own.
+        stats (`SpeculativeStats`): where the call's statistics go.
+        sampler: the call's sampling rule, a ``SeededSampler`` (seeded rule), a ``RejectionSampler`` (rejection rule)
+            or ``None`` (greedy); given by the entry, else found at the end of ``logits_processor``.
+        strategy: the strategy the call drafts with (``None``: a plain seeded call).
+        model_kwargs (`dict`, *optional*): the loop's model kwargs; their cache is the target's for the whole call
+            (self-speculative drafters write into it and crop it back).
+        prompt_length (`int`, *optional*): the prompt's length without padding, once the call started.
+        draft_budget (`int`, *optional*): the most draft nodes the strategy proposes in a step, where a static cache
+            pads its steps to it; ``trees``: whether it drafts trees.
+        streamer, tokenizer: what transformers does not hand a ``custom_generate`` callable, kept for the loop.
+        static (`bool`): verify on a static cache (``cache_implementation="static"``, ``hfs.enable(compile=...)``).
+        cache: the cache the caller passed to ``generate()``, filled by the call.
+        seed (`int`, *optional*), sampling (`str`): the seed and rule asked for (``"seeded"`` or ``"rejection"``).
+        ours (`bool`): hf_speculative's loop runs the call (else transformers' assisted loop).
+        generator: the call's per-call drafter, closed when the call ends.
+    """
 
     target: torch.nn.Module
-    generation_config: Any
-    logits_processor: Any
-    stopping_criteria: Any
-    stats: SpeculativeStats
-    # the loop's model kwargs when the generator was built; their cache (``compat.target_cache``) is
-    # the target's for the whole call (self-speculative drafters write into it and crop it back)
+    generation_config: Any = None
+    logits_processor: Any = None
+    stopping_criteria: Any = None
+    stats: SpeculativeStats | None = None
     model_kwargs: dict | None = None
     view: TargetView = dataclasses.field(default_factory=TargetView)
     # ``(padded budget, compiled)`` on a static-cache verifier: its drafts are priced at the padded forward's cost
     cost_key: tuple[int, bool] | None = None
-    # the prompt's length without padding, set when the call starts (transformers' loop: at its first draft)
     prompt_length: int | None = None
+    sampler: Any = _UNSET
+    strategy: Any = None
+    draft_budget: int | None = None
+    trees: bool = False
+    streamer: Any = None
+    tokenizer: Any = None
+    static: bool = False
+    cache: Any = None
+    seed: int | None = None
+    seeded: bool = True  # the entry's hook appends the seeded sampler (a custom_generate route has done it already)
+    sampling: str = "seeded"
+    ours: bool = True
+    generator: Any = None
+    max_length: int | None = dataclasses.field(default=None, init=False)  # the generation config's, once it is known
+
+    def __post_init__(self):
+        if self.sampler is _UNSET:
+            self.sampler = split_sampler(self.logits_processor)[1]
+        length = getattr(self.generation_config, "max_length", None)
+        self.max_length = None if length is None else int(length)
+
+    def handed_over(self, generation_config: Any, logits_processor: Any, stopping_criteria: Any,
+                    model_kwargs: dict | None = None) -> None:
+        """What transformers prepared for the call, once it hands it over (to the loop, or to the drafter hook of its
+        assisted loop). The sampler stays the one the entry recorded when the processors were built."""
+        self.generation_config, self.stopping_criteria = generation_config, stopping_criteria
+        self.max_length = int(generation_config.max_length)
+        if self.sampler is None and logits_processor and logits_processor is not self.logits_processor:
+            self.sampler = split_sampler(logits_processor)[1]  # a list the entry did not build (the assisted loop's)
+        self.logits_processor, self.model_kwargs = logits_processor, model_kwargs
+
+    def for_row(self, logits_processor: Any, stats: SpeculativeStats, view: TargetView, prompt_length: int) -> "Call":
+        """A batch row's view of the call: its own processors (and sampler), statistics and view of the forwards."""
+        return dataclasses.replace(self, logits_processor=logits_processor, stats=stats, view=view,
+                                   prompt_length=prompt_length, model_kwargs=None, sampler=_UNSET, generator=None)
 
     @property
-    def max_length(self) -> int:
-        return int(self.generation_config.max_length)
+    def processors(self) -> Any:
+        """The call's logits processors without its sampler (what drafters warp their own logits with)."""
+        return split_sampler(self.logits_processor)[0]
 
     @functools.cached_property
     def vocab_size(self) -> int:
@@ -75,3 +144,6 @@ class CallContext:
         from .costs import verify_costs_for
 
         return verify_costs_for(self.target, max_tokens, padded=self.cost_key)
+
+
+CallContext = Call  # the name drafters (and hfs.CallContext) used before the call objects were one

@@ -10,7 +10,7 @@ cache, compiled or not::
         plan_b    = budget_b.plan(room_b)                     # how deep; the drafter asks it how much pays
         tree_b    = drafter_b.draft(row_b, plan_b)            # DraftTree (a chain is a tree with one branch)
         logits    = verifier.forward(pending, trees)          # ONE forward [B, 1 + n, V]: tree masks, depth positions
-        verdict_b = accept(tree_b, processed(logits_b))       # accept.py: the only rule
+        verdict_b = rule(tree_b, processed(logits_b))         # accept.py: the only rule, chosen once per call
         verifier.keep(paths)                                  # the cache: prefix, root, accepted path (per row)
         row_b    += path tokens + own token, cut at its first stop (EOS, length, stop strings...)
         budget_b.verified(plan_b, tree_b, verdict_b, s)       # the sizing rules learn (acceptance, costs)
@@ -19,7 +19,8 @@ cache, compiled or not::
         pending = [own token of each row]
 
 The target's own token is never in the cache when the next forward starts: it is the next tree's root.
-:func:`run` enters the ladder with one row, :func:`run_batch` with several (core/rows.py keeps what is per row).
+:func:`hf_speculative.core.entry.generate` enters the ladder from ``generate()`` (one row or several; core/rows.py
+keeps what is per row); :func:`run` enters it with one row and an open drafter (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -29,20 +30,17 @@ import time
 from typing import Any, Protocol
 
 import torch
-from transformers import LogitsProcessorList
 
 from .. import compat
-from .accept import accept, accept_greedy  # noqa: F401 - accept_greedy: tests import it from here
-from .batch_costs import BatchCostModel, batch_costs_for
-from .batch_verify import BatchVerifier
+from .accept import accept_greedy, rule_for  # noqa: F401 - accept_greedy: tests import it from here
 from .budget import DraftBudget, Plan, Sizing
-from .call import CallContext, TargetView
-from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, forward_columns, left_padding, row_view
-from .sampling import RejectionSampler, split_sampler
+from .call import TargetView
+from .rows import Outputs, SoloWidth, forward_columns
+from .sampling import split_sampler
 from .stats import SpeculativeStats
 from .stops import Stops
 from .tree import ROOT, DraftTree, Verdict
-from .verify import DynamicVerifier, OneRow
+from .verify import DynamicVerifier
 
 
 class Drafter(Protocol):
@@ -69,6 +67,9 @@ class LoopResult:
     logits: tuple | None = None  # per new position the raw logits, [B, V] (if kept)
 
 
+_FIND: Any = object()
+
+
 @dataclasses.dataclass(eq=False)
 class Row:
     """One sequence of the call: its ids (the left-padded prompt and the new tokens, ``[1, L + new]``), its drafter and
@@ -83,12 +84,14 @@ class Row:
     budget: DraftBudget = None
     end: int | None = None          # its length when a stopping criterion fired
     closed: bool = False
-    sampler: Any = None             # the sampler last in its processors: which rule accept.py applies
+    sampler: Any = _FIND            # the call's sampler (not given: the one last in its processors, if any)
+    rule: Any = None                # accept.py's rule for it, chosen once (accept.rule_for)
 
     def __post_init__(self):
         self.budget = DraftBudget(self.drafter.sizing)
-        if self.sampler is None and isinstance(self.processors, (list, tuple)):
-            self.sampler = split_sampler(self.processors)[1]
+        if self.sampler is _FIND:
+            self.sampler = split_sampler(self.processors)[1] if isinstance(self.processors, (list, tuple)) else None
+        self.rule = rule_for(self.sampler)
 
     @property
     def text(self) -> torch.LongTensor:
@@ -152,7 +155,7 @@ def draft_step(rows: list[Row], members: list[int], rooms: dict[int, int], width
 
 def verify_step(rows: list[Row], members: list[int], live: set[int], logits: torch.Tensor,
                 trees: list[DraftTree]) -> tuple[list[Verdict | None], list[torch.Tensor | None]]:
-    """accept.py's rule on each running row's scores (``logits`` ``[B', 1 + n, V]``)."""
+    """accept.py's rule (the row's, chosen once) on each running row's scores (``logits`` ``[B', 1 + n, V]``)."""
     verdicts, scores_of = [], []
     for i, (b, tree) in enumerate(zip(members, trees)):
         if b not in live:
@@ -160,7 +163,7 @@ def verify_step(rows: list[Row], members: list[int], live: set[int], logits: tor
             scores_of.append(None)
             continue
         scores = processed_scores(logits[i, : 1 + tree.size], rows[b].ids, tree, rows[b].processors)  # [1 + n, V]
-        verdicts.append(accept(tree, scores, rows[b].sampler))
+        verdicts.append(rows[b].rule(tree, scores))
         scores_of.append(scores)
     return verdicts, scores_of
 
@@ -245,18 +248,23 @@ def finish(rows: list[Row], input_ids: torch.LongTensor, limit: int | None, fill
            stats: SpeculativeStats, started: float) -> LoopResult:
     """The call's result: the rows (cut to ``limit``; shorter ones filled with ``fill``), scores, logits, stats."""
     length = input_ids.shape[1]
-    total = limit if limit is not None else max(row.ids.shape[1] for row in rows)
+    total = limit
+    if total is None:
+        total = rows[0].ids.shape[1]
+        for row in rows[1:]:
+            total = max(total, row.ids.shape[1])
     out = input_ids.new_full((len(rows), total), fill)
+    stats.new_tokens = 0
     for b, row in enumerate(rows):
         ids = row.ids[0, :total]
         out[b, : ids.numel()] = ids
-    stats.new_tokens = sum(min(row.ids.shape[1], total) - length for row in rows)
+        stats.new_tokens += ids.numel() - length
     scores, logits = outputs.finish(out)
     stats.total_time_s = time.perf_counter() - started
     return LoopResult(out, scores, stats, logits)
 
 
-# -- the entries: one row, a batch -------------------------------------------------------------------
+# -- one row over an open drafter (tests, benchmarks; generate() enters through core/entry.py) -------------------------------------------------------------------
 def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, *,
         stopping_criteria: Any, logits_processor: Any = None, streamer: Any = None,
         stats: SpeculativeStats | None = None, max_depth: int = 64, max_length: int | None = None,
@@ -276,70 +284,18 @@ def run(target: torch.nn.Module, input_ids: torch.LongTensor, drafter: Drafter, 
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"hf_speculative's loop runs one sequence at a time; got input_ids of shape "
-                         f"{tuple(input_ids.shape)} (a batch goes to run_batch).")
+                         f"{tuple(input_ids.shape)} (a batch enters through generate(): core/entry.py).")
     stats = stats or SpeculativeStats()
     started = time.perf_counter()
     rows = [Row(input_ids, 0, drafter, logits_processor, owned=False, sampler=sampler)]  # the caller closes it
     outputs = Outputs(1, input_ids.shape[1], 0, streamer, scores=True, logits=True)
     pending = input_ids[:, cached:]  # [1, m]
-    verifier = OneRow(verifier or DynamicVerifier(target), cached)
+    if verifier is None:
+        verifier = DynamicVerifier(target, cached=cached)
+    elif cached:
+        verifier.length = cached
     limit = ladder(rows, verifier, pending, torch.ones_like(pending, dtype=torch.bool),
                    stopping_criteria=stopping_criteria, stats=stats,
                    max_length=max_length if max_length is not None else 2 ** 62, max_depth=max_depth,
                    widths=SoloWidth(), outputs=outputs, cut_at_stop=True)
     return finish(rows, input_ids, limit, 0, outputs, stats, started)
-
-
-def run_batch(target: torch.nn.Module, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
-              strategy: Any, *, generation_config: Any, stopping_criteria: Any, logits_processor: Any = None,
-              stats: SpeculativeStats | None = None, pad_token_id: int | None = None, max_depth: int = 64,
-              costs: BatchCostModel | None = None, streamer: Any = None, output_scores: bool = False,
-              output_logits: bool = False) -> LoopResult:
-    """Speculative decoding of ``input_ids`` (``[B, L]``, left-padded, ``attention_mask`` ``[B, L]``) with a
-    per-row drafter opened from ``strategy`` (checked by :func:`hf_speculative.hf.checks.check_batch_strategy`); token
-    for token what transformers' own batched greedy loop (or, with the call's SeededSampler last in
-    ``logits_processor``, its seeded sampling loop) writes for the same batch.
-
-    ``costs`` decides the draft width per step (default: the target's shared :func:`batch_costs_for`).
-    ``streamer`` gets the new tokens one column ``[B]`` at a time (the prompt is the caller's to put, as
-    ``generate()`` does); ``output_scores`` / ``output_logits`` keep each new position's ``[B, V]`` rows. Rows that
-    finished are filled with ``pad_token_id`` when the call has an EOS criterion, as transformers does.
-    """
-    batch, length = input_ids.shape
-    mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    pads = left_padding(mask)
-    stats = stats or SpeculativeStats()
-    has_eos = any(hasattr(c, "eos_token_id") for c in (stopping_criteria or []))
-    if has_eos and pad_token_id is None:
-        raise ValueError("Batched generation with an EOS token needs a pad_token_id for the rows that finish "
-                         "first: pass pad_token_id= to generate() (e.g. tokenizer.pad_token_id).")
-    processors, sampler = split_sampler(logits_processor)
-
-    def row_processors(row: int, offset: int) -> LogitsProcessorList:
-        items = [row_view(p, row, batch) for p in processors]
-        if isinstance(sampler, RejectionSampler):  # one generator: each row's draws its own, in turn
-            return LogitsProcessorList([*items, sampler])
-        return LogitsProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
-
-    fill = 0 if pad_token_id is None else int(pad_token_id)
-    outputs = Outputs(batch, length, fill, streamer, output_scores, output_logits)
-    started, rows, verifier = time.perf_counter(), [], None
-    try:
-        for b in range(batch):  # per-row drafter state; its own stats, so its rules never see a batched forward
-            view = TargetView()  # its drafter reads its own row of the forwards
-            own = SpeculativeStats()
-            own.extra = stats.extra  # drafter details (stats.extra) reach the call's stats; the rows share them
-            ctx = CallContext(target, generation_config, row_processors(b, pads[b]), stopping_criteria,
-                              own, model_kwargs=None, view=view, prompt_length=length - pads[b])
-            rows.append(Row(input_ids[b:b + 1], pads[b], strategy.open(ctx), row_processors(b, 0), view))
-        verifier = BatchVerifier(target, batch)
-        limit = ladder(rows, verifier, input_ids, mask, stopping_criteria=stopping_criteria, stats=stats,
-                       max_length=int(generation_config.max_length), max_depth=max_depth,
-                       widths=BatchWidth(costs or batch_costs_for(target), batch), outputs=outputs,
-                       cut_at_stop=has_eos)
-    finally:
-        for row in rows:
-            row.close()
-        if verifier is not None:
-            verifier.close()
-    return finish(rows, input_ids, limit, fill, outputs, stats, started)

@@ -112,7 +112,9 @@ class Outputs:
                 for column in range(self.length + self.streamed, out.shape[1]):
                     self.streamer.put(out[:, column].cpu())
             self.streamer.end()
-        return self._stacked(self.scores, out.shape[1]), self._stacked(self.logits, out.shape[1])
+        total = out.shape[1]
+        return (None if self.scores is None else self._stacked(self.scores, total),
+                None if self.logits is None else self._stacked(self.logits, total))
 
     def _stacked(self, per_row: list[list[torch.Tensor]] | None, total: int) -> tuple | None:
         if per_row is None:

@@ -205,7 +205,7 @@ def check_mode(mode: object, seed: object = None) -> str:
 
 
 def seeded_processors(processors, generation_config, seed: int | None, mode: str = "seeded",
-                      ours: bool = True) -> LogitsProcessorList:
+                      ours: bool = True) -> tuple[LogitsProcessorList, SeededSampler | RejectionSampler | None]:
     """``processors`` (a call's prepared list) ending with a SeededSampler when ``generation_config`` samples:
     the one already there, else one of ``seed`` (``None``: :func:`call_seed`'s draw); with ``mode="rejection"`` a
     :class:`RejectionSampler` instead (``ours=False``, transformers' assisted loop: nothing, it samples). ``ours``:
@@ -213,22 +213,28 @@ def seeded_processors(processors, generation_config, seed: int | None, mode: str
     transformers' (its own ``_sample`` of a plain seeded call, or its assisted loop: the sampler refuses such a row
     itself). The call's ``generation_config`` (transformers' per-call copy) is then switched to ``do_sample=False``:
     the loops take the sampler's point mass with an argmax, so nothing else draws from torch's generator and a call
-    advances it by the one draw of its seed at most, whatever was drafted. Unchanged for greedy decoding."""
+    advances it by the one draw of its seed at most, whatever was drafted. Unchanged for greedy decoding.
+
+    Returns ``(processors, sampler)``: the call's sampling rule (the sampler ending the list; ``None``: greedy, or a
+    loop of transformers' that draws by its own rule), which the caller keeps as the call's field."""
     processors = processors if isinstance(processors, LogitsProcessorList) else LogitsProcessorList(processors or [])
     if not getattr(generation_config, "do_sample", False):
-        return processors
+        return processors, (split_sampler(processors)[1] if processors else None)
     if (getattr(generation_config, "num_beams", None) or 1) > 1:
         if seed is None:
-            return processors  # beam-search sampling draws its beams together: transformers' own draws
+            return processors, None  # beam-search sampling draws its beams together: transformers' own draws
         raise ValueError("sampling_seed= fixes the draws of sampling with num_beams=1; beam-search sampling "
                          "(num_beams > 1) draws its beams together: drop sampling_seed= (use torch.manual_seed) "
                          "or num_beams.")
+    sampler = split_sampler(processors)[1]  # one the caller put there already
     if mode == "rejection":
         if not ours:
-            return processors  # transformers' assisted loop samples by its own rejection rule: do_sample stays
-        if split_sampler(processors)[1] is None:
-            processors.append(RejectionSampler())
-    elif split_sampler(processors)[1] is None:
-        processors.append(SeededSampler(call_seed(seed), marks=ours))
+            return processors, None  # transformers' assisted loop samples by its own rejection rule: do_sample stays
+        if sampler is None:
+            sampler = RejectionSampler()
+            processors.append(sampler)
+    elif sampler is None:
+        sampler = SeededSampler(call_seed(seed), marks=ours)
+        processors.append(sampler)
     generation_config.do_sample = False
-    return processors
+    return processors, sampler

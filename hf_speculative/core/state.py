@@ -1,12 +1,14 @@
 """What hf_speculative remembers about a model between calls, in one place, with one :func:`forget`.
 
 Some things belong to a model (and the hardware it runs on), not to one ``generate()`` call: the
-measured cost of its verifying forwards, the views of its layers that self-speculation drafts with,
-a LayerSkip calibration, whether its structure was probed, which drafter networks were checked
-against it, the statistics of its last call, SuffixDecoding's history of its outputs, the count of
-calls that lent it ``generate()``'s loop hooks. Each model gets one :class:`ModelState` holding them
-all, held weakly (it goes when the model does); :func:`forget` drops all of it at once, e.g. after
-changing the model in a way that invalidates what was measured, or to let go of the views.
+measured cost of its verifying forwards, which drafter networks were checked against it, the
+statistics of its last call, its static cache and compiled forward, the count of calls that lent it
+``generate()``'s loop hooks; and what a drafter keeps about it (the layer views self-speculation
+drafts with, a LayerSkip calibration, SuffixDecoding's history of its outputs, the target's own MTP
+layers...), each in one generic slot, :meth:`ModelState.drafter_state`, keyed by a type that the
+drafter's own folder defines. Each model gets one :class:`ModelState` holding them all, held weakly
+(it goes when the model does); :func:`forget` drops all of it at once, e.g. after changing the model
+in a way that invalidates what was measured, or to let go of the views.
 
 A "model" is whatever a measurement belongs to: a target, but also a drafter network or a layer
 view, whose drafting step has its own measured time.
@@ -17,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,27 +48,18 @@ class ModelState:
             prefill on the prompt; ``costs.record_catch_up``).
         accept_rate (`float`, *optional*): a draft model's per-token acceptance in its earlier calls, smoothed
             (``costs.record_accept_rate``): what its next call expects before its first draft.
-        views (`dict[tuple[int, ...], LayerSubset]`): views that run some of its layers, by layer
-            tuple (``drafters.layer_view.layer_subset``).
-        structure_problem (`str`, *optional*): ``None`` until probed, then ``""`` when layer-by-layer
-            drafting works on it, else why not (``drafters.layer_view.check_structure``).
-        calibration (`SkipCalibration`, *optional*): the skipped set of ``LayerSkip("auto")``
-            (``drafters.layer_calibration``).
         checked (`weakref.WeakSet`): drafter networks already checked against it: vocabulary for a
             draft model, features, device and dtype for EAGLE drafters and exit adapters.
         last_stats (`threading.local`): ``.stats``, the statistics of its last call in each thread.
         static_cache (`tuple`, *optional*): ``((capacity, device, dtype), StaticCache, Lock)``, the static
             cache calls share (``static_cache.StaticVerifier``), the lock held by the call using it.
         compiled (`tuple`, *optional*): ``(mode, compiled forward)`` (``static_cache.compiled_forward``).
-        draft_graph (`tuple`, *optional*): ``((drafter, capacity, mode, vocab), (DraftStep, compiled step), Lock)``:
-            the fixed-shape EAGLE drafting step that compiled calls share (``drafters.eagle.static_drafting``).
         compile_mode, static_budget: what ``hfs.enable(model, compile=..., static_budget=...)`` set.
-        mtp_modules (`MtpModel`, *optional*): its own MTP layers loaded from its folder for ``hfs.MTP()``
-            (``drafters.mtp.drafter.modules_for``).
-        suffix_histories (`dict[tuple, SuffixHistory]`): SuffixDecoding's histories of its outputs, by trie depth,
-            token bound and file (``drafters.suffix.history.history_for``).
-        held_outputs (`list`, *optional*): while ``drafters.suffix.history.outputs_held`` runs, the outputs that
-            join those histories when it ends (``None`` otherwise).
+        drafters (`dict[type, Any]`): what drafters keep about it, one object per type a drafter's folder defines
+            (:meth:`drafter_state`): the layer views and LayerSkip calibration of self-speculation
+            (``drafters.self_speculative.model_state``), EAGLE's shared compiled drafting step
+            (``drafters.eagle.static_drafting``), SuffixDecoding's histories (``drafters.suffix.history``), the
+            target's own MTP layers (``drafters.mtp.drafter``).
         hook_users (`Users`): the calls running now that installed ``generate()``'s loop hooks on it for their
             duration (``hf.integration._temporary_loop_hooks``). The one count that :func:`forget` carries over
             to the model's next state: it counts calls running now, which keep what they hold.
@@ -79,22 +74,26 @@ class ModelState:
     draft_step_s: float | None = None
     catch_up_token_s: float | None = None
     accept_rate: float | None = None
-    views: dict = dataclasses.field(default_factory=dict)
-    structure_problem: str | None = None
-    calibration: Any = None
     checked: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
     last_stats: threading.local = dataclasses.field(default_factory=threading.local)
     static_cache: Any = None
     compiled: Any = None
-    draft_graph: Any = None
     compile_mode: str | None = None
     static_budget: int | None = None
-    suffix_histories: dict = dataclasses.field(default_factory=dict)
-    held_outputs: list | None = None
-    mtp_modules: Any = None
+    drafters: dict = dataclasses.field(default_factory=dict)
     hook_users: Users = dataclasses.field(default_factory=Users)
     lock: Any = dataclasses.field(default_factory=threading.RLock, repr=False)
     forward_turn: Any = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def drafter_state(self, kind: type[T]) -> T:
+        """What a drafter keeps about this model: the one ``kind()`` (a type of the drafter's own folder, made
+        without arguments on first use) of this state. The drafter reads and writes its fields under
+        :attr:`lock` where it reads and then writes; :func:`forget` drops it with the rest."""
+        with self.lock:
+            value = self.drafters.get(kind)
+            if value is None:
+                value = self.drafters[kind] = kind()
+            return value
 
 
 _STATES: "weakref.WeakKeyDictionary[Any, ModelState]" = weakref.WeakKeyDictionary()
@@ -110,23 +109,25 @@ def state_of(model: Any) -> ModelState:
         return state
 
 
-def borrow(model: Any, slot: str, key: tuple, fits: Callable[[tuple], bool],
-           make: Callable[[bool], Any]) -> tuple[tuple, Any, Callable[[], None] | None]:
-    """What calls share one at a time, held in ``state_of(model).<slot>`` as ``(key, value, Lock)`` (a static cache,
-    a compiled drafter step): the held value when ``fits(its key)`` and no call holds it; else a new one,
-    ``make(shared)``, which replaces the held one for ``key`` when no call holds that (this call then holds the new
-    one), or is this call's alone (``shared`` False). Returns ``(its key, the value, release)``; ``release`` gives
-    a shared value back, ``None`` for one of the call's own."""
+def borrow(model: Any, slot: str, key: tuple, fits: Callable[[tuple], bool], make: Callable[[bool], Any],
+           kind: type | None = None) -> tuple[tuple, Any, Callable[[], None] | None]:
+    """What calls share one at a time, held in ``state_of(model).<slot>`` as ``(key, value, Lock)`` (a static cache;
+    with ``kind``, in the slot of the drafter state ``state_of(model).drafter_state(kind)``: a compiled drafter
+    step): the held value when ``fits(its key)`` and no call holds it; else a new one, ``make(shared)``, which
+    replaces the held one for ``key`` when no call holds that (this call then holds the new one), or is this call's
+    alone (``shared`` False). Returns ``(its key, the value, release)``; ``release`` gives a shared value back,
+    ``None`` for one of the call's own."""
     state = state_of(model)
     with state.lock:
-        held = getattr(state, slot)
+        owner = state if kind is None else state.drafter_state(kind)
+        held = getattr(owner, slot)
         if held is not None and fits(held[0]) and held[2].acquire(blocking=False):
             return held[0], held[1], held[2].release
         if held is None or not held[2].locked():
             lock = threading.Lock()
             lock.acquire()
-            setattr(state, slot, (key, make(True), lock))
-            return key, getattr(state, slot)[1], lock.release
+            setattr(owner, slot, (key, make(True), lock))
+            return key, getattr(owner, slot)[1], lock.release
     return key, make(False), None  # another call holds the shared one
 
 
@@ -137,9 +138,9 @@ def all_states() -> list[ModelState]:
 
 
 def forget(model: Any) -> None:
-    """Drop everything hf_speculative remembers about ``model``: measured costs, layer views, the
-    LayerSkip calibration, structure probes, checked drafters, last statistics, static caches and compiled
-    forwards, SuffixDecoding's histories of its outputs (their files stay). Later calls measure and check
+    """Drop everything hf_speculative remembers about ``model``: measured costs, checked drafters, last statistics,
+    static caches and compiled forwards, and every drafter's own state (layer views, the LayerSkip calibration,
+    structure probes, SuffixDecoding's histories of its outputs, whose files stay, ...). Later calls measure and check
     again from scratch; other models are untouched. Calls running now keep what they hold, and the count
     of them that lent the model loop hooks (``hook_users``) goes on to its next state, so the last of them
     still takes the hooks away."""

@@ -30,13 +30,14 @@ from typing import Any, Sequence
 import torch
 
 from .. import compat
+from . import kv_cache
 from ..options import MAX_TREE_NODES as MAX_BUDGET
 from ..options import check_int
 from .state import borrow, state_of
 from .tree import DraftTree
 from .features import StatesFeed
 from .call import TargetView
-from .verify import check_tree_attention
+from .verify import RowVerifier, check_tree_attention
 
 CAPACITY_STEP = 256  # capacities are rounded up to this, so that calls of similar lengths share a cache
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -66,7 +67,7 @@ def capacity_for(max_length: int, budget: int) -> int:
     return -(-need // CAPACITY_STEP) * CAPACITY_STEP
 
 
-class StaticVerifier:
+class StaticVerifier(RowVerifier):
     """Verifies trees of up to ``budget`` nodes on a static cache of ``capacity`` positions, at one shape.
 
     Args:
@@ -100,7 +101,7 @@ class StaticVerifier:
         self._turn = state_of(model).forward_turn if forward is not None else contextlib.nullcontext()
 
     # -- the two steps the loop calls --------------------------------------------------------------
-    def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    def forward_row(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
         """Like :func:`hf_speculative.core.verify.forward_tree`: ``[1 + n, V]`` logits of the root and the nodes."""
         uncached = torch.as_tensor(uncached, dtype=torch.long, device=self.device).reshape(-1)  # [m]
         if uncached.numel() > 1:  # the prompt: eagerly, at its own length, once
@@ -129,11 +130,11 @@ class StaticVerifier:
         finally:
             self.view.padding = 0
 
-    def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
+    def keep_row(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         """Keep the root and ``path``'s nodes after the ``prefix_length`` verified positions."""
         if prefix_length != self.length:
             raise RuntimeError(f"static verification out of step: {prefix_length} verified, cache at {self.length}")
-        compat.move_tree_path(self.cache, prefix_length + 1, path)
+        kv_cache.move_tree_path(self.cache, prefix_length + 1, path)
         self.length = prefix_length + 1 + len(path)
 
     def close(self) -> None:
@@ -181,7 +182,7 @@ def _borrow_cache(model: torch.nn.Module, capacity: int, device: torch.device, d
     this call's alone when another call holds it. Returns ``(cache, release, its capacity)``."""
     key, cache, release = borrow(model, "static_cache", (capacity, device, dtype),
                                  fits=lambda held: held[1:] == (device, dtype) and held[0] >= capacity,
-                                 make=lambda shared: compat.new_static_cache(model, capacity))
+                                 make=lambda shared: kv_cache.new_static_cache(model, capacity))
     return cache, release, key[0]
 
 

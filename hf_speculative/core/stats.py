@@ -14,6 +14,7 @@ trees), which ``hf-speculative project`` reads from the benchmark's JSONL.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from array import array
 from collections import Counter
@@ -55,11 +56,11 @@ class SpeculativeStats:
     total_time_s: float = 0.0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     # per step: int32 counts and float32 seconds (see steps()); the draft waiting for its verification
-    _step_drafted: array = dataclasses.field(default_factory=lambda: array("i"), repr=False)
-    _step_accepted: array = dataclasses.field(default_factory=lambda: array("i"), repr=False)
-    _step_draft_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
-    _step_verify_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
-    _step_other_s: array = dataclasses.field(default_factory=lambda: array("f"), repr=False)
+    _step_drafted: array = dataclasses.field(default_factory=functools.partial(array, "i"), repr=False)
+    _step_accepted: array = dataclasses.field(default_factory=functools.partial(array, "i"), repr=False)
+    _step_draft_s: array = dataclasses.field(default_factory=functools.partial(array, "f"), repr=False)
+    _step_verify_s: array = dataclasses.field(default_factory=functools.partial(array, "f"), repr=False)
+    _step_other_s: array = dataclasses.field(default_factory=functools.partial(array, "f"), repr=False)
     _verified_at: float | None = dataclasses.field(default=None, repr=False)  # the last verification's end
     _pending_draft: tuple[int, float] = dataclasses.field(default=(0, 0.0), repr=False)
 

@@ -17,7 +17,7 @@ The target verifies the root and every node in one forward of ``1 + n`` tokens::
 
 Each node sees the prefix, the root, its ancestors and itself; its position id is the prefix length
 plus one plus its depth, so siblings share a position exactly as they would in a chain. After the
-verdict the cache keeps the prefix, the root and the accepted path only (``compat.keep_tree_path``).
+verdict the cache keeps the prefix, the root and the accepted path only (``kv_cache.keep_tree_path``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ copied or patched. Models whose layers differ in attention (Gemma3's sliding-win
 take one mask per layer type, as a dict keyed by ``config.layer_types``' names.
 
 Afterwards :func:`keep_path` leaves the target's cache holding the prefix, the root and the accepted
-path only. :class:`DynamicVerifier` is the pair the loop calls; ``static_cache.StaticVerifier`` is the
-same pair at one fixed shape on a static cache.
+path only. :class:`DynamicVerifier` is the verifier the loop calls (through :class:`RowVerifier`, the ladder's one verifier
+protocol); ``static_cache.StaticVerifier`` is the same at one fixed shape on a static cache.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from typing import Any, Sequence
 import torch
 
 from .. import compat
+from . import kv_cache, sdpa
 from .call import TargetView
 from .kv_room import make_room
 from .tree import DraftTree, additive_mask, position_ids, visibility
 
 # Attention implementations that add a 4-D float mask to their scores (eager) or take it as is (SDPA).
 # Flash attention reads only a 2-D padding mask and would silently let siblings see each other.
-TREE_ATTENTION = ("eager", *compat.SDPA_NAMES)
+TREE_ATTENTION = ("eager", *sdpa.SDPA_NAMES)
 
 class TreeAttentionError(ValueError):
     """The model cannot verify a draft tree in one forward."""
@@ -76,10 +77,10 @@ def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtyp
 
 def _prefill_apart(model: torch.nn.Module, fresh_tokens: int, nodes: int) -> bool:
     """Whether a first forward (a prompt and a draft) runs as two: on a model whose forwards of up to
-    ``compat.CPU_ROWWISE_TOKENS`` tokens compute each row as a one-token forward does (bf16 on the CPU kernel), a
+    ``sdpa.CPU_ROWWISE_TOKENS`` tokens compute each row as a one-token forward does (bf16 on the CPU kernel), a
     longer one would not, so the prompt runs alone, as plain decoding's prefill, and the draft after it."""
-    return (nodes > 0 and fresh_tokens > 1 and fresh_tokens + nodes > compat.CPU_ROWWISE_TOKENS
-            and getattr(model.config, "_attn_implementation", None) == compat.CPU_ATTENTION)
+    return (nodes > 0 and fresh_tokens > 1 and fresh_tokens + nodes > sdpa.CPU_ROWWISE_TOKENS
+            and getattr(model.config, "_attn_implementation", None) == sdpa.CPU_ATTENTION)
 
 
 def _prefill_then_nodes(model: torch.nn.Module, cache: Any, ids: torch.Tensor, m: int, tree: DraftTree,
@@ -110,12 +111,12 @@ def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | in
     device = model.get_input_embeddings().weight.device
     uncached = torch.as_tensor(uncached, dtype=torch.long, device=device).reshape(-1)  # [m]
     fresh = uncached.numel() - 1
-    prefix_length = compat.cache_length(cache) + fresh  # tokens before the root
+    prefix_length = kv_cache.cache_length(cache) + fresh  # tokens before the root
     if tree.tokens.device != device:
         tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
     ids = torch.cat([uncached, tree.tokens]).unsqueeze(0)  # [1, m + n]
     keep = compat.logits_to_keep_kwargs(model, 1 + tree.size)
-    with compat.grouped_query_sdpa(model, ids.shape[1]):  # no repeat_kv copies in masked forwards (CPU)
+    with sdpa.grouped_query_sdpa(model, ids.shape[1]):  # no repeat_kv copies in masked forwards (CPU)
         if _prefill_apart(model, uncached.numel(), tree.size):
             return _prefill_then_nodes(model, cache, ids, uncached.numel(), tree, prefix_length, fresh)
         if tree.is_chain():  # the fast path: the model's own causal masks (and SDPA's causal kernel)
@@ -130,10 +131,33 @@ def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | in
 
 def keep_path(cache: Any, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
     """After :func:`forward_tree` at ``prefix_length``: keep the prefix, the root and ``path``'s nodes."""
-    compat.keep_tree_path(cache, prefix_length + 1, path, tree.size)
+    kv_cache.keep_tree_path(cache, prefix_length + 1, path, tree.size)
 
 
-class DynamicVerifier:
+class RowVerifier:
+    """The one verifier protocol of the loop's ladder, for a verifier of one row (:class:`DynamicVerifier`, a
+    static-cache one): ``forward(pending [1, m], mask, [tree]) -> [1, 1 + n, V]``, ``keep([path])``, ``tidy()``,
+    ``close()`` (no ``select``: one row never leaves half of a batch), as ``batch_verify.BatchVerifier`` speaks it
+    for several rows. ``length``: the verified tokens in its cache (a cache the caller passed may hold some).
+    Subclasses implement ``forward_row(uncached, tree) -> [1 + n, V]`` and ``keep_row(prefix_length, tree, path)``."""
+
+    length = 0
+    _tree: DraftTree | None = None
+    _prefix = 0
+
+    def forward(self, pending: torch.Tensor, pending_mask: torch.Tensor, trees: Sequence[DraftTree]) -> torch.Tensor:
+        self._tree, self._prefix = trees[0], self.length + pending.shape[1] - 1  # the new root's position
+        return self.forward_row(pending[0], trees[0])[None]
+
+    def keep(self, paths: Sequence[Sequence[int]]) -> None:
+        self.keep_row(self._prefix, self._tree, paths[0])
+        self.length = self._prefix + 1 + len(paths[0])
+
+    def tidy(self) -> None:
+        pass
+
+
+class DynamicVerifier(RowVerifier):
     """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path.
 
     Chains verify with the model's own causal masks, so any attention implementation serves them; the
@@ -145,15 +169,16 @@ class DynamicVerifier:
     budget = 64  # the most draft nodes a step verifies
     cost_key = None  # verification costs are the dynamic forward's own (not a padded one's)
 
-    def __init__(self, model: torch.nn.Module, trees: bool = False, cache: Any = None):
+    def __init__(self, model: torch.nn.Module, trees: bool = False, cache: Any = None, cached: int = 0):
+        self.length = cached  # the prompt's first tokens in the caller's cache
         if trees:
             check_tree_attention(model)
         self.model, self._checked = model, trees
         self.view = TargetView()  # drafters that read the target's hidden states take them from forward hooks
-        self.cache = compat.new_dynamic_cache() if cache is None else cache
+        self.cache = kv_cache.new_dynamic_cache() if cache is None else cache
         self._roomy = cache is not None  # a cache of our own writes in place once its layers exist (kv_room.py)
 
-    def forward(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    def forward_row(self, uncached: torch.Tensor, tree: DraftTree) -> torch.Tensor:
         if not self._checked and not tree.is_chain():
             check_tree_attention(self.model)
             self._checked = True
@@ -163,32 +188,8 @@ class DynamicVerifier:
             self._roomy = True
         return logits
 
-    def keep(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
+    def keep_row(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         keep_path(self.cache, prefix_length, tree, path)
 
     def close(self) -> None:
         self.cache = None
-
-
-class OneRow:
-    """A one-row verifier (:class:`DynamicVerifier`, a static-cache one) with the batch verifier's interface, for the
-    loop's ladder: ``forward(pending [1, m], mask, [tree]) -> [1, 1 + n, V]``, ``keep([path])`` (no ``select``: one row
-    never leaves half of a batch). ``cached``: the tokens already in its cache."""
-
-    def __init__(self, inner: Any, cached: int = 0):
-        self.inner, self.length = inner, cached
-        self._tree, self._prefix = None, 0
-
-    def forward(self, pending: torch.Tensor, pending_mask: torch.Tensor, trees: Sequence[DraftTree]) -> torch.Tensor:
-        self._tree, self._prefix = trees[0], self.length + pending.shape[1] - 1  # the new root's position
-        return self.inner.forward(pending[0], trees[0])[None]
-
-    def keep(self, paths: Sequence[Sequence[int]]) -> None:
-        self.inner.keep(self._prefix, self._tree, paths[0])
-        self.length = self._prefix + 1 + len(paths[0])
-
-    def tidy(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.inner.close()

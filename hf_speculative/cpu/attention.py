@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..compat import CPU_ATTENTION  # the name in transformers' interfaces; tree verification and GQA treat it as "sdpa"
+from ..core.sdpa import CPU_ATTENTION  # the name in transformers' interfaces; tree verification and GQA treat it as "sdpa"
 from .kernel import MAX_ROWS_BF16
 
 ROWWISE_ROWS = MAX_ROWS_BF16  # forwards of up to this many tokens go row by row, as a bf16 model's kernel products do

@@ -46,7 +46,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from ..compat import CPU_ROWWISE_TOKENS
+from ..core.sdpa import CPU_ROWWISE_TOKENS
 from .build import build as _build
 
 MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them

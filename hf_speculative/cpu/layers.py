@@ -30,6 +30,7 @@ import inspect
 import torch
 
 from .. import compat
+from ..core import sdpa
 from .attention import _visible, cpu_sdpa
 from . import kernel as _kernel
 from .kernel import MAX_ROWS, KernelLinear, load_kernel
@@ -80,7 +81,7 @@ def why_not(layer: torch.nn.Module) -> str | None:
         return "its linear layers are not fp32 CPU weights on the kernel"
     config = getattr(attn, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation != compat.CPU_ATTENTION:
+    if implementation != sdpa.CPU_ATTENTION:
         return f"its attention is {implementation!r}, not optimize_for_cpu's (load the model with 'sdpa')"
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     if act not in ACTIVATIONS:
@@ -195,7 +196,7 @@ def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tupl
     attn = layer._modules["self_attn"]
     if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
             or layer.training or (torch.is_grad_enabled() and x.requires_grad) or kwargs.get("output_attentions")
-            or attn.config._attn_implementation != compat.CPU_ATTENTION  # the user chose another
+            or attn.config._attn_implementation != sdpa.CPU_ATTENTION  # the user chose another
             or torch.compiler.is_compiling()):  # (a compiled forward traces the stock layer)
         return None
     rotary = kwargs.get("position_embeddings")

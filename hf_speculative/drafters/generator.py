@@ -165,3 +165,16 @@ class ExternalCandidateGenerator(SpeculativeCandidateGenerator):
                 update(sequence, scores[None], verdict.num_accepted)
             except NotImplementedError:  # the abstract base raises before 5.18
                 pass
+
+
+class ExternalStrategy:
+    """A user's raw transformers ``CandidateGenerator`` as the call's strategy: the loop opens it like ours
+    (``open(call)``), as an :class:`ExternalCandidateGenerator` around the user's instance. Built by the entry for the
+    one call that was given it; ``inner`` is the user's object."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.name = type(inner).__name__
+
+    def open(self, ctx: CallContext) -> ExternalCandidateGenerator:
+        return ExternalCandidateGenerator(ctx, self.inner)

@@ -1,15 +1,19 @@
 """The drafter registry: each drafter class declares once what it is, and declaring registers it.
 
     class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
-                       capabilities=Capabilities(trees=True, batch=True)):
+                       capabilities=Capabilities(trees=True, batch=True), examples=(...)):
         ...
 
-``DraftStrategy.__init_subclass__`` records the class under its method name (:func:`registered`). What reads
-drafters reads this module, never a list of its own and never an attribute probe: the spec reader
-(``hf/spec.py``), the methods of the command line, benchmark and app (``tooling/methods.py``), the routing and
-the batch and static-cache checks (:func:`capabilities_of`), ``hf_speculative``'s lazy public names
-(:func:`public_names`) and the test matrix (:func:`examples`). Adding a drafter means adding a folder under
-``drafters/``: its ``__init__.py`` names its public classes (``PUBLIC``), its classes declare themselves.
+The class statement's keywords are one :class:`~hf_speculative.drafters.declaration.Declaration`
+(``cls.declaration``); ``DraftStrategy.__init_subclass__`` records the class under its method names
+(:func:`registered`). What reads drafters reads this module and the declarations, never a list of its own and never
+an attribute probe: the spec reader and writer (``hf/spec.py``, ``spec_writer.py``), the methods of the command line,
+benchmark and app (``tooling/methods.py``), the routing and the batch and static-cache checks
+(:func:`capabilities_of`), ``hf_speculative``'s lazy public names (:func:`public_names`) and the test matrix
+(:func:`examples`). Adding a drafter means adding a folder under ``drafters/``: its ``__init__.py`` names its public
+classes (``PUBLIC``), its ``methods.py`` its methods of the command line and the app (``METHODS``), its classes
+declare themselves. A folder outside the package joins them when its parent directory is added to
+``hf_speculative.drafters.__path__`` (then :func:`rescan`).
 
 This module imports nothing heavy (no torch): ``import hf_speculative`` and ``hf-speculative --help`` read the
 folders' declarations through it.
@@ -29,10 +33,10 @@ from typing import Any, Callable, Iterable
 
 READS = ("outputs", "features", "cache")  # what a drafter reads of the target, from the least demanding
 
-_FOLDERS = Path(__file__).resolve().parent
 _CLASSES: dict[str, type] = {}  # method name -> class, filled as the classes are defined
 _LOCK = threading.Lock()  # guards _CLASSES: classes register from whichever thread imports them
 _discovered = False
+_scans = 0  # how many times the folders were read again (rescan): what read them before reads them again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +162,34 @@ def _qualified(cls: type) -> str:
 
 def folders() -> list[str]:
     """The drafter folders (the subpackages of ``hf_speculative.drafters``), by module name, sorted."""
-    return [f"{__package__}.{info.name}" for info in pkgutil.iter_modules([str(_FOLDERS)]) if info.ispkg]
+    return sorted(_folder_paths())
+
+
+def _folder_paths() -> dict[str, Path]:
+    """Each drafter folder's module name -> its directory: the subpackages on every entry of
+    ``hf_speculative.drafters.__path__`` (the package's own folder first; a directory added there at run time
+    brings its folders too)."""
+    package = importlib.import_module(__package__)
+    return {f"{__package__}.{info.name}": Path(str(getattr(info.module_finder, "path", ""))) / info.name
+            for info in pkgutil.iter_modules(package.__path__) if info.ispkg}
+
+
+def rescan() -> None:
+    """Read the drafter folders again, after a directory was added to ``hf_speculative.drafters.__path__`` (a drafter
+    of your own kept outside the package, a test's): its folders' public names, methods and classes are then found
+    as the package's own are (the tools' method list follows: :func:`scans`)."""
+    global _discovered, _scans
+    public_names.cache_clear()
+    folder_rank.cache_clear()
+    with _LOCK:
+        _discovered = False
+        _scans += 1
+
+
+def scans() -> int:
+    """How many times :func:`rescan` read the folders again: whoever keeps what it read of them reads again when
+    this changes."""
+    return _scans
 
 
 def _discover() -> None:
@@ -215,8 +246,11 @@ def strategy_class(method: str) -> type:
 
 class Drafter:
     """The root of the drafter classes (``DraftStrategy`` derives from it, here so that this module needs no torch):
-    a class's :attr:`capabilities`, and an instance's :meth:`declared`."""
+    a class's ``declaration`` (``None``: it declares none) and what reads it, its :attr:`name` and
+    :attr:`capabilities`, and an instance's :meth:`declared`."""
 
+    declaration: Any = None  # a drafters.declaration.Declaration, given by the class statement
+    name: str = "strategy"
     capabilities: Capabilities = CHAINS_ONLY
 
     def declared(self) -> Capabilities:
@@ -230,6 +264,12 @@ def capabilities_of(strategy: Any) -> Capabilities:
     anything else (a user's raw transformers ``CandidateGenerator``, ``None``), chains of one row
     (:data:`CHAINS_ONLY`)."""
     return strategy.declared() if isinstance(strategy, Drafter) else CHAINS_ONLY
+
+
+def name_of(strategy: Any) -> str:
+    """``strategy``'s name in statistics and messages: a drafter's declared ``name`` (``"prompt-lookup"``); anything
+    else (a user's raw transformers ``CandidateGenerator``), its class's name."""
+    return strategy.name if isinstance(strategy, Drafter) else type(strategy).__name__
 
 
 # -- the folders' cheap declarations -------------------------------------------------------------------
@@ -260,8 +300,8 @@ def folder_data(module: str, variable: str) -> list[tuple[str, Any]]:
     from the source without importing it: the command line lists the methods at import, before any drafter (and
     torch) loads. A folder whose source is not at hand (a zipped install) is imported instead."""
     found = []
-    for folder in folders():
-        path = _FOLDERS / folder.rsplit(".", 1)[1] / f"{module}.py"
+    for folder, directory in sorted(_folder_paths().items()):
+        path = directory / f"{module}.py"
         if path.is_file():
             value = _literal(path, variable)
         else:
@@ -287,7 +327,7 @@ def _literal(path: Path, variable: str) -> Any:
 # -- the test matrix -----------------------------------------------------------------------------------
 def examples() -> dict[str, type]:
     """The identity matrix's drafters: label -> class, from every registered class's ``examples`` (``"eagle3"``,
-    ``"lookup-tree"``, ...), in the order of the classes' methods."""
+    ``"prompt-lookup-tree"``, ...), in the order of the classes' methods."""
     labels: dict[str, type] = {}
     for cls in dict.fromkeys(registered().values()):
         for label in cls.examples:

@@ -13,7 +13,7 @@ import torch
 
 from ..core.static_cache import MAX_BUDGET, StaticCacheError
 from ..drafters.strategy import DraftStrategy
-from ..drafters.registry import capabilities_of, registered
+from ..drafters.registry import capabilities_of, name_of, registered
 
 
 def drafts_trees(strategy: Any) -> bool:
@@ -61,7 +61,7 @@ def check_batch_strategy(strategy: Any) -> None:
         return any(f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
                    for f in dataclasses.fields(cls))
 
-    name = getattr(strategy, "name", None) or type(strategy).__name__
+    name = name_of(strategy)
     able = [cls for method, cls in registered().items() if cls.method == method and cls.capabilities.batch]
     calls = [f"hfs.{cls.__name__}({'...' if needs_arguments(cls) else ''})"
              for cls in sorted(able, key=lambda cls: (needs_arguments(cls), cls.method))]

@@ -6,7 +6,7 @@ them to the copy):
 - ``generate``: resolves the call's strategy (the ``candidate_generator=`` keyword, else the one in
   the ``GenerationConfig`` passed in, else the model's own ``generation_config.candidate_generator``;
   the keyword ``None`` turns speculation off), validates the call, and runs transformers' ``generate`` with
-  hf_speculative's loop as its ``custom_generate`` callable (:mod:`hf_speculative.hf.loop_entry`): transformers
+  hf_speculative's loop as its ``custom_generate`` callable (:mod:`hf_speculative.core.entry`): transformers
   prepares the processors, stopping criteria, length limit and cache; our loop verifies the drafts. With
   ``speculative_loop="transformers"`` it runs transformers' own assisted loop instead (entered through its
   ``prompt_lookup_num_tokens`` switch), where our drafters serve as its ``CandidateGenerator`` s;
@@ -24,10 +24,10 @@ them to the copy):
   that depends on the drafts. The seeded rule is the default because it keeps ``torch.manual_seed(s)`` before a
   call reproducing its text (docs/recipes/sampling.md has the measured acceptance of both).
 
-The running call (:class:`_Call`) lives in the package's one ``ContextVar``, because transformers calls these
+The running call (:class:`~hf_speculative.core.call.Call`) lives in the package's one ``ContextVar``, because transformers calls these
 hooks back without a way to pass it: threads never see each other's calls, and a model without an active call
 behaves exactly as transformers does (unless it is given a ``sampling_seed=``). Everything below the entry gets
-the call explicitly (:class:`~hf_speculative.core.call.CallContext`).
+the call explicitly: the loop's entry is bound to it (``functools.partial(core.entry.generate, call=call)``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -43,21 +44,23 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from types import MethodType
-from typing import Any
+from types import MethodType, SimpleNamespace
+from typing import Any, NoReturn
 
 import torch
 from transformers import LogitsProcessorList
 
 from .. import compat
 from . import spec
-from ..core.call import CallContext
+from ..core import entry
+from ..core.call import Call
 from ..drafters.strategy import DraftStrategy
-from ..drafters.generator import ExternalCandidateGenerator, SpeculativeCandidateGenerator
-from .checks import check_batch_strategy, check_call_inputs, drafts_trees
-from .loop_entry import batch_generate, run_batch_call, run_call, tree_generate
+from ..drafters.generator import ExternalStrategy
+from ..drafters.registry import name_of
+from .checks import check_batch_strategy, check_call_inputs, check_strategy, draft_budget, drafts_trees
 from ..core.policy import check_input_ids
 from ..core.sampling import RejectionSampler, check_mode, check_seed, seeded_processors
+from ..core.static_cache import compiled_mode, static_requested
 from ..core.state import state_of
 from ..core.stats import SpeculativeStats
 
@@ -77,27 +80,7 @@ _ASSISTANT_OPTIONS = {
 }
 
 
-@dataclasses.dataclass
-class _Call:
-    model: torch.nn.Module
-    strategy: Any
-    stats: SpeculativeStats
-    stopping_criteria: Any = None
-    logits_processor: Any = None
-    generator: SpeculativeCandidateGenerator | None = None
-    # our loop's route (custom_generate): what transformers does not hand a custom_generate callable
-    streamer: Any = None
-    tokenizer: Any = None
-    static: bool = False  # cache_implementation="static" asked for: verify on a static cache (static_cache.py)
-    cache: Any = None  # the cache the caller passed to generate(), filled by the call
-    # under sampling, draw with a SeededSampler of ``seed`` (None: one drawn from torch's global generator)
-    seeded: bool = True
-    seed: int | None = None
-    sampling: str = "seeded"  # the rule of a sampled call: "seeded" or "rejection" (core/sampling.py)
-    ours: bool = True  # our loop (else transformers' assisted loop, which samples by its own rule)
-
-
-_ACTIVE_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
+_ACTIVE_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("hf_speculative_call", default=None)
 _HOOK_LOCK = threading.Lock()
 _DEFAULT_LOCK = threading.Lock()  # building a model's default strategy from its spec, once
 _UNSET = object()  # `candidate_generator=` not given (None is given: speculation off for the call)
@@ -233,7 +216,8 @@ def speculative_generate(
         # from it keep its shape
         mask = model_kwargs.get("position_ids")
     check_call_inputs(input_ids, mask)
-    _check_batch(input_ids, strategy)
+    if _batched(input_ids):
+        check_batch_strategy(strategy)
     seed = None if sampling_seed is None else check_seed(sampling_seed)
     _warn_seed_unused(seed, getattr(generation_config, "do_sample", False))
     _warn_assistant_options(strategy, [name for name in _ASSISTANT_OPTIONS
@@ -245,18 +229,20 @@ def speculative_generate(
                       UserWarning, stacklevel=2)
     sampling = check_mode(_sampling_mode(model, speculative_sampling, generation_config, seed), seed)
     ours = _batched(input_ids) or _our_loop(speculative_loop, strategy, static=False, batched=False)
-    logits_processor = seeded_processors(logits_processor, generation_config, seed, sampling, ours)
+    compiled = ours and static_requested(model, False)  # a compiled model verifies on a static cache
+    if compiled:
+        check_strategy(strategy, compiled=True)
+    logits_processor, sampler = seeded_processors(logits_processor, generation_config, seed, sampling, ours)
     if compat.cache_kwarg() in model_kwargs:
         model_kwargs[compat.cache_kwarg()] = compat.rollbackable_cache(model_kwargs[compat.cache_kwarg()])
-    with _temporary_loop_hooks(model), _call(model, strategy, seed) as call:
-        call.seeded = False  # the processors above are seeded already
-        call.stopping_criteria = stopping_criteria
-        if _batched(input_ids):  # B > 1: the loop with several rows (run_batch)
-            return run_batch_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config,
-                                  streamer, synced_gpus, model_kwargs)
-        if _our_loop(speculative_loop, strategy, static=False, batched=False):
-            return run_call(model, call, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                            synced_gpus, model_kwargs)
+    budget = draft_budget(strategy) if compiled else None
+    with _temporary_loop_hooks(model), _call(model, strategy, seed, sampling, ours, seeded=False, static=compiled,
+                                             draft_budget=budget) as call:
+        # (the processors above are seeded already)
+        call.stopping_criteria, call.logits_processor, call.sampler = stopping_criteria, logits_processor, sampler
+        if ours:
+            return entry.generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                  synced_gpus, call=call, **model_kwargs)
         return compat.assisted_decoding(
             model,
             input_ids,
@@ -274,9 +260,12 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
               speculative_loop: str | None = None, speculative_sampling: str | None = None, **kwargs: Any):
     named = _named_arguments(self, args, kwargs)
     passed = named.get("generation_config")
-    seed = None if sampling_seed is None else check_seed(sampling_seed)
-    _warn_seed_unused(seed, _samples(self, named), stacklevel=3)
-    sampling = check_mode(_sampling_mode(self, speculative_sampling, passed, seed), seed)
+    seed = None
+    if sampling_seed is not None:
+        seed = check_seed(sampling_seed)
+        _warn_seed_unused(seed, _samples(self, named), stacklevel=3)
+    mode = _sampling_mode(self, speculative_sampling, passed, seed)
+    sampling = "seeded" if mode is None else check_mode(mode, seed)
     strategy, origin = _resolve_strategy(self, candidate_generator, passed)
     if strategy is None:
         if passed is not None and spec.FIELD in vars(passed):
@@ -285,18 +274,26 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
             return type(self).generate(self, *args, **kwargs)  # exactly transformers' call, its own draws too
         with _call(self, None, seed):  # plain decoding with the seeded draws: the text every drafter gives for the seed
             return type(self).generate(self, *args, **kwargs)
-    with _explained(origin):
-        strategy = _check_call(self, strategy, named)
-    _warn_assistant_options(strategy, [name for name in _ASSISTANT_OPTIONS if named.get(name) is not None or (
-        passed is not None and _set_for_call(self, name, getattr(passed, name, None)))], stacklevel=3)
-    kwargs = {k: v for k, v in kwargs.items() if k not in _CONFLICTING_ARGS}  # explicit Nones
+    inputs, cache = named.get("inputs", named.get("input_ids")), compat.user_cache(named)
+    batched = _batched(inputs)
+    try:
+        strategy = _check_call(self, strategy, named, inputs, batched, cache)
+    except (ValueError, TypeError) as error:
+        if origin is None:
+            raise
+        _explain(error, origin)
+    if passed is not None or _ASSISTANT_OPTIONS.keys() & named.keys():
+        _warn_assistant_options(strategy, [name for name in _ASSISTANT_OPTIONS if named.get(name) is not None or (
+            passed is not None and _set_for_call(self, name, getattr(passed, name, None)))], stacklevel=3)
+    for name in _CONFLICTING_ARGS:
+        kwargs.pop(name, None)  # explicit Nones
     static = _static_requested(self, named)
-    batched = _batched(named.get("inputs", named.get("input_ids")))
     if batched and static:
         raise ValueError("Batched speculative decoding (batch size > 1) runs on the dynamic cache: drop "
                          "cache_implementation='static' (and enable(model, compile=...)) for batches, or generate "
                          "one prompt at a time.")
-    ours = _our_loop(speculative_loop, strategy, static=static, batched=batched)
+    ours = (speculative_loop is None and compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE
+            or _our_loop(speculative_loop, strategy, static=static, batched=batched))
     # our loop, entered as transformers' custom_generate; or, asked for, transformers' assisted loop
     extra = {} if ours else dict(_ASSISTED_SWITCH)
     if static or _default_cache_unsupported(self, named):
@@ -312,11 +309,13 @@ def _generate(self: torch.nn.Module, *args: Any, candidate_generator: Any = _UNS
         args, kwargs = _with_config(args, kwargs, config)
     if static:
         kwargs.pop("cache_implementation", None)
-    with _call(self, strategy, seed, sampling, ours) as call:
-        if ours:
-            call.streamer, call.tokenizer, call.static = named.get("streamer"), named.get("tokenizer"), static
-            call.cache = compat.user_cache(named)
-            extra["custom_generate"] = batch_generate if batched else tree_generate
+    if ours and static:  # (static is also set when the model is compiled)
+        check_strategy(strategy, compiled=compiled_mode(self) is not None)
+    budget = draft_budget(strategy) if static else None  # what a static step is padded to
+    with _call(self, strategy, seed, sampling, ours, static=static, draft_budget=budget) as call:
+        if ours:  # what transformers does not hand a custom_generate callable, the call keeps for the loop
+            call.streamer, call.tokenizer, call.cache = named.get("streamer"), named.get("tokenizer"), cache
+            extra["custom_generate"] = functools.partial(entry.generate, call=call)
         return type(self).generate(self, *args, **kwargs, **extra)
 
 
@@ -371,8 +370,10 @@ def _named_arguments(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict:
     return named
 
 
-def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -> Any:
-    """Validate a speculative call; the strategy, checked against the model."""
+def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict, inputs: Any, batched: bool,
+                cache: Any) -> Any:
+    """Validate a speculative call (``inputs``: its ``input_ids``; ``batched``: B > 1; ``cache``: the one the caller
+    passed); the strategy, checked against the model."""
     for name in _CONFLICTING_ARGS:
         if named.get(name) is not None:
             raise ValueError(
@@ -382,8 +383,7 @@ def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -
     if named.get("custom_generate") is not None:
         raise ValueError("`candidate_generator=` cannot be combined with `custom_generate=` on an enabled model.")
     strategy = _check_strategy(model, candidate_generator)
-    _check_generation_config(model, _effective_generation_config(model, named))
-    inputs = named.get("inputs", named.get("input_ids"))
+    _check_generation_config(model, None, named)
     if inputs is None and named.get("inputs_embeds") is not None:
         raise ValueError("Speculative decoding needs `input_ids` (drafters read the tokens); `inputs_embeds` alone is "
                          "not supported.")
@@ -391,8 +391,9 @@ def _check_call(model: torch.nn.Module, candidate_generator: Any, named: dict) -
         # drafters read the tokens: a 3-D tensor or an empty prompt would otherwise fail deep inside one
         check_input_ids(type(strategy).__name__, inputs, min_length=1)
         check_call_inputs(inputs, named.get("attention_mask"))
-        _check_batch(inputs, strategy)
-    _check_cache(model, named)
+        if batched:
+            check_batch_strategy(strategy)
+    _check_cache(model, named, cache)
     return strategy
 
 
@@ -456,9 +457,15 @@ def _save_pretrained(self: torch.nn.Module, save_directory: str | os.PathLike, *
         return result
     os.makedirs(save_directory, exist_ok=True)
     saved = strategy.save_pretrained(save_directory)
-    with spec.saving(strategy, saved):
-        result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
-    spec.keep_field_on_load(save_directory)
+    if kwargs.get("push_to_hub") and saved != strategy.to_dict():
+        # transformers uploads inside its save, with the spec it serialized (to_dict) and only the files it wrote
+        raise ValueError(f"save_pretrained(..., push_to_hub=True) with a default {type(strategy).__name__}: "
+                         "transformers uploads the folder before hf_speculative writes the drafter's spec (and its "
+                         "files) into it, so the upload would miss them. Save to a folder "
+                         "(model.save_pretrained(folder)), then upload the whole folder "
+                         "(huggingface_hub.upload_folder(repo_id=..., folder_path=folder)).")
+    result = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    spec.keep_field_on_load(save_directory, saved)  # the spec of the files written, not transformers' to_dict()
     return result
 
 
@@ -473,27 +480,17 @@ def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
     if call.sampling == "rejection" and getattr(named["generation_config"], "do_sample", False):
         # transformers samples by its rejection rule: the drafter draws from its q and hands q over as its logits
         processors = LogitsProcessorList([*(processors or []), RejectionSampler()])
-    ctx = CallContext(
-        target=self,
-        generation_config=named["generation_config"],
-        logits_processor=processors,
-        stopping_criteria=call.stopping_criteria,
-        stats=call.stats,
-        model_kwargs=named.get("model_kwargs"),
-    )
-    if isinstance(call.strategy, DraftStrategy):
-        call.generator = call.strategy.open(ctx)
-    else:
-        call.generator = ExternalCandidateGenerator(ctx, call.strategy)
+    call.handed_over(named["generation_config"], processors, call.stopping_criteria, named.get("model_kwargs"))
+    call.generator = call.strategy.open(call)
     return call.generator
 
 
 def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
     call = _ACTIVE_CALL.get()
-    if call is not None and call.model is self and call.tokenizer is not None and kwargs.get("tokenizer") is None:
+    if call is not None and call.target is self and call.tokenizer is not None and kwargs.get("tokenizer") is None:
         kwargs["tokenizer"] = call.tokenizer  # our loop's route: transformers leaves it out (stop strings need it)
     criteria = type(self)._get_stopping_criteria(self, *args, **kwargs)
-    if call is not None and call.model is self:
+    if call is not None and call.target is self:
         call.stopping_criteria = criteria
     return criteria
 
@@ -501,11 +498,13 @@ def _get_stopping_criteria(self: torch.nn.Module, *args: Any, **kwargs: Any):
 def _get_logits_processor(self: torch.nn.Module, *args: Any, **kwargs: Any):
     processors = type(self)._get_logits_processor(self, *args, **kwargs)
     call = _ACTIVE_CALL.get()
-    if call is not None and call.model is self and call.seeded:
+    if call is None or call.target is not self:
+        return processors
+    if call.seeded:
         config = kwargs["generation_config"] if "generation_config" in kwargs else args[0]
-        processors = seeded_processors(processors, config, call.seed, call.sampling, call.ours)
-    if call is not None and call.model is self and call.logits_processor is None:
-        call.logits_processor = processors
+        processors, sampler = seeded_processors(processors, config, call.seed, call.sampling, call.ours)
+        if call.logits_processor is None:  # the call's sampling rule: the sampler that now ends the list, if any
+            call.logits_processor, call.sampler = processors, sampler
     return processors
 
 
@@ -515,10 +514,10 @@ def _install_loop_hooks(model: torch.nn.Module) -> None:
     model._get_logits_processor = MethodType(_get_logits_processor, model)
 
 
-def active_call(model: torch.nn.Module) -> _Call | None:
+def active_call(model: torch.nn.Module) -> Call | None:
     """The speculative call running on ``model`` in this context, or ``None`` (none, or a plain seeded one)."""
     call = _ACTIVE_CALL.get()
-    return call if call is not None and call.model is model and call.strategy is not None else None
+    return call if call is not None and call.target is model and call.strategy is not None else None
 
 
 @contextlib.contextmanager
@@ -542,20 +541,24 @@ def _temporary_loop_hooks(model: torch.nn.Module):
 
 
 @contextlib.contextmanager
-def _call(model: torch.nn.Module, strategy: Any, seed: int | None, sampling: str = "seeded", ours: bool = True):
-    """Within: the call of ``model`` in this context (:data:`_ACTIVE_CALL`), which the hooks transformers calls back
-    read. Under sampling it draws with a SeededSampler of ``seed`` (``None``: a seed drawn from torch's global
-    generator when the processors are built). ``strategy`` ``None``: plain decoding (seeded), no statistics."""
+def _call(model: torch.nn.Module, strategy: Any, seed: int | None, sampling: str = "seeded", ours: bool = True,
+          **settings: Any):
+    """Within: the call object of ``model``'s call in this context (:data:`_ACTIVE_CALL`), which the hooks transformers
+    calls back read and complete. Under sampling it draws with a SeededSampler of ``seed`` (``None``: a seed drawn from
+    torch's global generator when the processors are built). ``strategy`` ``None``: plain decoding (seeded), no
+    statistics. ``settings``: more of the call's fields (``static``, ``seeded``)."""
     if strategy is None:  # transformers' own sampling loop reads the draws (`ours`: see seeded_processors)
-        call = _Call(model=model, strategy=None, stats=None, seed=seed, ours=False)
+        call = Call(model, seed=seed, ours=False)
         token = _ACTIVE_CALL.set(call)
         try:
             yield call
         finally:
             _ACTIVE_CALL.reset(token)
         return
-    stats = SpeculativeStats(method=getattr(strategy, "name", type(strategy).__name__))
-    call = _Call(model=model, strategy=strategy, stats=stats, seed=seed, sampling=sampling, ours=ours)
+    stats = SpeculativeStats(method=name_of(strategy))
+    opened = strategy if isinstance(strategy, DraftStrategy) else ExternalStrategy(strategy)  # a user's raw one
+    call = Call(model, stats=stats, strategy=opened, seed=seed, sampling=sampling, ours=ours, sampler=None,
+                trees=drafts_trees(strategy), **settings)
     token = _ACTIVE_CALL.set(call)
     start = time.perf_counter()
     try:
@@ -573,6 +576,8 @@ def _resolve_strategy(model: torch.nn.Module, keyword: Any, passed_config: Any) 
     """``(strategy or None, where it came from)``: the call's keyword (``None``: off for this call), else the
     ``candidate_generator`` of the GenerationConfig passed in, else the model's own. ``where`` is ``None`` for
     the keyword, else the config it came from (for error messages)."""
+    if keyword is not _UNSET and passed_config is None:
+        return keyword, None
     default = _model_default(model)
     given = None if passed_config is None else getattr(passed_config, spec.FIELD, None)
     # a copy of the model's own config (a 4.x pipeline passes one) carries the default: not the user's choice
@@ -633,16 +638,10 @@ def _without_strategy(config: Any) -> Any:
     return copy.deepcopy(shallow)
 
 
-@contextlib.contextmanager
-def _explained(origin: str | None):
-    """Errors about a strategy the call did not name say where it came from and how to turn it off."""
-    try:
-        yield
-    except (ValueError, TypeError) as error:
-        if origin is None:
-            raise
-        raise type(error)(f"{error} (The drafter comes from {origin}.candidate_generator: pass "
-                          "candidate_generator=None to generate() to decode without it.)") from error
+def _explain(error: Exception, origin: str) -> NoReturn:
+    """An error about a strategy the call did not name says where it came from and how to turn it off."""
+    raise type(error)(f"{error} (The drafter comes from {origin}.candidate_generator: pass "
+                      "candidate_generator=None to generate() to decode without it.)") from error
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -663,20 +662,21 @@ def _check_strategy(model: torch.nn.Module, candidate_generator: Any) -> Any:
     )
 
 
-def _effective_generation_config(model: torch.nn.Module, named: dict) -> Any:
-    passed = named.get("generation_config")
-    config = _without_strategy(passed if passed is not None else model.generation_config)
-    config.update(**{k: v for k, v in named.items() if hasattr(config, k) and k != "generation_config"})
-    return config
-
-
-def _check_generation_config(model: torch.nn.Module, config: Any) -> None:
-    if compat.generation_field(config, "num_beams", 1) > 1:
+def _check_generation_config(model: torch.nn.Module, config: Any, named: dict | None = None) -> None:
+    """Refuse what speculation cannot do: beams, several sequences per prompt, recurrent or encoder-decoder models.
+    ``named``: the call's arguments, which override ``config`` (else the model's) field by field, as in transformers."""
+    if named is not None:
+        given = named.get("generation_config")
+        given = model.generation_config if given is None else given
+        config = SimpleNamespace(num_beams=named.get("num_beams", getattr(given, "num_beams", None)),
+                                 num_return_sequences=named.get("num_return_sequences",
+                                                                getattr(given, "num_return_sequences", None)))
+    if (config.num_beams or 1) > 1:
         raise ValueError(
             "Speculative decoding does not support beam search (num_beams > 1); use num_beams=1 "
             "(greedy or sampling), or drop candidate_generator=."
         )
-    if compat.generation_field(config, "num_return_sequences", 1) > 1:
+    if (config.num_return_sequences or 1) > 1:
         raise ValueError(
             "Speculative decoding returns one sequence per prompt; use num_return_sequences=1 and call "
             "generate() several times (with sampling) for several samples."
@@ -691,16 +691,11 @@ def _check_generation_config(model: torch.nn.Module, config: Any) -> None:
 
 
 def _batched(inputs: Any) -> bool:
-    """Whether a call's ``input_ids`` hold several rows (B > 1: the loop with several rows, run_batch)."""
+    """Whether a call's ``input_ids`` hold several rows (B > 1: the loop with several rows, core/entry.py)."""
     return isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and inputs.shape[0] > 1
 
 
-def _check_batch(inputs: torch.Tensor, strategy: Any) -> None:
-    if _batched(inputs):
-        check_batch_strategy(strategy)
-
-
-def _check_cache(model: torch.nn.Module, named: dict) -> None:
+def _check_cache(model: torch.nn.Module, named: dict, cache: Any) -> None:
     chosen = named.get("cache_implementation")
     passed_config = named.get("generation_config")
     if chosen is None and passed_config is not None:
@@ -713,7 +708,6 @@ def _check_cache(model: torch.nn.Module, named: dict) -> None:
             "needs the default dynamic cache or cache_implementation='static': drop cache_implementation (or pass "
             "cache_implementation=None)."
         )
-    cache = compat.user_cache(named)
     if cache is not None and not hasattr(cache, "crop"):
         raise ValueError(
             f"a cache of type {type(cache).__name__} cannot be rolled back; pass a DynamicCache or none."

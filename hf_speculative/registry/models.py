@@ -603,7 +603,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: 
     A registry model's files are checked against its marker before loading, whether it is named by its
     registry name or by its cache folder's path (hashed once, then trusted while unchanged on disk; see
     the module docstring). A local folder's ``generation_config.json`` is read first under the bounds of a
-    spec (``hf_speculative.hf.spec.check_bounds``), so a hostile one is refused with the field named.
+    spec (``hf_speculative.registry.spec_bounds.check_bounds``), so a hostile one is refused with the field named.
 
     Args:
         name_or_path: registry name (fetched on first use), local folder or Hub id.
@@ -619,7 +619,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, *, dtype: Any = None, device: 
 
     Raises:
         RegistryError: the folder's files differ from its manifest (or ``verify`` without one).
-        hf_speculative.hf.spec.SpecError: a ``generation_config.json`` beyond the bounds of a spec.
+        hf_speculative.registry.spec_bounds.SpecError: a ``generation_config.json`` beyond the bounds of a spec.
     """
     path = resolve(name_or_path)  # first: an unusable name fails before torch and transformers are imported
     _check_folder(Path(path), verify)
@@ -716,7 +716,7 @@ def check_generation_config(folder: Path) -> None:
     ``spec.MAX_GENERATION_CONFIG_BYTES`` (1 MiB), JSON that Python can read, and a ``candidate_generator`` spec within the
     bounds of ``spec.check_bounds``; a ``SpecError`` naming the field otherwise (transformers' own reader would
     raise a bare ``ValueError`` or ``RecursionError`` from inside ``from_pretrained``)."""
-    from ..hf import spec
+    from . import spec_bounds as spec
 
     path = folder / "generation_config.json"
     if not os.path.lexists(path):

@@ -35,6 +35,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -49,6 +50,10 @@ BuildFn = Callable[[Any, Any, dict], dict]
 
 _REGISTRY: dict[str, "MethodSpec"] = {}
 _SOURCES: dict[str, "TrainedSource"] = {}  # option naming a trained drafter -> what it names (the folders declare it)
+_ALIASES: dict[str, str] = {}  # an earlier name of a method -> its name (a folder's entry lists its "aliases")
+_BUILTIN: dict[str, "MethodSpec"] = {}  # what _register_builtin_methods registered (the rest: register_method's)
+_READ = threading.Lock()  # held while the folders' methods are read (again, after drafters.registry.rescan)
+_scans_read = -1  # the drafters.registry.scans() the folders' methods were read at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,17 +106,26 @@ def register_method(spec: MethodSpec, *, replace: bool = False) -> MethodSpec:
     """Add ``spec`` to the registry (``replace=True`` to overwrite a method of the same name)."""
     if spec.kind not in ("baseline", "hfs", "transformers"):
         raise ValueError(f"unknown method kind {spec.kind!r}: expected 'baseline', 'hfs' or 'transformers'")
-    if spec.name in _REGISTRY and not replace:
+    if spec.name in _methods() and not replace:
         raise ValueError(f"a method named {spec.name!r} is already registered")
     _REGISTRY[spec.name] = spec
     return spec
 
 
+def _methods() -> dict[str, "MethodSpec"]:
+    """The registered methods, the drafter folders' read again if they were rescanned (a folder added at run time:
+    ``drafters.registry.rescan``)."""
+    if _scans_read != registry.scans():
+        _register_builtin_methods()
+    return _REGISTRY
+
+
 def get_method(name: str) -> MethodSpec:
     """The registered method called ``name``; raises `ValueError` listing the known names (and the close match,
     for a typo such as ``prompt_lookup``)."""
+    methods = _methods()
     try:
-        return _REGISTRY[name]
+        return methods[name] if name in methods else methods[_ALIASES[name]]
     except (KeyError, TypeError):
         close = difflib.get_close_matches(str(name), available_methods(), n=1)
         hint = f"; did you mean {close[0]!r}? Known" if close else "; known"
@@ -134,13 +148,13 @@ def check_options(methods: list[MethodSpec | str], options: dict | None, *, shar
     """
     specs = [get_method(m) if isinstance(m, str) else m for m in methods]
     known = list(dict.fromkeys(key for spec in specs for key in spec.option_names))
-    everywhere = list(dict.fromkeys(key for spec in _REGISTRY.values() for key in spec.option_names))
+    everywhere = list(dict.fromkeys(key for spec in _methods().values() for key in spec.option_names))
     for key in options or {}:
         if (isinstance(key, str) and key.startswith("_")) or key in known or (shared and key in everywhere):
             continue
         key = str(key)
         names = ", ".join(spec.name for spec in specs) or "no method"
-        readers = [spec.name for spec in _REGISTRY.values() if key in spec.option_names]
+        readers = [spec.name for spec in _methods().values() if key in spec.option_names]
         their = f"options of {names}: {', '.join(known) or 'none'}"
         if readers:
             raise ValueError(f"option {key!r} is not read by {names} ({their}); {', '.join(readers)} read it")
@@ -151,9 +165,16 @@ def check_options(methods: list[MethodSpec | str], options: dict | None, *, shar
         raise ValueError(f"{message} ({their})")
 
 
+def canonical_name(name: str) -> str:
+    """``name``, or the method's name when ``name`` is an earlier name of it (``eagle+lookup`` -> ``hybrid``)."""
+    methods = _methods()
+    return name if name in methods else _ALIASES.get(name, name)
+
+
 def available_methods() -> list[str]:
-    """Names of the registered methods, in registration order."""
-    return list(_REGISTRY)
+    """Names of the registered methods, in registration order (an earlier name that still works, an alias, is not
+    listed: :func:`get_method` takes it)."""
+    return list(_methods())
 
 
 # -- what one call measured -----------------------------------------------------------------------
@@ -346,7 +367,9 @@ def problem_on(spec: MethodSpec | str, model: Any, tokenizer: Any = None, option
     try:
         extra = spec.build(model, tokenizer, options)
         strategy = extra.get("candidate_generator")
-        if strategy is not None and hasattr(strategy, "validate_target"):
+        from ..drafters.strategy import DraftStrategy
+
+        if isinstance(strategy, DraftStrategy):  # (transformers' own methods build none)
             strategy.validate_target(model)
         exit_layer = extra.get("assistant_early_exit")
         layers = _layer_count(model)
@@ -432,6 +455,7 @@ class TrainedSource:
 def trained_sources(spec: MethodSpec | str) -> list[TrainedSource]:
     """The trained drafters ``spec`` reads (its options that name one, offered in a form or not)."""
     spec = get_method(spec) if isinstance(spec, str) else spec
+    _methods()
     return [_SOURCES[key] for key in spec.option_names if key in _SOURCES]
 
 
@@ -548,8 +572,9 @@ def _declared_build(folder: str, function: str, method: str, model: Any, tokeniz
     return build(model, tokenizer, MethodCall(get_method(method), model, tokenizer, options))
 
 
-def _declared_methods() -> list[tuple[float, MethodSpec]]:
-    """``(order, spec)`` of every method the drafter folders declare; their trained sources recorded on the way."""
+def _declared_methods(sources: dict, aliases: dict) -> list[tuple[float, MethodSpec]]:
+    """``(order, spec)`` of every method the drafter folders declare; their trained sources and earlier names
+    (``aliases``) recorded into ``sources`` and ``aliases`` on the way."""
     found = []
     for folder, entries in registry.folder_data("methods", "METHODS"):
         for entry in entries:
@@ -558,7 +583,9 @@ def _declared_methods() -> list[tuple[float, MethodSpec]]:
                 entry["name"], entry["label"], entry["description"], "hfs", build, dict(entry.get("options", {})),
                 tuple(entry.get("unlisted_options", ())), bool(entry.get("app", True)))))
             if "source" in entry:
-                _SOURCES[entry["source"]["option"]] = TrainedSource(folder=folder, **entry["source"])
+                sources[entry["source"]["option"]] = TrainedSource(folder=folder, **entry["source"])
+            for alias in entry.get("aliases", ()):
+                aliases[alias] = entry["name"]
     return found
 
 
@@ -653,8 +680,26 @@ def _own_methods() -> list[tuple[float, MethodSpec]]:
 
 
 def _register_builtin_methods() -> None:
-    for _, spec in sorted(_own_methods() + _declared_methods(), key=lambda item: item[0]):
-        register_method(spec, replace=True)
+    """Register greedy, transformers' methods and the drafter folders' (read again after ``registry.rescan``), in
+    their ``order``; a method registered by hand (:func:`register_method`) stays, after them. Everything is read
+    first, then swapped in."""
+    global _scans_read
+    with _READ:
+        scans = registry.scans()
+        sources: dict[str, TrainedSource] = {}
+        aliases: dict[str, str] = {}
+        builtin = {spec.name: spec for _, spec in sorted(_own_methods() + _declared_methods(sources, aliases),
+                                                          key=lambda item: item[0])}
+        by_hand = {name: spec for name, spec in _REGISTRY.items() if _BUILTIN.get(name) is not spec}
+        methods = {**builtin, **by_hand}
+        taken = sorted(set(aliases) & set(methods))
+        if taken:
+            raise ValueError(f"the method name(s) {', '.join(taken)} are also declared as earlier names (aliases) of "
+                             "other methods; drop one of them.")
+        for held, new in ((_REGISTRY, methods), (_BUILTIN, builtin), (_SOURCES, sources), (_ALIASES, aliases)):
+            held.clear()
+            held.update(new)
+        _scans_read = scans
 
 
 _register_builtin_methods()

@@ -4,7 +4,7 @@ call ``model.generate(..., candidate_generator=strategy)`` on the same prompt, a
 
 The app once wrapped each strategy to watch its statistics, and the wrapper hid ``tree``: tree methods ran
 as chains in the app only. Both runs here are observed from outside: the calls into our loop are counted
-at ``loop_entry.run_call``, and the figures come from each call's own statistics.
+at ``core.entry.ladder``, and the figures come from each call's own statistics.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import transformers
 
 import hf_speculative as hfs
-from hf_speculative.hf import loop_entry
+from hf_speculative.core import entry as loop_entry
 from hf_speculative.hf.checks import drafts_trees
 from hf_speculative.app.cache import ModelCache
 from hf_speculative.app.request import CompareRequest, Sources, selectable_methods
@@ -29,7 +29,7 @@ MAX_NEW = 24
 # Methods that run on the tiny chat model; the others need the drafters trained for the real default model.
 TINY = ["prompt-lookup", "draft-model", "early-exit", "layer-skip", "hf-prompt-lookup", "hf-assisted",
         "hf-early-exit", "suffix", "lookahead"]
-REAL = ["eagle", "eagle+lookup", "eagle-tree", "eagle+lookup-tree", "early-exit-adapter", "medusa", "medusa-tree",
+REAL = ["eagle", "hybrid", "eagle-tree", "hybrid-tree", "early-exit-adapter", "medusa", "medusa-tree",
         "dflash", "dflash-tree"]
 REAL_PROMPT = ("Rewrite this sentence in the plural: The cat sat on the mat and the dog sat on the mat, and the cat "
                "looked at the dog on the mat.")
@@ -41,15 +41,15 @@ def test_every_method_the_app_offers_is_checked_here():
 
 @pytest.fixture
 def loop_calls(monkeypatch):
-    """How many calls entered hf_speculative's own loop (``loop_entry.run_call``)."""
+    """How many calls entered hf_speculative's own loop (``core.entry.ladder``)."""
     calls = []
-    original = loop_entry.run_call
+    original = loop_entry.ladder
 
     def counting(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(loop_entry, "run_call", counting)
+    monkeypatch.setattr(loop_entry, "ladder", counting)
     return calls
 
 

@@ -209,6 +209,6 @@ def test_api_parameter_names_are_identifiers_for_any_method_name():
         return None
 
     names = list(_api_signature(compare, option_slots()).parameters)
-    assert "eagle_plus_lookup__eagle" in names and len(names) == len(set(names))
+    assert "hybrid__eagle" in names and len(names) == len(set(names))
     assert all(name.isidentifier() for name in names)
     inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names])

@@ -13,7 +13,11 @@ from hf_speculative.core import static_cache
 from tools.gpu import real_e2e
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.drafters.eagle.checkpoints import save_pretrained
+from hf_speculative.drafters.suffix.history import ModelHistories
 from tests.conftest import random_eagle
+
+# gpu-check's real step, a part of the GPU check's CPU run (tests/bench/test_gpu_check.py): CI runs it on 5.x only
+pytestmark = pytest.mark.single_version
 
 
 def test_the_real_step_runs_every_arm_on_every_prompt(chat_checkpoint, chat_model, tmp_path, monkeypatch,
@@ -73,7 +77,7 @@ def test_suffix_decodings_repeats_never_draft_their_own_answer_and_divergences_a
     held, run_prompt = [], real_e2e._run_prompt
 
     def spy(model, *args):
-        held.append(state_of(model).held_outputs is not None)
+        held.append(state_of(model).drafter_state(ModelHistories).held is not None)
         return run_prompt(model, *args)
 
     monkeypatch.setattr(real_e2e, "_run_prompt", spy)

@@ -193,12 +193,13 @@ def test_compare_keeps_its_own_answers_out_of_suffix_decodings_history(cli, chat
     """The warm-up's and greedy's answers to the compared prompt never join SuffixDecoding's history, which would let
     the timed suffix call copy its answer whole: every call of compare runs with the model's outputs held back."""
     from hf_speculative.core.state import state_of
+    from hf_speculative.drafters.suffix.history import ModelHistories
     from hf_speculative.tooling import methods
 
     held, real = [], methods.run_method
 
     def watched(spec, model, *args, **kwargs):
-        held.append(state_of(model).held_outputs is not None)
+        held.append(state_of(model).drafter_state(ModelHistories).held is not None)
         return real(spec, model, *args, **kwargs)
 
     monkeypatch.setattr(methods, "run_method", watched)
@@ -284,7 +285,7 @@ def test_compare_and_bench_help_list_the_methods(cli):
 
     # the registry as the CLI saw it at import (other tests register methods of their own later)
     names = METHOD_NAMES.split(", ")
-    assert {"prompt-lookup", "eagle", "eagle+lookup", "draft-model", "layer-skip", "hf-prompt-lookup"} <= set(names)
+    assert {"prompt-lookup", "eagle", "hybrid", "draft-model", "layer-skip", "hf-prompt-lookup"} <= set(names)
     command = typer.main.get_command(app)
     for name in ("compare", "bench"):
         assert cli(name, "--help").exit_code == 0

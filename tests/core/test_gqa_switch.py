@@ -1,4 +1,4 @@
-"""compat.grouped_query_sdpa: our masked multi-token forwards on a CPU use transformers' grouped-query SDPA (no
+"""core.sdpa.grouped_query_sdpa: our masked multi-token forwards on a CPU use transformers' grouped-query SDPA (no
 repeat_kv copies) where transformers reads TRANSFORMERS_SDPA_FORCE_GQA, without leaving it set or overriding a user's
 value; greedy output is unchanged (the identity matrix runs through it)."""
 
@@ -12,6 +12,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import sdpa
 from tests.conftest import build_model, prompt_inputs, stock_generate
 
 VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
@@ -27,13 +28,13 @@ def no_user_value(monkeypatch):
 def test_set_only_inside_a_multi_token_forward_of_a_cpu_sdpa_model(no_user_value):
     model = build_model("llama")
     assert model.config._attn_implementation == "sdpa"
-    with compat.grouped_query_sdpa(model, 1):
+    with sdpa.grouped_query_sdpa(model, 1):
         assert VARIABLE not in os.environ  # one token: no mask, transformers uses GQA already
-    with compat.grouped_query_sdpa(model, 3):
+    with sdpa.grouped_query_sdpa(model, 3):
         assert os.environ[VARIABLE] == "1"
     assert VARIABLE not in os.environ
     model.config._attn_implementation = "eager"
-    with compat.grouped_query_sdpa(model, 3):
+    with sdpa.grouped_query_sdpa(model, 3):
         assert VARIABLE not in os.environ
 
 
@@ -41,7 +42,7 @@ def test_set_only_inside_a_multi_token_forward_of_a_cpu_sdpa_model(no_user_value
 def test_a_users_value_is_kept(monkeypatch):
     model = build_model("llama")
     monkeypatch.setenv(VARIABLE, "0")
-    with compat.grouped_query_sdpa(model, 3):
+    with sdpa.grouped_query_sdpa(model, 3):
         assert os.environ[VARIABLE] == "0"
     assert os.environ[VARIABLE] == "0"
 
@@ -52,14 +53,14 @@ def test_overlapping_calls_restore_once_the_last_ends(no_user_value):
     inside, release = threading.Event(), threading.Event()
 
     def other():
-        with compat.grouped_query_sdpa(model, 4):
+        with sdpa.grouped_query_sdpa(model, 4):
             inside.set()
             release.wait(10)
 
     thread = threading.Thread(target=other)
     thread.start()
     inside.wait(10)
-    with compat.grouped_query_sdpa(model, 2):
+    with sdpa.grouped_query_sdpa(model, 2):
         pass
     assert os.environ[VARIABLE] == "1"  # the other call still runs
     release.set()

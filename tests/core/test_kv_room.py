@@ -10,6 +10,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.core import kv_room
 from tests.conftest import ARCHS, build_model, prompt_inputs, stock_generate
 
@@ -27,7 +28,7 @@ def test_forwards_crops_and_path_moves_match_transformers_layers():
     """The same steps on a plain cache and a roomy one: equal logits at every forward, equal keys and values after
     every crop and tree-path move, and the stores reused (no copy of the cache) until they fill."""
     model = build_model("llama")
-    plain, roomy = compat.new_dynamic_cache(), compat.new_dynamic_cache()
+    plain, roomy = kv_cache.new_dynamic_cache(), kv_cache.new_dynamic_cache()
     prompt = prompt_inputs()["input_ids"][0].tolist()
     assert torch.equal(_forward(model, plain, prompt), _forward(model, roomy, prompt))
     assert kv_room.make_room(roomy) == len(roomy.layers) > 0
@@ -35,10 +36,10 @@ def test_forwards_crops_and_path_moves_match_transformers_layers():
     # (tokens of a forward, the nodes kept): chains cropped, trees whose kept path moves down, all kept
     steps = [([4, 5, 6, 7, 8], [0, 1]), ([9, 3], [0, 1]), ([5] * 11, [0, 3, 4]), ([6], [0]), ([7, 8, 9, 3], [0, 2])]
     for tokens, path in steps * 60:  # ~1,400 positions: the stores fill and grow several times
-        start = compat.cache_length(plain)
+        start = kv_cache.cache_length(plain)
         assert torch.equal(_forward(model, plain, tokens), _forward(model, roomy, tokens))
-        compat.keep_tree_path(plain, start, path, len(tokens))
-        compat.keep_tree_path(roomy, start, path, len(tokens))
+        kv_cache.keep_tree_path(plain, start, path, len(tokens))
+        kv_cache.keep_tree_path(roomy, start, path, len(tokens))
         for (pk, pv), (rk, rv) in zip(_layers(plain), _layers(roomy)):
             assert torch.equal(pk, rk) and torch.equal(pv, rv)
     layer = roomy.layers[0]
@@ -53,7 +54,7 @@ def test_tensors_assigned_from_outside_are_adopted():
     store at the next update, even when they are laid out like the store (same strides, another buffer), and the
     cache then matches a plain one that holds the same history."""
     model = build_model("qwen2")
-    plain, roomy = compat.new_dynamic_cache(), compat.new_dynamic_cache()
+    plain, roomy = kv_cache.new_dynamic_cache(), kv_cache.new_dynamic_cache()
     prompt = prompt_inputs()["input_ids"][0].tolist()
     _forward(model, plain, prompt), _forward(model, roomy, prompt)
     kv_room.make_room(roomy)
@@ -77,7 +78,7 @@ def test_only_cpu_full_attention_layers_change_and_the_cache_copies():
     from transformers.cache_utils import DynamicLayer
 
     model = build_model("llama")
-    cache = compat.new_dynamic_cache()
+    cache = kv_cache.new_dynamic_cache()
     assert kv_room.make_room(cache) == 0  # no layers yet
     _forward(model, cache, prompt_inputs()["input_ids"][0].tolist())
     kv_room.make_room(cache)
@@ -85,9 +86,9 @@ def test_only_cpu_full_attention_layers_change_and_the_cache_copies():
     for clone in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
         assert all(torch.equal(a, b) for (a, _), (b, _) in zip(_layers(cache), _layers(clone)))
         _forward(model, clone, [4, 5, 6])
-        assert compat.cache_length(clone) == compat.cache_length(cache) + 3
+        assert kv_cache.cache_length(clone) == kv_cache.cache_length(cache) + 3
     if "gemma3" in ARCHS:  # sliding-window layers (transformers 5.x's Gemma3) keep their class
-        windowed = compat.new_dynamic_cache()
+        windowed = kv_cache.new_dynamic_cache()
         _forward(build_model("gemma3"), windowed, prompt_inputs()["input_ids"][0].tolist())
         before = [type(layer) for layer in windowed.layers]
         kv_room.make_room(windowed)

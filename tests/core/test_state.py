@@ -14,7 +14,7 @@ import torch
 import hf_speculative as hfs
 from hf_speculative.core.costs import draft_price, record_draft_step, verify_costs_for
 from hf_speculative.drafters.self_speculative.calibration import SkipCalibration, cached_calibration, remember_calibration
-from hf_speculative.drafters.self_speculative.layer_view import check_structure, layer_subset
+from hf_speculative.drafters.self_speculative.layer_view import TargetLayers, check_structure, layer_subset
 from hf_speculative.core.state import ModelState, forget, state_of
 from hf_speculative.drafters.suffix.history import history_for
 from hf_speculative.hf import integration
@@ -46,7 +46,7 @@ def assert_remembered(target: torch.nn.Module, held: dict) -> None:
     state = state_of(target)
     assert verify_costs_for(target, 8) is held["costs"] and held["costs"].seconds(2) == 0.5
     assert layer_subset(target, [0]) is held["view"]
-    assert state.structure_problem == ""  # probed, and fine
+    assert state.drafter_state(TargetLayers).structure_problem == ""  # probed, and fine
     assert cached_calibration(target) is held["plan"]
     assert all(net in state.checked for net in held["checked"])
     assert state.draft_step_s == 0.25
@@ -61,8 +61,8 @@ def test_forget_drops_every_cache_of_that_model_and_no_other():
 
     empty = ModelState()
     state = state_of(first)
-    assert (state.verify_costs, state.views, state.structure_problem, state.calibration, state.draft_step_s) == (
-        empty.verify_costs, empty.views, empty.structure_problem, empty.calibration, empty.draft_step_s)
+    assert (state.verify_costs, state.drafters, state.draft_step_s) == (empty.verify_costs, empty.drafters,
+                                                                        empty.draft_step_s)
     assert len(state.checked) == 0
     assert cached_calibration(first) is None
     fresh = verify_costs_for(first, 8)
@@ -72,6 +72,44 @@ def test_forget_drops_every_cache_of_that_model_and_no_other():
     history = history_for(first, 8, 100, None)
     assert history is not held_first["history"] and history.tokens == 0  # its SuffixDecoding history too
     assert_remembered(second, held_second)  # untouched
+
+
+def test_drafters_keep_their_state_in_the_one_slot_by_types_of_their_own_folders():
+    target = build_model("llama")
+    remember_everything(target)
+    kinds = set(state_of(target).drafters)
+    assert {k.__name__ for k in kinds} >= {"TargetLayers", "HeldCalibration", "ModelHistories"}
+    assert all(k.__module__.startswith("hf_speculative.drafters.") for k in kinds)
+
+
+def test_a_drafter_state_is_made_once_per_model_and_kind_and_forget_drops_it():
+    made = []
+
+    class Mine:  # what a drafter's folder defines
+        def __init__(self):
+            made.append(self)
+
+    class Other:
+        pass
+
+    model = torch.nn.Linear(2, 2)
+    seen, start = [], threading.Barrier(8)
+
+    def get():
+        start.wait()
+        seen.append(state_of(model).drafter_state(Mine))
+
+    threads = [threading.Thread(target=get) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and all(mine is made[0] for mine in seen)
+    assert isinstance(state_of(model).drafter_state(Other), Other)
+    assert state_of(torch.nn.Linear(2, 2)).drafter_state(Mine) is not made[0]  # another model's own
+    forget(model)
+    assert state_of(model).drafters == {} and state_of(model).drafter_state(Mine) is not made[0]
+    assert len(made) == 3
 
 
 def test_forget_of_an_unknown_model_is_a_no_op():
@@ -113,10 +151,8 @@ DROPPED = {f.name for f in dataclasses.fields(ModelState)} - CARRIED
 
 def test_forget_empties_every_slot_and_carries_only_the_count_of_running_calls():
     assert DROPPED == {"verify_costs", "padded_costs", "batch_costs", "draft_step_s", "catch_up_token_s", "accept_rate",
-                       "views", "structure_problem",
-                       "calibration", "checked", "last_stats", "static_cache", "compiled", "draft_graph",
-                       "compile_mode", "static_budget", "suffix_histories", "held_outputs", "mtp_modules", "lock",
-                       "forward_turn"}
+                       "checked", "last_stats", "static_cache", "compiled", "compile_mode", "static_budget", "drafters",
+                       "lock", "forward_turn"}
     model = torch.nn.Linear(2, 2)
     old = state_of(model)
     sentinels = {name: object() for name in DROPPED | CARRIED}

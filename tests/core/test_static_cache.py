@@ -34,7 +34,7 @@ def test_chains_on_a_static_cache_equal_greedy(arch, name, monkeypatch):
     runs = []
     from hf_speculative.core import loop
 
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(k["verifier"]) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(a[1]) or loop.ladder(*a, **k))
     model = hfs.enable(build_model(arch))
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     out = static_generate(model, make_drafter(name, model, expected), max_new_tokens=30)
@@ -143,11 +143,11 @@ def test_static_verifier_pads_every_draft_to_one_shape_and_runs_plain_steps_at_o
     try:
         from hf_speculative.core.tree import DraftTree
 
-        verifier.forward(torch.tensor([3, 5, 6, 7]), DraftTree.chain([8, 9]))  # prefill, then the step
-        verifier.keep(3, DraftTree.chain([8, 9]), [0])
-        verifier.forward(torch.tensor([9]), DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])))
-        verifier.keep(5, DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])), [])
-        plain = verifier.forward(torch.tensor([4]), DraftTree.empty())  # no draft: one token, its own shape
+        verifier.forward_row(torch.tensor([3, 5, 6, 7]), DraftTree.chain([8, 9]))  # prefill, then the step
+        verifier.keep_row(3, DraftTree.chain([8, 9]), [0])
+        verifier.forward_row(torch.tensor([9]), DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])))
+        verifier.keep_row(5, DraftTree(torch.tensor([5, 6, 7]), torch.tensor([-1, -1, 0])), [])
+        plain = verifier.forward_row(torch.tensor([4]), DraftTree.empty())  # no draft: one token, its own shape
     finally:
         model.forward = original
         verifier.close()
@@ -258,7 +258,8 @@ def test_compiled_verification_equals_greedy(arch):
             out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
             assert out.tolist() == expected.tolist()
         assert state_of(model).compiled[0] == "default"
-        (drafter, _, mode, _), (step, compiled), _ = state_of(model).draft_graph  # EAGLE's drafting compiled too
+        shared = state_of(model).drafter_state(static_drafting.SharedDraftGraph)
+        (drafter, _, mode, _), (step, compiled), _ = shared.held  # EAGLE's drafting compiled too
         assert mode == "default" and compiled is not step and isinstance(drafter, torch.nn.Module)
     finally:
         hfs.enable(model, compile=False)

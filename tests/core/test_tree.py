@@ -14,6 +14,7 @@ import torch
 from tests.conftest import ARCHS, build_model
 
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.core.tree import ROOT, DraftTree, Verdict, position_ids, visibility
 from hf_speculative.core.verify import TreeAttentionError, check_tree_attention, forward_tree, keep_path
 
@@ -46,14 +47,13 @@ def branch(parents: list[int], node: int) -> list[int]:
 
 def reference(model, ids: list[int]):
     """Logits ``[T, V]`` and the full-attention cache of one plain causal forward over ``ids``."""
-    cache = compat.new_dynamic_cache()
+    cache = kv_cache.new_dynamic_cache()
     out = model(input_ids=torch.tensor([ids]), use_cache=True, **{compat.cache_kwarg(): cache})
     return out.logits[0], cache
 
 
 def cache_tensors(cache) -> list[torch.Tensor]:
-    return [getattr(holder, name) if index < 0 else holder[index] for holder, name, index in
-            compat._cache_tensors(cache)]
+    return compat.cache_tensors(cache)
 
 
 def test_chain_is_a_tree_with_one_branch():
@@ -97,11 +97,11 @@ def test_tree_forward_equals_each_branch_alone(name):
     torch.manual_seed(1)
     tokens = torch.randint(4, 96, (len(PARENTS),))
     tree = DraftTree(tokens, torch.tensor(PARENTS))
-    cache = compat.new_dynamic_cache()
+    cache = kv_cache.new_dynamic_cache()
     with torch.no_grad():
         model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.cache_kwarg(): cache})
         logits = forward_tree(model, cache, PROMPT[-1], tree)  # [1 + n, V]
-        assert compat.cache_length(cache) == len(PROMPT) + tree.size
+        assert kv_cache.cache_length(cache) == len(PROMPT) + tree.size
         root_logits, _ = reference(model, PROMPT)
         torch.testing.assert_close(logits[0], root_logits[-1], atol=1e-5, rtol=1e-5)
         for node in range(tree.size):
@@ -116,7 +116,7 @@ def test_kept_cache_equals_one_built_from_scratch(name, path):
     model = MODELS[name]()
     torch.manual_seed(2)
     tree = DraftTree(torch.randint(4, 96, (len(PARENTS),)), torch.tensor(PARENTS))
-    cache = compat.new_dynamic_cache()
+    cache = kv_cache.new_dynamic_cache()
     with torch.no_grad():
         model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.cache_kwarg(): cache})
         forward_tree(model, cache, PROMPT[-1], tree)
@@ -125,7 +125,7 @@ def test_kept_cache_equals_one_built_from_scratch(name, path):
         # and the next step runs on the gathered cache exactly like on the fresh one
         following = forward_tree(model, cache, 7, DraftTree.chain([8, 9]))
         fresh = forward_tree(model, expected, 7, DraftTree.chain([8, 9]))
-    assert compat.cache_length(cache) == len(PROMPT) + len(path) + 3
+    assert kv_cache.cache_length(cache) == len(PROMPT) + len(path) + 3
     for got, want in zip(cache_tensors(cache), cache_tensors(expected), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(following, fresh, atol=1e-5, rtol=1e-5)
@@ -154,13 +154,13 @@ def test_first_forward_prefills_the_prompt_with_the_tree(name):
     torch.manual_seed(3)
     tree = DraftTree(torch.randint(4, 96, (len(PARENTS),)), torch.tensor(PARENTS))
     with torch.no_grad():
-        split = compat.new_dynamic_cache()
+        split = kv_cache.new_dynamic_cache()
         model(input_ids=torch.tensor([PROMPT[:-1]]), use_cache=True, **{compat.cache_kwarg(): split})
         expected = forward_tree(model, split, PROMPT[-1], tree)
-        joint = compat.new_dynamic_cache()
+        joint = kv_cache.new_dynamic_cache()
         model(input_ids=torch.tensor([PROMPT[:3]]), use_cache=True, **{compat.cache_kwarg(): joint})
         got = forward_tree(model, joint, torch.tensor(PROMPT[3:]), tree)
-        empty = compat.new_dynamic_cache()
+        empty = kv_cache.new_dynamic_cache()
         whole = forward_tree(model, empty, torch.tensor(PROMPT), tree)  # nothing cached before
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(whole, expected, atol=1e-5, rtol=1e-5)
@@ -176,9 +176,9 @@ def test_chains_take_the_models_own_causal_path(name):
     chain = DraftTree.chain(torch.tensor([20, 30, 40, 50]))
     as_tree = DraftTree(chain.tokens, chain.parents.clone())
     with torch.no_grad():
-        plain = compat.new_dynamic_cache()
+        plain = kv_cache.new_dynamic_cache()
         got = forward_tree(model, plain, torch.tensor(PROMPT), chain)
-        masked = compat.new_dynamic_cache()
+        masked = kv_cache.new_dynamic_cache()
         from hf_speculative.core import verify
         out = model(input_ids=torch.tensor([PROMPT + [20, 30, 40, 50]]),
                     position_ids=position_ids(as_tree, len(PROMPT) - 1, len(PROMPT) - 1),

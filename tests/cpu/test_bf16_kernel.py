@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_speculative as hfs
-from hf_speculative import compat
+from hf_speculative.core import sdpa
 from hf_speculative.cpu import kernel as cpu_kernel
 from hf_speculative.cpu.kernel import KernelLinear
 from hf_speculative.cpu.layout import cpu_layout
@@ -89,7 +89,7 @@ def test_a_bf16_model_is_laid_out_where_the_cpu_has_bf16_products(monkeypatch):
         pytest.skip("bf16 products on the kernel need AVX512-BF16")
     assert hfs.optimize_for_cpu(model) > 0
     assert all(type(m) is KernelLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert cpu_layout(model) == "all+kernel" and model.config._attn_implementation == compat.CPU_ATTENTION
+    assert cpu_layout(model) == "all+kernel" and model.config._attn_implementation == sdpa.CPU_ATTENTION
     hfs.optimize_for_cpu(model, False)
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert cpu_layout(model) == "none" and model.config._attn_implementation == "sdpa"
@@ -115,7 +115,7 @@ def test_without_bf16_products_a_bf16_models_linears_stay_pytorchs(monkeypatch):
     model = build_model("llama").to(torch.bfloat16)
     assert hfs.optimize_for_cpu(model) == 0
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert model.config._attn_implementation == compat.CPU_ATTENTION  # fp32 attention pays without the kernel too
+    assert model.config._attn_implementation == sdpa.CPU_ATTENTION  # fp32 attention pays without the kernel too
 
 
 class _Counting:
@@ -157,7 +157,7 @@ def test_drafters_identical_to_greedy_on_a_bf16_model(arch, drafter_name, monkey
 
 
 @needs_bf16_dot
-@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "oracle", "lookup-tree"])
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "oracle", "prompt-lookup-tree"])
 def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
     """A prompt and the draft made from it verify in the first forward; beyond 64 tokens that forward would run on
     PyTorch's products, unlike plain decoding's prefill and one-token forwards: it runs as two forwards, the prompt

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import hf_speculative as hfs
-from hf_speculative import compat
+from hf_speculative.core import sdpa
 from hf_speculative.cpu import attention
 from hf_speculative.cpu import kernel as cpu_kernel
 from hf_speculative.cpu.attention import ROWWISE_ROWS, cpu_sdpa, use_cpu_attention
@@ -106,13 +106,13 @@ def test_a_models_verification_forward_equals_its_one_token_forwards(arch):
     control)."""
     model = build_model(arch)
     hfs.optimize_for_cpu(model, kernel=True)
-    assert model.config._attn_implementation == compat.CPU_ATTENTION
+    assert model.config._attn_implementation == sdpa.CPU_ATTENTION
     assert _rows_alone_equal(model) and _rows_alone_equal(model, 16)  # 16: the kernel's longest fp32 products
     model.set_attn_implementation("sdpa")
     assert not _rows_alone_equal(model)  # transformers' SDPA: the check can fail
     small = build_model(arch).to(torch.bfloat16)
     hfs.optimize_for_cpu(small)
-    assert small.config._attn_implementation == compat.CPU_ATTENTION
+    assert small.config._attn_implementation == sdpa.CPU_ATTENTION
     if cpu_kernel.bf16_dot_supported():  # elsewhere its linears stay on PyTorch's bf16 products
         assert _rows_alone_equal(small) and _rows_alone_equal(small, 20)  # 20: beyond one pass of 16 rows
     hfs.optimize_for_cpu(small, False)
@@ -128,7 +128,7 @@ def test_16_bit_cpu_models_on_sdpa_change_and_fp32_ones_only_on_the_kernel():
         assert use_cpu_attention(build_model("llama"), kernel=True)
         relaid = build_model("llama")
         hfs.optimize_for_cpu(relaid, kernel=True)
-        assert relaid.config._attn_implementation == compat.CPU_ATTENTION
+        assert relaid.config._attn_implementation == sdpa.CPU_ATTENTION
         hfs.optimize_for_cpu(relaid, kernel=False)  # laid out again without the kernel: SDPA again
         assert relaid.config._attn_implementation == "sdpa"
     eager = build_model("llama").to(torch.bfloat16)

@@ -14,6 +14,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.core.tree import DraftTree
 from hf_speculative.core.verify import forward_tree
 from hf_speculative.cpu import kernel as cpu_kernel
@@ -85,7 +86,7 @@ def _counting(monkeypatch, perturb: bool = False) -> list:
 
 
 def _cache_after(model, ids):
-    cache = compat.new_dynamic_cache()
+    cache = kv_cache.new_dynamic_cache()
     with torch.no_grad():
         model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(): cache})
     return cache
@@ -156,7 +157,7 @@ def test_a_verification_row_is_bitwise_plain_decodings_row(arch, monkeypatch):
     assert not _verification_rows_match(model, prompt)
 
 
-@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "lookup-tree", "draft-model", "eagle3", "eagle-tree",
+@pytest.mark.parametrize("drafter_name", ["prompt-lookup", "prompt-lookup-tree", "draft-model", "eagle3", "eagle-tree",
                                           "early-exit", "medusa-tree", "oracle", "adversary"])
 def test_drafters_identical_to_greedy_on_native_layers(arch, drafter_name, monkeypatch):
     model = hfs.enable(_model(arch))

@@ -10,6 +10,7 @@ from transformers import GenerationConfig
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.core.call import CallContext
 from tests.conftest import (
     draft_once,
@@ -58,7 +59,7 @@ def check_synced(generator, drafter, verified: list[int]):
     """The cache holds exactly the fed tokens, which are a prefix of the verified text, and the
     drafter's next-token logits from it equal a fresh forward over the whole verified text."""
     cache = generator.cache
-    assert compat.cache_length(cache) == len(generator.fed)
+    assert kv_cache.cache_length(cache) == len(generator.fed)
     assert generator.fed == verified[: len(generator.fed)]
     probe = copy.deepcopy(cache)
     with torch.no_grad():
@@ -76,14 +77,14 @@ def test_cache_rollback_after_rejections(arch):
     tokens = draft_once(generator, torch.tensor([text]), 5).tokens
     draft = tokens.tolist()
     assert draft == greedy(drafter, text, 5)
-    assert compat.cache_length(generator.cache) == len(generator.fed) == L + 4  # the last draft token is not fed
+    assert kv_cache.cache_length(generator.cache) == len(generator.fed) == L + 4  # the last draft token is not fed
 
     # verification: 2 accepted, then the target's own (different) token
     wrong = (draft[2] + 1) % VOCAB
     text = text + draft[:2] + [wrong]
     common = generator._rollback(torch.tensor([text]))
     assert common == L + 2
-    assert generator.fed == text[:common] and compat.cache_length(generator.cache) == common
+    assert generator.fed == text[:common] and kv_cache.cache_length(generator.cache) == common
     check_synced(generator, drafter, text)
 
     # the next draft continues from the verified text exactly
@@ -120,7 +121,7 @@ def test_cache_stays_synced_through_a_whole_generate(monkeypatch):
     def spy(self, input_ids, plan):
         result = original(self, input_ids, plan)
         verified = input_ids[0].tolist()
-        assert compat.cache_length(self.cache) == len(self.fed)
+        assert kv_cache.cache_length(self.cache) == len(self.fed)
         assert self.fed[: len(verified)] == verified[: len(self.fed)]  # fed = verified text + draft so far
         checks.append(len(self.fed))
         return result
@@ -139,9 +140,9 @@ def test_close_frees_the_cache():
     target = build_model("llama")
     generator = open_generator(target, sibling_model(target))
     draft_once(generator, torch.tensor([PROMPT]), 3)
-    assert compat.cache_length(generator.cache) > 0
+    assert kv_cache.cache_length(generator.cache) > 0
     generator.close()
-    assert compat.cache_length(generator.cache) == 0 and generator.fed == []
+    assert kv_cache.cache_length(generator.cache) == 0 and generator.fed == []
 
 
 @pytest.mark.parametrize("padded", ["drafter", "target"])

@@ -11,6 +11,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.drafters.draft_model.tree import model_tree_expander
 from hf_speculative.core.verify import TreeAttentionError
 from tests.conftest import ARCHS, PROMPT, build_model, prompt_inputs, sibling_model, stock_generate
@@ -32,7 +33,7 @@ def test_trees_equal_greedy(arch, shape, drafter, monkeypatch):
     from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(1) or loop.ladder(*a, **k))
     model = hfs.enable(build_model(arch))
     draft = sibling_model(model) if drafter == "sibling" else _copy(model)
     tree = DYNAMIC if shape == "dynamic" else STATIC
@@ -55,7 +56,7 @@ def test_expansions_equal_plain_forwards_along_each_branch(arch):
     node's branch (masks, positions and the sliding window of the branch), and the cache is cropped back."""
     draft = build_model(arch, seed=5)
     verified = torch.tensor([PROMPT + [20, 21, 22]])  # longer than the tiny models' sliding window (8)
-    cache = compat.new_dynamic_cache()
+    cache = kv_cache.new_dynamic_cache()
     with torch.no_grad():
         draft(input_ids=verified, use_cache=True, **{compat.cache_kwarg(): cache})
 
@@ -71,7 +72,7 @@ def test_expansions_equal_plain_forwards_along_each_branch(arch):
         second = expand([2, 3], torch.tensor([40, 41]), [0, 1])  # a child under each
         third = expand([4], torch.tensor([50]), [2])  # one deeper under the first branch
         crop()
-        assert compat.cache_length(cache) == verified.shape[1]
+        assert kv_cache.cache_length(cache) == verified.shape[1]
 
         def plain(branch):
             ids = torch.cat([verified, torch.tensor([branch])], dim=-1)
@@ -95,7 +96,7 @@ def test_the_drafters_cache_holds_the_verified_text_between_steps():
 
         def spy(input_ids, plan):
             tree = grow(input_ids, plan)
-            seen.append((compat.cache_length(generator.cache), input_ids.shape[1]))
+            seen.append((kv_cache.cache_length(generator.cache), input_ids.shape[1]))
             return tree
 
         generator.draft = spy

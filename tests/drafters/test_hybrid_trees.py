@@ -82,7 +82,7 @@ def test_eagle_trees_follow_another_members_tree_paths(trained, eagle_state, mon
     from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(1) or loop.ladder(*a, **k))
     target, net, text = trained
     events = []
     eagle = _spy_trees(hfs.Eagle(net, tree=TREE, adaptive=False), events, "eagle")

@@ -70,7 +70,7 @@ def test_the_registry_lists_the_methods_as_the_tools_do():
 
 @pytest.mark.parametrize("label, trees, batch, reads, static", [
     ("prompt-lookup", False, True, "outputs", True),  # a chain: transformers' route (trees=False)
-    ("lookup-tree", True, True, "outputs", True),
+    ("prompt-lookup-tree", True, True, "outputs", True),
     ("draft-model", False, True, "outputs", True),
     ("draft-model-tree", True, True, "outputs", True),
     ("eagle3", False, True, "features", True),
@@ -172,7 +172,7 @@ def test_a_subclass_keeps_its_base_declaration_and_registers_nothing(built):
     assert registry.registered()["prompt-lookup"] is hfs.PromptLookup
     assert CountingLookup.method == "prompt-lookup" and CountingLookup.capabilities == hfs.PromptLookup.capabilities
     tree = CountingLookup(tree=hfs.DynamicTree(nodes=8, depth=4, top_k=3))
-    assert capabilities_of(tree) == capabilities_of(built["lookup-tree"]) and drafts_trees(tree)
+    assert capabilities_of(tree) == capabilities_of(built["prompt-lookup-tree"]) and drafts_trees(tree)
     assert not drafts_trees(CountingLookup())
     check_batch_strategy(tree)
     from hf_speculative.hf import spec
@@ -203,7 +203,7 @@ def test_a_wrapper_of_a_tree_drafter_runs_in_our_loop_identical_to_greedy():
     ids = torch.tensor([[3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
     ref = type(model).generate(model, input_ids=ids, do_sample=False, max_new_tokens=12)
     out = model.generate(input_ids=ids, do_sample=False, max_new_tokens=12,
-                         candidate_generator=Forwarding(registry.example("lookup-tree", model)))
+                         candidate_generator=Forwarding(registry.example("prompt-lookup-tree", model)))
     assert out.tolist() == ref.tolist()
 
 
@@ -226,8 +226,9 @@ def test_a_taken_method_name_is_refused_and_a_new_drafter_registers(monkeypatch)
         class Clash(DraftStrategy, method="prompt-lookup"):
             pass
     with pytest.raises(TypeError, match="takes a registry.Capabilities"):
-        class Wrong(DraftStrategy, capabilities={"trees": True}):
+        class Wrong(DraftStrategy, method="test-wrong", capabilities={"trees": True}):
             pass
+    assert "test-wrong" not in registry.registered()
 
     class Mine(DraftStrategy, method="test-mine", capabilities=Capabilities(batch=True)):
         def open(self, ctx):
@@ -312,8 +313,7 @@ def test_every_registered_method_is_a_method_of_the_tools():
         assert declared.get(folder), f"{folder} declares no method of the tools"
         for name in declared[folder]:
             assert methods.get_method(name).kind == "hfs", name
-        if not cls.holds_members:  # a hybrid's methods are named by their members (eagle+lookup)
-            assert methods.get_method(method).kind == "hfs", method
+        assert methods.get_method(method).kind == "hfs", method  # the same name in the spec and the tools
 
 
 # -- how many places name each drafter ------------------------------------------------------------------------

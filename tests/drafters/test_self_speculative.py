@@ -13,6 +13,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.drafters.self_speculative import calibration as layer_calibration
 from hf_speculative.drafters.self_speculative.calibration import SkipCalibration
 from hf_speculative.drafters.self_speculative.layer_view import LayerSubset, UnsupportedModelError, check_structure
@@ -104,7 +105,7 @@ def test_the_view_reproduces_the_model_past_the_sliding_window(arch):
     ids = torch.randint(4, 90, (1, 30), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         # the cache an assisted loop runs on: 5.x sliding layers that record their past, 4.x full layers
-        start = None if compat.IS_TRANSFORMERS_5 else compat.new_dynamic_cache()
+        start = None if compat.IS_TRANSFORMERS_5 else kv_cache.new_dynamic_cache()
         prefill = model(input_ids=ids[:, :20], **{compat.cache_kwarg(): start}, use_cache=True)
         cache = compat.output_cache(prefill)
         if hasattr(cache, "activate_past_recording"):

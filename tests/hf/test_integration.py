@@ -19,6 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_speculative as hfs
 from hf_speculative import compat
+from hf_speculative.core import kv_cache
 from hf_speculative.drafters.generator import SpeculativeCandidateGenerator
 from hf_speculative.core.state import state_of
 from hf_speculative.hf.checks import drafts_trees
@@ -375,7 +376,7 @@ def test_a_cache_the_caller_passes(llama, name, drafter_name):
     out = speculate(llama, drafter, **GREEDY, **{name: cache})
     assert out.tolist() == ref.tolist()
     assert_drafter_worked(drafter_name, drafter, hfs.last_stats(llama))
-    assert compat.cache_length(cache) == out.shape[1] - 1  # every token but the last one, verified
+    assert kv_cache.cache_length(cache) == out.shape[1] - 1  # every token but the last one, verified
     with pytest.raises(ValueError, match=r"a cache of type object cannot be rolled back; pass a DynamicCache"):
         llama.generate(**prompt_inputs(), max_new_tokens=4, candidate_generator=hfs.PromptLookup(), **{name: object()})
 

@@ -39,7 +39,7 @@ def test_generate_with_trees_equals_greedy(arch, name, monkeypatch):
     from hf_speculative.core import loop
 
     runs = []
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(1) or loop.ladder(*a, **k))
     model = hfs.enable(build_model(arch))
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30,
@@ -102,8 +102,8 @@ def test_every_call_runs_in_our_loop_unless_transformers_loop_is_asked_for(monke
     model = hfs.enable(build_model("llama"))
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=5)
     runs = []
-    original = loop.run
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or original(*a, **k))
+    original = loop.ladder
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(1) or original(*a, **k))
     for strategy in (hfs.PromptLookup(), hfs.PromptLookup(tree=TREE)):
         out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=5, candidate_generator=strategy)
         assert out.tolist() == expected.tolist()
@@ -128,7 +128,7 @@ def test_before_4_57_chains_keep_transformers_loop_and_trees_name_the_version(mo
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=8)
     monkeypatch.setattr(compat, "SUPPORTS_CUSTOM_GENERATE_CALLABLE", False)
     runs = []
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(1))
     out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8,
                          candidate_generator=hfs.PromptLookup(adaptive=False))
     assert out.tolist() == expected.tolist() and runs == [] and hfs.last_stats(model).target_forwards > 0

@@ -28,7 +28,9 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.core.accept import accept_greedy, accept_rejection, draft_chain
+from hf_speculative.core.accept import accept_greedy, accept_rejection
+from hf_speculative.core.call import Call
+from hf_speculative.core.chain_drafting import draft_chain
 from hf_speculative.core.rows import RowSampler
 from hf_speculative.core.sampling import RejectionSampler, SeededSampler
 from hf_speculative.core.tree import DraftTree
@@ -278,7 +280,7 @@ def test_a_drafter_with_nothing_to_draw_from_drafts_nothing(sampler):
     drafted = []
     plan = SimpleNamespace(wants=lambda peak: True,
                            took=lambda confidence, limit: drafted.append(1) or len(drafted) < limit)
-    ctx = SimpleNamespace(logits_processor=LogitsProcessorList([Fill(float("-inf")), sampler]))
+    ctx = Call(None, None, LogitsProcessorList([Fill(float("-inf")), sampler]))  # its sampler: the list's last
     tree = draft_chain(plan, ctx, torch.tensor([PROMPT]), torch.randn(16), 3, step=lambda token: torch.randn(16))
     assert tree.size == 0
 

@@ -32,7 +32,7 @@ from hf_speculative.drafters.registry import example
 from hf_speculative.hf import spec
 from hf_speculative.registry import models
 from tests.conftest import build_model, char_tokenizer, prompt_inputs, random_eagle, random_exit_adapter, stock_generate
-from tests.security.test_hostile_folder import Case, World, model_cache_at, run
+from tests.security.test_hostile_folder import Case, World, model_cache_at, run, save_medusa_heads
 
 CASES: list[Case] = []
 
@@ -77,7 +77,7 @@ class Folders(World):
                 strategy.network.set_draft_vocab(torch.arange(0, self.target.config.vocab_size, 2))
                 strategy.save_pretrained_network(saved)
             elif kind == "medusa":
-                example("medusa-tree", self.target).save_pretrained_heads(saved)
+                save_medusa_heads(example("medusa-tree", self.target), saved)
             elif kind == "safeailab3":
                 eagle_checkpoints.export(random_eagle(self.target), saved, "safeailab",
                                          target_config=self.target.config)

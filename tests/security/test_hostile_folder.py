@@ -112,7 +112,7 @@ class World:
             for method, label in (("medusa", "medusa-tree"), ("dflash", "dflash"),
                                   ("early-exit-adapter", "early-exit-adapter")):
                 self.specs[method] = spec.save_strategy(example(label, self.target), full)
-            example("medusa-tree", self.target).save_pretrained_heads(full / "medusa")  # with its tree.json
+            save_medusa_heads(example("medusa-tree", self.target), full / "medusa")  # with its tree.json
             self.specs["medusa"].pop("sha256")  # (its digests are of the files before tree.json was written)
             sibling_model(self.target).save_pretrained(full / "draft-model")
             char_tokenizer().save_pretrained(full / "draft-model")
@@ -155,6 +155,16 @@ class World:
         """The saved EAGLE spec with ``edits`` (``sha256=None`` drops the digests)."""
         out = {**self.eagle_spec, **edits}
         return {k: v for k, v in out.items() if v is not None}
+
+
+def save_medusa_heads(strategy: Any, folder: Path) -> None:
+    """``strategy``'s Medusa heads in hf_speculative's format, and its tree as the ``tree.json`` that train-medusa
+    writes beside them (``Medusa.from_pretrained(folder, tree="calibrated")`` reads it)."""
+    from hf_speculative.drafters.medusa import checkpoints as medusa_checkpoints
+    from hf_speculative.drafters.medusa.drafter import TREE_FILE
+
+    medusa_checkpoints.save_pretrained(strategy.heads, folder)
+    strategy.tree.save(folder / TREE_FILE)
 
 
 def enabling(folder: Path) -> Callable[[], Any]:

@@ -15,7 +15,7 @@ NEEDS_EARLY_EXIT = pytest.mark.skipif(
     not hasattr(transformers.GenerationConfig(), "assistant_early_exit"),
     reason="transformers' assistant_early_exit arrived in 4.47",
 )
-BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "eagle+lookup", "eagle-tree", "eagle+lookup-tree", "early-exit", "early-exit-adapter", "layer-skip",
+BUILTIN = ["greedy", "prompt-lookup", "draft-model", "eagle", "hybrid", "eagle-tree", "hybrid-tree", "early-exit", "early-exit-adapter", "layer-skip",
            "hf-prompt-lookup", "hf-assisted", "hf-early-exit"]
 # A prompt that repeats itself, so that prompt lookup finds n-grams to draft from.
 PROMPT = torch.tensor([[1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]])
@@ -58,9 +58,9 @@ def test_builtin_methods_are_registered_in_order():
         "prompt-lookup": "hfs",
         "draft-model": "hfs",
         "eagle": "hfs",
-        "eagle+lookup": "hfs",
+        "hybrid": "hfs",
         "eagle-tree": "hfs",
-        "eagle+lookup-tree": "hfs",
+        "hybrid-tree": "hfs",
         "early-exit": "hfs",
         "early-exit-adapter": "hfs",
         "layer-skip": "hfs",
@@ -190,16 +190,16 @@ def test_eagle_lookup_method(target, tmp_path):
     from tests.conftest import random_eagle
 
     with pytest.raises(ValueError, match="--eagle PATH"):
-        run_method("eagle+lookup", target, None, PROMPT, max_new_tokens=8)
+        run_method("hybrid", target, None, PROMPT, max_new_tokens=8)
     checkpoints.save_pretrained(random_eagle(target), tmp_path / "eagle")
     greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
     options = {"eagle": str(tmp_path / "eagle"), "num_tokens": 3, "max_ngram": 2}
-    run = run_method("eagle+lookup", target, None, PROMPT, options=options, max_new_tokens=24)
-    again = run_method("eagle+lookup", target, None, PROMPT, options=options, max_new_tokens=24)
+    run = run_method("hybrid", target, None, PROMPT, options=options, max_new_tokens=24)
+    again = run_method("hybrid", target, None, PROMPT, options=options, max_new_tokens=24)
     assert run.output_ids == again.output_ids == greedy.output_ids
     assert set(run.extra["hybrid"]) == {"prompt-lookup", "eagle"}
     assert len(options["_eagle_strategies"]) == 1  # the drafter is loaded once for all calls
-    strategy = get_method("eagle+lookup").build(target, None, options)["candidate_generator"]
+    strategy = get_method("hybrid").build(target, None, options)["candidate_generator"]
     lookup, eagle = strategy.strategies
     assert (lookup.max_ngram, eagle.num_tokens) == (2, 3)
 
@@ -210,19 +210,19 @@ def test_tree_methods_run_in_our_loop_and_equal_greedy(target, tmp_path, monkeyp
     from tests.conftest import random_eagle
 
     runs = []
-    monkeypatch.setattr("hf_speculative.hf.loop_entry.run", lambda *a, **k: runs.append(1) or loop.run(*a, **k))
+    monkeypatch.setattr("hf_speculative.core.entry.ladder", lambda *a, **k: runs.append(1) or loop.ladder(*a, **k))
     checkpoints.save_pretrained(random_eagle(target), tmp_path / "eagle")
     greedy = run_method("greedy", target, None, PROMPT, max_new_tokens=24)
     options = {"eagle": str(tmp_path / "eagle"), "tree_nodes": 8, "max_ngram": 2}
-    for name in ("eagle-tree", "eagle+lookup-tree"):
+    for name in ("eagle-tree", "hybrid-tree"):
         run = run_method(name, target, None, PROMPT, options=options, max_new_tokens=24)
         assert run.output_ids == greedy.output_ids, name
     assert len(runs) == 2 and len(options["_eagle_tree_strategies"]) == 1  # one drafter load for both methods
     tree = get_method("eagle-tree").build(target, None, options)["candidate_generator"]
     assert (tree.tree.nodes, tree.tree.depth, tree.tree.top_k) == (8, 3, 8) and tree.adaptive
-    lookup, eagle = get_method("eagle+lookup-tree").build(target, None, options)["candidate_generator"].strategies
+    lookup, eagle = get_method("hybrid-tree").build(target, None, options)["candidate_generator"].strategies
     assert lookup.tree.nodes == eagle.tree.nodes == 8 and lookup.max_ngram == 2
-    fixed = get_method("eagle+lookup-tree").build(target, None, {**options, "adaptive": False})["candidate_generator"]
+    fixed = get_method("hybrid-tree").build(target, None, {**options, "adaptive": False})["candidate_generator"]
     assert not any(member.adaptive for member in fixed.strategies) and tree.adaptive
     with pytest.raises(ValueError, match="tree_nodes"):
         get_method("eagle-tree").build(target, None, {**options, "tree_nodes": 65})

@@ -201,7 +201,7 @@ def test_saved_inflated_folders_load_as_the_same_model_and_drafters(tmp_path, re
         folder = save_strategy(inflate_strategy(strategies[name], big, TINY, "tiny"), tmp_path / name, shape=TINY,
                                small_name="tiny")
         assert json.loads((folder / "inflated.json").read_text())["label"] == COST_MODEL
-        network = cls.live_fields[0]  # the loaded network with the small strategy's options
+        network = cls.declaration.live_fields[0]  # the loaded network with the small strategy's options
         reloaded = dataclasses.replace(strategies[name], **{
             network: getattr(cls.from_pretrained(folder, target=loaded), network)})
         small_drafts, big_drafts = recorded(strategies[name]), recorded(reloaded)

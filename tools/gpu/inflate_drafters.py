@@ -179,8 +179,13 @@ def save_strategy(strategy: Any, folder: Path, dtype: torch.dtype | None = None,
         save_pretrained(network, folder)
     elif isinstance(strategy, hfs.DFlash):
         strategy.save_pretrained_network(folder)
-    else:
-        strategy.save_pretrained_heads(folder)
+    else:  # Medusa: its heads, and its tree where it drafts one (from_pretrained(tree="calibrated") reads tree.json)
+        from hf_speculative.drafters.medusa import checkpoints as medusa_checkpoints
+        from hf_speculative.drafters.medusa.drafter import TREE_FILE
+
+        medusa_checkpoints.save_pretrained(network, folder)
+        if strategy.tree is not None:
+            strategy.tree.save(Path(folder) / TREE_FILE)
     note = marker(small_name, shape) if shape is not None else {"label": COST_MODEL}
     (Path(folder) / "inflated.json").write_text(json.dumps(note, indent=1) + "\n")
     return Path(folder)

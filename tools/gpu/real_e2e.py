@@ -68,7 +68,8 @@ def _call(model: torch.nn.Module, strategy: Any, compile: Any, base: dict,
     on the static cache uncompiled (the CPU dry run of the inflated step), ``False`` on the dynamic cache."""
     import hf_speculative as hfs
 
-    from hf_speculative.compat import cache_kwarg, new_static_cache
+    from hf_speculative.compat import cache_kwarg
+    from hf_speculative.core.kv_cache import new_static_cache
     from hf_speculative.hf.checks import draft_budget
 
     if strategy is None:

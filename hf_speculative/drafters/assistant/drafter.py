@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from ... import compat
-from ...core.accept import draft_chain
+from ...core.chain_drafting import draft_chain
 from ...core.budget import Plan
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import FeatureTap
@@ -36,12 +36,15 @@ from ...core.call import CallContext
 from ..strategy import DraftStrategy
 from ..generator import TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
-from .pairing import check_pair, shared_kv, sliding_reach
+from .pairing import check_pair, gemma4_assistant_classes, shared_kv, sliding_reach
 
 
 @dataclasses.dataclass(eq=False)
 class Assistant(CheckedOnAssignment, DraftStrategy, method="gemma4-assistant",
-                capabilities=Capabilities(trees=True, reads_target="features", static_cache=False)):
+                capabilities=Capabilities(trees=True, reads_target="features", static_cache=False),
+                examples=("gemma4-assistant", "gemma4-assistant-tree"), live_fields=("assistant",),
+                # a spec names the assistant (its folder inside the model's); one loaded from elsewhere is saved there
+                files=SpecFiles(network="model", subfolder="assistant")):
     """Draft with a Gemma-4 assistant on its Gemma-4 target's hidden state and shared K/V.
 
     Args:
@@ -65,13 +68,9 @@ class Assistant(CheckedOnAssignment, DraftStrategy, method="gemma4-assistant",
     adaptive: bool = True
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
-    examples: ClassVar[tuple[str, ...]] = ("gemma4-assistant", "gemma4-assistant-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("assistant",)
-    # a spec names the assistant (its folder inside the model's); one loaded from elsewhere is saved there first
-    spec_files: ClassVar[SpecFiles] = SpecFiles(network="model", subfolder="assistant")
 
     def __post_init__(self):
-        classes = compat.gemma4_assistant_classes()  # an ImportError naming the transformers version needed
+        classes = gemma4_assistant_classes()  # an ImportError naming the transformers version needed
         if not isinstance(self.assistant, classes):
             raise TypeError(f"Assistant(assistant=...) needs a {' or a '.join(c.__name__ for c in classes)} (load one "
                             f"with hfs.Assistant.from_pretrained(path, target=model)), got "
@@ -92,7 +91,7 @@ class Assistant(CheckedOnAssignment, DraftStrategy, method="gemma4-assistant",
             target (`PreTrainedModel`, *optional*): the Gemma-4 model it drafts for.
             **options: ``num_tokens``, ``confidence_threshold``, ``adaptive``, ``draft_cost``, ``tree``.
         """
-        compat.gemma4_assistant_classes()
+        gemma4_assistant_classes()
         from transformers import AutoModelForCausalLM
 
         if os.path.isdir(path):  # a folder: its files checked before transformers opens them (a link out, a FIFO)

@@ -15,8 +15,26 @@ from typing import Any
 import torch
 
 from ... import compat
+from ...core import kv_cache
 
 KINDS = ("full_attention", "sliding_attention")  # the assistant's masks read both (create_attention_masks)
+GEMMA4_ASSISTANT_VERSION = "5.24"  # transformers' first version with Gemma4AssistantForCausalLM used here
+
+
+def gemma4_assistant_classes() -> tuple[type, ...]:
+    """transformers' Gemma-4 assistant classes (``Gemma4AssistantForCausalLM``, and
+    ``Gemma4UnifiedAssistantForCausalLM`` where it exists); an ``ImportError`` naming the version needed on a transformers without them (4.x)."""
+    try:
+        from transformers import Gemma4AssistantForCausalLM
+    except ImportError:
+        raise ImportError(
+            f"Gemma-4 assistants need transformers' Gemma4AssistantForCausalLM, which transformers "
+            f"{compat.TRANSFORMERS_VERSION} lacks: pip install \"transformers>={GEMMA4_ASSISTANT_VERSION}\".") from None
+    try:
+        from transformers import Gemma4UnifiedAssistantForCausalLM
+    except ImportError:
+        return (Gemma4AssistantForCausalLM,)
+    return (Gemma4AssistantForCausalLM, Gemma4UnifiedAssistantForCausalLM)
 
 
 class AssistantMismatch(ValueError):
@@ -100,7 +118,7 @@ def shared_kv(cache: Any, store: dict[str, int], length: int, reach: int | None)
     from its cache (the sliding kind's newest ``reach`` only); ``None`` when the cache does not hold exactly that
     prefix (a forward not seen): the drafter then drafts nothing."""
     layers = getattr(cache, "layers", None)
-    if layers is None or compat.cache_length(cache) != length or length == 0:
+    if layers is None or kv_cache.cache_length(cache) != length or length == 0:
         return None
     out = {}
     for kind, index in store.items():

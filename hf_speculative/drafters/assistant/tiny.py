@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ... import compat
+from .pairing import gemma4_assistant_classes, store_layers
 
 
 def tiny_target(seed: int = 3, *, vocab_size: int = 96, hidden_size: int = 32, layers: int = 4, shared: int = 0,
@@ -18,7 +19,7 @@ def tiny_target(seed: int = 3, *, vocab_size: int = 96, hidden_size: int = 32, l
     """A random ``Gemma4ForCausalLM`` in eval mode, seeded with ``seed``: ``layers`` alternating sliding / full
     layers (the last one full), the last ``shared`` of them reusing the K/V of the ones before (as the published
     models do), no per-layer inputs. ``overrides``: further ``Gemma4TextConfig`` fields."""
-    compat.gemma4_assistant_classes()  # an ImportError naming the transformers version needed
+    gemma4_assistant_classes()  # an ImportError naming the transformers version needed
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
@@ -37,10 +38,8 @@ def tiny_assistant(target: torch.nn.Module, seed: int = 7, *, hidden_size: int =
     """A random ``Gemma4AssistantForCausalLM`` for the Gemma-4 ``target``, seeded with ``seed``, in its dtype and on
     its device; ``num_tokens``: its ``generation_config.num_assistant_tokens`` (what transformers' own loop drafts).
     A ``ValueError`` when ``target`` is no Gemma-4 model."""
-    (cls, *_) = compat.gemma4_assistant_classes()
+    (cls, *_) = gemma4_assistant_classes()
     from transformers import Gemma4AssistantConfig, Gemma4TextConfig
-
-    from .pairing import store_layers
 
     store = store_layers(target)
     config = compat.text_config(target.config)

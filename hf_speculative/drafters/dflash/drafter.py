@@ -18,13 +18,13 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ... import compat
-from ...core.accept import draft_chain
+from ...core.chain_drafting import draft_chain
 from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
@@ -58,7 +58,10 @@ def _checkpoints() -> Any:
 
 @dataclasses.dataclass(eq=False)
 class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
-             capabilities=Capabilities(trees=True, batch=True, reads_target="features")):
+             capabilities=Capabilities(trees=True, batch=True, reads_target="features"),
+             examples=("dflash", "dflash-tree"), live_fields=("network",),
+             files=SpecFiles(network="checkpoint", subfolder="dflash", checkpoints=_checkpoints,
+                             shipped_dir=PRETRAINED_DIR)):
     """Draft blocks with a DFlash network that reads the target's hidden states.
 
     Args:
@@ -80,10 +83,6 @@ class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
     adaptive: bool = True
     draft_cost: float | None = None
     tree: StaticTree | DynamicTree | None = None
-    examples: ClassVar[tuple[str, ...]] = ("dflash", "dflash-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("network",)
-    spec_files: ClassVar[SpecFiles] = SpecFiles(network="checkpoint", subfolder="dflash", checkpoints=_checkpoints,
-                                                shipped_dir=PRETRAINED_DIR)
 
     def __post_init__(self):
         if not isinstance(self.network, DFlashDraftModel):

@@ -9,12 +9,13 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from ... import compat
-from ...core.accept import draft_chain
+from ...core import kv_cache
+from ...core.chain_drafting import draft_chain
 from ...cpu.kernel import WEIGHTS
 from ...cpu.layout import follow_layout
 from ...core.draft_guide import DraftGuide
@@ -38,7 +39,14 @@ from ...core.policy import check_chain_options
 
 @dataclasses.dataclass(eq=False)
 class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
-                 capabilities=Capabilities(trees=True, batch=True)):
+                 capabilities=Capabilities(trees=True, batch=True),
+                 examples=("draft-model", "draft-model-copy", "draft-model-tree"),
+                 live_fields=("model", "tokenizer", "target_tokenizer"),
+                 # a spec names the draft model (its registry name, or its folder inside the model's); one loaded
+                 # from elsewhere is saved beside the model first, into draft-model/
+                 files=SpecFiles(network="model", subfolder="draft-model"),
+                 # recorded by a spec beyond the fields: both tokenizers are kept with the model (saved_tokenizers.py)
+                 spec_only_options={SPEC_OPTION: False}):
     """Draft with a smaller model that shares the target's tokenizer.
 
     The drafter keeps its own KV cache for the whole call and rolls it back to the verified
@@ -92,13 +100,6 @@ class DraftModel(CheckedOnAssignment, DraftStrategy, method="draft-model",
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
     kernel_weights: str = "exact"
-    examples: ClassVar[tuple[str, ...]] = ("draft-model", "draft-model-copy", "draft-model-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "target_tokenizer")
-    # a spec names the draft model (its registry name, or its folder inside the model's); one loaded from elsewhere
-    # is saved beside the model first, into draft-model/
-    spec_files: ClassVar[SpecFiles] = SpecFiles(network="model", subfolder="draft-model")
-    # recorded by a spec beyond the fields: both tokenizers are kept with the model (saved_tokenizers.py)
-    spec_only_options: ClassVar[dict[str, Any]] = {SPEC_OPTION: False}
 
     def __post_init__(self):
         if not hasattr(self.model, "config") or not callable(self.model):
@@ -205,7 +206,7 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         super().__init__(ctx)
         self.config = config
         self.drafter = config.model
-        self.cache = compat.new_dynamic_cache()
+        self.cache = kv_cache.new_dynamic_cache()
         self.fed: list[int] = []  # tokens whose keys/values are in self.cache
         self._synced = 0  # self.fed[:_synced] is known to equal the verified sequence
         self._keep_last = compat.logits_to_keep_kwargs(self.drafter, 1)
@@ -344,15 +345,16 @@ def _local_tokenizer(model: torch.nn.Module) -> Any:
         return None
 
 
-def check_same_vocabulary(target, drafter, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Raise ``ValueError`` unless the two models share a vocabulary (token id -> text).
+def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise ``ValueError`` unless the two models, ``target`` and the ``draft`` model, share a vocabulary (token id ->
+    text).
 
     lm_heads padded beyond the tokenizer (Qwen's 151936 rows) are fine: ids the tokenizer never
     produces cannot be drafted against the target's will.
     """
     target_tokenizer = target_tokenizer or _local_tokenizer(target)
-    draft_tokenizer = draft_tokenizer or _local_tokenizer(drafter)
-    names = f"target {getattr(target, 'name_or_path', type(target).__name__)!r} and drafter {getattr(drafter, 'name_or_path', type(drafter).__name__)!r}"
+    draft_tokenizer = draft_tokenizer or _local_tokenizer(draft)
+    names = f"target {getattr(target, 'name_or_path', type(target).__name__)!r} and drafter {getattr(draft, 'name_or_path', type(draft).__name__)!r}"
     if target_tokenizer is not None and draft_tokenizer is not None:
         target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
         mismatched = [tok for tok, i in draft_vocab.items() if target_vocab.get(tok, i) != i]
@@ -364,7 +366,7 @@ def check_same_vocabulary(target, drafter, target_tokenizer=None, draft_tokenize
                 "DraftModel(draft, tokenizer=draft_tok, target_tokenizer=target_tok)."
             )
         return
-    target_size, draft_size = _vocab_size(target), _vocab_size(drafter)
+    target_size, draft_size = _vocab_size(target), _vocab_size(draft)
     if target_size != draft_size:
         raise ValueError(
             f"The vocabularies of the {names} differ in size ({target_size} vs {draft_size}): pass both "
@@ -372,7 +374,7 @@ def check_same_vocabulary(target, drafter, target_tokenizer=None, draft_tokenize
             "tokenizers (or, if they are one tokenizer and an lm_head is padded, for a full check)."
         )
     for field in ("eos_token_id", "bos_token_id"):
-        a, b = getattr(target.generation_config, field, None), getattr(drafter.generation_config, field, None)
+        a, b = getattr(target.generation_config, field, None), getattr(draft.generation_config, field, None)
         if a is not None and b is not None and a != b:
             raise ValueError(
                 f"The {names} disagree on {field} ({a} vs {b}); they do not share a tokenizer."

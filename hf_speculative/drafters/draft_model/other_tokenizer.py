@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ... import compat
+from ...core import kv_cache
 from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price
 from ...core.tree import DraftTree
@@ -139,7 +140,7 @@ class OtherTokenizerCandidateGenerator(SpeculativeCandidateGenerator):
     def __init__(self, ctx: CallContext, config: Any, bridge: TokenizerBridge):
         super().__init__(ctx)
         self.config, self.bridge, self.drafter = config, bridge, config.model
-        self.cache = compat.new_dynamic_cache()
+        self.cache = kv_cache.new_dynamic_cache()
         self.fed: list[int] = []  # drafter tokens whose keys/values are in self.cache
         self.draft_ids: list[int] = list(bridge.draft_start)  # the drafter's spelling of the verified text
         self.anchor = (0, len(self.draft_ids))  # (target position, drafter position) where both split the text

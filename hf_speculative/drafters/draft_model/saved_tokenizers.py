@@ -25,6 +25,7 @@ from typing import Any
 
 from ...options import escaped
 from ...registry import integrity
+from ...registry.spec_bounds import SpecError
 
 SPEC_OPTION = "across_tokenizers"  # the spec's option saying that both tokenizers are kept with the model
 CONFIG = "tokenizer_config.json"
@@ -37,9 +38,7 @@ MAX_TOKENIZER_BYTES = 128 << 20  # all of a tokenizer's files
 
 
 def _error(message: str) -> Exception:
-    from ...hf.spec import SpecError  # (hf/spec.py imports the drafters' registry, not this module)
-
-    return SpecError(message)
+    return SpecError(message)  # as every other file a spec reads fails
 
 
 def has_tokenizer(folder: Path) -> bool:

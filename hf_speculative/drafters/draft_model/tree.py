@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from ... import compat
+from ...core import kv_cache
 from ...core.tree import ROOT, DraftTree, position_ids
 from ...core.verify import tree_masks
 
@@ -23,11 +24,11 @@ from ...core.verify import tree_masks
 def model_tree_expander(model: torch.nn.Module, cache: Any, logits_of: Callable[[torch.Tensor], torch.Tensor]):
     """An ``expand(frontier, tokens, parents) -> [k, V] logits`` over ``model``'s ``cache``.
 
-    ``cache`` holds the verified sequence, the root last (``compat.cache_length(cache)`` tokens); ``logits_of``
+    ``cache`` holds the verified sequence, the root last (``kv_cache.cache_length(cache)`` tokens); ``logits_of``
     maps the drafter's logits ``[k, V_draft]`` to the target's vocabulary ``[k, V]``. Returns the expander and a
     ``crop()`` that drops what the expansions wrote.
     """
-    prefix_length = compat.cache_length(cache) - 1  # tokens before the root
+    prefix_length = kv_cache.cache_length(cache) - 1  # tokens before the root
     fed_tokens: list[int] = []
     fed_parents: list[int] = []  # index into the fed nodes, ROOT for the root's children
     fed_index: dict[int, int] = {}  # the grower's node index -> its index among the fed nodes

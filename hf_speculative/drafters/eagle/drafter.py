@@ -13,11 +13,11 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from ...core.accept import draft_chain
+from ...core.chain_drafting import draft_chain
 from ...core.draft_guide import DraftGuide
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
@@ -54,7 +54,10 @@ def _checkpoints() -> Any:
 
 @dataclasses.dataclass(eq=False)
 class Eagle(CheckedOnAssignment, DraftStrategy, method="eagle",
-            capabilities=Capabilities(trees=True, batch=True, reads_target="features")):
+            capabilities=Capabilities(trees=True, batch=True, reads_target="features"),
+            examples=("eagle1", "eagle3", "eagle-tree"), live_fields=("drafter",),
+            files=SpecFiles(network="checkpoint", subfolder="eagle", checkpoints=_checkpoints,
+                            shipped_dir=PRETRAINED_DIR)):
     """Draft with an EAGLE network that reads the target's own hidden states.
 
     Args:
@@ -79,10 +82,6 @@ class Eagle(CheckedOnAssignment, DraftStrategy, method="eagle",
     adaptive: bool = True
     draft_cost: float | None = None
     tree: DynamicTree | StaticTree | None = None
-    examples: ClassVar[tuple[str, ...]] = ("eagle1", "eagle3", "eagle-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("drafter",)
-    spec_files: ClassVar[SpecFiles] = SpecFiles(network="checkpoint", subfolder="eagle", checkpoints=_checkpoints,
-                                                shipped_dir=PRETRAINED_DIR)
 
     def __post_init__(self):
         if not isinstance(self.drafter, EagleDraftModel):
@@ -135,7 +134,7 @@ class Eagle(CheckedOnAssignment, DraftStrategy, method="eagle",
     def open(self, ctx: CallContext) -> "EagleCandidateGenerator":
         return EagleCandidateGenerator(ctx, self)
 
-    # -- its spec (hf/spec.py) and its examples ----------------------------------------------------------
+    # -- its spec (spec_writer.py, hf/spec.py) and its examples ----------------------------------------------------------
     def spec_network(self) -> EagleDraftModel:
         return self.drafter
 

@@ -21,6 +21,7 @@ vocabulary width. Outputs are copied before use: a CUDA graph's outputs are over
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import torch
@@ -33,6 +34,19 @@ from .model import EagleDraftModel
 from .tree_drafting import Branches
 
 CAPACITY_STEP = 256  # like the target's static cache: calls of similar lengths share one cache and one graph
+
+
+@dataclasses.dataclass(eq=False)
+class SharedDraftGraph:
+    """The fixed-shape drafting step that compiled calls on a target share, in the target's state
+    (``state_of(target).drafter_state(SharedDraftGraph)``; ``hfs.forget(target)`` drops it).
+
+    Attributes:
+        held (`tuple`, *optional*): ``((drafter, capacity, mode, vocab), (DraftStep, compiled step), Lock)``, the
+            lock held by the call drafting on it (``core.state.borrow``).
+    """
+
+    held: Any = None
 
 
 class _Slots:
@@ -207,7 +221,7 @@ def open_static(target: nn.Module, net: EagleDraftModel, mode: str, *, target_id
         return step, compile_step(step, mode) if shared else step
 
     _, (step, run), release = borrow(
-        target, "draft_graph", (net, capacity, mode, vocab_size), make=make,
+        target, "held", (net, capacity, mode, vocab_size), make=make, kind=SharedDraftGraph,
         fits=lambda held: held[0] is net and held[2:] == (mode, vocab_size) and held[1] >= capacity)
     return StaticDrafting(step, run, catch_width, width, release)
 

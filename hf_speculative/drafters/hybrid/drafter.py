@@ -18,7 +18,7 @@ tree with one branch), and the first non-empty draft is verified.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -34,7 +34,8 @@ from ...core.tree_shapes import DynamicTree
 
 
 @dataclasses.dataclass(eq=False, init=False)
-class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=Capabilities(trees=True)):
+class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=Capabilities(trees=True),
+             examples=("hybrid", "hybrid-tree"), live_fields=("strategies",), holds_members=True):
     """Draft with the first of ``strategies`` that proposes something at each step.
 
     Put the cheap ones first: a member is asked only when all members before it drafted nothing,
@@ -46,16 +47,13 @@ class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=C
             ``hfs.Hybrid(hfs.PromptLookup(), hfs.Eagle.from_pretrained(name, target=model))``.
     """
 
-    strategies: tuple[DraftStrategy, ...]
-    examples: ClassVar[tuple[str, ...]] = ("hybrid", "hybrid-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("strategies",)
-    holds_members: ClassVar[bool] = True  # its spec lists its members' specs
+    strategies: tuple[DraftStrategy, ...]  # its spec lists their specs (holds_members)
 
     @property
     def tree(self):
         """The first member's draft tree shape (``tree=``), or ``None`` when every member drafts chains: with one,
         the call runs in hf_speculative's own loop (``hf.checks.drafts_trees``)."""
-        return next((s.tree for s in self.strategies if getattr(s, "tree", None) is not None), None)
+        return next((s.tree for s in self.strategies if capabilities_of(s).trees), None)
 
     def __init__(self, *strategies: DraftStrategy):
         self.strategies = tuple(strategies)
@@ -116,7 +114,7 @@ class Hybrid(CheckedOnAssignment, DraftStrategy, method="hybrid", capabilities=C
         ``"hybrid"`` chains, ``"hybrid-tree"`` trees (the lookup's 2 wide)."""
         lookup = dict(min_ngram=3, max_ngram=3)
         if example_label(cls, label) == "hybrid-tree":
-            members = (example("lookup-tree", target, tree=DynamicTree(nodes=6, depth=4, top_k=2), **lookup),
+            members = (example("prompt-lookup-tree", target, tree=DynamicTree(nodes=6, depth=4, top_k=2), **lookup),
                        example("eagle-tree", target))
         else:
             members = (example("prompt-lookup-fixed", target, num_tokens=4, **lookup), example("eagle3", target))

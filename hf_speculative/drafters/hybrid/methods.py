@@ -1,6 +1,8 @@
 """The hybrids' methods of the command line, the benchmark and the app: prompt lookup, then EAGLE.
 
-How ``METHODS`` and its builds are read and called: :mod:`hf_speculative.tooling.methods`.
+``hybrid`` is the spec's method and the test matrix's example of the same drafter; until issue 68 it was called
+``eagle+lookup`` here, a name still taken (``aliases``). How ``METHODS`` and its builds are read and called:
+:mod:`hf_speculative.tooling.methods`.
 """
 
 from __future__ import annotations
@@ -8,19 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 METHODS = [
-    {"name": "eagle+lookup", "order": 40, "label": "EAGLE + lookup (hfs)",
+    {"name": "hybrid", "aliases": ["eagle+lookup"], "order": 40, "label": "EAGLE + lookup (hfs)",
      "description": "hf_speculative's hybrid: prompt lookup when an n-gram match pays, else the EAGLE drafter "
                     "(hfs.Hybrid).",
-     "options": {"eagle": None, "num_tokens": None, "max_ngram": None}, "build": "build_eagle_lookup"},
-    {"name": "eagle+lookup-tree", "order": 60, "label": "EAGLE + lookup trees (hfs)",
+     "options": {"eagle": None, "num_tokens": None, "max_ngram": None}, "build": "build_hybrid"},
+    {"name": "hybrid-tree", "aliases": ["eagle+lookup-tree"], "order": 60, "label": "EAGLE + lookup trees (hfs)",
      "description": "hf_speculative's hybrid with trees: a tree of several prompt-lookup matches when one pays, else an "
                     "EAGLE dynamic tree (hfs.Hybrid with tree= members, hf_speculative's own loop).",
      "options": {"eagle": None, "num_tokens": None, "max_ngram": None, "tree_nodes": 32, "adaptive": True},
-     "build": "build_eagle_lookup_tree"},
+     "build": "build_hybrid_tree"},
 ]
 
 
-def build_eagle_lookup(model: Any, tokenizer: Any, call: Any) -> dict:
+def build_hybrid(model: Any, tokenizer: Any, call: Any) -> dict:
     from .drafter import Hybrid
 
     eagle = call.build("eagle")["candidate_generator"]  # --eagle, --num-tokens (loaded once: cached in the options)
@@ -28,7 +30,7 @@ def build_eagle_lookup(model: Any, tokenizer: Any, call: Any) -> dict:
     return {"candidate_generator": Hybrid(lookup, eagle)}
 
 
-def build_eagle_lookup_tree(model: Any, tokenizer: Any, call: Any) -> dict:
+def build_hybrid_tree(model: Any, tokenizer: Any, call: Any) -> dict:
     """The hybrid of lookup trees (several n-gram matches) and EAGLE trees, in hf_speculative's own loop."""
     from .drafter import Hybrid
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import OrderedDict
-from typing import ClassVar
 
 import torch
 
@@ -86,7 +85,8 @@ class NgramPool:
 
 
 @dataclasses.dataclass
-class Lookahead(CheckedOnAssignment, DraftStrategy, method="lookahead", capabilities=Capabilities(trees=True)):
+class Lookahead(CheckedOnAssignment, DraftStrategy, method="lookahead", capabilities=Capabilities(trees=True),
+                examples=("lookahead",)):
     """Lookahead decoding: a Jacobi window and an n-gram pool verified in one tree per target forward.
 
     Runs in hf_speculative's own tree loop (greedy or seeded sampling, lossless either way).
@@ -111,7 +111,6 @@ class Lookahead(CheckedOnAssignment, DraftStrategy, method="lookahead", capabili
     pool_size: int = 4096
     text_ngrams: bool = True
     adaptive: bool = True
-    examples: ClassVar[tuple[str, ...]] = ("lookahead",)
 
     def __post_init__(self):
         owner = "Lookahead"

@@ -8,7 +8,7 @@ own processors and sampler, as ``core.accept.draft_chain`` chooses them. Each ro
 own plan (the loop's sizing rules: how much of it pays), so acceptance stays ragged, row by row.
 
 How rows find their group: the loop opens them one after another on one thread, before its first forward, with one
-generation config and one list of stopping criteria for the whole call (``run_batch``); rows opened so join the group
+generation config and one list of stopping criteria for the whole call (the batch entry, core/entry.py); rows opened so join the group
 that is still assembling (:func:`join`). The registry of groups holds them weakly and only while they assemble or
 draft: no call's state outlives it.
 
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from ... import compat
+from ...core import sdpa
 from ...core.call import CallContext
 from ...core.policy import AcceptanceEstimate
-from ...core.sampling import split_sampler
 from ...core.tree import DraftTree, Verdict
 from .choosing import Choice, choose
 from .costs import StepCosts
@@ -68,7 +68,7 @@ class RowState:
     sampler: Any = None
 
     def __post_init__(self):
-        self.processors, self.sampler = split_sampler(self.ctx.logits_processor)
+        self.processors, self.sampler = self.ctx.processors, self.ctx.sampler
 
 
 class DraftGroup:
@@ -282,7 +282,7 @@ class DraftGroup:
         compressed caches and the tokens drafted so far (``mask`` ``[R, 1, 1, K]``); the last logits ``[R, V]``.
         ``forward`` itself, not the module: no hook of the target counts it as a verifying forward (kv_tap.py)."""
         # the forward has a mask: without the switch, CPU SDPA would copy the keys and values of a GQA model per head
-        with compat.grouped_query_sdpa(self.target, max(2, tokens.numel())):
+        with sdpa.grouped_query_sdpa(self.target, max(2, tokens.numel())):
             out = self.target.forward(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
                                       **{compat.cache_kwarg(): cache}, **compat.logits_to_keep_kwargs(self.target, 1))
         return out.logits[:, -1].float()

@@ -13,11 +13,12 @@ this call's measured full steps and draft steps.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from ... import compat, options
+from ...core import sdpa
 from ...core.policy import check_chain_options
 from ...options import CheckedOnAssignment
 from ...core.call import CallContext
@@ -27,12 +28,12 @@ from ..registry import Capabilities, ExampleNotApplicable
 MAX_WINDOW = 1 << 17  # ``window``: positions kept per row (the cache is bounded by it: 131072)
 MAX_SINKS = 1024  # ``sinks``: first positions kept per row
 # attention implementations that take the 4-D mask a compressed cache needs (core.verify.TREE_ATTENTION's)
-_MASKED_ATTENTION = ("eager", *compat.SDPA_NAMES)
+_MASKED_ATTENTION = ("eager", *sdpa.SDPA_NAMES)
 
 
 @dataclasses.dataclass(eq=False)
 class MagicDec(CheckedOnAssignment, DraftStrategy, method="magicdec",
-               capabilities=Capabilities(batch=True, reads_target="cache")):
+               capabilities=Capabilities(batch=True, reads_target="cache"), examples=("magicdec",)):
     """Draft with the target itself over a compressed KV cache: attention sinks and a recent window.
 
     Args:
@@ -56,7 +57,6 @@ class MagicDec(CheckedOnAssignment, DraftStrategy, method="magicdec",
     confidence_threshold: float = 0.1
     adaptive: bool = True
     draft_cost: float | None = None
-    examples: ClassVar[tuple[str, ...]] = ("magicdec",)
 
     def __post_init__(self):
         self.window = options.check_int("MagicDec", "window", self.window, 1, MAX_WINDOW)

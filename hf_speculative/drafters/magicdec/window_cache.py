@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ... import compat
+from ...core import kv_cache
 
 
 class WindowCache:
@@ -138,7 +138,7 @@ class WindowCache:
         stores), and which of its slots hold a token, ``[R', C]`` bool."""
         from ...core.kv_room import make_room
 
-        cache = compat.new_dynamic_cache()
+        cache = kv_cache.new_dynamic_cache()
         every = rows.numel() == self.rows and bool((rows == torch.arange(self.rows, device=rows.device)).all())
         for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
             if not every:

@@ -13,11 +13,11 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from ...core.accept import draft_chain
+from ...core.chain_drafting import draft_chain
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
 from ..generator import SpeculativeCandidateGenerator
@@ -53,7 +53,9 @@ def _checkpoints() -> Any:
 
 @dataclasses.dataclass(eq=False)
 class Medusa(CheckedOnAssignment, DraftStrategy, method="medusa",
-             capabilities=Capabilities(trees=True, reads_target="features")):
+             capabilities=Capabilities(trees=True, reads_target="features"), examples=("medusa", "medusa-tree"),
+             live_fields=("heads",), files=SpecFiles(network="checkpoint", subfolder="medusa", checkpoints=_checkpoints,
+                                                     shipped_dir=PRETRAINED_DIR)):
     """Draft with Medusa heads on the target's last hidden state.
 
     Args:
@@ -77,10 +79,6 @@ class Medusa(CheckedOnAssignment, DraftStrategy, method="medusa",
     confidence_threshold: float = 0.05
     adaptive: bool = True
     draft_cost: float | None = None
-    examples: ClassVar[tuple[str, ...]] = ("medusa", "medusa-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("heads",)
-    spec_files: ClassVar[SpecFiles] = SpecFiles(network="checkpoint", subfolder="medusa", checkpoints=_checkpoints,
-                                                shipped_dir=PRETRAINED_DIR)
 
     def __post_init__(self):
         if not isinstance(self.heads, MedusaHeads):
@@ -149,16 +147,6 @@ class Medusa(CheckedOnAssignment, DraftStrategy, method="medusa",
             raise ValueError(f"The Medusa heads are on {next(self.heads.parameters()).device} and the target on "
                              f"{device}; move them with strategy.heads.to({str(device)!r}).")
         checked.add(self.heads)
-
-    def save_pretrained_heads(self, directory: str | os.PathLike) -> Path:
-        """Write the heads in hf_speculative's format (``config.json``, ``model.safetensors``) and the tree, if
-        any, as ``tree.json``."""
-        from .checkpoints import save_pretrained
-
-        directory = save_pretrained(self.heads, directory)
-        if self.tree is not None:
-            self.tree.save(Path(directory) / TREE_FILE)
-        return directory
 
     def open(self, ctx: CallContext) -> "MedusaCandidateGenerator":
         return MedusaCandidateGenerator(ctx, self)

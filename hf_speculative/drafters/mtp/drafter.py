@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from ... import compat, options
-from ...core.accept import draft_chain
+from ...core import kv_cache
+from ...core.chain_drafting import draft_chain
 from ...core.budget import CHAIN, Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
@@ -35,7 +36,8 @@ from . import modules as mtp_modules
 
 @dataclasses.dataclass(eq=False)
 class MTP(CheckedOnAssignment, DraftStrategy, method="mtp",
-          capabilities=Capabilities(trees=True, batch=True, reads_target="features", compile=False)):
+          capabilities=Capabilities(trees=True, batch=True, reads_target="features", compile=False),
+          examples=("mtp", "mtp-tree"), live_fields=("modules",)):
     # (compile=False until a compiled target is tested with it: the static cache is)
     """Draft with the target's own MTP layers: no extra weights.
 
@@ -60,11 +62,9 @@ class MTP(CheckedOnAssignment, DraftStrategy, method="mtp",
     confidence_threshold: float = 0.05
     adaptive: bool = True
     draft_cost: float | None = None
-    examples: ClassVar[tuple[str, ...]] = ("mtp", "mtp-tree")
-    live_fields: ClassVar[tuple[str, ...]] = ("modules",)
 
     def __post_init__(self):
-        mtp_model = compat.mtp_model_class()  # an ImportError naming the version needed on transformers 4.x
+        mtp_model = mtp_modules.mtp_model_class()  # an ImportError naming the version needed on transformers 4.x
         owner = type(self).__name__
         if self.modules is not None and not isinstance(self.modules, mtp_model):
             raise TypeError(f"MTP(modules=...) takes transformers' MtpModel (MtpModel.from_pretrained(model)) or None "
@@ -107,7 +107,7 @@ class MTP(CheckedOnAssignment, DraftStrategy, method="mtp",
         drafting chains of 3 (the last layer reused once), ``"mtp-tree"`` one layer and a tree 3 wide at the top."""
         label = example_label(cls, label)
         try:
-            compat.mtp_model_class()
+            mtp_modules.mtp_model_class()
         except ImportError as error:
             raise ExampleNotApplicable(str(error)) from None
         tree = StaticTree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]) if label == "mtp-tree" else None
@@ -117,13 +117,22 @@ class MTP(CheckedOnAssignment, DraftStrategy, method="mtp",
         return cls(**{**settings, **options})
 
 
+@dataclasses.dataclass(eq=False)
+class TargetModules:
+    """What ``hfs.MTP`` keeps about a target, in its state (``state_of(target).drafter_state(TargetModules)``;
+    ``hfs.forget(target)`` drops it): ``modules``, its own MTP layers loaded from its folder (:func:`modules_for`)."""
+
+    modules: Any = None
+
+
 def modules_for(target: torch.nn.Module) -> Any:
-    """The target's own MTP layers, loaded from its folder once per model (``state_of(target).mtp_modules``)."""
+    """The target's own MTP layers, loaded from its folder once per model (:class:`TargetModules`)."""
     state = state_of(target)
     with state.lock:
-        if state.mtp_modules is None:
-            state.mtp_modules = mtp_modules.load_modules(target)
-        return state.mtp_modules
+        own = state.drafter_state(TargetModules)
+        if own.modules is None:
+            own.modules = mtp_modules.load_modules(target)
+        return own.modules
 
 
 class MTPCandidateGenerator(SpeculativeCandidateGenerator):
@@ -144,7 +153,7 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
         self.num_layers = len(modules.layers)
         self.max_tokens = config.num_tokens or self.num_layers
         self.features = VerifiedFeatures(ctx.target, [], view=ctx.view)  # [] = the final norm's output
-        self.cache = compat.new_dynamic_cache()
+        self.cache = kv_cache.new_dynamic_cache()
         self.fed = [0] * self.num_layers
         self.carry: list[torch.Tensor | None] = [None] * self.num_layers
         self.broken = False

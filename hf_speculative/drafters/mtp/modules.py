@@ -21,6 +21,19 @@ from ... import compat
 MTP_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "bailing_hybrid", "step3p7", "mellum", "inkling")
 # model types whose MTP weights transformers 5.24 drops on load (no num_mtp_layers, no use_mtp path)
 MTP_DROPPED = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "mimo_v2_flash", "glm4_moe_lite", "deepseek_v32")
+MTP_VERSION = "5.24"  # transformers' first version with MtpModel used here (generate(use_mtp=True))
+
+
+def mtp_model_class() -> type:
+    """transformers' ``MtpModel`` (the target's own multi-token-prediction layers); an ``ImportError`` naming the
+    version needed on a transformers without it (4.x)."""
+    try:
+        from transformers.modeling_layers import MtpModel
+    except ImportError:
+        raise ImportError(
+            f"hfs.MTP drafts with transformers' MtpModel, which transformers {compat.TRANSFORMERS_VERSION} lacks: "
+            f"pip install \"transformers>={MTP_VERSION}\".") from None
+    return MtpModel
 
 
 class _TargetAs:
@@ -68,7 +81,7 @@ def load_modules(target: torch.nn.Module) -> Any:
     patterns derived from its config (:func:`expected_keys`) are added, through a view of the target (the model
     itself is not changed). Errors name the folder, the missing keys and the pattern expected.
     """
-    mtp_model = compat.mtp_model_class()
+    mtp_model = mtp_model_class()
     layers = num_mtp_layers(target)
     folder = getattr(target.config, "name_or_path", "") or getattr(target, "name_or_path", "")
     patterns = expected_keys(target, layers)
@@ -100,7 +113,7 @@ def random_modules(target: torch.nn.Module, layers: int = 1, seed: int = 7, scal
     constructor from a copy of the target's config that declares ``num_mtp_layers=layers`` (and full-attention
     ``mtp_layer_types`` where the config has ``layer_types``). The tests' and the identity matrix's examples;
     ``scale``: re-draw the MTP layers' matrices ~ N(0, scale), so that every input matters."""
-    mtp_model = compat.mtp_model_class()
+    mtp_model = mtp_model_class()
     config = copy.deepcopy(target.config)
     text = config.get_text_config(decoder=True)
     text.num_mtp_layers = layers

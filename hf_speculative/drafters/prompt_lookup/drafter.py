@@ -5,7 +5,6 @@ last n tokens (Saxena 2023). Free to run, excellent when the output copies the i
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import torch
 
@@ -32,7 +31,8 @@ COPY_TOKENS = 15
 
 @dataclasses.dataclass
 class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
-                   capabilities=Capabilities(trees=True, batch=True)):
+                   capabilities=Capabilities(trees=True, batch=True),
+                   examples=("prompt-lookup", "prompt-lookup-fixed", "prompt-lookup-tree")):
     """N-gram lookup over the prompt and the generated text.
 
     Better than transformers' ``prompt_lookup_num_tokens``: the longest n-gram first and its *most
@@ -66,7 +66,6 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
     adaptive: bool = True
     tree: DynamicTree | None = None
     copy_tokens: int | None = None  # last: the positional order of the options before it stays
-    examples: ClassVar[tuple[str, ...]] = ("prompt-lookup", "prompt-lookup-fixed", "lookup-tree")
 
     def __post_init__(self):
         # types and limits first: the n-gram index and the verify-cost model grow with these numbers
@@ -106,9 +105,9 @@ class PromptLookup(CheckedOnAssignment, DraftStrategy, method="prompt-lookup",
     @classmethod
     def example(cls, target: torch.nn.Module, label: str | None = None, **options) -> "PromptLookup":
         """``"prompt-lookup"``: the defaults; ``"prompt-lookup-fixed"``: ``num_tokens`` at every match
-        (``adaptive=False``); ``"lookup-tree"``: trees 3 wide, so that paths other than the first branch win."""
+        (``adaptive=False``); ``"prompt-lookup-tree"``: trees 3 wide, so that paths other than the first branch win."""
         settings = {"prompt-lookup": {}, "prompt-lookup-fixed": {"adaptive": False},
-                    "lookup-tree": {"tree": DynamicTree(nodes=8, depth=4, top_k=3), "adaptive": False}}
+                    "prompt-lookup-tree": {"tree": DynamicTree(nodes=8, depth=4, top_k=3), "adaptive": False}}
         return cls(**{**settings[example_label(cls, label)], **options})
 
 

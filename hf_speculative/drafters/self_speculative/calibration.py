@@ -98,13 +98,21 @@ class SkipCalibration:
                              "calibrate again, or pass skip=[...] explicitly.") from error
 
 
+@dataclasses.dataclass(eq=False)
+class HeldCalibration:
+    """The calibration of ``LayerSkip("auto")`` kept for a target in this process, in its state
+    (``state_of(target).drafter_state(HeldCalibration)``; ``hfs.forget(target)`` drops it)."""
+
+    plan: SkipCalibration | None = None
+
+
 def cached_calibration(target: torch.nn.Module) -> SkipCalibration | None:
     """The calibration made or loaded for ``target`` in this process (``None``: none yet)."""
-    return state_of(target).calibration
+    return state_of(target).drafter_state(HeldCalibration).plan
 
 
 def remember_calibration(target: torch.nn.Module, plan: SkipCalibration) -> None:
-    state_of(target).calibration = plan
+    state_of(target).drafter_state(HeldCalibration).plan = plan
 
 
 def model_fingerprint(target: torch.nn.Module, sample: int = 1024) -> str:

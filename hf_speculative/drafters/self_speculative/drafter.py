@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ... import compat
-from ...core.accept import draft_chain
+from ...core.chain_drafting import draft_chain
 from ...core.call import CallContext
 from ..generator import SpeculativeCandidateGenerator
 from ...core.costs import draft_price, record_draft_step

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ... import compat
-from ...core.accept import draft_chain
+from ...core.chain_drafting import draft_chain
 from ...core.budget import Plan
 from ...core.tree import DraftTree
 from ...core.costs import draft_price, record_draft_step

@@ -20,17 +20,35 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 from typing import Any, Sequence
 
 import torch
 
 from ... import compat
+from ...core import kv_cache
 from ...core.state import state_of
 
 
 class UnsupportedModelError(ValueError):
     """The model is not built as ``<causal LM>.<decoder>.layers[i]`` + a final ``norm``."""
+
+
+@dataclasses.dataclass(eq=False)
+class TargetLayers:
+    """What self-speculation keeps about a target between calls, in its state
+    (``state_of(target).drafter_state(TargetLayers)``; ``hfs.forget(target)`` drops it).
+
+    Attributes:
+        views (`dict[tuple[int, ...], LayerSubset]`): the views that run some of its layers, by layer tuple
+            (:func:`layer_subset`).
+        structure_problem (`str`, *optional*): ``None`` until probed, then ``""`` when layer-by-layer drafting works
+            on it, else why not (:func:`check_structure`).
+    """
+
+    views: dict = dataclasses.field(default_factory=dict)
+    structure_problem: str | None = None
 
 
 def num_layers(target: torch.nn.Module) -> int:
@@ -188,9 +206,10 @@ def layer_subset(target: torch.nn.Module, layers: Sequence[int]) -> LayerSubset:
     key = tuple(sorted(set(int(i) for i in layers)))
     state = state_of(target)
     with state.lock:
-        if key not in state.views:
-            state.views[key] = LayerSubset(target, key)
-        return state.views[key]
+        views = state.drafter_state(TargetLayers).views
+        if key not in views:
+            views[key] = LayerSubset(target, key)
+        return views[key]
 
 
 def check_structure(target: torch.nn.Module) -> None:
@@ -202,9 +221,10 @@ def check_structure(target: torch.nn.Module) -> None:
     """
     state = state_of(target)
     with state.lock:
-        if state.structure_problem is None:
-            state.structure_problem = _probe(target) or ""
-        problem = state.structure_problem
+        own = state.drafter_state(TargetLayers)
+        if own.structure_problem is None:
+            own.structure_problem = _probe(target) or ""
+        problem = own.structure_problem
     if problem:
         raise UnsupportedModelError(problem)
 
@@ -217,7 +237,7 @@ def _probe(target: torch.nn.Module) -> str | None:
     ids = [3, 4]
     name = type(target).__name__
     try:
-        cache = compat.new_dynamic_cache()
+        cache = kv_cache.new_dynamic_cache()
         first = LayerSubset(target, [0])
         for position, token in enumerate(ids):
             first.step(token, position, cache, device)
@@ -226,7 +246,7 @@ def _probe(target: torch.nn.Module) -> str | None:
             return (f"{name}'s forward does not run the layers of its `layers` list as given (cache entries per layer "
                     f"after a one-layer draft: {written}); self-speculative drafting cannot use it. Use hfs.PromptLookup() "
                     f"or hfs.DraftModel(small_model).")
-        cache = compat.new_dynamic_cache()
+        cache = kv_cache.new_dynamic_cache()
         whole = LayerSubset(target, range(total))
         mine = torch.stack([whole.step(token, position, cache, device) for position, token in enumerate(ids)])
         # (the model's own forward, without firing hooks users put on it: this is not one of their forwards)

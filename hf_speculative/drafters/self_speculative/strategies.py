@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -22,7 +22,7 @@ from ... import options
 from ...options import CheckedOnAssignment
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
-from ..registry import NO_FILES, Capabilities, SpecFiles, example_label
+from ..registry import Capabilities, SpecFiles, example_label
 from ...core.costs import verify_costs_for
 from .calibration import (SkipCalibration, calibrate_layer_skip, cached_calibration, model_fingerprint,
                           remember_calibration)
@@ -44,11 +44,12 @@ def _eagle_checkpoints():
 # exit_adapter.SHIPPED_DIR, named here without importing that module (it loads the EAGLE network's modelling)
 _ADAPTER_FILES = SpecFiles(network="checkpoint", subfolder="exit-adapter", checkpoints=_eagle_checkpoints,
                            shipped_dir=Path(__file__).parent / "exit_adapters")
+# They draft with the target's own layers over its dynamic KV cache: chains only, one row, no static cache
+SELF_SPECULATION = Capabilities(reads_target="cache")
 
 
-class _SelfSpeculative(CheckedOnAssignment, DraftStrategy, capabilities=Capabilities(reads_target="cache")):
-    """What EarlyExit and LayerSkip share (each declares its own fields, in its own order). They draft with the
-    target's own layers over its dynamic KV cache: chains only, one row, no static cache."""
+class _SelfSpeculative(CheckedOnAssignment, DraftStrategy):
+    """What EarlyExit and LayerSkip share (each declares itself, and its own fields in its own order)."""
     num_tokens: int
     confidence_threshold: float
     adaptive: bool
@@ -69,7 +70,9 @@ class _SelfSpeculative(CheckedOnAssignment, DraftStrategy, capabilities=Capabili
 
 
 @dataclasses.dataclass(eq=False)
-class EarlyExit(_SelfSpeculative, method="early-exit", variants=(ADAPTER_METHOD,)):
+class EarlyExit(_SelfSpeculative, method="early-exit", variants={ADAPTER_METHOD: _ADAPTER_FILES},
+                capabilities=SELF_SPECULATION, examples=("early-exit", "early-exit-adapter"),
+                live_fields=("adapter", "adapter_sha256")):
     """Draft with the target's first ``exit_layer`` layers, its final norm and its lm_head, or with a
     trained exit adapter instead of the norm and lm_head.
 
@@ -97,8 +100,6 @@ class EarlyExit(_SelfSpeculative, method="early-exit", variants=(ADAPTER_METHOD,
     draft_cost: float | None = None
     adapter: Any = dataclasses.field(default=None, repr=False)
     adapter_sha256: dict | None = dataclasses.field(default=None, repr=False)
-    examples: ClassVar[tuple[str, ...]] = ("early-exit", "early-exit-adapter")
-    live_fields: ClassVar[tuple[str, ...]] = ("adapter", "adapter_sha256")
 
     def __post_init__(self):
         self._adapter_net = None
@@ -156,10 +157,6 @@ class EarlyExit(_SelfSpeculative, method="early-exit", variants=(ADAPTER_METHOD,
     def spec_method(self) -> str:
         return ADAPTER_METHOD if self.adapter is not None else type(self).method
 
-    @classmethod
-    def files_for(cls, method: str) -> SpecFiles:
-        return _ADAPTER_FILES if method == ADAPTER_METHOD else NO_FILES
-
     def spec_path(self) -> str | None:
         return str(self.adapter) if isinstance(self.adapter, (str, os.PathLike)) else None
 
@@ -189,7 +186,11 @@ class EarlyExit(_SelfSpeculative, method="early-exit", variants=(ADAPTER_METHOD,
 
 
 @dataclasses.dataclass(eq=False)
-class LayerSkip(_SelfSpeculative, method="layer-skip"):
+class LayerSkip(_SelfSpeculative, method="layer-skip", capabilities=SELF_SPECULATION,
+                examples=("layer-skip", "layer-skip-auto"),
+                # a calibration file in a spec: a name inside the model's folder, kept in the package's cache per model
+                files=SpecFiles(file_option="calibration_file", saved_name="layer-skip-calibration.json",
+                                fingerprint=model_fingerprint)):
     """Draft with the target minus a set of skipped layers.
 
     Args:
@@ -213,10 +214,6 @@ class LayerSkip(_SelfSpeculative, method="layer-skip"):
     draft_cost: float | None = None
     calibration_file: str | os.PathLike | None = None
     calibration_tokens: int = 32
-    examples: ClassVar[tuple[str, ...]] = ("layer-skip", "layer-skip-auto")
-    # a calibration file in a spec: a name inside the model's folder, kept in the package's cache per model
-    spec_files: ClassVar[SpecFiles] = SpecFiles(file_option="calibration_file",
-                                                saved_name="layer-skip-calibration.json", fingerprint=model_fingerprint)
 
     def __post_init__(self):
         if isinstance(self.skip, str):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import ClassVar
 
 import torch
 
@@ -48,7 +47,11 @@ def _fingerprint(target: torch.nn.Module) -> str:
 
 
 @dataclasses.dataclass
-class SuffixDecoding(CheckedOnAssignment, DraftStrategy, method="suffix", capabilities=Capabilities(trees=True)):
+class SuffixDecoding(CheckedOnAssignment, DraftStrategy, method="suffix", capabilities=Capabilities(trees=True),
+                     examples=("suffix",),
+                     # a history file in a spec: a name inside the model's folder, kept in the package's cache per model
+                     files=SpecFiles(file_option="history_file", saved_name="suffix-history.json",
+                                     max_bytes=MAX_HISTORY_FILE_BYTES, fingerprint=_fingerprint)):
     """Draft trees from suffix tries over the call's text and the model's earlier outputs (SuffixDecoding).
 
     Runs in hf_speculative's own tree loop (greedy or seeded sampling, lossless either way).
@@ -85,10 +88,6 @@ class SuffixDecoding(CheckedOnAssignment, DraftStrategy, method="suffix", capabi
     history_file: str | os.PathLike | None = None
     context_tokens: int = 65_536
     adaptive: bool = True
-    examples: ClassVar[tuple[str, ...]] = ("suffix",)
-    # a history file in a spec: a name inside the model's folder, kept in the package's cache per model
-    spec_files: ClassVar[SpecFiles] = SpecFiles(file_option="history_file", saved_name="suffix-history.json",
-                                                max_bytes=MAX_HISTORY_FILE_BYTES, fingerprint=_fingerprint)
 
     def __post_init__(self):
         owner = "SuffixDecoding"
@@ -124,6 +123,14 @@ class SuffixDecoding(CheckedOnAssignment, DraftStrategy, method="suffix", capabi
 
     def open(self, ctx: CallContext) -> "SuffixCandidateGenerator":
         return SuffixCandidateGenerator(ctx, self)
+
+    def private(self) -> "SuffixDecoding":
+        """Without its history of the model's earlier outputs in this process (``history_tokens=0``), which would let
+        one caller's drafts (and so its τ and target forwards) follow another's answers; a history the operator keeps
+        in a file (``history_file``) stays."""
+        if self.history_tokens and self.history_file is None:
+            return dataclasses.replace(self, history_tokens=0)
+        return self
 
     @classmethod
     def example(cls, target: torch.nn.Module, label: str | None = None, **options) -> "SuffixDecoding":

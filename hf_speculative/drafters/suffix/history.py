@@ -10,6 +10,7 @@ total passes ``max_tokens``, so the trie never holds more than ``depth * max_tok
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -129,6 +130,22 @@ class SuffixHistory:
             self._insert(output)
 
 
+@dataclasses.dataclass(eq=False)
+class ModelHistories:
+    """What SuffixDecoding keeps about a model, in its state (``state_of(model).drafter_state(ModelHistories)``;
+    ``hfs.forget(model)`` drops it, and leaves the files as they are).
+
+    Attributes:
+        histories (`dict[tuple, SuffixHistory]`): the histories of its outputs, by trie depth, token bound and file
+            (:func:`history_for`).
+        held (`list`, *optional*): while :func:`outputs_held` runs, the outputs that join those histories when it ends
+            (``None`` otherwise).
+    """
+
+    histories: dict = dataclasses.field(default_factory=dict)
+    held: list | None = None
+
+
 def history_for(model: Any, depth: int, max_tokens: int, path: str | os.PathLike | None) -> SuffixHistory:
     """The history of ``model``'s outputs for these settings, made (and loaded from ``path``) on first use; one
     per model, trie depth, token bound and file, kept in the model's state (``core.state``) as long as the model
@@ -136,9 +153,10 @@ def history_for(model: Any, depth: int, max_tokens: int, path: str | os.PathLike
     key = (depth, max_tokens, None if path is None else os.path.abspath(os.fspath(path)))
     state = state_of(model)
     with state.lock:
-        history = state.suffix_histories.get(key)
+        histories = state.drafter_state(ModelHistories).histories
+        history = histories.get(key)
         if history is None:
-            history = state.suffix_histories[key] = SuffixHistory(depth, max_tokens, path)
+            history = histories[key] = SuffixHistory(depth, max_tokens, path)
         return history
 
 
@@ -146,8 +164,9 @@ def add_output(model: Any, history: SuffixHistory, output: list[int]) -> None:
     """A call's output joins ``history`` now, or when the :func:`outputs_held` block running on ``model`` ends."""
     state = state_of(model)
     with state.lock:
-        if state.held_outputs is not None:
-            state.held_outputs.append((history, output))
+        own = state.drafter_state(ModelHistories)
+        if own.held is not None:
+            own.held.append((history, output))
             return
     history.add(output)
 
@@ -163,9 +182,10 @@ def outputs_held(model: Any, keep: bool = True) -> Iterator[None]:
     holds)."""
     state = state_of(model)
     with state.lock:
-        outer = state.held_outputs is not None
+        own = state.drafter_state(ModelHistories)
+        outer = own.held is not None
         if not outer:
-            state.held_outputs = []
+            own.held = []
     if outer:
         yield
         return
@@ -173,7 +193,7 @@ def outputs_held(model: Any, keep: bool = True) -> Iterator[None]:
         yield
     finally:
         with state.lock:
-            held, state.held_outputs = state.held_outputs or [], None
+            held, own.held = own.held or [], None
         if keep:
             added: set[tuple[int, tuple[int, ...]]] = set()
             for history, output in held:

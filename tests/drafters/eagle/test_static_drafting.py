@@ -147,7 +147,7 @@ def test_compiled_calls_share_one_step_one_call_at_a_time(monkeypatch):
     assert swapped.step.net is other and len(compiled) == 3
     swapped.close()
     forget(target)
-    assert state_of(target).draft_graph is None
+    assert state_of(target).drafter_state(static_drafting.SharedDraftGraph).held is None
 
 
 def test_fixed_shape_drafting_refuses_to_write_past_its_cache():

@@ -73,13 +73,14 @@ def test_loaded_once_per_model_and_trees_and_recursion_stay_exact(glm_folder):
     strategy = hfs.MTP()
     first = hfs.MTP.from_pretrained(model)
     from hf_speculative.core.state import state_of
+    from hf_speculative.drafters.mtp.drafter import TargetModules
 
-    assert first.modules is state_of(model).mtp_modules and len(first.modules.layers) == 1
+    assert first.modules is state_of(model).drafter_state(TargetModules).modules and len(first.modules.layers) == 1
     for s in (strategy, hfs.MTP(num_tokens=3, adaptive=False, confidence_threshold=0.0),
               hfs.MTP(tree=hfs.StaticTree([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]), num_tokens=3, adaptive=False)):
         assert model.generate(input_ids=ids, do_sample=False, max_new_tokens=20,
                               candidate_generator=s).tolist() == plain.tolist()
-    assert state_of(model).mtp_modules is first.modules  # loaded once for the model
+    assert state_of(model).drafter_state(TargetModules).modules is first.modules  # loaded once for the model
 
 
 @needs_mtp

@@ -1,0 +1,57 @@
+"""Drafting a chain the way the call accepts: the call's processors on the drafter's logits, its sampler's choice.
+
+Draft-model, early-exit, Medusa and MTP drafters grow their chains with :func:`draft_chain`; accept.py holds the rule
+that verifies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from .sampling import RejectionSampler
+from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from .budget import Plan
+
+
+def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step) -> DraftTree:
+    """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``, repeat while
+    the loop's ``plan`` says it pays (its chain rule: ``wants`` / ``took``, see core/budget.py). The call's logits
+    processors warp the drafter's logits as they warp the target's; the token is their argmax, or under seeded
+    sampling the seeded draw from them at that position (the target's draw there if the drafter's distribution
+    were the target's).
+
+    Whether to draft a position is asked of ``plan.wants`` before its token is chosen (``plan.took`` sees the
+    token, and only decides about the positions after it). Under the rejection rule the token is a draw from the
+    drafter's warped distribution ``q`` instead, and the tree keeps ``q`` (``tree.q``, ``[k, V]``) for the rule.
+    Returns the chain, ``[k]`` tokens as a one-branch :class:`DraftTree` (empty when nothing paid)."""
+    processors, sampler = ctx.processors, ctx.sampler
+    tokens: list[int] = []
+    dists: list[torch.Tensor] = []  # under the rejection rule: the q each token was drawn from, [V] each
+    sequence = input_ids  # [1, L + drafted]: the context the processors and the sampler's positions read
+    while True:
+        if processors:
+            logits = processors(sequence, logits[None])[0]
+        probs = torch.softmax(logits.float(), dim=-1)  # [V]
+        top = float(probs.max())
+        if math.isnan(top):
+            break  # nothing to draw from (NaN or +inf scores, or all -inf): the target's own draw there refuses it
+        if not plan.wants(top):
+            break  # its expected gain does not pay for verifying it (its drafting is already paid)
+        if isinstance(sampler, RejectionSampler):  # the rejection rule: draw from q, keep q for the rule
+            token = sampler.draw(probs)
+            dists.append(probs)
+        else:
+            token = int(torch.argmax(logits) if sampler is None else sampler.choose(sequence, logits[None])[0])
+        tokens.append(token)
+        if not plan.took(float(probs[token]), max_tokens):
+            break
+        sequence = torch.cat([sequence, sequence.new_tensor([[token]])], dim=-1)
+        logits = step(token)
+    tree = DraftTree.from_tokens(tokens, input_ids.device)
+    return dataclasses.replace(tree, q=torch.stack(dists)) if dists else tree
