@@ -116,7 +116,8 @@ fresh-check:
 # verification profiles of the shipped real-size configs with random weights (eager and compiled), end-to-end
 # timings against transformers' own loops, projections of the CPU benchmarks; results under GPU_CHECK_OUT.
 # On a bare GPU machine with torch and transformers (no network): installs this package without dependencies.
-# On a CPU: `make gpu-check DEVICE=cpu TINY=1` runs the same pipeline in a few minutes.
+# On a CPU: `make gpu-check DEVICE=cpu TINY=1` runs the same pipeline in a few minutes (every step at its smallest,
+# on smollm2-135m's shape with 4 decoder layers: tests/bench/test_gpu_check.py).
 # The issue-69 agenda on a lent GPU: `make gpu-check GPU_STEPS=inflated GPU_PARTS=/tmp/parts` (SmolLM2 and its
 # drafters inflated to the Llama-3.1-8B shape: a cost model; dry run: `make gpu-check DEVICE=cpu TINY=1 GPU_STEPS=inflated`).
 DEVICE ?= cuda

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from tools.gpu.gpu_check import TINY_LAYERS, config_label, config_model, main
 from tools.gpu.synthetic import SyntheticDrafter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,9 +63,11 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
     assert all(result["returncode"] == 0 for result in report["tests"].values())
     assert report["tests"]["bfloat16"]["seconds"] > 0  # run; float32 on the CPU is the suite's own test_device.py
     assert report["tests"]["float32"]["summary"].startswith("skipped on the CPU")
-    assert set(report["profile"]) == {"smollm2-135m_eager", "smollm2-135m_default"}
+    tiny = f"smollm2-135m-{TINY_LAYERS}layers"  # smollm2-135m's shape with 4 of its 30 layers (test below)
+    assert set(report["profile"]) == {f"{tiny}_eager", f"{tiny}_default"}
     assert all("error" not in value for value in report["profile"].values())
-    assert set(report["profile"]["smollm2-135m_eager"]["batch_relative"]["128"]) == {"1", "2"}  # batches: eager only
+    assert set(report["profile"][f"{tiny}_eager"]["batch_relative"]["128"]) == {"1", "2"}  # batches: eager only
+    assert report["e2e"]["config"] == tiny
     methods = report["e2e"]["methods"]
     ours = {label: row for label, row in methods.items() if label.startswith(("hf_speculative", "transformers greedy"))}
     assert all("error" not in row and row["identical"] for row in ours.values()), ours
@@ -79,6 +83,21 @@ def test_make_gpu_check_on_the_cpu(tmp_path):
         assert all(cost > 0 for cost in report["drafting_measured"].values())
         assert any(key.endswith("@drafting-measured") for key in report["project"])
     assert (out / "summary.md").read_text().startswith("# gpu-check")
+
+
+def test_the_tiny_run_s_model_is_the_shipped_shape_with_fewer_layers(capsys):
+    whole = config_model("smollm2-135m", "meta", torch.float32, layers=None)  # random_model, no weights
+    cut = config_model("smollm2-135m", "meta", torch.float32, layers=2)
+    assert cut.config.num_hidden_layers == len(cut.model.layers) == 2 != whole.config.num_hidden_layers == 30
+    assert {k: v for k, v in cut.config.to_dict().items() if k != "num_hidden_layers"} == \
+        {k: v for k, v in whole.config.to_dict().items() if k != "num_hidden_layers"}
+    assert (config_label("smollm2-135m", 2), config_label("smollm2-135m", None)) == ("smollm2-135m-2layers",
+                                                                                     "smollm2-135m")
+    with pytest.raises(ValueError, match="use one of"):
+        config_model("no-such-config", "cpu", torch.float32, layers=2)
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--layers", "0", "--steps", "e2e"])
+    assert "--layers 0: give at least one decoder layer" in capsys.readouterr().err
 
 
 def test_a_step_keeps_the_rows_asked_for_and_greedy_and_refuses_unknown_parts():

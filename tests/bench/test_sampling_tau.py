@@ -3,26 +3,48 @@ only the prompts ``--out`` lacks and pools the rest from the file, ``--no-timing
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 
 import pytest
 
 from tests.conftest import load_benchmark
 
 tau = load_benchmark("sampling_tau")
+# the tool's rows, resume and pooling, not transformers' sampling (tests/core and tests/drafters check that on both
+# versions): CI runs these on 5.x only
+pytestmark = pytest.mark.single_version
 
 ARGS = ["--categories", "qa,translation", "--per-category", "1", "--seeds", "2", "--max-new-tokens", "6",
         "--methods", "lookup", "--modes", "seeded,rejection", "--no-timing"]
 
 
-@pytest.mark.integration
-def test_resume_runs_only_what_the_file_lacks_and_pools_both(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def qa_run(tmp_path_factory):
+    """The run on the qa prompt alone that both resume tests start from (run once for the module): its file and what
+    it printed. Each test resumes from a copy (:func:`qa_file`)."""
+    out = tmp_path_factory.mktemp("qa") / "tau.jsonl"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        tau.main([*ARGS, "--categories", "qa", "--out", str(out)])
+    return out, printed.getvalue()
+
+
+def qa_file(qa_run, tmp_path):
     out = tmp_path / "tau.jsonl"
-    tau.main([*ARGS, "--categories", "qa", "--out", str(out)])
+    shutil.copy(qa_run[0], out)
+    return out
+
+
+@pytest.mark.integration
+def test_resume_runs_only_what_the_file_lacks_and_pools_both(qa_run, tmp_path, capsys):
+    out = qa_file(qa_run, tmp_path)
     first = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(first) == 1 and set(first[0]["counts"]) == {"lookup/seeded", "lookup/rejection"}
     assert all(len(counts) == 2 for counts in first[0]["counts"].values())
-    assert "tokens/s" not in capsys.readouterr().out  # --no-timing: no speed figures
+    assert "lookup/seeded: tau" in qa_run[1] and "tokens/s" not in qa_run[1]  # --no-timing: no speed figures
     tau.main([*ARGS, "--out", str(out), "--resume"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["category"] for r in rows] == ["qa", "translation"]  # qa kept, not run again
@@ -40,7 +62,7 @@ def tau_args(out, *extra):
 
 
 @pytest.mark.integration
-def test_prompt_seeds_are_the_prompt_s_own_and_are_another_measurement(tmp_path):
+def test_prompt_seeds_are_the_prompt_s_own_and_are_another_measurement(qa_run, tmp_path):
     """``--prompt-seeds``: each prompt's calls get seeds of their own (the seeded rule keys its noise by absolute
     position, so shared seeds make every prompt read the same noise); rows say so, and --resume keeps the two apart."""
     import argparse
@@ -48,8 +70,7 @@ def test_prompt_seeds_are_the_prompt_s_own_and_are_another_measurement(tmp_path)
     shared, own = argparse.Namespace(prompt_seeds=False), argparse.Namespace(prompt_seeds=True)
     assert [tau.call_seed(shared, q, 1) for q in (81, 82)] == [1, 1]
     assert len({tau.call_seed(own, q, s) for q in (81, 82) for s in range(3)}) == 6
-    out = tmp_path / "tau.jsonl"
-    tau.main([*ARGS, "--categories", "qa", "--out", str(out)])
+    out = qa_file(qa_run, tmp_path)
     methods = ["lookup/seeded", "lookup/rejection"]
     assert len(tau.finished(tau_args(out), methods)) == 1
     assert tau.finished(argparse.Namespace(**{**vars(tau_args(out)), "prompt_seeds": True}), methods) == {}

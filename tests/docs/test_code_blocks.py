@@ -43,6 +43,20 @@ def test_every_block_is_run_or_says_why():
     assert not problems, "\n".join(problems)
 
 
+SAME_COMMAND = "runs this same command"  # a not-run reason: another page's block runs it (one run is enough)
+
+
+def test_a_block_left_to_another_page_is_that_page_s_command():
+    """A block not run because another page runs the same command (``<!-- not-run: ... runs this same command -->``)
+    still is that command: its commands are those of a block that runs."""
+    blocks = all_blocks()
+    run = [b.cli_args for b in blocks if b.marker != "not-run" and b.executable and b.lang in SHELL]
+    left = [b for b in blocks if b.marker == "not-run" and SAME_COMMAND in b.value]
+    assert left  # docs/getting-started.md's showcase, run by README.md
+    for block in left:
+        assert block.cli_args and block.cli_args in run, f"{block.where}: no block that runs runs {block.cli_args}"
+
+
 def test_the_parser_sees_markers_and_commands(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
     page.write_text(

@@ -3,6 +3,11 @@
     python -m tools.gpu.gpu_check --device cuda --out gpu-check/     # what `make gpu-check` runs
     python -m tools.gpu.gpu_check --device cpu --tiny --out /tmp/gc  # the same pipeline in minutes
 
+``--tiny`` (the CPU dry run that keeps this pipeline working between GPU runs, tests/bench/test_gpu_check.py): every
+step at minimal sizes, on smollm2-135m with ``TINY_LAYERS`` decoder layers instead of 30 (its width, heads and
+vocabulary kept; ``--layers``): the same code paths and compiled graphs as the full depth, without paying for 30
+layers in every forward and every torch.compile trace.
+
 Steps (``--steps``, default all), each writing under ``--out``:
 
 - ``tests``: the device battery (tests/test_device.py) in float32 (token-identical) and bfloat16 (divergences
@@ -48,6 +53,10 @@ import torch
 STEPS = ("tests", "profile", "e2e", "project", "real", "inflated")
 DEFAULT_STEPS = STEPS[:-1]  # the inflated step runs when asked for (GPU_STEPS=inflated)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# --tiny's depth. The random EAGLE-3 drafter then reads target layers 1, 1 and 0 (distinct from 7 layers on): what
+# its features hold changes nothing checked here (verification keeps every output greedy's), and 8 layers cost
+# the e2e step twice 4's
+TINY_LAYERS = 4
 
 
 def log(*parts: Any) -> None:
@@ -94,18 +103,47 @@ def run_tests(out: Path, device: str, tiny: bool) -> dict[str, Any]:
     return results
 
 
+# -- models --------------------------------------------------------------------------------------------
+def config_label(name: str, layers: int | None) -> str:
+    """How the reports name a shipped config built with ``layers`` decoder layers, or with its own (``None``)."""
+    return name if layers is None else f"{name}-{layers}layers"
+
+
+def config_model(name: str, device: str, dtype: torch.dtype, layers: int | None = None) -> torch.nn.Module:
+    """A shipped config's architecture with random weights (``profile.random_model``); with ``layers``, that many
+    decoder layers instead of its own (width, heads, vocabulary and everything else as shipped): the dry run's model."""
+    from hf_speculative.bench import profile as profiling
+
+    path = profiling.CONFIG_DIR / f"{name}.json"
+    if layers is None or not path.is_file():  # the whole model, or random_model's error naming the shipped configs
+        return profiling.random_model(name, device, dtype)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_speculative import compat
+
+    # random_model's build with one field changed (it takes no depth)
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    fields["num_hidden_layers"] = layers
+    config = AutoConfig.for_model(**fields)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, **compat.dtype_kwargs(dtype))
+    return model.eval()
+
+
 # -- profiles ------------------------------------------------------------------------------------------
 def run_profiles(out: Path, device: str, dtype: torch.dtype, configs: list[str], contexts: tuple[int, ...],
                  sizes: tuple[int, ...], compile_mode: str, repeats: int,
-                 batches: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Each config's profile, eager (with ``batches``: the batch loop's forwards too) and compiled."""
+                 batches: tuple[int, ...] = (), layers: int | None = None) -> dict[str, Any]:
+    """Each config's profile, eager (with ``batches``: the batch loop's forwards too) and compiled; ``layers``: each
+    config built with that many decoder layers (:func:`config_model`)."""
     from hf_speculative.bench import profile as profiling
 
     summary: dict[str, Any] = {}
     for name in configs:
-        model = profiling.random_model(name, device, dtype)
+        model = config_model(name, device, dtype, layers)
         for mode in (None, compile_mode):
-            key = f"{name}_{mode or 'eager'}"
+            key = f"{config_label(name, layers)}_{mode or 'eager'}"
             try:
                 settings = profiling.ProfileSettings(contexts=contexts, sizes=sizes, repeats=repeats, compile=mode,
                                                      batches=batches if mode is None else ())
@@ -197,16 +235,16 @@ def _step_times(stats: Any) -> dict[str, float]:
 
 def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_tokens: int, new_tokens: int,
             acceptance: float, num_tokens: int, repeats: int, compile_mode: str, only: list[str] | None = None,
-            on_method: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            on_method: Callable[[dict[str, Any]], None] | None = None, layers: int | None = None) -> dict[str, Any]:
     """Every method of the table below timed in one run. ``only``: parts of method labels to keep (both
     transformers greedy rows always run: the reference and the compiled baseline); ``on_method`` gets the results
-    so far after each method, so that a call cut off at a lent machine's limit keeps what it measured."""
+    so far after each method, so that a call cut off at a lent machine's limit keeps what it measured; ``layers``:
+    the config built with that many decoder layers (:func:`config_model`)."""
     import hf_speculative as hfs
 
-    from hf_speculative.bench import profile as profiling
     from .synthetic import SyntheticDrafter
 
-    model = profiling.random_model(config, device, dtype)
+    model = config_model(config, device, dtype, layers)
     model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(0)
@@ -243,7 +281,8 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
                 "compiled-tree": hfs.PromptLookup(tree=tree, adaptive=False), "compiled-eagle": eagle,
                 "compiled-eagle-chain": eagle_chain}
     methods = keep_labels(methods, only, "--e2e-methods")
-    results: dict[str, Any] = {"config": config, "dtype": str(dtype).replace("torch.", ""), "prompt_tokens": prompt_tokens,
+    results: dict[str, Any] = {"config": config_label(config, layers), "dtype": str(dtype).replace("torch.", ""),
+                               "prompt_tokens": prompt_tokens,
                                "new_tokens": new_tokens, "acceptance": acceptance, "num_tokens": num_tokens,
                                "repeats": repeats, "compile": compile_mode, "methods": {}}
     for label, fn in methods.items():
@@ -406,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
-    parser.add_argument("--tiny", action="store_true", help="the small CPU run: smollm2-135m, short contexts")
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"the small CPU run: smollm2-135m with {TINY_LAYERS} layers, short contexts, few tokens")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="build the profile and e2e configs with N decoder layers (default: their own; "
+                             f"--tiny: {TINY_LAYERS})")
     parser.add_argument("--steps", default=",".join(DEFAULT_STEPS), help=f"some of {', '.join(STEPS)}")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--configs", default=None, help="profile configs (default: llama-3.1-8b on cuda)")
@@ -452,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(steps) - set(STEPS)
     if unknown:
         parser.error(f"--steps: unknown {sorted(unknown)}; use some of {', '.join(STEPS)}.")
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers {args.layers}: give at least one decoder layer (or leave it out for the whole config).")
     dtype = DTYPES[args.dtype or ("bfloat16" if args.device == "cuda" else "float32")]
     compile_mode = "reduce-overhead" if args.device == "cuda" else "default"
     if args.device == "cpu":
@@ -467,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tiny = args.tiny
     configs = (args.configs.split(",") if args.configs else ["smollm2-135m"] if tiny else ["llama-3.1-8b"])
+    layers = args.layers if args.layers is not None else (TINY_LAYERS if tiny else None)
     if "tests" in steps:
         report["tests"] = run_tests(args.out, args.device, tiny)
         save()
@@ -474,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         report.setdefault("profile", {}).update(run_profiles(
             args.out, args.device, dtype, configs, contexts=(128,) if tiny else (512, 2048),
             sizes=(0, 4, 16) if tiny else (0, 8, 16, 32, 64), compile_mode=compile_mode, repeats=3 if tiny else 10,
-            batches=(1, 2) if tiny else (1, 2, 4, 8, 16)))
+            batches=(1, 2) if tiny else (1, 2, 4, 8, 16), layers=layers))
         save()
     if "e2e" in steps:
         def e2e_saved(e2e: dict) -> None:
@@ -483,9 +529,9 @@ def main(argv: list[str] | None = None) -> int:
 
         only = comma_list(args.e2e_methods) or None
         e2e_saved(run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],
-                          prompt_tokens=64 if tiny else 512, new_tokens=24 if tiny else 128, acceptance=0.7,
+                          prompt_tokens=64 if tiny else 512, new_tokens=12 if tiny else 128, acceptance=0.7,
                           num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode, only=only,
-                          on_method=e2e_saved))
+                          on_method=e2e_saved, layers=layers))
     if "project" in steps and args.bench:
         report["drafting_measured"] = measured_drafting(report.get("e2e", {}))
         report["project"] = run_projections(args.out, args.bench, report["drafting_measured"])
