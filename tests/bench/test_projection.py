@@ -311,7 +311,12 @@ def measure_cpu_projection(folder) -> dict[str, dict]:
     tree = MethodSpec("lookup-tree", "Prompt lookup tree", "n-gram trees, verified by our loop", "hfs",
                       lambda model, tokenizer, options: {"candidate_generator": hfs.PromptLookup(
                           adaptive=False, tree=hfs.DynamicTree(nodes=8, depth=6))})
-    records = run_bench(model, tokenizer, ["prompt-lookup", tree], prompts, out=folder / "cpu.jsonl",
+    # chains of at most 8 as well: prompt lookup's copies draft up to copy_tokens (15 by default), past what the
+    # profile below measures
+    chain = MethodSpec("prompt-lookup", "Prompt lookup", "n-gram chains", "hfs",
+                       lambda model, tokenizer, options: {"candidate_generator": hfs.PromptLookup(
+                           num_tokens=8, copy_tokens=8)})
+    records = run_bench(model, tokenizer, [chain, tree], prompts, out=folder / "cpu.jsonl",
                         max_new_tokens=128, repeats=3, progress=False)
     assert all(r["identical_to_greedy"] for r in records)
     assert {r["input_tokens"] for r in records} == {20}  # contexts 20-148
