@@ -15,6 +15,7 @@ both, as the spec loader and the app do.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import itertools
 import math
@@ -95,6 +96,16 @@ class CheckedOnAssignment:
             state.update(before)
             raise
         state.pop("_hf_speculative_spec", None)
+
+
+def unknown_key(given: Iterable[str], known: list[str]) -> tuple[str, str] | None:
+    """The first of ``given`` not in ``known`` and a hint for its message (``"did you mean 'x'? "``, or ``""`` when
+    nothing is close), or ``None`` when every key is known."""
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            return key, f"did you mean {close[0]!r}? " if close else ""
+    return None
 
 
 def shown(value: Any) -> str:

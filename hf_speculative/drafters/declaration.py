@@ -24,11 +24,11 @@ This module imports nothing heavy (no torch).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 from collections.abc import Mapping
 from typing import Any
 
+from ..options import unknown_key
 from .registry import CHAINS_ONLY, NO_FILES, Capabilities, SpecFiles
 
 
@@ -115,12 +115,11 @@ class Declaration:
         """The declaration of the class ``owner`` from its class statement's ``keywords``; an unknown keyword names
         the close match."""
         known = [field.name for field in dataclasses.fields(cls)]
-        for key in keywords:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise TypeError(f"{owner}({key}=...): not a field of a drafter's declaration; {hint}a class statement "
-                                f"declares {', '.join(known)}.")
+        unknown = unknown_key(keywords, known)
+        if unknown is not None:
+            key, hint = unknown
+            raise TypeError(f"{owner}({key}=...): not a field of a drafter's declaration; {hint}a class statement "
+                            f"declares {', '.join(known)}.")
         if "method" not in keywords:
             raise TypeError(f"{owner}({', '.join(f'{k}=...' for k in keywords)}) needs method=...: a class without "
                             "method= declares nothing (it is the same drafter as its base class).")

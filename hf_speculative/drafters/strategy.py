@@ -10,7 +10,6 @@ spec_writer.py's.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import os
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..core.call import CallContext
+from ..options import unknown_key
 from ..core.tree_shapes import DynamicTree
 from . import spec_writer
 from .declaration import DECLARED_IN_THE_STATEMENT, Declaration
@@ -73,12 +73,11 @@ class DraftStrategy(Drafter):
         # a mistyped option (PromptLookup(num_token=3)) names the close match, not dataclasses' bare TypeError
         if kwargs and dataclasses.is_dataclass(cls):
             known = [f.name for f in dataclasses.fields(cls) if f.init]
-            for key in kwargs:
-                if key not in known:
-                    close = difflib.get_close_matches(key, known, n=1)
-                    hint = f"did you mean {close[0]!r}? " if close else ""
-                    raise TypeError(f"{cls.__name__}() got an unknown option {key!r}: {hint}"
-                                    f"its options are {', '.join(known)}.")
+            unknown = unknown_key(kwargs, known)
+            if unknown is not None:
+                key, hint = unknown
+                raise TypeError(f"{cls.__name__}() got an unknown option {key!r}: {hint}"
+                                f"its options are {', '.join(known)}.")
         return super().__new__(cls)
 
     def open(self, ctx: CallContext) -> "SpeculativeCandidateGenerator":  # pragma: no cover - abstract

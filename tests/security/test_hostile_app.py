@@ -31,7 +31,7 @@ from hf_speculative.app.limits import MAX_BODY_BYTES
 from hf_speculative.app.queue_share import DEFAULT_PER_SESSION, default_per_address, queued_events
 from tests.app.conftest import compare_args, save_tiny_chat_model
 from tests.conftest import CHAT_WORDS
-from tests.security.test_hostile_folder import BUDGET_MB, Case, _measure, run
+from tests.security.test_hostile_folder import BUDGET_MB, Case, _measure, case_registry, run
 
 MB = 1 << 20
 HOSTILE_BYTES = 200 * MB  # one of the posts whose bursts left ~1 GB behind per burst before the limit
@@ -145,14 +145,7 @@ def refusing(world: AppWorld, request: Callable[[], tuple[int, Any]]) -> Callabl
     return action
 
 
-CASES: list[Case] = []
-
-
-def case(name: str, group: str, error: Any, match: str):
-    def register(prepare):
-        CASES.append(Case(name, group, prepare, error, match))
-        return prepare
-    return register
+CASES, case = case_registry()
 
 
 JOIN = "/gradio_api/queue/join"

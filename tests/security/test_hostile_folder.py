@@ -197,14 +197,19 @@ class Case:
     match: str  # a regex on the message: the field it names
 
 
-CASES: list[Case] = []
+def case_registry() -> tuple[list[Case], Callable]:
+    """A battery's list of cases and the decorator that adds one (``@case(name, group, error, match)``)."""
+    cases: list[Case] = []
+
+    def case(name: str, group: str, error: Any, match: str):
+        def register(prepare):
+            cases.append(Case(name, group, prepare, error, match))
+            return prepare
+        return register
+    return cases, case
 
 
-def case(name: str, group: str, error: Any, match: str):
-    def register(prepare):
-        CASES.append(Case(name, group, prepare, error, match))
-        return prepare
-    return register
+CASES, case = case_registry()
 
 
 def suffix_spec(**options_: Any) -> dict:
