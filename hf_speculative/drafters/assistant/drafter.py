@@ -177,14 +177,16 @@ class AssistantCandidateGenerator(TreeOrChainCandidateGenerator):
         decoder = compat.decoder_of(ctx.target)
         thread = self.tap._thread
         self._hook = decoder.register_forward_pre_hook(
-            lambda module, args, kwargs: self._saw_cache(thread, kwargs), with_kwargs=True)
+            lambda module, args, *kwargs: self._saw_cache(thread, kwargs), with_kwargs=True)
         self._size_tree_or_chain(ctx, config)
 
-    def _saw_cache(self, thread: int, kwargs: dict) -> None:
+    def _saw_cache(self, thread: int, kwargs: tuple[dict, ...]) -> None:
+        # ``kwargs`` is ``()`` when a forward on another thread runs the hook in the moment torch has added it but
+        # not yet marked it as taking kwargs (registration is not thread-safe); only this call's thread reads them
         import threading
 
-        if threading.get_ident() == thread:
-            self.cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if threading.get_ident() == thread and kwargs:
+            self.cache = kwargs[0].get("cache", kwargs[0].get("past_key_values"))
 
     def _draft_price(self) -> float:
         # until measured: a few layers without K/V projections against a whole model

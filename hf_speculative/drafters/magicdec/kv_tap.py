@@ -61,13 +61,16 @@ class ForwardTap:
         self._handles = [target.register_forward_pre_hook(self._before, with_kwargs=True),
                          target.register_forward_hook(self._after, with_kwargs=True)]
 
-    def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    # torch marks a hook as taking kwargs just after adding it (not thread-safe): a forward on another thread in
+    # between calls it without them, so the hooks take ``*rest`` and return early for any other thread
+    def _before(self, module: torch.nn.Module, args: tuple, *rest: dict) -> None:
         if threading.get_ident() == self._thread:
             self._started = time.perf_counter()
 
-    def _after(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if threading.get_ident() != self._thread or self._started is None:
+    def _after(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+        if threading.get_ident() != self._thread or self._started is None or len(rest) != 2:
             return
+        kwargs, output = rest
         started, self._started = self._started, None
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:

@@ -139,3 +139,33 @@ def test_a_batch_reports_its_compressed_cache_in_the_call_stats(magicdec_costs):
     strategy = hfs.MagicDec(window=6, sinks=2, num_tokens=4, confidence_threshold=0.0, adaptive=False)
     model.generate(**left_padded(RAGGED), do_sample=False, max_new_tokens=12, candidate_generator=strategy)
     assert "magicdec" in hfs.last_stats(model).extra
+
+
+def test_tap_ignores_a_forward_of_another_thread_that_sees_its_hooks_without_kwargs():
+    """torch adds a hook, then marks it as taking kwargs: a forward on another thread in between calls it as
+    ``hook(module, args)`` / ``hook(module, args, output)`` (the CI failure of the test above). The tap's hooks take
+    that and record nothing for the other thread."""
+    import threading
+
+    from hf_speculative.drafters.magicdec.kv_tap import ForwardTap
+
+    model, seen, errors = build_model("qwen2"), [], []
+    tap = ForwardTap(model, seen.append)
+    ids = torch.tensor([[1, 2, 3]])
+
+    def other_thread():
+        try:
+            tap._before(model, (ids,))
+            tap._after(model, (ids,), object())
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    try:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert not errors and not seen
+        model(input_ids=ids)  # this thread's forward goes through the registered hooks, with kwargs
+        assert len(seen) == 1 and (seen[0].batch, seen[0].width) == (1, 3)
+    finally:
+        tap.remove()
