@@ -16,8 +16,8 @@ the kernel on one instruction set (interleaved in one process; without ``@`` it 
     python benchmarks/verify_costs.py --linears --layouts all+kernel@avx2,all+kernel@avx512 --tokens 1,2,4,8,16
 
 ``#gqa`` / ``#repeat`` after a layout set transformers' ``TRANSFORMERS_SDPA_FORCE_GQA`` to 1 / 0 before each of its
-forwards (grouped-query SDPA, or ``repeat_kv`` copies, in masked multi-token forwards; what hf_speculative's own
-verification chooses on a CPU: ``core.sdpa.grouped_query_sdpa``):
+forwards (grouped-query SDPA, or ``repeat_kv`` copies, in masked multi-token forwards; hf_speculative leaves the
+variable to the user: ``core/sdpa.py``):
 
     python benchmarks/verify_costs.py --layouts "all+kernel#repeat,all+kernel#gqa" --tokens 1,2,6,11
 

@@ -3,7 +3,7 @@
 Supported: transformers >= 4.45, < 6. The facts behind each shim are in the team's notes on
 transformers' assisted-generation internals. Only shims live here: what differs between versions (names, signatures,
 where a cache keeps its tensors) behind one function each. What is built on them lives with its user: KV-cache
-surgery in ``core/kv_cache.py``, the SDPA names and the grouped-query switch in ``core/sdpa.py``, a drafter's lookups of
+surgery in ``core/kv_cache.py``, the SDPA names in ``core/sdpa.py``, a drafter's lookups of
 transformers classes (``MtpModel``, the Gemma-4 assistants) in its folder.
 """
 
@@ -298,20 +298,3 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     """``{"dtype": d}`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 (5.x drops
     ``torch_dtype``), ``{"torch_dtype": d}`` before."""
     return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56.0") else "torch_dtype": dtype}
-
-
-# -- transformers' switch to grouped-query SDPA under a mask (core/sdpa.py sets it around our forwards) --------------
-SDPA_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"  # read from the environment by every SDPA call of the 5.x that have it
-
-
-@functools.cache
-def reads_force_gqa() -> bool:
-    """Whether this transformers reads ``TRANSFORMERS_SDPA_FORCE_GQA`` (5.x; 4.x repeats the keys and values of a
-    grouped-query model under any mask) and torch takes ``enable_gqa`` (2.5+)."""
-    try:
-        from transformers.integrations import sdpa_attention
-
-        has_switch = SDPA_FORCE_GQA in inspect.getsource(sdpa_attention)
-    except (ImportError, OSError, TypeError):  # no such module, or installed without its sources
-        return False
-    return has_switch and Version(torch.__version__.split("+")[0]) >= Version("2.5")

@@ -115,8 +115,7 @@ GqaOpt = Annotated[
     typer.Option(
         "--sdpa-gqa/--no-sdpa-gqa",
         help="Set transformers' TRANSFORMERS_SDPA_FORCE_GQA=1 for this process (greedy and every method alike): "
-        "grouped-query attention without repeat_kv copies in multi-token forwards. hf_speculative's own "
-        "verification forwards on a CPU do this already; this also covers transformers' own methods.",
+        "grouped-query attention without repeat_kv copies in multi-token forwards.",
     ),
 ]
 DTYPES = ("float32", "bfloat16", "float16")

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import compat
-from . import kv_cache, sdpa
+from . import kv_cache
 from .tree import DraftTree
 from .verify import _window, check_tree_attention
 
@@ -124,9 +124,8 @@ class BatchVerifier:
 
         ids = torch.cat([pending, tokens], dim=-1)                                   # [B, m + n]
         keep = compat.logits_to_keep_kwargs(self.model, 1 + n)
-        with sdpa.grouped_query_sdpa(self.model, ids.numel()):  # rows are masked: no repeat_kv copies (CPU)
-            out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                             **{compat.cache_kwarg(): self.cache}, **keep)
+        out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                         **{compat.cache_kwarg(): self.cache}, **keep)
         self.cache = compat.output_cache(out)
         self._before = (self.slots, self.positions, self.lengths)
         self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)

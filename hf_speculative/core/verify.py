@@ -116,16 +116,15 @@ def forward_tree(model: torch.nn.Module, cache: Any, uncached: torch.Tensor | in
         tree = DraftTree(tree.tokens.to(device), tree.parents.to(device))
     ids = torch.cat([uncached, tree.tokens]).unsqueeze(0)  # [1, m + n]
     keep = compat.logits_to_keep_kwargs(model, 1 + tree.size)
-    with sdpa.grouped_query_sdpa(model, ids.shape[1]):  # no repeat_kv copies in masked forwards (CPU)
-        if _prefill_apart(model, uncached.numel(), tree.size):
-            return _prefill_then_nodes(model, cache, ids, uncached.numel(), tree, prefix_length, fresh)
-        if tree.is_chain():  # the fast path: the model's own causal masks (and SDPA's causal kernel)
-            out = model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
-        else:
-            dtype = model.get_input_embeddings().weight.dtype
-            out = model(input_ids=ids, position_ids=position_ids(tree, prefix_length, fresh),
-                        attention_mask=tree_masks(model, tree, prefix_length, dtype, fresh),
-                        use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
+    if _prefill_apart(model, uncached.numel(), tree.size):
+        return _prefill_then_nodes(model, cache, ids, uncached.numel(), tree, prefix_length, fresh)
+    if tree.is_chain():  # the fast path: the model's own causal masks (and SDPA's causal kernel)
+        out = model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
+    else:
+        dtype = model.get_input_embeddings().weight.dtype
+        out = model(input_ids=ids, position_ids=position_ids(tree, prefix_length, fresh),
+                    attention_mask=tree_masks(model, tree, prefix_length, dtype, fresh),
+                    use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
     return out.logits[0, -(1 + tree.size):]  # [1 + n, V]
 
 

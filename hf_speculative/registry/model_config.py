@@ -14,7 +14,6 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
 
 from ..options import escaped, shown
 from . import integrity

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from ... import compat
-from ...core import sdpa
 from ...core.call import CallContext
 from ...core.policy import AcceptanceEstimate
 from ...core.tree import DraftTree, Verdict
@@ -281,8 +280,6 @@ class DraftGroup:
         """One draft step: the target over ``tokens`` ``[R, 1]`` at their true ``positions``, attending to the
         compressed caches and the tokens drafted so far (``mask`` ``[R, 1, 1, K]``); the last logits ``[R, V]``.
         ``forward`` itself, not the module: no hook of the target counts it as a verifying forward (kv_tap.py)."""
-        # the forward has a mask: without the switch, CPU SDPA would copy the keys and values of a GQA model per head
-        with sdpa.grouped_query_sdpa(self.target, max(2, tokens.numel())):
-            out = self.target.forward(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
-                                      **{compat.cache_kwarg(): cache}, **compat.logits_to_keep_kwargs(self.target, 1))
+        out = self.target.forward(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=True,
+                                  **{compat.cache_kwarg(): cache}, **compat.logits_to_keep_kwargs(self.target, 1))
         return out.logits[:, -1].float()
