@@ -15,8 +15,8 @@ Each record holds the drafting and verification ms per step. With Medusa budgets
 head's top-1 agreement with the target, teacher-forced on greedy's own output (``head_top1``: head k guesses the
 token k+1 places after the state it reads).
 
-Every method runs through the same loop (``hf_speculative.core.loop.run``) with ``adaptive=False`` (fixed budgets,
-for measurement) or the cost-chosen budget (``--adaptive``); greedy is plain ``generate`` in the same run,
+Every method runs through the same loop (the ladder with an open drafter: ``tests/core/loop_harness.py``) with
+``adaptive=False`` (fixed budgets, for measurement) or the cost-chosen budget (``--adaptive``); greedy is plain ``generate`` in the same run,
 interleaved prompt by prompt. Each output is checked token for token against greedy.
 """
 
@@ -26,7 +26,9 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -126,7 +128,8 @@ def main(argv=None) -> None:
     from hf_speculative.core.call import CallContext
     from hf_speculative.bench.runner import environment
     from hf_speculative.bench.spec_bench import DATASET, load_prompts
-    from hf_speculative.core.loop import run
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests/ holds the harness
+    from tests.core.loop_harness import run
     from hf_speculative.tooling.prompting import encode_prompt
     from hf_speculative.core.stats import SpeculativeStats
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteriaList

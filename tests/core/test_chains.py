@@ -13,7 +13,7 @@ import hf_speculative as hfs
 from hf_speculative.core.call import CallContext
 from hf_speculative.drafters.generator import ExternalCandidateGenerator
 from hf_speculative.core.budget import DraftBudget
-from hf_speculative.core.loop import run
+from tests.core.loop_harness import run
 from hf_speculative.core.stats import SpeculativeStats
 
 

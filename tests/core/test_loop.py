@@ -14,7 +14,8 @@ from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLeng
                                                        StopStringCriteria)
 
 from hf_speculative.core.budget import FIXED
-from hf_speculative.core.loop import accept_greedy, run
+from hf_speculative.core.loop import accept_greedy
+from tests.core.loop_harness import run
 from hf_speculative.core.tree import DraftTree, Verdict
 
 

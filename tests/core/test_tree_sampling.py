@@ -14,7 +14,7 @@ from transformers.generation.stopping_criteria import MaxLengthCriteria, Stoppin
 
 from hf_speculative.core.accept import accept_greedy
 from hf_speculative.core.budget import FIXED
-from hf_speculative.core.loop import run
+from tests.core.loop_harness import run
 from hf_speculative.core.sampling import SeededSampler
 from hf_speculative.core.tree import DraftTree
 

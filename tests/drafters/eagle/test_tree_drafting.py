@@ -10,7 +10,7 @@ from transformers.generation.stopping_criteria import MaxLengthCriteria, Stoppin
 
 import hf_speculative as hfs
 from hf_speculative.core.call import CallContext
-from hf_speculative.core.loop import run
+from tests.core.loop_harness import run
 from hf_speculative.core.stats import SpeculativeStats
 from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
 from tests.conftest import ARCHS, PROMPT, build_model, draft_once, fit_eagle, prompt_inputs, random_eagle, stock_generate
