@@ -9,7 +9,8 @@ Layers, bottom first; a module imports its own unit and the layers below it, nev
     drafters                    declaration, strategy, generator, assisted, registry, spec_writer, checkpoints,
                                 vllm_support (base: old names);
                                 then one folder per method
-    hf                          the transformers adapter: integration (the generate() entry), checks, spec
+    hf                          the transformers adapter: integration (enable, the generate() entry), loop_hooks,
+                                drafter_source, call_checks, checks, spec
     hf_speculative              the package's ``__init__``: the public names, each loaded on first use
     tooling                     methods, prompting: what the command line, the app and the benchmark share
     bench
@@ -320,7 +321,7 @@ if __name__ == "__main__":
 # transformers' entry leaves no other way: the running call, which transformers' callbacks into the enabled model
 # (_get_candidate_generator, _get_logits_processor, _get_stopping_criteria, custom_generate) cannot be handed. (The
 # spec a model's save_pretrained wrote is handed to hf.spec.keep_field_on_load, not kept in a ContextVar.)
-CONTEXT_VARS = {("hf_speculative.hf.integration", "_ACTIVE_CALL")}
+CONTEXT_VARS = {("hf_speculative.hf.loop_hooks", "_ACTIVE_CALL")}
 
 
 def context_vars() -> set[tuple[str, str]]:

@@ -8,7 +8,7 @@ target forwards (blocks), the accepted length of each step (block size - 1) and 
 drafted; ``hf_speculative.last_stats`` agrees with it after the call (the tests check this). The
 number of *proposed* tokens (for the acceptance rate) is only known to ``hf_speculative`` strategies:
 the streamer reads it live from the call's own statistics object, which
-:func:`hf_speculative.hf.integration.active_call` hands out inside the call (the streamer runs in the
+:func:`hf_speculative.hf.loop_hooks.active_call` hands out inside the call (the streamer runs in the
 generation thread). The strategy goes to ``generate()`` as built, unwrapped: the app's call takes the
 route the library takes for it (a tree strategy runs in hf_speculative's own loop), and the streamer
 records which route that was (:attr:`MethodTrace.route`).
@@ -152,7 +152,7 @@ class TokenStreamer(BaseStreamer):
         """The call's statistics object and route, read inside ``generate()`` (this thread's call)."""
         if self.model is None:
             return
-        from ..hf.integration import active_call
+        from ..hf.loop_hooks import active_call
 
         call = active_call(self.model)
         if call is None:  # greedy, or transformers' own drafters: no hf_speculative call

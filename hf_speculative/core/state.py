@@ -61,7 +61,7 @@ class ModelState:
             (``drafters.eagle.static_drafting``), SuffixDecoding's histories (``drafters.suffix.history``), the
             target's own MTP layers (``drafters.mtp.drafter``).
         hook_users (`Users`): the calls running now that installed ``generate()``'s loop hooks on it for their
-            duration (``hf.integration._temporary_loop_hooks``). The one count that :func:`forget` carries over
+            duration (``hf.loop_hooks.temporary_loop_hooks``). The one count that :func:`forget` carries over
             to the model's next state: it counts calls running now, which keep what they hold.
         lock (`threading.RLock`): held by updates that read and then write the slots above.
         forward_turn (`threading.Lock`): held by a compiled call's forward, so that concurrent calls take turns

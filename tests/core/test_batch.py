@@ -236,13 +236,13 @@ def test_pipeline_with_batch_size(cheap_batches):
     calls = []
     import hf_speculative.hf.integration as integration
 
-    original = integration._batched
+    original = integration.is_batched
 
     def spying(inputs):
         calls.append(original(inputs))
         return calls[-1]
 
-    integration._batched, saved = spying, original
+    integration.is_batched, saved = spying, original
     try:
         out = pipe(texts, max_new_tokens=20, do_sample=False, candidate_generator=hfs.PromptLookup(adaptive=False))
         assert out == plain
@@ -253,7 +253,7 @@ def test_pipeline_with_batch_size(cheap_batches):
         assert pipe(texts, max_new_tokens=20, do_sample=False) == plain
         assert any(calls) and hfs.last_stats(model).method == "prompt-lookup"
     finally:
-        integration._batched = saved
+        integration.is_batched = saved
         model.generation_config.candidate_generator = None
 
 

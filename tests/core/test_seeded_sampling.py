@@ -145,10 +145,12 @@ def test_threads_with_their_own_seeds_get_their_own_texts(target):
 def test_greedy_ignores_the_seed(target):
     inputs = prompt_inputs()
     greedy = target.generate(**inputs, max_new_tokens=NEW, do_sample=False)
-    with pytest.warns(UserWarning, match="sampling_seed=1 fixes the draws of sampling, and this call decodes greedily"):
+    with pytest.warns(UserWarning, match="sampling_seed=1 fixes the draws of sampling, and this call decodes greedily"
+                      ) as caught:
         seeded = target.generate(**inputs, max_new_tokens=NEW, do_sample=False, sampling_seed=1,
                                  candidate_generator=hfs.PromptLookup())
     assert seeded.tolist() == greedy.tolist()
+    assert [w.filename for w in caught if "sampling_seed=1" in str(w.message)] == [__file__]  # the user's line
 
 
 @pytest.mark.skipif(not hfs.compat.SUPPORTS_CUSTOM_GENERATE_CALLABLE, reason="custom_generate callables: 4.57+")

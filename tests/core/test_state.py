@@ -17,7 +17,7 @@ from hf_speculative.drafters.self_speculative.calibration import SkipCalibration
 from hf_speculative.drafters.self_speculative.layer_view import TargetLayers, check_structure, layer_subset
 from hf_speculative.core.state import ModelState, forget, state_of
 from hf_speculative.drafters.suffix.history import history_for
-from hf_speculative.hf import integration
+from hf_speculative.hf import loop_hooks as hooks
 from tests.conftest import build_model, random_eagle, random_exit_adapter, sibling_model
 
 
@@ -172,24 +172,24 @@ def test_forget_empties_every_slot_and_carries_only_the_count_of_running_calls()
 
 
 def loop_hooks(model: torch.nn.Module) -> set[str]:
-    return set(integration._LOOP_HOOKS) & set(model.__dict__)
+    return set(hooks.LOOP_HOOKS) & set(model.__dict__)
 
 
 def test_loop_hooks_are_counted_in_the_model_state_and_outlive_forget_while_a_call_holds_them():
     model = build_model("llama")  # not enabled: a custom_generate call lends it the hooks
     with contextlib.ExitStack() as first:
-        first.enter_context(integration._temporary_loop_hooks(model))
-        assert loop_hooks(model) == set(integration._LOOP_HOOKS) and state_of(model).hook_users.count == 1
+        first.enter_context(hooks.temporary_loop_hooks(model))
+        assert loop_hooks(model) == set(hooks.LOOP_HOOKS) and state_of(model).hook_users.count == 1
         forget(model)  # while the first call runs
-        with integration._temporary_loop_hooks(model):
+        with hooks.temporary_loop_hooks(model):
             assert state_of(model).hook_users.count == 2
             first.close()  # the first call ends while the second still uses the hooks
-            assert loop_hooks(model) == set(integration._LOOP_HOOKS)
+            assert loop_hooks(model) == set(hooks.LOOP_HOOKS)
         assert state_of(model).hook_users.count == 0
     assert not loop_hooks(model)
     assert not [name for name in model.__dict__ if name.startswith("_hf_speculative")]
     enabled = hfs.enable(build_model("llama"))
-    with integration._temporary_loop_hooks(enabled):
+    with hooks.temporary_loop_hooks(enabled):
         pass
-    assert loop_hooks(enabled) == set(integration._LOOP_HOOKS)  # an enabled model keeps its own
+    assert loop_hooks(enabled) == set(hooks.LOOP_HOOKS)  # an enabled model keeps its own
 

@@ -94,4 +94,4 @@ def test_one_call_object_and_one_context_variable():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "ContextVar":
                 context_vars.append(str(path.relative_to(PACKAGE)))
     assert call_classes == ["core/call.py:Call"]
-    assert context_vars == ["hf/integration.py"]
+    assert context_vars == ["hf/loop_hooks.py"]

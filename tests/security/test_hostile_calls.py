@@ -323,8 +323,9 @@ def test_transformers_assistant_options_beside_a_drafter_warn(target, drafter, o
 
 
 def test_num_assistant_tokens_in_a_batch_warns_and_without_a_drafter_does_not(target):
-    with pytest.warns(UserWarning, match=r"num_assistant_tokens= .* PromptLookup does not read"):
+    with pytest.warns(UserWarning, match=r"num_assistant_tokens= .* PromptLookup does not read") as warned:
         target.generate(**batch_inputs(), candidate_generator=hfs.PromptLookup(), num_assistant_tokens=3, **GREEDY)
+    assert {w.filename for w in warned if "num_assistant_tokens=" in str(w.message)} == {__file__}  # the user's line
     with warnings.catch_warnings(record=True) as caught:  # no drafter: transformers' own generate, its own business
         warnings.simplefilter("always")
         target.generate(**prompt_inputs(), candidate_generator=None, num_assistant_tokens=3, **GREEDY)
