@@ -1,0 +1,90 @@
+"""``python -m tools.corpus build|status``: the self-distillation corpus in one command.
+
+    python -m tools.corpus build --target smollm2-135m-instruct --out ~/corpora/smollm2 --answers 20000
+    python -m tools.corpus status --out ~/corpora/smollm2
+
+``build`` writes the prompt list (WordNet, the target's own messages, the team's templates, in the --mix's
+proportions, deduplicated, without Spec-Bench's questions, a held-out split by hash), then the target's greedy
+answers to it. The same command resumes a stopped run; a larger --answers grows the corpus, keeping every prompt
+and answer it has. Run it from the repository's root (``tools`` is not installed with the package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .mix import DEFAULT_MIX
+
+BUILD = ("Write the prompt list (stage 1), then the target's greedy answers to it (stage 2); the same command "
+         "resumes a stopped run, and a larger --answers grows the corpus, keeping every prompt and answer it has.")
+
+
+def _build_parser(sub) -> None:
+    p = sub.add_parser("build", help="build, resume or grow a corpus", description=BUILD)
+    p.add_argument("--target", required=True, help="registry name or folder of the target model")
+    p.add_argument("--out", type=Path, required=True, help="the corpus's folder, outside the repository")
+    p.add_argument("--answers", type=int, default=20_000,
+                   help="answers the corpus holds, held-out ones included (default 20000)")
+    p.add_argument("--mix", default=DEFAULT_MIX, help="shares of the sources wordnet, magpie (the target's own "
+                   "messages) and builtin (the team's templates), normalised to sum to 1 (default %(default)s)")
+    p.add_argument("--held-out", type=float, default=0.02,
+                   help="fraction of prompts held out, by their text's hash (default 0.02)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the WordNet and built-in lists and of the sampling (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=192, help="tokens per answer at most (default 192)")
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts (with the chat template) are "
+                   "dropped and replaced (default 1024)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts answered together (16: decoding stays within "
+                   "the rows hf_speculative's CPU kernel computes; default 16)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
+    p.add_argument("--cpu-layout", default="auto", help="auto: hfs.optimize_for_cpu(model) (the CPU kernel where it "
+                   "runs; the default); or a layout of the CLI's --cpu-layout (none, all, all+kernel, ...)")
+    p.add_argument("--prompts-only", action="store_true", help="stop after the prompt list (stage 1)")
+    p.add_argument("--wordnet-dir", type=Path, help="folder of WordNet's data.noun (default /usr/share/wordnet)")
+    p.add_argument("--fortune-dir", type=Path, help="folder of the fortune files (default /usr/share/games/fortunes)")
+    p.add_argument("--magpie-batch-size", type=int, default=64, help="messages sampled together (default 64)")
+    p.add_argument("--magpie-max-new-tokens", type=int, default=96, help="longer messages are dropped (default 96)")
+    p.add_argument("--magpie-min-words", type=int, default=4, help="shorter messages are dropped (default 4)")
+    p.add_argument("--magpie-temperature", type=float, default=1.0, help="the sampling's temperature (default 1.0)")
+    p.add_argument("--magpie-top-p", type=float, default=0.95, help="the sampling's top-p (default 0.95)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tools.corpus", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    _build_parser(sub)
+    s = sub.add_parser("status", help="answers done of those asked, per source")
+    s.add_argument("--out", type=Path, required=True, help="the corpus's folder")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .build import build, status
+    from .sources import Exhausted
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        if args.command == "status":
+            print(status(args.out))
+            return 0
+        build(args.target, args.out, answers=args.answers, mix=args.mix, held_out=args.held_out, seed=args.seed,
+              max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+              batch_size=args.batch_size, threads=args.threads, cpu_layout=args.cpu_layout,
+              prompts_only=args.prompts_only, wordnet_dir=args.wordnet_dir, fortune_dir=args.fortune_dir,
+              magpie={"batch_size": args.magpie_batch_size, "max_new_tokens": args.magpie_max_new_tokens,
+                      "min_words": args.magpie_min_words, "temperature": args.magpie_temperature,
+                      "top_p": args.magpie_top_p}, argv=argv)
+    except (OSError, ValueError, Exhausted) as error:
+        p.exit(2, f"{p.prog}: error: {error}\n")
+    print(status(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Stage 2: the target's greedy answers to the prompt list, by ``hf-speculative self-distill``'s own function
+(:func:`hf_speculative.training.selfdistill.generate_responses`): batched, appended as each batch finishes, and
+resumed by prompt id, so a run stopped anywhere, or asked later for a larger corpus, answers only what is missing.
+
+The held-out prompts are answered first (a few hundred; validation data exists from the first minutes), then the
+training prompts in the list's order, ``chunk`` prompts per call so that the manifest is brought up to date
+between calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .files import SPLITS, answers_path, prompts_path, read_rows, repair_tail
+
+CHUNK = 2048  # prompts per generate_responses call (two of its default sort windows)
+
+
+def load_target(target: str, *, cpu_layout: str = "auto", threads: int | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from the registry (name, folder or Hub id), in eval mode, on the CPU path asked for.
+
+    Args:
+        cpu_layout (`str`, defaults to `"auto"`): ``"auto"``: ``hfs.optimize_for_cpu(model)`` (hf_speculative's
+            CPU kernel and native decoder layers where they run, else the column-major layout, with a warning that
+            says why); or one of ``hf_speculative.cpu.layout.LAYOUT_NAMES`` (``"none"``: the model as loaded).
+    """
+    import torch
+
+    from hf_speculative.cpu.layout import LAYOUT_NAMES, apply_layout, optimize_for_cpu
+    from hf_speculative.registry.models import load_model
+
+    if cpu_layout != "auto" and cpu_layout not in LAYOUT_NAMES:
+        raise ValueError(f"--cpu-layout {cpu_layout}: use auto or one of {', '.join(LAYOUT_NAMES)}")
+    if threads:
+        torch.set_num_threads(threads)
+    model, tokenizer = load_model(target)
+    model.eval()
+    if cpu_layout == "auto":
+        optimize_for_cpu(model)
+    else:
+        apply_layout(model, cpu_layout)
+    return model, tokenizer
+
+
+def answer_all(out: Path, model: Any, tokenizer: Any, *, max_new_tokens: int, batch_size: int,
+               max_prompt_tokens: int, sort_window: int = 1024, chunk: int = CHUNK, progress: bool = True,
+               after_chunk: Callable[[], None] = lambda: None) -> None:
+    """Answer every prompt of both splits that has no answer yet (held-out first), ``after_chunk()`` after each
+    call that wrote answers."""
+    from hf_speculative.training.selfdistill import generate_responses
+
+    for split in ("held_out", "train"):
+        rows, path = read_rows(prompts_path(out, split)), answers_path(out, split)
+        if repair_tail(path):
+            print(f"{path}: cut its last, unfinished row (a stopped run); answering it again", flush=True)
+        done = {row["id"] for row in read_rows(path)}
+        for start in range(0, len(rows), chunk):
+            part = rows[start: start + chunk]
+            if all(row["id"] in done for row in part):
+                continue
+            generate_responses(model, tokenizer, part, path, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                               max_prompt_tokens=max_prompt_tokens, sort_window=sort_window, progress=progress)
+            done.update(row["id"] for row in part)
+            after_chunk()
+
+
+def progress(out: Path) -> dict:
+    """What the answer files hold: answers per split and per source, and tokens (prompts', answers', all)."""
+    per_split, per_source = dict.fromkeys(SPLITS, 0), {}
+    prompt_tokens = response_tokens = 0
+    for split in SPLITS:
+        seen = set()
+        for row in read_rows(answers_path(out, split)):
+            if row["id"] in seen:  # never written twice by the resuming writer; counted once if it were
+                continue
+            seen.add(row["id"])
+            per_split[split] += 1
+            per_source[row.get("source", "?")] = per_source.get(row.get("source", "?"), 0) + 1
+            prompt_tokens += len(row["prompt_tokens"])
+            response_tokens += len(row["response_tokens"])
+    return {"done": sum(per_split.values()), "by_split": per_split, "by_source": dict(sorted(per_source.items())),
+            "tokens": {"prompts": prompt_tokens, "answers": response_tokens, "total": prompt_tokens + response_tokens}}
