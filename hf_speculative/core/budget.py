@@ -149,6 +149,16 @@ class Plan:
         policy = self._budget.policy
         return True if policy is None else policy.catch_up_pays(cost, remaining, earlier_rate, generated)
 
+    def fixed_chain(self, limit: int) -> int | None:
+        """Under a fixed budget (``adaptive=False``), after :meth:`start_chain` said yes: the length the chain rule
+        will let the chain reach, at most ``limit`` (every token is drafted whatever its confidence, so a drafter may
+        draft them all on the device and report the confidences afterwards with :meth:`took`); ``None`` under the
+        cost rules, whose decision after each token needs that token's confidence on the host."""
+        policy = self._budget.policy
+        if policy is None or policy.adaptive:
+            return None
+        return max(min(limit, self.depth, policy.max_draft), 0)
+
     def wants(self, peak: float) -> bool:
         """Whether to draft the next token, given the peak of the drafter's distribution there (before choosing)."""
         return self._budget.policy.wants(peak)

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from .budget import Plan
 
 
-def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step) -> DraftTree:
+def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step,
+                on_device: bool = False) -> DraftTree:
     """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``, repeat while
     the loop's ``plan`` says it pays (its chain rule: ``wants`` / ``took``, see core/budget.py). The call's logits
     processors warp the drafter's logits as they warp the target's; the token is their argmax, or under seeded
@@ -29,7 +30,14 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
     Whether to draft a position is asked of ``plan.wants`` before its token is chosen (``plan.took`` sees the
     token, and only decides about the positions after it). Under the rejection rule the token is a draw from the
     drafter's warped distribution ``q`` instead, and the tree keeps ``q`` (``tree.q``, ``[k, V]``) for the rule.
-    Returns the chain, ``[k]`` tokens as a one-branch :class:`DraftTree` (empty when nothing paid)."""
+    Returns the chain, ``[k]`` tokens as a one-branch :class:`DraftTree` (empty when nothing paid).
+
+    ``on_device``: ``step`` takes the token as a device tensor ``[]`` too; where the chain's length is fixed before
+    it starts (:func:`device_chain_length`), it is drafted by :func:`draft_chain_on_device`, without reading the
+    device between tokens."""
+    length = device_chain_length(plan, ctx, max_tokens) if on_device else None
+    if length is not None:
+        return draft_chain_on_device(plan, logits, length, step)
     processors, sampler = ctx.processors, ctx.sampler
     tokens: list[int] = []
     dists: list[torch.Tensor] = []  # under the rejection rule: the q each token was drawn from, [V] each
@@ -55,3 +63,42 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
         logits = step(token)
     tree = DraftTree.from_tokens(tokens, input_ids.device)
     return dataclasses.replace(tree, q=torch.stack(dists)) if dists else tree
+
+
+def device_chain_length(plan: Plan, ctx, max_tokens: int) -> int | None:
+    """How long a chain :func:`draft_chain_on_device` may draft this step, or ``None`` where the chain must be
+    drafted token by token on the host (:func:`draft_chain`): the call's processors or sampler choose the tokens
+    (they read the host's sequence), or the cost rules decide after each token from its confidence. Ask it after
+    ``plan.start_chain()`` said yes."""
+    if ctx.sampler is not None or ctx.processors:
+        return None
+    return plan.fixed_chain(max_tokens)
+
+
+def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step) -> DraftTree:
+    """A greedy chain of ``length`` tokens with no read of the device inside: token ``j`` is the argmax of
+    ``logits_j`` `[V]` (as :func:`draft_chain` picks it without processors), fed back to ``step(token) -> logits``
+    as a device tensor ``[]``. One read at the end brings the tokens and their confidences to the host, where the
+    chain rule sees each confidence as :func:`draft_chain` would have shown it (``plan.took``: a fixed budget keeps
+    them all). A token whose distribution is NaN ends the chain before it, as in :func:`draft_chain`."""
+    tokens, confidences = [], []
+    for j in range(length):
+        token = torch.argmax(logits)  # []
+        confidences.append(torch.softmax(logits.float(), dim=-1).amax())  # its probability (indexing would read)
+        tokens.append(token)
+        if j + 1 < length:
+            logits = step(token)
+    if not tokens:
+        return DraftTree.empty(logits.device)
+    chain = torch.stack(tokens)  # [k] on the device
+    ids, probs = torch.stack([chain.double(), torch.stack(confidences).double()]).tolist()  # the read
+    kept = 0
+    for confidence in probs:
+        if math.isnan(confidence):
+            break
+        kept += 1
+        if not plan.took(confidence, length):
+            break
+    if kept == 0:
+        return DraftTree.empty(logits.device)
+    return DraftTree.chain(chain[:kept])._known_tokens([int(t) for t in ids[:kept]])

@@ -280,7 +280,8 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
             return DraftTree.empty(sequence.device)
         depth = iter(range(1, length))
         # the block's positions do not depend on the drafted tokens: the next one is already there
-        return draft_chain(plan, self.ctx, sequence, logits[0], length, lambda token: logits[next(depth)])
+        return draft_chain(plan, self.ctx, sequence, logits[0], length, lambda token: logits[next(depth)],
+                           on_device=True)
 
     def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """Each depth's guesses under every node of the level above (one forward for the whole tree)."""

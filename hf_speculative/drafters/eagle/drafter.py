@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...core.chain_drafting import draft_chain
+from ...core.chain_drafting import device_chain_length, draft_chain, draft_chain_on_device
 from ...core.draft_guide import DraftGuide
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
@@ -252,21 +252,29 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
             return DraftTree.empty(input_ids.device)
         hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
+        device = input_ids.device
+        length = device_chain_length(plan, self.ctx, plan.depth)  # a fixed budget without processors: no reads
+        positions = None if length is None or self.graphs is not None else \
+            torch.arange(position, position + length, device=device).view(-1, 1, 1)  # [k, 1, 1]
 
-        def step(token: int) -> torch.Tensor:
+        def step(token: int | torch.Tensor) -> torch.Tensor:
+            """The drafter on ``token`` (an int, or a device tensor ``[]`` on the device chain)."""
             nonlocal hidden, position
             start = time.perf_counter()
             if self.graphs is not None:
                 hidden, logits = self.graphs.chain_step(token, hidden, position)
             else:
-                ids = torch.tensor([[token]], device=input_ids.device)
-                pos = torch.tensor([[position]], device=input_ids.device)
+                ids = token.view(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=device)
+                pos = positions[position - input_ids.shape[1] + 1] if positions is not None else \
+                    torch.tensor([[position]], device=device)  # [1, 1]
                 out = self.net(self.embed(ids), hidden[None, None], pos, self.cache, fused=False)  # [1, 1, H]
                 hidden, logits = out[0, -1], self._logits(out)
             position += 1
             record_draft_step(self.net, time.perf_counter() - start)
             return logits
 
+        if length is not None:
+            return draft_chain_on_device(plan, logits, length, step)
         return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step)
 
     def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:

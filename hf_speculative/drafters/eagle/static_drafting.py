@@ -133,8 +133,8 @@ class StaticDrafting:
     def crop(self, length: int) -> None:
         self.length = min(self.length, max(length, 0))
 
-    def _forward(self, rows: int, width: int, tokens: list[int], hidden, positions: list[int], seen, pick: list[int],
-                 fused: bool):
+    def _forward(self, rows: int, width: int, tokens: list[int] | torch.Tensor, hidden, positions: list[int], seen,
+                 pick: list[int], fused: bool):
         """Run ``rows`` real rows padded to ``width`` (eagerly at their own width when they do not fit). ``tokens``
         (``rows`` ids, on the host), ``hidden`` `[rows, F]` on the device; ``positions`` (``rows`` ints),
         ``seen`` `[rows, C]` on the host (what each real row may attend to besides itself) and ``pick`` (the rows
@@ -150,12 +150,15 @@ class StaticDrafting:
             run, width = self.step, rows
         pad = width - rows
         # [W] tokens, [W] positions, [W] slots (padding rows: token 0, any valid position), [R] picked rows
-        ints = torch.tensor(tokens + [0] * pad + positions + positions[-1:] * pad
+        on_device = isinstance(tokens, torch.Tensor)  # a chain's token, chosen on the device: not read back
+        ints = torch.tensor((([0] * rows) if on_device else tokens) + [0] * pad + positions + positions[-1:] * pad
                             + list(range(start, start + width)) + pick)
         mask = torch.zeros(width, self.capacity, dtype=torch.bool)  # [W, C]
         mask[:rows] = seen
         mask[:, start:start + width].diagonal().fill_(True)  # every row sees itself, a padding row only itself
         ints, mask = ints.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+        if on_device:
+            ints[:rows].copy_(tokens.reshape(-1))
         tokens, positions = ints[None, :width], ints[None, width:2 * width]  # [1, W] each
         slots, pick = ints[2 * width:3 * width], ints[3 * width:]  # [W], [R]
         hidden = torch.nn.functional.pad(hidden, (0, 0, 0, pad))[None]  # [1, W, F]
@@ -175,10 +178,13 @@ class StaticDrafting:
                                     seen, [rows - 1], fused=True)
         return out[-1], logits[0]
 
-    def chain_step(self, token: int, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chain token after the entries so far. Returns its output `[H]` and logits `[V]`."""
+    def chain_step(self, token: int | torch.Tensor, hidden: torch.Tensor, position: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chain token (an int, or a device tensor ``[]`` that stays there) after the entries so far. Returns its
+        output `[H]` and logits `[V]`."""
         seen = (self._columns < self.length + 1)[None]  # [1, C]
-        out, logits = self._forward(1, 1, [token], hidden[None], [position], seen, [0], fused=False)
+        token = token if isinstance(token, torch.Tensor) else [token]
+        out, logits = self._forward(1, 1, token, hidden[None], [position], seen, [0], fused=False)
         return out[0], logits[0]
 
     def tree_expander(self, n_true: int, root_position: int, root_hidden: torch.Tensor):

@@ -238,7 +238,7 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         depth = iter(range(1, self.num_heads))
         # the heads' guesses do not depend on the drafted tokens: the next head, computed only if the chain goes on
         return draft_chain(plan, self.ctx, sequence, self._head_logits(0), min(plan.depth, self.num_heads),
-                           lambda token: self._head_logits(next(depth)))
+                           lambda token: self._head_logits(next(depth)), on_device=True)
 
     def _tree(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         """One step's draft tree: the first ``nodes`` rank paths of the static tree (parents come first, so
