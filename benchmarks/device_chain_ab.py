@@ -1,0 +1,83 @@
+"""Does drafting a fixed chain on the device (issue 69) cost the CPU anything? An A/B of the two paths.
+
+    python benchmarks/device_chain_ab.py [--prompts 4] [--new-tokens 64] [--repeats 3] [--out FILE]
+
+The shipped EAGLE-3 for the registry's SmolLM2 (``hfs.optimize_for_cpu``), chains of ``--num-tokens`` at a fixed
+budget (``adaptive=False``), greedy, one thread, Spec-Bench first turns (one per category, chat template):
+``host`` drafts token by token on the host (``draft_chain``, as before), ``device`` feeds each token back as a tensor
+and reads once at the end (``draft_chain_on_device``). Interleaved per prompt and repeat; outputs and drafts checked
+identical. Run it alone (check ``uptime``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-tokens", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import hf_speculative as hfs
+    from hf_speculative.bench.spec_bench import load_prompts
+    from hf_speculative.drafters.eagle import drafter as eagle_drafter
+    from hf_speculative.registry.models import load_model
+    from hf_speculative.tooling.prompting import encode_prompt
+
+    device_length = eagle_drafter.device_chain_length
+    lengths = {"device": device_length, "host": lambda plan, ctx, limit: None}
+    model, tok = load_model("smollm2-135m-instruct")
+    hfs.optimize_for_cpu(model)
+    hfs.enable(model)
+    strategy = hfs.Eagle.from_pretrained("smollm2-135m-instruct", target=model, num_tokens=args.num_tokens,
+                                         adaptive=False)
+    prompts = [encode_prompt(tok, p.text, True) for p in load_prompts(per_category=1)[: args.prompts]]
+
+    def run(arm: str, ids: torch.Tensor, n: int):
+        eagle_drafter.device_chain_length = lengths[arm]
+        start = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                             min_new_tokens=n, eos_token_id=None, candidate_generator=strategy)
+        seconds = time.perf_counter() - start
+        stats = hfs.last_stats(model)
+        return seconds, out, (stats.drafted_tokens, stats.accepted_tokens, stats.target_forwards)
+
+    report = {"load_before": os.getloadavg()[0], "prompts": len(prompts), "new_tokens": args.new_tokens,
+              "repeats": args.repeats, "num_tokens": args.num_tokens}
+    run("host", prompts[0], 8), run("device", prompts[0], 8)  # warm-up
+    times: dict[str, list[float]] = {"host": [], "device": []}
+    for ids in prompts:
+        seen = {}
+        for _ in range(args.repeats):
+            for arm in times:
+                seconds, out, counts = run(arm, ids, args.new_tokens)
+                times[arm].append(seconds)
+                seen[arm] = (out.tolist(), counts)
+        assert seen["host"] == seen["device"], "the paths drafted or generated differently"
+    eagle_drafter.device_chain_length = device_length
+    ratios = [d / h for d, h in zip(times["device"], times["host"])]
+    report.update({"median_s": {arm: round(statistics.median(v), 4) for arm, v in times.items()},
+                   "device_over_host": round(statistics.median(ratios), 3), "load_after": os.getloadavg()[0]})
+    print(json.dumps(report, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
