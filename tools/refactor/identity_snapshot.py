@@ -25,6 +25,9 @@ def main() -> None:
     parser.add_argument("--methods", default="")
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--diff", nargs=2)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the questions OUT holds in full (each ends with a printed id: its last run, the "
+                             "plain seeded one, is written) and run the rest; a question cut short is run again")
     args = parser.parse_args()
     if args.diff:
         sys.exit(diff(*args.diff))
@@ -54,8 +57,11 @@ def main() -> None:
         names = [m for m in names if m in args.methods.split(",")]
     pad = pad_token_id(model, tok)
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    with open(args.out, "w") as out:
+    done = finished_questions(args.out, seeds) if args.resume else set()
+    with open(args.out, "a" if args.resume else "w") as out:
         for q in prompts:
+            if q["question_id"] in done:
+                continue
             ids = encode_prompt(tok, q["turns"][0])
             base = dict(attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens, pad_token_id=pad)
             runs = [("greedy", None, {"do_sample": False, "candidate_generator": None})]
@@ -81,6 +87,22 @@ def main() -> None:
                                       "forwards": None if stats is None else stats.target_forwards}) + "\n")
                 out.flush()
             print(q["question_id"], flush=True)
+
+
+def finished_questions(path: str, seeds: list[int]) -> set:
+    """The questions ``path`` holds in full (their last run, the plain seeded one of the last seed, written), after
+    cutting off the runs of a question the previous run did not finish."""
+    import os
+
+    if not os.path.exists(path):
+        return set()
+    rows = [json.loads(line) for line in open(path) if line.endswith("\n")]
+    last_seed = seeds[-1] if seeds else None
+    done = {r["q"] for r in rows if r["method"] == "greedy" and r["seed"] == last_seed}
+    kept = [r for r in rows if r["q"] in done]
+    with open(path, "w") as out:
+        out.writelines(json.dumps(r) + "\n" for r in kept)
+    return done
 
 
 def diff(a: str, b: str) -> int:
