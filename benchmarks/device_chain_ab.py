@@ -11,8 +11,6 @@ identical. Run it alone (check ``uptime``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,15 +20,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_report import ab_parser, report as print_report  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = ab_parser(__doc__, new_tokens=64)
     parser.add_argument("--num-tokens", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import hf_speculative as hfs
@@ -73,10 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [d / h for d, h in zip(times["device"], times["host"])]
     report.update({"median_s": {arm: round(statistics.median(v), 4) for arm, v in times.items()},
                    "device_over_host": round(statistics.median(ratios), 3), "load_after": os.getloadavg()[0]})
-    print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ forwards, which groups queries itself). Outputs are checked identical. Run it al
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,6 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_report import ab_parser, report as print_report  # noqa: E402
 VARIABLE = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
@@ -47,11 +48,7 @@ class Switch:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
+    parser = ab_parser(__doc__, new_tokens=96)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.pop(VARIABLE, None)
@@ -99,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "forwards_switched": switch.forced}
         switch.forced = 0
     report["load_after"] = os.getloadavg()[0]
-    print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return print_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ target: ``ours`` costs no more per token than ``transformers``. Run it alone on 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,6 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_report import ab_parser, report as print_report  # noqa: E402
 
 
 def bare_forwards(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -46,11 +47,7 @@ def bare_forwards(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
+    parser = ab_parser(__doc__, new_tokens=64)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     import hf_speculative as hfs
@@ -101,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ms = report["ms_per_token"]
     report["ours_over_transformers"] = round(ms["ours"] / ms["transformers"], 3)
     report["transformers_over_forwards"] = round(ms["transformers"] / ms["forwards"], 3)
-    print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return print_report(report, args.out)
 
 
 if __name__ == "__main__":
