@@ -390,4 +390,68 @@ def grow_tree(shape: "DynamicTree | StaticTree", root_logits: torch.Tensor, expa
 
 def drafter_levels(tree: DraftTree) -> int:
     """The drafter forwards a grown tree took: one per level (1 for an empty tree), to price one step of it."""
-    return max(int(tree.depths().max()) + 1, 1) if tree.size else 1
+    if not tree.size:
+        return 1
+    depth: list[int] = []  # from the structure the tree keeps on the host (no read of the device)
+    for parent in tree.parent_list():
+        depth.append(0 if parent == ROOT else depth[parent] + 1)
+    return max(depth) + 1
+
+
+def grow_dynamic_on_device(shape: DynamicTree, root_logits: torch.Tensor, expand, nodes: int,
+                           max_depth: int) -> DraftTree:
+    """:meth:`DynamicTree.grow` without a guide (no processors, greedy guesses) as tensor operations: no read of the
+    device until the tree is made (one read of its tokens, parents and scores together). Node ``i`` is the ``i``-th
+    guess in drafting order, as in ``grow``; each depth adds every frontier node's ``top_k`` guesses, the next
+    frontier is the ``top_k`` new nodes of highest cumulative log-probability (ties to the earlier node, as ``grow``'s
+    sort), the tree keeps the best ``nodes``. ``expand(frontier [W], tokens [W], parents [W], depth) -> [W, V]``
+    takes device tensors (node indices, ``-1`` for the root) and the frontier's depth (0: the root's children).
+    A guess with no probability (a NaN or infinite drafter output) scores ``-inf``: it is dropped when the tree is
+    made, with its descendants, which ``grow`` never adds."""
+    device = root_logits.device
+    budget = min(nodes, MAX_NODES)
+    if budget <= 0:
+        return DraftTree.empty(device)
+    k = min(shape.top_k, root_logits.shape[-1])
+    scores, tokens = _top_guesses(root_logits[None], k)  # [1, k] each
+    tokens, scores = tokens.reshape(-1), scores.reshape(-1)  # [k]: the root's children
+    parents = torch.full_like(tokens, ROOT)
+    frontier = _best(scores, shape.top_k)  # [W]
+    for level in range(1, min(shape.depth, max_depth, tree_depth(shape, nodes))):  # as grow_tree bounds it
+        values, guesses = _top_guesses(expand(frontier, tokens[frontier], parents[frontier], level - 1), k)  # [W, k]
+        first = tokens.numel()
+        new = (scores[frontier][:, None] + values).reshape(-1)  # [W * k]: cumulative log-probabilities
+        tokens = torch.cat([tokens, guesses.reshape(-1)])
+        parents = torch.cat([parents, frontier.repeat_interleave(k, output_size=frontier.numel() * k)])
+        scores = torch.cat([scores, new])
+        frontier = first + _best(new, shape.top_k)
+    keep = _best(scores, budget)  # [m] ascending: drafting order is topological
+    where = torch.full_like(tokens, ROOT)
+    where[keep] = torch.arange(keep.numel(), device=device)
+    kept_parents = parents[keep]
+    kept_parents = torch.where(kept_parents == ROOT, kept_parents, where[kept_parents.clamp_min(0)])
+    kept_tokens = tokens[keep]
+    token_list, parent_list, finite = torch.stack([kept_tokens, kept_parents,
+                                                   scores[keep].isfinite().long()]).tolist()  # the one read
+    if all(finite):
+        return DraftTree._built(kept_tokens, kept_parents, token_list, parent_list)
+    # (rare: a drafter output with no probability) keep the finite nodes, whose ancestors are all finite
+    index = {old: new for new, old in enumerate(i for i, ok in enumerate(finite) if ok)}
+    pairs = [(t, ROOT if p == ROOT else index[p]) for t, p, ok in zip(token_list, parent_list, finite) if ok]
+    if not pairs:
+        return DraftTree.empty(device)
+    return DraftTree(torch.tensor([t for t, _ in pairs], device=device), torch.tensor([p for _, p in pairs], device=device))
+
+
+def _top_guesses(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` best guesses of the drafter's ``logits`` ``[W, V]``: ``([W, k]`` log-probabilities (``-inf``
+    for none), ``[W, k]`` tokens), best first, as ``DraftGuide.ranked`` gives them."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top = logprobs.masked_fill(logprobs.isnan(), float("-inf")).topk(k, dim=-1)
+    return top.values, top.indices
+
+
+def _best(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices of the ``count`` highest ``scores`` ``[n]``, ties to the lower index, in ascending order."""
+    order = torch.sort(scores, descending=True, stable=True).indices[:count]
+    return torch.sort(order).values

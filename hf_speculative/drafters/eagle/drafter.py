@@ -28,12 +28,13 @@ from ...cpu.layout import follow_layout
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import DynamicTree, StaticTree, drafter_levels, grow_tree
+from ...core.tree_shapes import (DynamicTree, StaticTree, drafter_levels, grow_dynamic_on_device, grow_tree,
+                                 tree_depth)
 from ...core.budget import Plan
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
 from .static_drafting import frontier_width, open_static
-from .tree_drafting import tree_expander
+from .tree_drafting import device_tree_expander, tree_expander
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -277,10 +278,26 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
             return draft_chain_on_device(plan, logits, length, step)
         return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step)
 
+    def _device_tree_ok(self) -> bool:
+        """Whether this call's dynamic trees grow on the device (``grow_dynamic_on_device``): eager drafting, and
+        nothing that reads the host's branches (the call's processors, a sampler)."""
+        return (self.graphs is None and isinstance(self.config.tree, DynamicTree) and self.ctx.sampler is None
+                and not self.ctx.processors)
+
     def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
+        shape = self.config.tree
+        if self._device_tree_ok():
+            levels = min(max_depth, tree_depth(shape, nodes), shape.depth)
+            expand = device_tree_expander(
+                self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
+                lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids),
+                nodes=shape.top_k * (1 + max(levels - 1, 0) * shape.top_k))
+            tree = grow_dynamic_on_device(shape, logits, expand, nodes, max_depth)
+            record_draft_step(self.net, (time.perf_counter() - start) / drafter_levels(tree))
+            return tree
         if self.graphs is not None:
             expand = self.graphs.tree_expander(self.n_true, input_ids.shape[1] - 1, hidden)
         else:

@@ -69,3 +69,33 @@ def tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCa
         return logits_of(out[0]).float()  # [k, V]: the grower processes and normalises them per branch
 
     return expand
+
+
+def device_tree_expander(net: EagleDraftModel, embed: torch.nn.Module, cache: DraftKVCache, n_true: int,
+                         root_position: int, root_hidden: torch.Tensor,
+                         logits_of: Callable[[torch.Tensor], torch.Tensor], nodes: int):
+    """:func:`tree_expander` for :func:`~hf_speculative.core.tree_shapes.grow_dynamic_on_device`: an
+    ``expand(frontier [W], tokens [W], parents [W], level) -> [W, V]`` whose bookkeeping stays on the device: each
+    drafted node's drafter output, and each expanded node's row of the attention mask (the true prefix, the entries
+    its ancestors wrote, its own), from which its children's rows start. ``nodes``: the most nodes the growth
+    drafts. The cache holds the true prefix ``[0, n_true)`` when the tree starts (after the catch-up)."""
+    device = root_hidden.device
+    hidden = root_hidden.new_zeros(nodes + 1, root_hidden.shape[-1])  # [N + 1, H]: row 0 the root, row n + 1 node n
+    hidden[0] = root_hidden
+    # [N + 1, N] each node's row of the mask over this step's entries (the cache holds the true prefix [0, n_true)
+    # when the tree starts, then the entries its expansions write); every row sees the whole prefix besides
+    seen = torch.zeros(nodes + 1, nodes, dtype=torch.bool, device=device)
+    prefix = torch.ones(1, n_true, dtype=torch.bool, device=device)
+
+    def expand(frontier: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
+        width, drafted = frontier.shape[0], cache.length - n_true
+        rows = seen[parents + 1, :drafted + width]  # [W, drafted + W]: its parent's row (a copy) ...
+        rows.diagonal(offset=drafted).fill_(True)  # ... and its own entry
+        mask = torch.cat([prefix.expand(width, -1), rows], dim=1)  # [W, n_true + drafted + W]
+        positions = torch.full((1, width), root_position + level, device=device)  # [1, W]
+        out = net(embed(tokens[None]), hidden[parents + 1][None], positions, cache, fused=False, attn_mask=mask)
+        seen[frontier + 1, :drafted + width] = rows
+        hidden[frontier + 1] = out[0]  # out: [1, W, H]
+        return logits_of(out[0]).float()  # [W, V]
+
+    return expand
