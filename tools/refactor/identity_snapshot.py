@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--methods", default="")
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--diff", nargs=2)
+    parser.add_argument("--reverse", action="store_true",
+                        help="run the questions last first (a second process beside a first one, on another core)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the questions OUT holds in full (each ends with a printed id: its last run, the "
                              "plain seeded one, is written) and run the rest; a question cut short is run again")
@@ -52,6 +54,8 @@ def main() -> None:
                                                "stem", "humanities"} else q["category"]
         cats.setdefault(cat, []).append(q)
     prompts = [q for qs in cats.values() for q in qs[: args.per_category]]
+    if args.reverse:
+        prompts.reverse()
     names = [m for m in available_methods() if get_method(m).kind == "hfs"]
     if args.methods:
         names = [m for m in names if m in args.methods.split(",")]
