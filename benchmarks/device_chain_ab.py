@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     from hf_speculative.registry.models import load_model
     from hf_speculative.tooling.prompting import encode_prompt
 
-    device_length = eagle_drafter.device_chain_length
+    from hf_speculative.core import chain_drafting
+
+    device_length = chain_drafting.device_chain_length
     lengths = {"device": device_length, "host": lambda plan, ctx, limit: None}
     generator = eagle_drafter.EagleCandidateGenerator
     device_tree = generator._device_tree_ok
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [encode_prompt(tok, p.text, True) for p in load_prompts(per_category=1)[: args.prompts]]
 
     def run(arm: str, ids: torch.Tensor, n: int):
-        eagle_drafter.device_chain_length = lengths[arm]
+        chain_drafting.device_chain_length = lengths[arm]
         generator._device_tree_ok = tree_paths[arm]
         start = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 # trees under the cost rules are sized by measured costs: only their outputs must agree
                 seen[arm] = (out.tolist(), counts if tree is None or args.fixed_tree else None)
         assert seen["host"] == seen["device"], "the paths drafted or generated differently"
-    eagle_drafter.device_chain_length, generator._device_tree_ok = device_length, device_tree
+    chain_drafting.device_chain_length, generator._device_tree_ok = device_length, device_tree
     ratios = [d / h for d, h in zip(times["device"], times["host"])]
     report.update({"median_s": {arm: round(statistics.median(v), 4) for arm, v in times.items()},
                    "device_over_host": round(statistics.median(ratios), 3), "load_after": os.getloadavg()[0]})

@@ -70,9 +70,15 @@ def device_chain_length(plan: Plan, ctx, max_tokens: int) -> int | None:
     drafted token by token on the host (:func:`draft_chain`): the call's processors or sampler choose the tokens
     (they read the host's sequence), or the cost rules decide after each token from its confidence. Ask it after
     ``plan.start_chain()`` said yes."""
-    if ctx.sampler is not None or ctx.processors:
+    if host_chooses(ctx):
         return None
     return plan.fixed_chain(max_tokens)
+
+
+def host_chooses(ctx) -> bool:
+    """Whether the call's tokens are chosen on the host: its processors or sampler read the host's sequence (or a
+    node's branch), so a drafter cannot draft on the device alone (chains here, EAGLE's trees)."""
+    return ctx.sampler is not None or bool(ctx.processors)
 
 
 def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step) -> DraftTree:

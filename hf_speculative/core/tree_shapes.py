@@ -398,6 +398,17 @@ def drafter_levels(tree: DraftTree) -> int:
     return max(depth) + 1
 
 
+def device_tree_levels(shape: DynamicTree, nodes: int, max_depth: int) -> int:
+    """The levels :func:`grow_dynamic_on_device` grows (as ``grow_tree`` bounds ``DynamicTree.grow``)."""
+    return min(shape.depth, max_depth, tree_depth(shape, nodes))
+
+
+def device_tree_capacity(shape: DynamicTree, nodes: int, max_depth: int) -> int:
+    """The most nodes :func:`grow_dynamic_on_device` drafts: the root's ``top_k`` guesses, then ``top_k`` guesses
+    under each of the ``top_k`` frontier nodes at every further level (an expander sizes its buffers by it)."""
+    return shape.top_k * (1 + max(device_tree_levels(shape, nodes, max_depth) - 1, 0) * shape.top_k)
+
+
 def grow_dynamic_on_device(shape: DynamicTree, root_logits: torch.Tensor, expand, nodes: int,
                            max_depth: int) -> DraftTree:
     """:meth:`DynamicTree.grow` without a guide (no processors, greedy guesses) as tensor operations: no read of the
@@ -417,7 +428,7 @@ def grow_dynamic_on_device(shape: DynamicTree, root_logits: torch.Tensor, expand
     tokens, scores = tokens.reshape(-1), scores.reshape(-1)  # [k]: the root's children
     parents = torch.full_like(tokens, ROOT)
     frontier = _best(scores, shape.top_k)  # [W]
-    for level in range(1, min(shape.depth, max_depth, tree_depth(shape, nodes))):  # as grow_tree bounds it
+    for level in range(1, device_tree_levels(shape, nodes, max_depth)):
         values, guesses = _top_guesses(expand(frontier, tokens[frontier], parents[frontier], level - 1), k)  # [W, k]
         first = tokens.numel()
         new = (scores[frontier][:, None] + values).reshape(-1)  # [W * k]: cumulative log-probabilities

@@ -14,6 +14,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 import hf_speculative as hfs
 from hf_speculative.core.budget import DraftBudget, Sizing
+from hf_speculative.core import chain_drafting
 from hf_speculative.core.chain_drafting import device_chain_length, draft_chain, draft_chain_on_device
 from hf_speculative.core.costs import VerifyCostModel
 from hf_speculative.drafters.eagle import drafter as eagle_drafter
@@ -87,15 +88,15 @@ def test_only_a_fixed_budget_without_processors_or_sampler_drafts_on_the_device(
 def _drafts(monkeypatch, target, strategy, host: bool, compile: bool, **kwargs):
     """The call's output, every chain drafted and how many went through the device chain."""
     if host:
-        monkeypatch.setattr(eagle_drafter, "device_chain_length", lambda plan, ctx, limit: None)
+        monkeypatch.setattr(chain_drafting, "device_chain_length", lambda plan, ctx, limit: None)
     used, drafts = [], []
-    original = eagle_drafter.draft_chain_on_device
+    original = chain_drafting.draft_chain_on_device
 
     def counting(plan, logits, length, step):
         used.append(length)
         return original(plan, logits, length, step)
 
-    monkeypatch.setattr(eagle_drafter, "draft_chain_on_device", counting)
+    monkeypatch.setattr(chain_drafting, "draft_chain_on_device", counting)
     draft = eagle_drafter.EagleCandidateGenerator.draft
 
     def recording(self, *args):

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...core.chain_drafting import device_chain_length, draft_chain, draft_chain_on_device
+from ...core.chain_drafting import draft_chain, host_chooses
 from ...core.draft_guide import DraftGuide
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
@@ -28,8 +28,8 @@ from ...cpu.layout import follow_layout
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import (DynamicTree, StaticTree, drafter_levels, grow_dynamic_on_device, grow_tree,
-                                 tree_depth)
+from ...core.tree_shapes import (DynamicTree, StaticTree, device_tree_capacity, drafter_levels,
+                                 grow_dynamic_on_device, grow_tree)
 from ...core.budget import Plan
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
@@ -254,9 +254,8 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
         device = input_ids.device
-        length = device_chain_length(plan, self.ctx, plan.depth)  # a fixed budget without processors: no reads
-        positions = None if length is None or self.graphs is not None else \
-            torch.arange(position, position + length, device=device).view(-1, 1, 1)  # [k, 1, 1]
+        positions = None if self.graphs is not None else \
+            torch.arange(position, position + plan.depth, device=device).view(-1, 1, 1)  # [depth, 1, 1]
 
         def step(token: int | torch.Tensor) -> torch.Tensor:
             """The drafter on ``token`` (an int, or a device tensor ``[]`` on the device chain)."""
@@ -266,23 +265,19 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
                 hidden, logits = self.graphs.chain_step(token, hidden, position)
             else:
                 ids = token.view(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=device)
-                pos = positions[position - input_ids.shape[1] + 1] if positions is not None else \
-                    torch.tensor([[position]], device=device)  # [1, 1]
+                pos = positions[position - input_ids.shape[1] + 1]  # [1, 1]
                 out = self.net(self.embed(ids), hidden[None, None], pos, self.cache, fused=False)  # [1, 1, H]
                 hidden, logits = out[0, -1], self._logits(out)
             position += 1
             record_draft_step(self.net, time.perf_counter() - start)
             return logits
 
-        if length is not None:
-            return draft_chain_on_device(plan, logits, length, step)
-        return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step)
+        return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step, on_device=True)
 
     def _device_tree_ok(self) -> bool:
         """Whether this call's dynamic trees grow on the device (``grow_dynamic_on_device``): eager drafting, and
         nothing that reads the host's branches (the call's processors, a sampler)."""
-        return (self.graphs is None and isinstance(self.config.tree, DynamicTree) and self.ctx.sampler is None
-                and not self.ctx.processors)
+        return self.graphs is None and isinstance(self.config.tree, DynamicTree) and not host_chooses(self.ctx)
 
     def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
@@ -290,11 +285,10 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
         shape = self.config.tree
         if self._device_tree_ok():
-            levels = min(max_depth, tree_depth(shape, nodes), shape.depth)
             expand = device_tree_expander(
                 self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
                 lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids),
-                nodes=shape.top_k * (1 + max(levels - 1, 0) * shape.top_k))
+                nodes=device_tree_capacity(shape, nodes, max_depth))
             tree = grow_dynamic_on_device(shape, logits, expand, nodes, max_depth)
             record_draft_step(self.net, (time.perf_counter() - start) / drafter_levels(tree))
             return tree
