@@ -1,0 +1,22 @@
+"""The suite collects as one tree: CI's timing run (`make test PYTEST_ARGS="-m timing tests"`) is one pytest over
+every folder. The test folders are not packages, so pytest imports each test module by its file name alone
+(the default `prepend` import mode): two test files with the same name in different folders stop the whole
+collection ("import file mismatch"), as tests/docs/test_train_extra.py beside tests/training/test_train_extra.py
+did to stop 76's CI, while the per-folder groups still passed."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_module_names_are_unique_across_the_suite():
+    folders: dict[str, list[str]] = defaultdict(list)
+    for path in TESTS.rglob("*.py"):
+        if path.name == "conftest.py" or "__pycache__" in path.parts:
+            continue
+        folders[path.stem].append(str(path.parent.relative_to(TESTS.parent)))
+    clashes = {name: sorted(where) for name, where in folders.items() if len(where) > 1}
+    assert not clashes, f"rename one of each: two modules of one name break one-process collection: {clashes}"
