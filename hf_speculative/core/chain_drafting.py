@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -19,8 +19,30 @@ if TYPE_CHECKING:
     from .budget import Plan
 
 
+@dataclasses.dataclass(frozen=True)
+class DraftVocab:
+    """A drafter whose logits are over its own vocabulary `[V_d]`: ``widen`` makes them the target's `[V]` (a
+    reduced vocabulary placed at its target ids, -inf elsewhere; or cut or padded to ``width``), ``target_ids``
+    `[V_d]` is the target id of every draft id (``None``: the same ids). A device chain picks its tokens from the
+    drafter's own logits, without widening them (:func:`draft_chain_on_device`): the same tokens, since the argmax
+    over the widened logits is the argmax over the draft ids mapped, where the map keeps the order of the ids
+    (``ordered``; else the chain widens each token's logits first)."""
+
+    widen: Callable[[torch.Tensor], torch.Tensor]
+    width: int
+    target_ids: torch.Tensor | None = None
+    ordered: bool = True  # draft id order is target id order: ties resolve to the same token either way
+
+    @classmethod
+    def of(cls, widen: Callable[[torch.Tensor], torch.Tensor], width: int,
+           target_ids: torch.Tensor | None) -> "DraftVocab":
+        """Checks the map's order once (a read): make it once per call, not per chain."""
+        ordered = target_ids is None or target_ids.numel() < 2 or bool((target_ids[1:] > target_ids[:-1]).all())
+        return cls(widen, width, target_ids, ordered)
+
+
 def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step,
-                on_device: bool = False) -> DraftTree:
+                on_device: bool = False, vocab: DraftVocab | None = None) -> DraftTree:
     """Draft a chain: pick a token from ``logits`` `[V]`, feed it with ``step(token) -> logits``, repeat while
     the loop's ``plan`` says it pays (its chain rule: ``wants`` / ``took``, see core/budget.py). The call's logits
     processors warp the drafter's logits as they warp the target's; the token is their argmax, or under seeded
@@ -34,10 +56,14 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
 
     ``on_device``: ``step`` takes the token as a device tensor ``[]`` too; where the chain's length is fixed before
     it starts (:func:`device_chain_length`), it is drafted by :func:`draft_chain_on_device`, without reading the
-    device between tokens."""
+    device between tokens. ``vocab``: ``logits`` and ``step``'s are over the drafter's own vocabulary (the tokens
+    fed to ``step`` are target ids all the same)."""
     length = device_chain_length(plan, ctx, max_tokens) if on_device else None
     if length is not None:
-        return draft_chain_on_device(plan, logits, length, step)
+        return draft_chain_on_device(plan, logits, length, step, vocab)
+    if vocab is not None:
+        widen, raw_step = vocab.widen, step
+        logits, step = widen(logits), (lambda token: widen(raw_step(token)))
     processors, sampler = ctx.processors, ctx.sampler
     tokens: list[int] = []
     dists: list[torch.Tensor] = []  # under the rejection rule: the q each token was drawn from, [V] each
@@ -81,23 +107,39 @@ def host_chooses(ctx) -> bool:
     return ctx.sampler is not None or bool(ctx.processors)
 
 
-def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step) -> DraftTree:
+def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step,
+                          vocab: DraftVocab | None = None) -> DraftTree:
     """A greedy chain of ``length`` tokens with no read of the device inside: token ``j`` is the argmax of
     ``logits_j`` `[V]` (as :func:`draft_chain` picks it without processors), fed back to ``step(token) -> logits``
     as a device tensor ``[]``. One read at the end brings the tokens and their confidences to the host, where the
     chain rule sees each confidence as :func:`draft_chain` would have shown it (``plan.took``: a fixed budget keeps
-    them all). A token whose distribution is NaN ends the chain before it, as in :func:`draft_chain`."""
-    tokens, confidences = [], []
+    them all). A token whose distribution is NaN ends the chain before it, as in :func:`draft_chain`.
+
+    With ``vocab`` the logits are the drafter's own `[V_d]`: the argmax is taken there and mapped to its target id
+    (:class:`DraftVocab`), and the confidences are the softmax of the drafter's logits, which widening leaves as
+    they are (its -inf entries have no probability). Per token: the argmax (and the map), then the drafter; the
+    confidences of the whole chain at the end, in one softmax."""
+    if vocab is not None and not vocab.ordered:
+        widen, raw_step = vocab.widen, step
+        logits, step, vocab = widen(logits), (lambda token: widen(raw_step(token))), None
+    narrow = vocab is not None and vocab.target_ids is None and logits.shape[-1] > vocab.width
+    ids_of = None if vocab is None else vocab.target_ids
+    rows, tokens = [], []
     for j in range(length):
+        if narrow:  # a drafter wider than the target: its extra ids are never the target's
+            logits = logits[: vocab.width]
         token = torch.argmax(logits)  # []
-        confidences.append(torch.softmax(logits.float(), dim=-1).amax())  # its probability (indexing would read)
+        if ids_of is not None:
+            token = torch.take(ids_of, token)  # [] (indexing with a tensor [] would read it)
+        rows.append(logits)
         tokens.append(token)
         if j + 1 < length:
             logits = step(token)
     if not tokens:
         return DraftTree.empty(logits.device)
+    confidences = torch.softmax(torch.stack(rows).float(), dim=-1).amax(dim=-1)  # [k]: each token's probability
     chain = torch.stack(tokens)  # [k] on the device
-    ids, probs = torch.stack([chain.double(), torch.stack(confidences).double()]).tolist()  # the read
+    ids, probs = torch.stack([chain.double(), confidences.double()]).tolist()  # the read
     kept = 0
     for confidence in probs:
         if math.isnan(confidence):

@@ -92,9 +92,9 @@ def _drafts(monkeypatch, target, strategy, host: bool, compile: bool, **kwargs):
     used, drafts = [], []
     original = chain_drafting.draft_chain_on_device
 
-    def counting(plan, logits, length, step):
+    def counting(plan, logits, length, step, vocab=None):
         used.append(length)
-        return original(plan, logits, length, step)
+        return original(plan, logits, length, step, vocab)
 
     monkeypatch.setattr(chain_drafting, "draft_chain_on_device", counting)
     draft = eagle_drafter.EagleCandidateGenerator.draft
@@ -178,3 +178,89 @@ def test_drafters_whose_chain_is_precomputed_draft_it_on_the_device(label, monke
     assert host[0] == device[0] == reference
     assert host[1] == device[1] and any(device[1][0])  # the same draft lengths and acceptance, step for step
     assert host[2] == [] and device[2]
+
+
+# -- a drafter's own vocabulary (EAGLE-3's reduced one): tokens picked there, mapped, never widened per token -----
+def widener(width: int, target_ids: torch.Tensor | None):
+    def widen(logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if target_ids is None:
+            return logits[..., :width]
+        full = logits.new_full((*logits.shape[:-1], width), float("-inf"))
+        full[..., target_ids] = logits
+        return full
+
+    return widen
+
+
+def draft_scripted(rows: list[torch.Tensor]):
+    """Draft-vocabulary logits, row ``j`` at the j-th call; the step records the (target) tokens fed to it."""
+    fed = []
+
+    def step(token) -> torch.Tensor:
+        fed.append(int(token))
+        return rows[len(fed)]
+
+    return rows[0], step, fed
+
+
+def host_and_device(rows, vocab, length=4):
+    first, step, fed_host = draft_scripted(rows)
+    host_plan, _ = plan_for(adaptive=False, tokens=length)
+    greedy = SimpleNamespace(processors=LogitsProcessorList(), sampler=None)
+    host = draft_chain(host_plan, greedy, torch.tensor([[1, 2]]), first, length, step, vocab=vocab)
+    first, step, fed_device = draft_scripted(rows)
+    plan, _ = plan_for(adaptive=False, tokens=length)
+    device = draft_chain_on_device(plan, first, length, step, vocab)
+    return host, device, fed_host, fed_device, host_plan, plan
+
+
+@pytest.mark.parametrize("order", ["ordered", "reversed", "shuffled"])
+def test_a_reduced_vocabulary_chain_drafts_the_widened_chains_tokens(order):
+    generator = torch.Generator().manual_seed(3)
+    width, size = 40, 12
+    ids = torch.randperm(width, generator=generator)[:size]
+    ids = {"ordered": ids.sort().values, "reversed": ids.sort(descending=True).values, "shuffled": ids}[order]
+    vocab = chain_drafting.DraftVocab.of(widener(width, ids), width, ids)
+    assert vocab.ordered == (order == "ordered")
+    rows = [torch.randn(size, generator=generator) for _ in range(5)]
+    rows[1][[2, 7]] = rows[1].max() + 1.0  # a tie: the widened argmax takes the lower target id
+    host, device, fed_host, fed_device, host_plan, plan = host_and_device(rows, vocab)
+    assert device.tokens.tolist() == host.tokens.tolist() and len(host.tokens) == 4
+    assert fed_device == fed_host and set(fed_host) <= set(ids.tolist())  # target ids fed to the drafter
+    assert math.isclose(plan._budget.policy.predicted, host_plan._budget.policy.predicted, rel_tol=1e-6)
+
+
+def test_a_drafter_wider_than_the_target_never_drafts_its_extra_ids():
+    width = 10
+    vocab = chain_drafting.DraftVocab.of(widener(width, None), width, None)
+    rows = [torch.linspace(0, 1, 14) for _ in range(4)]  # the largest logits at ids 10-13, outside the target
+    host, device, fed_host, fed_device, *_ = host_and_device(rows, vocab, length=3)
+    assert device.tokens.tolist() == host.tokens.tolist() == [9, 9, 9]
+    assert fed_device == fed_host
+
+
+def test_a_nan_row_of_the_drafters_own_logits_ends_the_chain_before_it():
+    width, ids = 20, torch.arange(0, 20, 2)
+    vocab = chain_drafting.DraftVocab.of(widener(width, ids), width, ids)
+    rows = [torch.randn(10, generator=torch.Generator().manual_seed(j)) for j in range(4)]
+    rows[2] = rows[2] * float("nan")
+    host, device, *_ = host_and_device(rows, vocab)
+    assert device.tokens.tolist() == host.tokens.tolist() and len(device.tokens) == 2
+
+
+def test_eagle3_with_a_shuffled_draft_vocabulary_drafts_as_on_the_host(monkeypatch):
+    target = build_model("llama", layers=4)
+    reference = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=30,
+                               eos_token_id=None).tolist()
+    net = random_eagle(target, version=3)
+    size = net.config.draft_vocab_size
+    ids = torch.randperm(target.config.vocab_size, generator=torch.Generator().manual_seed(5))[:size]
+    net.d2t.copy_(ids - torch.arange(size))
+    net.t2d.zero_()
+    net.t2d[ids] = True
+    strategy = hfs.Eagle(net, num_tokens=4, adaptive=False)
+    host = _drafts(monkeypatch, target, strategy, host=True, compile=False)
+    device = _drafts(monkeypatch, target, strategy, host=False, compile=False)
+    assert host[0] == device[0] == reference
+    assert host[1] == device[1] and any(device[1])

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...core.chain_drafting import draft_chain, host_chooses
+from ...core.chain_drafting import DraftVocab, draft_chain, host_chooses
 from ...core.draft_guide import DraftGuide
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
@@ -201,6 +201,8 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         self.cache = DraftKVCache()
         self.n_true = 0
         self._target_ids = self.net.target_ids()  # [V_draft] or None
+        # the drafter's own vocabulary: chains drafted on the device pick their tokens there, without widening
+        self._vocab = DraftVocab.of(self._widen, ctx.vocab_size, self._target_ids)
         nodes = self._size_tree_or_chain(ctx, config)
         self.graphs = self._open_static(ctx, nodes)
 
@@ -223,13 +225,15 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         # until measured: one layer against a whole model
         return draft_price(self.net, self.verify_costs, self.config.draft_cost, 0.05)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's vocabulary `[V]` (float32) for the last position of ``hidden``."""
-        return self._to_target_vocab(self.net.draft_logits(hidden[0, -1], self.head), self._target_ids)
+    def _widen(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits `[..., V_d]` over the target's vocabulary `[..., V]` (float32)."""
+        return self._to_target_vocab(logits, self._target_ids)
 
-    def _catch_up(self, input_ids: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+    def _catch_up(self, input_ids: torch.LongTensor, widen: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the verified pairs; the drafter's output hidden state for position ``L - 2`` `[H]` and its logits
-        over the target's vocabulary `[V]` (what it predicts for the token after the root)."""
+        (what it predicts for the token after the root): over the target's vocabulary `[V]`, or with ``widen=False``
+        and eager drafting over the drafter's own `[V_d]`."""
         length = input_ids.shape[1]
         tokens = input_ids[:, self.n_true + 1 : length]  # [1, P]
         if self.graphs is not None:
@@ -238,7 +242,9 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
             self.cache.crop(self.n_true)  # drop the entries written from predicted features
             positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
             out = self.net(self.embed(tokens), self.features.pop(), positions, self.cache, fused=True)  # [1, P, H]
-            hidden, logits = out[0, -1], self._logits(out)
+            hidden = out[0, -1]
+            logits = self.net.draft_logits(hidden, self.head)  # [V_d]
+            logits = self._widen(logits) if widen else logits
         self.n_true = length - 1
         return hidden, logits
 
@@ -251,23 +257,38 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
     def _chain(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         if not plan.start_chain():
             return DraftTree.empty(input_ids.device)
-        hidden, logits = self._catch_up(input_ids)  # [H], [V]
-        position = input_ids.shape[1] - 1
+        if self.graphs is not None:
+            return self._static_chain(input_ids, plan)
+        hidden, logits = self._catch_up(input_ids, widen=False)  # [H], [V_d]
+        hidden = hidden.view(1, 1, -1)  # [1, 1, H]: the shape the drafter takes and gives back
         device = input_ids.device
-        positions = None if self.graphs is not None else \
-            torch.arange(position, position + plan.depth, device=device).view(-1, 1, 1)  # [depth, 1, 1]
+        first = input_ids.shape[1] - 1
+        # [1, 1] each: one view per depth, made at once (indexing per step would be an operation per token)
+        positions = iter(torch.arange(first, first + plan.depth, device=device).view(-1, 1, 1).unbind(0))
 
         def step(token: int | torch.Tensor) -> torch.Tensor:
-            """The drafter on ``token`` (an int, or a device tensor ``[]`` on the device chain)."""
+            """The drafter on ``token`` (a target id: an int, or a device tensor ``[]`` on the device chain);
+            its logits over its own vocabulary `[V_d]`."""
+            nonlocal hidden
+            start = time.perf_counter()
+            ids = token.view(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=device)
+            hidden = self.net(self.embed(ids), hidden, next(positions), self.cache, fused=False)  # [1, 1, H]
+            logits = self.net.draft_logits(hidden, self.head).view(-1)  # [V_d]
+            record_draft_step(self.net, time.perf_counter() - start)
+            return logits
+
+        return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step, on_device=True,
+                           vocab=self._vocab)
+
+    def _static_chain(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
+        """The chain on the fixed-shape path: ``graphs.chain_step`` gives logits over the target's vocabulary."""
+        hidden, logits = self._catch_up(input_ids)  # [H], [V]
+        position = input_ids.shape[1] - 1
+
+        def step(token: int | torch.Tensor) -> torch.Tensor:
             nonlocal hidden, position
             start = time.perf_counter()
-            if self.graphs is not None:
-                hidden, logits = self.graphs.chain_step(token, hidden, position)
-            else:
-                ids = token.view(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=device)
-                pos = positions[position - input_ids.shape[1] + 1]  # [1, 1]
-                out = self.net(self.embed(ids), hidden[None, None], pos, self.cache, fused=False)  # [1, 1, H]
-                hidden, logits = out[0, -1], self._logits(out)
+            hidden, logits = self.graphs.chain_step(token, hidden, position)
             position += 1
             record_draft_step(self.net, time.perf_counter() - start)
             return logits
@@ -287,7 +308,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         if self._device_tree_ok():
             expand = device_tree_expander(
                 self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
-                lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids),
+                lambda h: self._widen(self.net.draft_logits(h, self.head)),
                 nodes=device_tree_capacity(shape, nodes, max_depth))
             tree = grow_dynamic_on_device(shape, logits, expand, nodes, max_depth)
             record_draft_step(self.net, (time.perf_counter() - start) / drafter_levels(tree))
@@ -296,7 +317,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
             expand = self.graphs.tree_expander(self.n_true, input_ids.shape[1] - 1, hidden)
         else:
             expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
-                                   lambda h: self._to_target_vocab(self.net.draft_logits(h, self.head), self._target_ids))
+                                   lambda h: self._widen(self.net.draft_logits(h, self.head)))
         tree = grow_tree(self.config.tree, logits, expand, nodes, max_depth,
                          DraftGuide(self.ctx.logits_processor, input_ids))  # the call's processors on every node
         steps = drafter_levels(tree)
