@@ -106,6 +106,34 @@ class BatchVerifier:
         position_ids = torch.cat([pending_pos, node_pos], dim=-1)                   # [B, m + n]
 
         s = self.slots.shape[1]
+        if s == 0 and n == 0 and m > 1:
+            out = self._prefill(pending, pending_mask, pending_pos)
+        else:
+            out = self._forward(pending, pending_mask, tokens, ancestors, pending_pos, node_pos, position_ids)
+        self.cache = compat.output_cache(out)
+        self._before = (self.slots, self.positions, self.lengths)
+        self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)
+        self.positions = torch.cat([self.positions, pending_pos, node_pos], dim=-1)
+        self.lengths = root_pos + 1
+        self._pending = (s, m, root_pos)
+        return out.logits[:, -(1 + n):]                                              # [B, 1 + n, V]
+
+    def _prefill(self, pending: torch.Tensor, pending_mask: torch.Tensor, pending_pos: torch.Tensor) -> Any:
+        """The prompts alone (the first forward, no draft nodes): the model's own masks from the 2-D padding mask, as
+        transformers' batched greedy prefills them (SDPA's causal kernel where no row is padded), instead of a
+        ``[B, 1, m, m]`` mask of our own, which forces SDPA's masked path (23% slower at 4 rows of 2,048 tokens)."""
+        keep = compat.logits_to_keep_kwargs(self.model, 1)
+        return self.model(input_ids=pending, attention_mask=pending_mask.long(), position_ids=pending_pos,
+                          use_cache=True, **{compat.cache_kwarg(): self.cache}, **keep)
+
+    def _forward(self, pending: torch.Tensor, pending_mask: torch.Tensor, tokens: torch.Tensor,
+                 ancestors: torch.Tensor, pending_pos: torch.Tensor, node_pos: torch.Tensor,
+                 position_ids: torch.Tensor) -> Any:
+        """Every row's pending tokens and draft nodes in one forward, under the 4-D masks of the holes and trees."""
+        device = self.device
+        batch, m = pending.shape
+        n = tokens.shape[1]
+        s = self.slots.shape[1]
         seen = torch.zeros(batch, m + n, s + m + n, dtype=torch.bool, device=device)  # [B, Q, K]
         seen[:, :, :s] = self.slots[:, None, :]
         causal = torch.ones(m, m, dtype=torch.bool, device=device).tril()
@@ -124,15 +152,8 @@ class BatchVerifier:
 
         ids = torch.cat([pending, tokens], dim=-1)                                   # [B, m + n]
         keep = compat.logits_to_keep_kwargs(self.model, 1 + n)
-        out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                         **{compat.cache_kwarg(): self.cache}, **keep)
-        self.cache = compat.output_cache(out)
-        self._before = (self.slots, self.positions, self.lengths)
-        self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)
-        self.positions = torch.cat([self.positions, pending_pos, node_pos], dim=-1)
-        self.lengths = root_pos + 1
-        self._pending = (s, m, root_pos)
-        return out.logits[:, -(1 + n):]                                              # [B, 1 + n, V]
+        return self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                          **{compat.cache_kwarg(): self.cache}, **keep)
 
     def keep(self, paths: Sequence[Sequence[int]]) -> None:
         """After :meth:`forward`: keep each row's accepted ``path`` (node indices, root to leaf) at the front of
