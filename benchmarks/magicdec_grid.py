@@ -234,8 +234,8 @@ def plot(rows: list[dict], path: str) -> None:
     for i, context in enumerate(contexts):
         axes = figure.add_subplot(1, len(contexts), i + 1)
         for method in sorted({r["method"] for r in rows if r["method"] != GREEDY}):
-            points = sorted((r["batch_size"], r["decode_speedup"] or r["speedup"]) for r in rows
-                            if r["context"] == context and r["method"] == method)
+            points = sorted((r["batch_size"], r["decode_speedup"]) for r in rows  # (an untimed record: not drawn)
+                            if r["context"] == context and r["method"] == method and r["decode_speedup"] is not None)
             axes.plot([b for b, _ in points], [s for _, s in points], marker="o", label=method)
         axes.axhline(1.0, color="grey", linewidth=0.8)
         axes.set_xscale("log", base=2)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,10 +36,14 @@ class DraftVocab:
 
     @classmethod
     def of(cls, widen: Callable[[torch.Tensor], torch.Tensor], width: int,
-           target_ids: torch.Tensor | None) -> "DraftVocab":
+           target_ids: torch.Tensor | None) -> DraftVocab:
         """Checks the map's order once (a read): make it once per call, not per chain."""
         ordered = target_ids is None or target_ids.numel() < 2 or bool((target_ids[1:] > target_ids[:-1]).all())
         return cls(widen, width, target_ids, ordered)
+
+    def widened(self, logits: torch.Tensor, step):
+        """``logits`` and ``step`` over the target's vocabulary: for the paths that pick tokens from widened logits."""
+        return self.widen(logits), (lambda token: self.widen(step(token)))
 
 
 def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, max_tokens: int, step,
@@ -62,8 +67,7 @@ def draft_chain(plan: Plan, ctx, input_ids: torch.Tensor, logits: torch.Tensor, 
     if length is not None:
         return draft_chain_on_device(plan, logits, length, step, vocab)
     if vocab is not None:
-        widen, raw_step = vocab.widen, step
-        logits, step = widen(logits), (lambda token: widen(raw_step(token)))
+        logits, step = vocab.widened(logits, step)
     processors, sampler = ctx.processors, ctx.sampler
     tokens: list[int] = []
     dists: list[torch.Tensor] = []  # under the rejection rule: the q each token was drawn from, [V] each
@@ -120,8 +124,7 @@ def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step,
     they are (its -inf entries have no probability). Per token: the argmax (and the map), then the drafter; the
     confidences of the whole chain at the end, in one softmax."""
     if vocab is not None and not vocab.ordered:
-        widen, raw_step = vocab.widen, step
-        logits, step, vocab = widen(logits), (lambda token: widen(raw_step(token))), None
+        (logits, step), vocab = vocab.widened(logits, step), None
     narrow = vocab is not None and vocab.target_ids is None and logits.shape[-1] > vocab.width
     ids_of = None if vocab is None else vocab.target_ids
     rows, tokens = [], []

@@ -229,6 +229,9 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         """The drafter's logits `[..., V_d]` over the target's vocabulary `[..., V]` (float32)."""
         return self._to_target_vocab(logits, self._target_ids)
 
+    def _target_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits for output states ``hidden`` `[..., H]`, over the target's vocabulary `[..., V]`."""
+        return self._widen(self.net.draft_logits(hidden, self.head))
 
     def _catch_up(self, input_ids: torch.LongTensor, widen: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the verified pairs; the drafter's output hidden state for position ``L - 2`` `[H]` and its logits
@@ -243,8 +246,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
             positions = torch.arange(self.n_true, length - 1, device=input_ids.device)[None]
             out = self.net(self.embed(tokens), self.features.pop(), positions, self.cache, fused=True)  # [1, P, H]
             hidden = out[0, -1]
-            logits = self.net.draft_logits(hidden, self.head)  # [V_d]
-            logits = self._widen(logits) if widen else logits
+            logits = self._target_logits(hidden) if widen else self.net.draft_logits(hidden, self.head)  # [V] / [V_d]
         self.n_true = length - 1
         return hidden, logits
 
@@ -308,7 +310,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         if self._device_tree_ok():
             expand = device_tree_expander(
                 self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
-                lambda h: self._widen(self.net.draft_logits(h, self.head)),
+                self._target_logits,
                 nodes=device_tree_capacity(shape, nodes, max_depth))
             tree = grow_dynamic_on_device(shape, logits, expand, nodes, max_depth)
             record_draft_step(self.net, (time.perf_counter() - start) / drafter_levels(tree))
@@ -317,7 +319,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
             expand = self.graphs.tree_expander(self.n_true, input_ids.shape[1] - 1, hidden)
         else:
             expand = tree_expander(self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,
-                                   lambda h: self._widen(self.net.draft_logits(h, self.head)))
+                                   self._target_logits)
         tree = grow_tree(self.config.tree, logits, expand, nodes, max_depth,
                          DraftGuide(self.ctx.logits_processor, input_ids))  # the call's processors on every node
         steps = drafter_levels(tree)
