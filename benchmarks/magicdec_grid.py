@@ -16,7 +16,8 @@ forward, ``new tokens / (target forwards x rows)``.
 Each cell (context, batch) runs transformers' batched greedy and each method on the same left-padded batch, one
 after another (the order alternates by repeat, so slow drifts of a shared machine hit all alike), after an untimed
 warm-up of every method. ``magicdec`` is the cost model's choice, ``magicdec-always`` the same drafter drafting at
-every step it can (``adaptive=False``): the curve against which the cost model is judged. Records (JSONL, one per
+every step it can (``adaptive=False``, and the batch loop's cost model told verification is free): the curve
+against which the cost model is judged. Records (JSONL, one per
 cell, method and repeat): ``tokens_per_s``, ``speedup`` over greedy of the same repeat, ``tau``, drafted and accepted
 tokens, ``identical_to_greedy``, and for MagicDec the compressed caches' bound in bytes (``cache_bytes``).
 
@@ -122,12 +123,16 @@ def run_cell(model: Any, inputs: dict, methods: list[str], strategies: dict, max
     """Every method on one batch: ``{method: (new rows, seconds, stats, (prefill seconds, decode seconds, decoded
     columns))}``."""
     import hf_speculative as hfs
+    from hf_speculative.bench.batch import free_verification
 
     out = {}
     width = inputs["input_ids"].shape[1]
     for method in methods:
         first = FirstTokens()
-        with torch.inference_mode():
+        # magicdec-always: the batch loop's width too (its cost model told verification is free, as the bench's
+        # "+always"): a fixed drafter budget alone still lets the batch cost model decline a step
+        always = free_verification(model) if method == "magicdec-always" else contextlib.nullcontext()
+        with torch.inference_mode(), always:
             start = time.perf_counter()
             result = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
                                     min_new_tokens=max_new_tokens, pad_token_id=pad,
@@ -182,6 +187,7 @@ def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[
     strategies = {m: strategy_for(m, model, tokenizer, options) for m in methods}
     run_cell(model, left_padded(prompts_for(min(contexts), 2), pad), methods, strategies, 8, pad)  # warm-up
     records: list[dict] = []
+    commit = _commit()  # the code measured: records of several commits share a file
     with contextlib.ExitStack() as stack:
         handle = None if out is None else stack.enter_context(open(out, "a", encoding="utf-8"))
         for repeat in range(repeats):
@@ -192,7 +198,7 @@ def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[
                     cell = run_cell(model, inputs, order, strategies, max_new_tokens, pad)
                     base = {"model": model_name, "context": context, "prompt_tokens": inputs["input_ids"].shape[1],
                             "batch_size": rows, "repeat": repeat, "max_new_tokens": max_new_tokens,
-                            "threads": torch.get_num_threads(), "options": given}
+                            "threads": torch.get_num_threads(), "options": given, "commit": commit}
                     for record in records_of(cell, base, rows, strategies, model):
                         records.append(record)
                         if handle is not None:
@@ -204,8 +210,19 @@ def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[
     return records
 
 
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def summarize(records: list[dict]) -> list[dict]:
-    """Per (context, batch, method): the median speedup and τ over the repeats, and whether every row was greedy's."""
+    """Per (context, batch, method): the median speedup and τ over the repeats, and whether every row was greedy's.
+    A cell measured again at a later commit is summarised from the latest commit's records alone (the file's order)."""
     from statistics import median
 
     cells: dict[tuple, list[dict]] = {}
@@ -213,6 +230,8 @@ def summarize(records: list[dict]) -> list[dict]:
         cells.setdefault((r["context"], r["batch_size"], r["method"]), []).append(r)
     rows = []
     for (context, batch, method), group in sorted(cells.items()):
+        latest = group[-1].get("commit")
+        group = [r for r in group if r.get("commit") == latest]
         taus = [r["tau"] for r in group if r.get("tau") is not None]
         decode = [r["decode_speedup"] for r in group if r.get("decode_speedup") is not None]
         rows.append({"context": context, "batch_size": batch, "method": method,
@@ -220,7 +239,7 @@ def summarize(records: list[dict]) -> list[dict]:
                      "decode_speedup": round(median(decode), 3) if decode else None,
                      "tokens_per_s": round(median(r["tokens_per_s"] for r in group), 2),
                      "tau": round(median(taus), 3) if taus else None,
-                     "identical": all(r["identical_to_greedy"] for r in group)})
+                     "identical": all(r["identical_to_greedy"] for r in group), "commit": latest})
     return rows
 
 

@@ -33,7 +33,7 @@ ALWAYS = "+always"
 
 
 @contextlib.contextmanager
-def _free_verification(model: Any):
+def free_verification(model: Any):
     """Within: the batch loop's cost model of ``model`` says verification costs nothing (always draft)."""
     from ..core.batch_costs import BatchCostModel
     from ..core.state import state_of
@@ -115,7 +115,7 @@ def run_batch_bench(model: Any, tokenizer: Any, methods: Iterable[str | MethodSp
         extra = {"candidate_generator": None} if spec is None else spec.build(model, tokenizer, options)
         with contextlib.ExitStack() as stack:
             if free:
-                stack.enter_context(_free_verification(model))
+                stack.enter_context(free_verification(model))
             with torch.inference_mode():
                 start = time.perf_counter()
                 result = model.generate(**{k: v.to(model.device) for k, v in inputs.items()}, max_new_tokens=limit,

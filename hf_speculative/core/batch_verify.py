@@ -18,6 +18,11 @@ step's node slots (one ``gather`` per cache tensor) and crops the cache after th
 shorter rows' remaining node slots become holes. When a re-pack would cut a quarter of the cache,
 :meth:`BatchVerifier.compact` re-packs every row to the right (new left padding), and finished rows leave the batch
 (:meth:`BatchVerifier.select`, an ``index_select`` on the cache's batch axis).
+
+After the first forward the cache's layers write new slots in place (``kv_room.make_room``) instead of
+transformers' ``torch.cat`` of the whole cache per forward: at 8 rows of 4,096 tokens of SmolLM2-135M that copy was
+195 ms of a 337 ms step on this CPU (one thread, a random cache: 198 ms a step without it). A re-pack or a row
+selection replaces the tensors, and the next forward copies them into fresh room once.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 
 from .. import compat
 from . import kv_cache
+from .kv_room import make_room
 from .tree import DraftTree
 from .verify import _window, check_tree_attention
 
@@ -111,6 +117,8 @@ class BatchVerifier:
         else:
             out = self._forward(pending, pending_mask, tokens, ancestors, pending_pos, node_pos, position_ids)
         self.cache = compat.output_cache(out)
+        if s == 0:
+            make_room(self.cache)  # later forwards write their slots in place (the module docstring)
         self._before = (self.slots, self.positions, self.lengths)
         self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)
         self.positions = torch.cat([self.positions, pending_pos, node_pos], dim=-1)

@@ -550,3 +550,29 @@ def test_the_prompts_prefill_under_the_models_own_masks(arch, name, cheap_batche
     monkeypatch.undo()
     assert out.tolist() == ref.tolist()
     assert masks[0] == (2 if name == "eagle" else 4) and set(masks[1:]) == {4}, masks
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "eagle"])
+def test_later_forwards_write_the_cache_in_place(name, cheap_batches, monkeypatch):
+    """After the prefill, every forward writes its slots into room the cache's layers keep (kv_room), instead of
+    transformers' ``torch.cat`` of the whole cache: the keys' storage stays put from step to step except when the room
+    fills or the rows' holes are re-packed, and the rows stay batched greedy's."""
+    model = cheap_batches(hfs.enable(build_model("llama")))
+    inputs = left_padded(PROMPTS)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=40)
+    stores, forward = [], BatchVerifier.forward
+
+    def recording(self, pending, pending_mask, trees):
+        logits = forward(self, pending, pending_mask, trees)
+        layer = self.cache.layers[0]
+        stores.append((type(layer).__name__, layer.keys.untyped_storage().data_ptr()))
+        return logits
+
+    monkeypatch.setattr(BatchVerifier, "forward", recording)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=40, candidate_generator=batch_drafter(name, model))
+    monkeypatch.undo()
+    assert out.tolist() == ref.tolist()
+    assert len(stores) > 4 and {kind for kind, _ in stores} == {"RoomyDynamicLayer"}, stores
+    moved = sum(a != b for (_, a), (_, b) in zip(stores[1:], stores[2:]))
+    # the first write after the prefill makes the room; then only a full room or a re-pack of holes moves it
+    assert moved * 4 <= len(stores), stores
