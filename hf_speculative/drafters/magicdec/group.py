@@ -125,7 +125,11 @@ class DraftGroup:
         self.epoch += 1
         self._batch = forward.batch
         if forward.layers is not None and not self.costs.token_bytes:
-            self.costs.token_bytes = sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in forward.layers)
+            if isinstance(forward.layers, tuple):  # [L, B, H, T, D]
+                k = forward.layers[0]
+                self.costs.token_bytes = 2 * k.shape[0] * k.shape[2] * k.shape[4] * k.element_size()
+            else:
+                self.costs.token_bytes = sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in forward.layers)
         self.costs.observe_forward(forward.batch, forward.width, forward.seconds)
         if not self._waiting:  # every row took the last ones: this forward starts a new step
             self._forwards, self._waiting = [], set(self.rows)
@@ -152,8 +156,8 @@ class DraftGroup:
         forwards = self._took(row)
         if state.lost:
             return
-        layers, columns = row_columns(forwards, view_row)
-        if layers is None:
+        take, columns = row_columns(forwards, view_row)
+        if take is None:
             return self._lose(state, "no keys and values were read from a verifying forward")
         before = columns.numel() - tree.size
         path = torch.as_tensor(list(verdict.path), dtype=torch.long, device=columns.device)
@@ -161,8 +165,8 @@ class DraftGroup:
         verified = verified[: max(sequence.shape[1] - 1 - state.known, 0)]  # (a stop inside the path cut the text)
         kept = self.cache.kept(state.known, verified.numel())
         pick = verified[kept.to(verified.device)]
-        self.cache.write(state.index, [(k.index_select(1, pick), v.index_select(1, pick)) for k, v in layers],
-                         torch.arange(state.known, state.known + verified.numel())[kept])
+        keys, values = take(pick)  # [L, H, n, D] each
+        self.cache.write(state.index, keys, values, torch.arange(state.known, state.known + verified.numel())[kept])
         state.known += verified.numel()
         self.info["cache_slots"] = self.cache.capacity
         self.info["cache_bytes"] = max(self.info["cache_bytes"], self.cache.nbytes)

@@ -34,16 +34,25 @@ class Forward:
     """One forward of the target, as the hook saw it.
 
     Attributes:
-        layers (`list[tuple[Tensor, Tensor]]`, *optional*): per layer the keys and values of its tokens,
-            ``[B, H, T, D]`` each; ``None`` when the forward had no dynamic cache to read them from.
+        layers: the keys and values of its tokens, every layer: a verification's copied into one tensor each,
+            ``(keys, values)`` of ``[L, B, H, T, D]`` (one copy for all the layers); a longer forward's (a prefill) as
+            per-layer views of the cache, ``[(keys, values)]`` of ``[B, H, T, D]`` each; ``None`` when the forward
+            had no dynamic cache to read them from.
         batch (`int`), width (`int`): ``B`` and ``T``.
         seconds (`float`): its wall time.
     """
 
-    layers: list[tuple[torch.Tensor, torch.Tensor]] | None
+    layers: tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]] | None
     batch: int
     width: int
     seconds: float
+
+    def row(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]] | tuple[torch.Tensor, torch.Tensor]:
+        """Row ``b``'s keys and values: ``(keys, values)`` of ``[L, H, T, D]`` (a verification), or per layer
+        ``[H, T, D]`` each (views)."""
+        if isinstance(self.layers, tuple):
+            return self.layers[0][:, b], self.layers[1][:, b]
+        return [(k[b], v[b]) for k, v in self.layers]
 
 
 class ForwardTap:
@@ -89,19 +98,24 @@ class ForwardTap:
         self._receive(Forward(self._last_positions(cache, width), batch, width, seconds))
 
     @staticmethod
-    def _last_positions(cache: Any, width: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """Per layer the keys and values of the forward's ``width`` tokens (the cache's last positions)."""
+    def _last_positions(cache: Any, width: int) -> Any:
+        """The keys and values of the forward's ``width`` tokens (the cache's last positions), as
+        :attr:`Forward.layers` holds them: a verification's copied (later forwards overwrite its positions), stacked
+        over the layers in one copy each; a longer forward's as per-layer views."""
         if cache is None or not hasattr(cache, "get_seq_length"):
             return None
         layers = []
         for keys, values in compat.cache_layer_tensors(cache):
             if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] < width:
                 return None
-            keys, values = keys[..., -width:, :], values[..., -width:, :]
-            if width <= _COPIED_TOKENS:  # a verification's own positions are overwritten by later forwards
-                keys, values = keys.clone(), values.clone()
-            layers.append((keys, values))
-        return layers or None
+            layers.append((keys[..., -width:, :], values[..., -width:, :]))
+        if not layers:
+            return None
+        if width <= _COPIED_TOKENS and len({k.shape for k, _ in layers}) == 1:
+            return torch.stack([k for k, _ in layers]), torch.stack([v for _, v in layers])  # [L, B, H, T, D]
+        if width <= _COPIED_TOKENS:  # layers of other shapes: copied one by one
+            layers = [(k.clone(), v.clone()) for k, v in layers]
+        return layers
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -110,19 +124,36 @@ class ForwardTap:
 
 
 def row_columns(forwards: list[Forward], view_row: tuple[int, torch.Tensor] | None
-                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]] | None, torch.Tensor | None]:
-    """A row's keys and values in the forwards since its last step, per layer ``[H, T, D]``, and the columns of them
-    that are its tokens ``[T']``: a batch row's real columns of the last forward, or every column of a lone row's
-    forwards (a prefill the verifier split in two, transformers' separate prefill), in order."""
+                ) -> tuple[Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None, torch.Tensor | None]:
+    """A row's keys and values in the forwards since its last step, and the columns of them that are its tokens
+    ``[T']``: a batch row's real columns of the last forward, or every column of a lone row's forwards (a prefill the
+    verifier split in two, transformers' separate prefill), in order. The keys and values come as ``take(columns)``,
+    which gives those columns of every layer, ``(keys, values)`` of ``[L, H, n, D]`` each (only they are copied)."""
     if not forwards or any(f.layers is None for f in forwards):
         return None, None
     if view_row is not None:
         row, columns = view_row
-        layers = [(k[row], v[row]) for k, v in forwards[-1].layers]
-        return layers, columns.to(layers[0][0].device)
-    if len(forwards) == 1:
-        layers = [(k[0], v[0]) for k, v in forwards[0].layers]
+        parts = [forwards[-1].row(row)]
     else:
-        layers = [(torch.cat([f.layers[i][0][0] for f in forwards], dim=1),
-                   torch.cat([f.layers[i][1][0] for f in forwards], dim=1)) for i in range(len(forwards[0].layers))]
-    return layers, torch.arange(layers[0][0].shape[1], device=layers[0][0].device)
+        parts = [f.row(0) for f in forwards]
+    widths = [f.width for f in (forwards[-1:] if view_row is not None else forwards)]
+    device = (parts[0][0] if isinstance(parts[0], tuple) else parts[0][0][0]).device
+
+    def take(pick: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values, offset = [], [], 0
+        for part, width in zip(parts, widths):
+            here = pick[(pick >= offset) & (pick < offset + width)] - offset  # (pick is ascending)
+            if isinstance(part, tuple):  # [L, H, T, D]
+                keys.append(part[0].index_select(2, here))
+                values.append(part[1].index_select(2, here))
+            else:  # per layer [H, T, D] views
+                keys.append(torch.stack([k.index_select(1, here) for k, _ in part]))
+                values.append(torch.stack([v.index_select(1, here) for _, v in part]))
+            offset += width
+        if len(keys) == 1:
+            return keys[0], values[0]
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+    if view_row is None:
+        columns = torch.arange(sum(widths), device=device)
+    return take, columns.to(device)

@@ -7,7 +7,9 @@ positions: a draft's queries use true positions too, so drafting attends over th
 model sees them (StreamingLLM's eviction, the original positions kept; StreamingLLM itself re-numbers positions
 inside its cache).
 
-Layout, one store per layer ``[R, H, C, D]`` (rows, key-value heads, slots, head size)::
+Layout, one store for keys and one for values over every layer, ``[L, R, H, C, D]`` (layers, rows, key-value heads,
+slots, head size), so that a row's tokens enter every layer in one copy (:meth:`WindowCache.write`; ``keys`` and
+``values`` are the per-layer views ``[R, H, C, D]``)::
 
     slot:   0 .. sinks-1       sinks .. sinks+window-1
             the row's first    a ring: position p >= sinks lives in slot sinks + (p - sinks) % window,
@@ -39,9 +41,18 @@ class WindowCache:
     def __init__(self, sinks: int, window: int):
         self.sinks, self.window = sinks, window
         self.rows = 0
-        self.keys: list[torch.Tensor] | None = None    # per layer [R, H, C, D]
-        self.values: list[torch.Tensor] | None = None
-        self.filled: torch.Tensor | None = None        # [R, C] bool
+        self._k: torch.Tensor | None = None    # [L, R, H, C, D]
+        self._v: torch.Tensor | None = None
+        self.filled: torch.Tensor | None = None  # [R, C] bool
+
+    @property
+    def keys(self) -> list[torch.Tensor] | None:
+        """Per layer the rows' keys ``[R, H, C, D]`` (views of the store)."""
+        return None if self._k is None else list(self._k.unbind(0))
+
+    @property
+    def values(self) -> list[torch.Tensor] | None:
+        return None if self._v is None else list(self._v.unbind(0))
 
     @property
     def bound(self) -> int:
@@ -56,27 +67,26 @@ class WindowCache:
     @property
     def nbytes(self) -> int:
         """Bytes the stores hold now, keys and values of every layer and row."""
-        if self.keys is None:
+        if self._k is None:
             return 0
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return sum(t.numel() * t.element_size() for t in (self._k, self._v))
 
     # -- rows -----------------------------------------------------------------------------------
     def add_row(self) -> int:
         """A new, empty row; returns its index."""
-        if self.keys is not None:
-            self.keys = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.keys]
-            self.values = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.values]
+        if self._k is not None:
+            self._k = torch.cat([self._k, self._k.new_zeros(self._k.shape[0], 1, *self._k.shape[2:])], dim=1)
+            self._v = torch.cat([self._v, self._v.new_zeros(self._v.shape[0], 1, *self._v.shape[2:])], dim=1)
             self.filled = torch.cat([self.filled, self.filled.new_zeros(1, self.capacity)])
         self.rows += 1
         return self.rows - 1
 
     def remove_row(self, row: int) -> None:
         """Drop row ``row``; the rows after it move down by one."""
-        if self.keys is not None:
+        if self._k is not None:
             keep = torch.tensor([r for r in range(self.rows) if r != row], dtype=torch.long,
                                 device=self.filled.device)
-            self.keys = [t.index_select(0, keep) for t in self.keys]
-            self.values = [t.index_select(0, keep) for t in self.values]
+            self._k, self._v = self._k.index_select(1, keep), self._v.index_select(1, keep)
             self.filled = self.filled.index_select(0, keep)
         self.rows -= 1
 
@@ -92,41 +102,39 @@ class WindowCache:
         positions = torch.arange(start, start + n)
         return (positions < self.sinks) | (positions >= start + n - self.window)
 
-    def write(self, row: int, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor) -> None:
+    def write(self, row: int, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         """Put tokens of a row into its cache, a newer one over the oldest of the window.
 
         Args:
             row (`int`): the row.
-            layers: per layer ``(keys, values)``, each ``[H, n, D]``: the target's own, for those ``n`` tokens.
+            keys, values (`torch.Tensor`): ``[L, H, n, D]`` each: the target's own, for those ``n`` tokens, every
+                layer.
             positions (`torch.Tensor`): ``[n]`` their positions in the row's text, at most ``window`` of them past the
                 sinks (:meth:`kept` picks them).
         """
         if positions.numel() == 0:
             return
-        slots = self.slots(positions.to(layers[0][0].device))
-        self._allocate(layers, int(slots.max()) + 1)
-        for store_k, store_v, (keys, values) in zip(self.keys, self.values, layers):
-            store_k[row].index_copy_(1, slots, keys.to(store_k.dtype))
-            store_v[row].index_copy_(1, slots, values.to(store_v.dtype))
+        slots = self.slots(positions.to(keys.device))
+        self._allocate(keys, int(slots.max()) + 1)
+        self._k.select(1, row).index_copy_(2, slots, keys.to(self._k.dtype))  # [L, H, C, D] <- [L, H, n, D]
+        self._v.select(1, row).index_copy_(2, slots, values.to(self._v.dtype))
         self.filled[row, slots] = True
 
-    def _allocate(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], needed: int) -> None:
-        """Make the stores (shaped after ``layers``) hold at least ``needed`` slots: they double up to the bound."""
-        if self.keys is not None and needed <= self.capacity:
+    def _allocate(self, like: torch.Tensor, needed: int) -> None:
+        """Make the stores (shaped after ``like``, ``[L, H, n, D]``) hold at least ``needed`` slots: they double up
+        to the bound."""
+        if self._k is not None and needed <= self.capacity:
             return
         size = min(self.bound, max(needed, 2 * self.capacity, 16))
 
-        def grown(old: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-            shape = (self.rows, like.shape[0], size, like.shape[-1])  # [R, H, C, D]
-            new = like.new_zeros(shape)
+        def grown(old: torch.Tensor | None) -> torch.Tensor:
+            new = like.new_zeros(like.shape[0], self.rows, like.shape[1], size, like.shape[-1])  # [L, R, H, C, D]
             if old is not None:
-                new[:, :, : old.shape[2]] = old
+                new[..., : old.shape[3], :] = old
             return new
 
-        old_k, old_v = self.keys or [None] * len(layers), self.values or [None] * len(layers)
-        self.keys = [grown(o, k) for o, (k, _) in zip(old_k, layers)]
-        self.values = [grown(o, v) for o, (_, v) in zip(old_v, layers)]
-        filled = torch.zeros(self.rows, size, dtype=torch.bool, device=layers[0][0].device)
+        self._k, self._v = grown(self._k), grown(self._v)
+        filled = torch.zeros(self.rows, size, dtype=torch.bool, device=like.device)
         if self.filled is not None:
             filled[:, : self.filled.shape[1]] = self.filled
         self.filled = filled
@@ -140,7 +148,7 @@ class WindowCache:
 
         cache = kv_cache.new_dynamic_cache()
         every = rows.numel() == self.rows and bool((rows == torch.arange(self.rows, device=rows.device)).all())
-        for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
+        for layer, (keys, values) in enumerate(zip(self._k.unbind(0), self._v.unbind(0))):
             if not every:
                 keys, values = keys.index_select(0, rows), values.index_select(0, rows)
             cache.update(keys, values, layer)  # (copied: the stores are never written by a forward)
