@@ -32,7 +32,7 @@ from ...core.call import CallContext
 from ...core.policy import AcceptanceEstimate
 from ...core.tree import DraftTree, Verdict
 from .choosing import Choice, choose
-from .costs import StepCosts
+from .costs import _MARGIN, StepCosts
 from .kv_tap import Forward, ForwardTap, row_columns
 from .window_cache import WindowCache
 
@@ -95,6 +95,8 @@ class DraftGroup:
         self._batch = 1                     # rows in the latest forward
         self.epoch = 0                      # target forwards seen; a step's decision and drafts are for one epoch
         self._step: tuple[int, int | None, dict[int, list[Choice]], int] = (-1, None, {}, 0)
+        self.max_length = ctx.max_length  # the longest text the call can reach (None: not known)
+        self.idle = False  # stood down for the call: no draft could pay at any context it reaches
         self.tap = ForwardTap(ctx.target, self._received)
 
     # -- rows --------------------------------------------------------------------------------------
@@ -121,7 +123,7 @@ class DraftGroup:
 
     # -- the target's forwards ----------------------------------------------------------------------
     def _received(self, forward: Forward) -> None:
-        self.assembling = False
+        first, self.assembling = self.assembling, False
         self.epoch += 1
         self._batch = forward.batch
         if forward.layers is not None and not self.costs.token_bytes:
@@ -130,10 +132,36 @@ class DraftGroup:
                 self.costs.token_bytes = 2 * k.shape[0] * k.shape[2] * k.shape[4] * k.element_size()
             else:
                 self.costs.token_bytes = sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in forward.layers)
+        if first and self._hopeless(forward.batch):
+            return self._stand_down()
         self.costs.observe_forward(forward.batch, forward.width, forward.seconds)
         if not self._waiting:  # every row took the last ones: this forward starts a new step
             self._forwards, self._waiting = [], set(self.rows)
         self._forwards.append(forward)
+
+    def _hopeless(self, batch: int) -> bool:
+        """Whether no draft can pay in this call whatever the rows accept: at the longest text the call can reach
+        (``max_length``), a draft step of every row still reads nearly what a plain step reads (the weights, and a
+        compressed cache that is most of the whole one), so even drafts always accepted and verified for free would not
+        beat plain decoding by the cost rule's 2% (``costs.py``). Only where the cost rule decides (``adaptive``,
+        no ``draft_cost``) and the bytes are known."""
+        if not self.config.adaptive or self.config.draft_cost is not None or not self.max_length:
+            return False
+        if not self.costs.token_bytes:
+            return False
+        price = self.costs.price(batch, batch, float(self.max_length))  # the bytes prior: nothing is timed yet
+        best = max((1 + n) / (1 + n * price) for n in range(1, self.config.num_tokens + 1))
+        self.info["price"] = round(price, 4)
+        return best <= _MARGIN
+
+    def _stand_down(self) -> None:
+        """Draft nothing more in this call and stop reading the target's forwards (:meth:`_hopeless`): the rows'
+        compressed caches are never filled, so the call costs what plain decoding in the loop costs."""
+        self.idle = True
+        self.tap.remove()
+        self._forwards, self._waiting = [], set()
+        self.info["stood_down"] = (f"a draft step costs {self.info['price']:.2f} of a plain step even at the call's "
+                                   f"longest text ({self.max_length} tokens): no draft can pay")
 
     def _took(self, row: int) -> list[Forward]:
         forwards = self._forwards
@@ -150,6 +178,8 @@ class DraftGroup:
         the forwards since its last step."""
         state = self.rows[row]
         state.sequence = sequence
+        if self.idle:
+            return
         if tree.size and tree is state.last_draft:
             state.estimate.update(verdict.num_accepted, tree.size)
         state.last_draft = None
@@ -183,7 +213,7 @@ class DraftGroup:
         """Row ``row``'s draft after its verified ``sequence`` ``[1, L]``, within the loop's ``plan``."""
         state, none = self.rows[row], DraftTree.empty(sequence.device)
         state.sequence = sequence
-        if state.lost or state.known == 0 or state.known != sequence.shape[1] - 1:
+        if self.idle or state.lost or state.known == 0 or state.known != sequence.shape[1] - 1:
             return none  # before the prefill, or out of step
         if sequence.shape[1] - 1 <= self.cache.bound:
             self.info["uncompressed_steps"] += 1

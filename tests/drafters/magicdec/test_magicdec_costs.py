@@ -95,3 +95,35 @@ def test_a_call_drafts_where_drafts_are_cheap(magicdec_costs):
     assert out.tolist() == ref.tolist()
     stats = hfs.last_stats(model)
     assert stats.drafted_tokens > 0 and stats.extra["magicdec"]["price"] == 0.01
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_call_where_no_draft_can_pay_stands_down(magicdec_costs, rows):
+    """Weights far larger than the cache a short call reaches (a 16,384-token vocabulary; prompts of ~20 tokens and 30
+    new ones): a draft step over the compressed cache reads 99% of what a plain step reads, so no draft can pay even
+    always accepted and verified for free. The call stands down at its first forward: no draft, no compressed cache,
+    and no hook left on the model; the output is plain greedy's. Negative controls: the same call with ``adaptive=False``
+    drafts, and a model whose cache outweighs its weights (a 96-token vocabulary) does not stand down."""
+    from tests.core.test_batch import left_padded
+
+    model = hfs.enable(build_model("llama", vocab_size=16384, eos=None))
+    magicdec_costs(model)
+    prompts = [prompt_inputs()["input_ids"][0].tolist()[: 20 - 3 * r] for r in range(rows)]
+    inputs = left_padded(prompts) if rows > 1 else prompt_inputs()
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=30)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=30,
+                         candidate_generator=hfs.MagicDec(window=4, sinks=2))
+    assert out.tolist() == ref.tolist()
+    info = hfs.last_stats(model).extra["magicdec"]
+    assert "stood_down" in info and info["price"] > 0.98, info
+    assert info["draft_steps"] == 0 and info["cache_bytes"] == 0 and info["declined_steps"] == 0, info
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=30,
+                         candidate_generator=hfs.MagicDec(window=4, sinks=2, adaptive=False, confidence_threshold=0.0))
+    assert out.tolist() == ref.tolist()
+    info = hfs.last_stats(model).extra["magicdec"]
+    assert "stood_down" not in info and info["draft_steps"] > 0, info
+    small = hfs.enable(build_model("llama", eos=None))
+    magicdec_costs(small)
+    small.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=hfs.MagicDec(window=4, sinks=2))
+    assert "stood_down" not in hfs.last_stats(small).extra["magicdec"]
