@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -574,6 +575,6 @@ def test_later_forwards_write_the_cache_in_place(name, cheap_batches, monkeypatc
     monkeypatch.undo()
     assert out.tolist() == ref.tolist()
     assert len(stores) > 4 and {kind for kind, _ in stores} == {"RoomyDynamicLayer"}, stores
-    moved = sum(a != b for (_, a), (_, b) in zip(stores[1:], stores[2:]))
+    moved = sum(a != b for (_, a), (_, b) in itertools.pairwise(stores[1:]))
     # the first write after the prefill makes the room; then only a full room or a re-pack of holes moves it
     assert moved * 4 <= len(stores), stores

@@ -53,7 +53,7 @@ class StepCosts:
     """The measured costs of one call's steps, and the draft depth that pays (see the module docstring).
 
     Args:
-        target (`PreTrainedModel`): the model (its shared cost models, its parameter bytes).
+        target (`PreTrainedModel`): the model (its shared cost models, the weight bytes a step reads).
         bound (`int`): slots per row of the compressed cache (``sinks + window``).
         verify_costs (`VerifyCostModel`): the call's one-row verify costs (``ctx.verify_costs(n)``).
         fixed_price (`float`, *optional*): one draft step in plain steps, given by the user (``draft_cost``).
@@ -61,7 +61,7 @@ class StepCosts:
 
     def __init__(self, target: torch.nn.Module, bound: int, verify_costs, fixed_price: float | None = None):
         self.target, self.bound, self.verify_costs, self.fixed_price = target, bound, verify_costs, fixed_price
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+        self.weight_bytes = read_bytes(target)
         self.token_bytes = 0  # keys and values of one token over every layer, once a forward showed them
         self._full: dict[tuple[int, int], _Timing] = {}  # (batch, width) -> verifying forwards
         self._draft: dict[int, _Timing] = {}             # rows drafting -> one draft step
@@ -130,6 +130,14 @@ class StepCosts:
             if value > best_value * _MARGIN:
                 best, best_value = n, value
         return best
+
+
+def read_bytes(target: torch.nn.Module) -> int:
+    """The weight bytes a step reads: every parameter once, except an embedding table, of which a token reads one row
+    (left out), unless a linear layer reads it whole too (an lm_head tied to the input embedding)."""
+    linear = {id(m.weight) for m in target.modules() if isinstance(m, torch.nn.Linear)}
+    looked_up = {id(m.weight) for m in target.modules() if isinstance(m, torch.nn.Embedding)} - linear
+    return sum(p.numel() * p.element_size() for p in target.parameters() if id(p) not in looked_up)
 
 
 def _fold(cells: dict, key, seconds: float) -> None:

@@ -22,7 +22,6 @@ grows to ``sinks + window`` slots as rows get longer, never further.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch

@@ -127,3 +127,15 @@ def test_a_call_where_no_draft_can_pay_stands_down(magicdec_costs, rows):
     magicdec_costs(small)
     small.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=hfs.MagicDec(window=4, sinks=2))
     assert "stood_down" not in hfs.last_stats(small).extra["magicdec"]
+
+
+def test_the_prior_counts_the_weights_a_step_reads():
+    """An untied input embedding is looked up a row per token, not read: left out; a tied one is the lm_head's."""
+    from hf_speculative.drafters.magicdec.costs import read_bytes
+
+    untied = build_model("llama", vocab_size=1024)
+    table = untied.get_input_embeddings().weight
+    every = sum(p.numel() * p.element_size() for p in untied.parameters())
+    assert read_bytes(untied) == every - table.numel() * table.element_size()
+    untied.get_output_embeddings().weight = table  # tied: the lm_head reads the table whole
+    assert read_bytes(untied) == sum(p.numel() * p.element_size() for p in untied.parameters())
