@@ -127,11 +127,7 @@ class DraftGroup:
         self.epoch += 1
         self._batch = forward.batch
         if forward.layers is not None and not self.costs.token_bytes:
-            if isinstance(forward.layers, tuple):  # [L, B, H, T, D]
-                k = forward.layers[0]
-                self.costs.token_bytes = 2 * k.shape[0] * k.shape[2] * k.shape[4] * k.element_size()
-            else:
-                self.costs.token_bytes = sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in forward.layers)
+            self.costs.token_bytes = forward.token_bytes
         if first and self._hopeless(forward.batch):
             return self._stand_down()
         self.costs.observe_forward(forward.batch, forward.width, forward.seconds)

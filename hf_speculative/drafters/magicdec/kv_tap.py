@@ -47,12 +47,25 @@ class Forward:
     width: int
     seconds: float
 
-    def row(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]] | tuple[torch.Tensor, torch.Tensor]:
-        """Row ``b``'s keys and values: ``(keys, values)`` of ``[L, H, T, D]`` (a verification), or per layer
-        ``[H, T, D]`` each (views)."""
+    @property
+    def device(self) -> torch.device:
+        return (self.layers[0] if isinstance(self.layers, tuple) else self.layers[0][0]).device
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token's keys and values over every layer."""
+        if isinstance(self.layers, tuple):  # [L, B, H, T, D]
+            k = self.layers[0]
+            return 2 * k.shape[0] * k.shape[2] * k.shape[4] * k.element_size()
+        return sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in self.layers)
+
+    def columns(self, b: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``b``'s keys and values at the forward's columns ``index`` ``[n]``, every layer: ``[L, H, n, D]`` each
+        (a copy of those columns only)."""
         if isinstance(self.layers, tuple):
-            return self.layers[0][:, b], self.layers[1][:, b]
-        return [(k[b], v[b]) for k, v in self.layers]
+            return self.layers[0][:, b].index_select(2, index), self.layers[1][:, b].index_select(2, index)
+        return (torch.stack([k[b].index_select(1, index) for k, _ in self.layers]),
+                torch.stack([v[b].index_select(1, index) for _, v in self.layers]))
 
 
 class ForwardTap:
@@ -133,27 +146,21 @@ def row_columns(forwards: list[Forward], view_row: tuple[int, torch.Tensor] | No
         return None, None
     if view_row is not None:
         row, columns = view_row
-        parts = [forwards[-1].row(row)]
+        parts = [(forwards[-1], row)]
     else:
-        parts = [f.row(0) for f in forwards]
-    widths = [f.width for f in (forwards[-1:] if view_row is not None else forwards)]
-    device = (parts[0][0] if isinstance(parts[0], tuple) else parts[0][0][0]).device
+        parts = [(f, 0) for f in forwards]
+        columns = torch.arange(sum(f.width for f in forwards))
 
     def take(pick: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values, offset = [], [], 0
-        for part, width in zip(parts, widths):
-            here = pick[(pick >= offset) & (pick < offset + width)] - offset  # (pick is ascending)
-            if isinstance(part, tuple):  # [L, H, T, D]
-                keys.append(part[0].index_select(2, here))
-                values.append(part[1].index_select(2, here))
-            else:  # per layer [H, T, D] views
-                keys.append(torch.stack([k.index_select(1, here) for k, _ in part]))
-                values.append(torch.stack([v.index_select(1, here) for _, v in part]))
-            offset += width
+        for forward, b in parts:
+            here = pick[(pick >= offset) & (pick < offset + forward.width)] - offset  # (pick is ascending)
+            k, v = forward.columns(b, here)
+            keys.append(k)
+            values.append(v)
+            offset += forward.width
         if len(keys) == 1:
             return keys[0], values[0]
         return torch.cat(keys, dim=2), torch.cat(values, dim=2)
 
-    if view_row is None:
-        columns = torch.arange(sum(widths), device=device)
-    return take, columns.to(device)
+    return take, columns.to(forwards[-1].device)
