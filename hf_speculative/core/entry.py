@@ -66,8 +66,9 @@ def generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_process
     else:
         rows, verifier, padding, stops = _one_row(model, call, input_ids, model_kwargs.get("attention_mask"),
                                                   max_length)
-        widths, cut_at_stop, fill, prompt = SoloWidth(), True, 0, rows[0].ids
+        cut_at_stop, fill, prompt = True, 0, rows[0].ids
         pending = prompt[:, verifier.length:]  # [1, m]: what its cache lacks
+        widths = SoloWidth(verifier.first_room(pending.shape[1]))
         mask = torch.ones_like(pending, dtype=torch.bool)
     outputs = Outputs(len(rows), prompt.shape[1], fill, call.streamer, scores=keeps[0], logits=keeps[1])
     cache = verifier.cache if isinstance(verifier, DynamicVerifier) else None

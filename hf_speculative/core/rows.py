@@ -132,12 +132,17 @@ def forward_columns(pending_mask: torch.Tensor, nodes: int) -> torch.Tensor:
 
 
 class SoloWidth:
-    """One row: no width of the step's own; the row's budget decides (``cap`` None: its tree is not cut)."""
+    """One row: no width of the step's own; the row's budget decides (``cap`` None: its tree is not cut), except at the
+    first forward, which carries at most ``first_room`` draft nodes (``None``: no limit): the verifier's
+    ``first_room``, where a longer first forward would run as two (``verify.prefill_room``)."""
 
     cap = None
 
+    def __init__(self, first_room: int | None = None):
+        self.first_room = first_room
+
     def width(self, rows: Sequence[int], room: int, batch: int, first: bool) -> int:
-        return room
+        return room if not first or self.first_room is None else min(room, self.first_room)
 
     def verified(self, row: int, tree: DraftTree, verdict: Verdict, width: int, room: int) -> None:
         pass

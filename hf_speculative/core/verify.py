@@ -75,12 +75,24 @@ def tree_masks(model: torch.nn.Module, tree: DraftTree, prefix_length: int, dtyp
                                         else "full_attention"))
 
 
+def prefill_room(model: torch.nn.Module, fresh_tokens: int) -> int | None:
+    """The most draft nodes a first forward of ``fresh_tokens`` uncached tokens may carry and still run as one forward
+    (``None``: any number). On a model whose forwards of up to ``sdpa.CPU_ROWWISE_TOKENS`` tokens compute each row as a
+    one-token forward does (bf16 on the CPU kernel) a longer first forward runs as two (:func:`_prefill_apart`), and
+    a draft there is then never worth drafting: its own forward costs a step, which the next step's draft, made
+    knowing the prefill's token, gets for the same price. So the loop drafts at most this many there (rows.SoloWidth)."""
+    if fresh_tokens > 1 and getattr(model.config, "_attn_implementation", None) == sdpa.CPU_ATTENTION:
+        return max(sdpa.CPU_ROWWISE_TOKENS - fresh_tokens, 0)
+    return None
+
+
 def _prefill_apart(model: torch.nn.Module, fresh_tokens: int, nodes: int) -> bool:
     """Whether a first forward (a prompt and a draft) runs as two: on a model whose forwards of up to
     ``sdpa.CPU_ROWWISE_TOKENS`` tokens compute each row as a one-token forward does (bf16 on the CPU kernel), a
-    longer one would not, so the prompt runs alone, as plain decoding's prefill, and the draft after it."""
-    return (nodes > 0 and fresh_tokens > 1 and fresh_tokens + nodes > sdpa.CPU_ROWWISE_TOKENS
-            and getattr(model.config, "_attn_implementation", None) == sdpa.CPU_ATTENTION)
+    longer one would not, so the prompt runs alone, as plain decoding's prefill, and the draft after it (a draft
+    the loop itself made stays within :func:`prefill_room`; a caller's transformers loop may not)."""
+    room = prefill_room(model, fresh_tokens)
+    return nodes > 0 and room is not None and nodes > room
 
 
 def _prefill_then_nodes(model: torch.nn.Module, cache: Any, ids: torch.Tensor, m: int, tree: DraftTree,
@@ -155,6 +167,10 @@ class RowVerifier:
     def tidy(self) -> None:
         pass
 
+    def first_room(self, fresh_tokens: int) -> int | None:
+        """The most draft nodes the first forward (``fresh_tokens`` uncached tokens) should carry; ``None``: any."""
+        return None
+
 
 class DynamicVerifier(RowVerifier):
     """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path.
@@ -189,6 +205,9 @@ class DynamicVerifier(RowVerifier):
 
     def keep_row(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         keep_path(self.cache, prefix_length, tree, path)
+
+    def first_room(self, fresh_tokens: int) -> int | None:
+        return prefill_room(self.model, fresh_tokens)
 
     def close(self) -> None:
         self.cache = None

@@ -159,9 +159,10 @@ def test_drafters_identical_to_greedy_on_a_bf16_model(arch, drafter_name, monkey
 @needs_bf16_dot
 @pytest.mark.parametrize("drafter_name", ["prompt-lookup", "oracle", "prompt-lookup-tree"])
 def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
-    """A prompt and the draft made from it verify in the first forward; beyond 64 tokens that forward would run on
-    PyTorch's products, unlike plain decoding's prefill and one-token forwards: it runs as two forwards, the prompt
-    alone (plain decoding's prefill) and then the draft."""
+    """Beyond 64 tokens a first forward would run on PyTorch's products, unlike plain decoding's prefill and
+    one-token forwards: the prompt runs alone (plain decoding's prefill), and the loop drafts nothing there (a draft
+    would need a forward of its own, which the next step's draft, made knowing the prefill's token, gets for the
+    same price); the drafts come from the second forward on."""
     model = hfs.enable(build_model("llama", max_positions=512).to(torch.bfloat16))
     hfs.optimize_for_cpu(model)
     prompt = prompt_inputs([3] + [5, 6, 7, 8, 9] * 16)  # 81 tokens, repeating: lookup drafts at once
@@ -174,4 +175,29 @@ def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
     finally:
         hook.remove()
     assert out.tolist() == ref.tolist()
-    assert seen[0] == 81 and 1 < seen[1] <= 64  # the prompt alone, then its draft (and the root's bonus rows)
+    steps = hfs.last_stats(model).steps()
+    assert seen[0] == 81 and steps["drafted"][0] == 0  # the prompt alone, no draft beside it
+    assert len(seen) == len(steps["drafted"])  # one forward per step: none ran as two
+    if drafter_name == "oracle":  # it drafts the reference at every step: from the second forward on
+        assert 1 < seen[1] <= 64 and steps["drafted"][1] == seen[1] - 1
+
+
+@needs_bf16_dot
+def test_a_short_prompts_first_draft_keeps_the_first_forward_whole():
+    """A prompt under 64 tokens may carry a draft in the first forward, as many nodes as keep it within 64 tokens
+    (one forward, every row computed as a one-token forward computes it)."""
+    model = hfs.enable(build_model("llama", max_positions=512).to(torch.bfloat16))
+    hfs.optimize_for_cpu(model)
+    prompt = prompt_inputs([3] + [5, 6, 7, 8, 9] * 12)  # 61 tokens, repeating: lookup drafts at once
+    ref = stock_generate(model, **prompt, **GREEDY)
+    seen: list[int] = []
+    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    try:
+        out = model.generate(**prompt, **GREEDY, candidate_generator=hfs.PromptLookup(adaptive=False))
+    finally:
+        hook.remove()
+    assert out.tolist() == ref.tolist()
+    steps = hfs.last_stats(model).steps()
+    assert steps["drafted"][0] == 3 and seen[0] == 64  # 61 + 3 nodes: the most that keeps it whole
+    assert len(seen) == len(steps["drafted"])
