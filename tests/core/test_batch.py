@@ -19,6 +19,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 import hf_speculative as hfs
 from hf_speculative.core.batch_costs import BatchCostModel, batch_costs_for, forget_batch_costs
 from hf_speculative.core.batch_verify import BatchVerifier
+from hf_speculative.core import kv_room
 from tests.conftest import ARCHS, _plain_copy, build_model, char_tokenizer, sibling_model, stock_generate
 
 PROMPTS = [
@@ -559,6 +560,7 @@ def test_later_forwards_write_the_cache_in_place(name, cheap_batches, monkeypatc
     """After the prefill, every forward writes its slots into room the cache's layers keep (kv_room), instead of
     transformers' ``torch.cat`` of the whole cache: the keys' storage stays put from step to step except when the room
     fills or the rows' holes are re-packed, and the rows stay batched greedy's."""
+    monkeypatch.setattr(kv_room, "COPY_BELOW_BYTES", 0)  # the tiny model's cache would be appended by copying
     model = cheap_batches(hfs.enable(build_model("llama")))
     inputs = left_padded(PROMPTS)
     ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=40)

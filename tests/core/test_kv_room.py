@@ -6,13 +6,19 @@ from __future__ import annotations
 import copy
 import pickle
 
+import pytest
 import torch
 
 import hf_speculative as hfs
 from hf_speculative import compat
-from hf_speculative.core import kv_cache
-from hf_speculative.core import kv_room
+from hf_speculative.core import kv_cache, kv_room
 from tests.conftest import ARCHS, build_model, prompt_inputs, stock_generate
+
+
+@pytest.fixture(autouse=True)
+def in_place_at_any_size(monkeypatch):
+    """The tiny models' caches are far below the size kv_room appends by copying: these tests write them in place."""
+    monkeypatch.setattr(kv_room, "COPY_BELOW_BYTES", 0)
 
 
 def _forward(model, cache, ids):
@@ -111,3 +117,27 @@ def test_generate_is_greedy_and_returns_a_cache_that_goes_on():
     again = model.generate(input_ids=ref, attention_mask=torch.ones_like(ref), do_sample=False, max_new_tokens=20,
                            candidate_generator=hfs.PromptLookup(), **{compat.cache_kwarg(): cache})
     assert again.tolist() == longer.tolist()
+
+
+def test_a_small_cache_is_appended_by_copying_until_it_grows(monkeypatch):
+    """Below ``COPY_BELOW_BYTES`` a layer appends as transformers' does (a new tensor each forward, no store): the copy
+    is cheap and leaves the cache hot for the attention; the first update past it makes the store, and later ones
+    write in place. Contents match a plain cache throughout."""
+    model = build_model("llama")
+    plain, roomy = kv_cache.new_dynamic_cache(), kv_cache.new_dynamic_cache()
+    prompt = prompt_inputs()["input_ids"][0].tolist()
+    _forward(model, plain, prompt), _forward(model, roomy, prompt)
+    kv_room.make_room(roomy)
+    layer = roomy.layers[0]
+    per_token = 2 * layer.keys[..., :1, :].numel() * layer.keys.element_size()  # keys + values of one position
+    limit = len(prompt) + 6
+    monkeypatch.setattr(kv_room, "COPY_BELOW_BYTES", per_token * limit)
+    kinds = []
+    for step in range(12):
+        assert torch.equal(_forward(model, plain, [4 + step % 5]), _forward(model, roomy, [4 + step % 5]))
+        kinds.append(getattr(layer, "_hfs_keys", None) is not None
+                     and layer.keys.data_ptr() == layer._hfs_keys.data_ptr())
+    length_before = [len(prompt) + step for step in range(12)]  # the cache's length when each update came
+    assert kinds == [n >= limit for n in length_before], kinds  # copied while small, then in place
+    for (pk, pv), (rk, rv) in zip(_layers(plain), _layers(roomy)):
+        assert torch.equal(pk, rk) and torch.equal(pv, rv)
