@@ -158,26 +158,46 @@ def test_a_forward_that_records_gradients_gets_them_through_the_attention():
 
 
 @needs_kernel
-@pytest.mark.parametrize("q_len", [1, 3, 7])
-def test_the_kernels_few_query_attention_rows_are_independent_and_close_to_sdpa(q_len):
+@pytest.mark.parametrize("q_len, kv, dim", [(1, 41, 16), (3, 41, 16), (7, 41, 16), (1, 300, 64), (5, 300, 64),
+                                            (3, 129, 24)])
+def test_the_kernels_few_query_attention_rows_are_independent_and_close_to_sdpa(q_len, kv, dim):
     """csrc/few_query_attention.cpp on its own: strided keys and values (a cache with room holds them so), row ``i``
-    alone over the keys it sees gives the same bits, SDPA's values; other keys give other values (the control)."""
-    torch.manual_seed(q_len)
-    keys, values = torch.randn(1, 2, 90, 16), torch.randn(1, 2, 90, 16)
-    key, value = keys[:, :, :41], values[:, :, :41]
-    query = torch.randn(1, 6, q_len, 16)
-    ours = cpu_kernel.few_query_attention(query, key, value, None, 0.25)  # [1, q, 6, 16]
-    mask = torch.ones(q_len, 41, dtype=torch.bool).tril(41 - q_len)
+    alone over the keys it sees gives the same bits, SDPA's values; other keys give other values (the control). Long
+    contexts take the values in blocks of 64 keys (300: four and a part), 64 dims in passes of 32, 24 in chunks of 8."""
+    torch.manual_seed(q_len + kv)
+    keys, values = torch.randn(1, 2, kv + 49, dim), torch.randn(1, 2, kv + 49, dim)
+    key, value = keys[:, :, :kv], values[:, :, :kv]
+    query = torch.randn(1, 6, q_len, dim)
+    ours = cpu_kernel.few_query_attention(query, key, value, None, 0.25)  # [1, q, 6, dim]
+    mask = torch.ones(q_len, kv, dtype=torch.bool).tril(kv - q_len)
     reference = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.25,
                                                enable_gqa=True).transpose(1, 2)
-    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
     for i in range(q_len):
-        n = 41 - q_len + i + 1
+        n = kv - q_len + i + 1
         alone = cpu_kernel.few_query_attention(query[:, :, i:i + 1], key[:, :, :n], value[:, :, :n], None, 0.25)
         assert torch.equal(alone[:, 0], ours[:, i])
-    shifted = cpu_kernel.few_query_attention(query[:, :, :1], key[:, :, 1:42 - q_len], value[:, :, 1:42 - q_len],
-                                             None, 0.25)
+    shifted = cpu_kernel.few_query_attention(query[:, :, :1], key[:, :, 1:kv + 1 - q_len],
+                                             value[:, :, 1:kv + 1 - q_len], None, 0.25)
     assert not torch.equal(shifted[:, 0], ours[:, 0])
+
+
+@needs_kernel
+def test_the_kernels_attention_over_a_long_tree_mask_is_each_rows_own():
+    """A mask with gaps across several blocks of 64 keys (a tree's rows over a long prefix): each row equals itself
+    alone over the keys it sees, and SDPA's values under the mask."""
+    torch.manual_seed(1)
+    key, value, query = torch.randn(1, 2, 260, 64), torch.randn(1, 2, 260, 64), torch.randn(1, 6, 4, 64)
+    mask = torch.rand(1, 4, 260) > 0.4
+    mask[..., 0] = True
+    out = cpu_kernel.few_query_attention(query, key, value, mask, 0.125)
+    reference = F.scaled_dot_product_attention(query, key, value, attn_mask=mask[:, None], scale=0.125,
+                                               enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    for i in range(4):
+        seen = mask[0, i].nonzero().squeeze(-1)
+        alone = cpu_kernel.few_query_attention(query[:, :, i:i + 1], key[:, :, seen], value[:, :, seen], None, 0.125)
+        assert torch.equal(alone[:, 0], out[:, i])
 
 
 @needs_kernel
