@@ -239,7 +239,7 @@ class DraftBudget:
             if sizing.nodes else None
         self.scored = ScoredPrefix(costs, sizing.adaptive) if sizing.rule == "scored" else None
         self.estimates: dict[Any, AcceptanceEstimate] = {}
-        self.members = [DraftBudget(member) for member in sizing.members]
+        self.members = list(map(DraftBudget, sizing.members))
 
     def estimate(self, key: Any, prior: float | None = None) -> AcceptanceEstimate:
         """The acceptance measured under ``key``; a new one starts at ``prior`` (two drafts' worth of evidence)."""

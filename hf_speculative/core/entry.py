@@ -35,7 +35,7 @@ from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, left_padding, row_
 from .sampling import RejectionSampler
 from .static_cache import verifier_for
 from .stats import SpeculativeStats
-from .verify import DynamicVerifier
+from .verify import DynamicVerifier, prefill_room
 
 _NOT_MODEL_KWARGS = ("inputs_tensor", "assistant_model", "assistant_tokenizer", "tokenizer")
 
@@ -68,7 +68,9 @@ def generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_process
                                                   max_length)
         cut_at_stop, fill, prompt = True, 0, rows[0].ids
         pending = prompt[:, verifier.length:]  # [1, m]: what its cache lacks
-        widths = SoloWidth(verifier.first_room(pending.shape[1]))
+        widths = SoloWidth()
+        if isinstance(verifier, DynamicVerifier):  # no draft that would split the first forward (verify.prefill_room)
+            widths.first_room = prefill_room(model, pending.shape[1])
         mask = torch.ones_like(pending, dtype=torch.bool)
     outputs = Outputs(len(rows), prompt.shape[1], fill, call.streamer, scores=keeps[0], logits=keeps[1])
     cache = verifier.cache if isinstance(verifier, DynamicVerifier) else None

@@ -133,13 +133,11 @@ def forward_columns(pending_mask: torch.Tensor, nodes: int) -> torch.Tensor:
 
 class SoloWidth:
     """One row: no width of the step's own; the row's budget decides (``cap`` None: its tree is not cut), except at the
-    first forward, which carries at most ``first_room`` draft nodes (``None``: no limit): the verifier's
-    ``first_room``, where a longer first forward would run as two (``verify.prefill_room``)."""
+    first forward, which carries at most ``first_room`` draft nodes (``None``, the default: no limit; set where a
+    longer first forward would run as two, ``verify.prefill_room``)."""
 
     cap = None
-
-    def __init__(self, first_room: int | None = None):
-        self.first_room = first_room
+    first_room: int | None = None
 
     def width(self, rows: Sequence[int], room: int, batch: int, first: bool) -> int:
         return room if not first or self.first_room is None else min(room, self.first_room)

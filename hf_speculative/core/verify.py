@@ -167,10 +167,6 @@ class RowVerifier:
     def tidy(self) -> None:
         pass
 
-    def first_room(self, fresh_tokens: int) -> int | None:
-        """The most draft nodes the first forward (``fresh_tokens`` uncached tokens) should carry; ``None``: any."""
-        return None
-
 
 class DynamicVerifier(RowVerifier):
     """The default: a ``DynamicCache`` grown by each forward and cropped to the accepted path.
@@ -205,9 +201,6 @@ class DynamicVerifier(RowVerifier):
 
     def keep_row(self, prefix_length: int, tree: DraftTree, path: Sequence[int]) -> None:
         keep_path(self.cache, prefix_length, tree, path)
-
-    def first_room(self, fresh_tokens: int) -> int | None:
-        return prefill_room(self.model, fresh_tokens)
 
     def close(self) -> None:
         self.cache = None
