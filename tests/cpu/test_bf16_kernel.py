@@ -156,6 +156,23 @@ def test_drafters_identical_to_greedy_on_a_bf16_model(arch, drafter_name, monkey
     assert any(rows > 1 for rows in calls)  # drafts were verified on the kernel
 
 
+def _first_forwards(tokens: list[int], strategy):
+    """Generate greedily from ``tokens`` on a bf16 Llama on the kernel with ``strategy(model, ref)``'s drafter: the
+    output, greedy's, the input length of every target forward, and the call's steps."""
+    model = hfs.enable(build_model("llama", max_positions=512).to(torch.bfloat16))
+    hfs.optimize_for_cpu(model)
+    prompt = prompt_inputs(tokens)
+    ref = stock_generate(model, **prompt, **GREEDY)
+    seen: list[int] = []
+    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    try:
+        out = model.generate(**prompt, **GREEDY, candidate_generator=strategy(model, ref))
+    finally:
+        hook.remove()
+    return out, ref, seen, hfs.last_stats(model).steps()
+
+
 @needs_bf16_dot
 @pytest.mark.parametrize("drafter_name", ["prompt-lookup", "oracle", "prompt-lookup-tree"])
 def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
@@ -163,19 +180,9 @@ def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
     one-token forwards: the prompt runs alone (plain decoding's prefill), and the loop drafts nothing there (a draft
     would need a forward of its own, which the next step's draft, made knowing the prefill's token, gets for the
     same price); the drafts come from the second forward on."""
-    model = hfs.enable(build_model("llama", max_positions=512).to(torch.bfloat16))
-    hfs.optimize_for_cpu(model)
-    prompt = prompt_inputs([3] + [5, 6, 7, 8, 9] * 16)  # 81 tokens, repeating: lookup drafts at once
-    ref = stock_generate(model, **prompt, **GREEDY)
-    seen: list[int] = []
-    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
-                                                 with_kwargs=True)
-    try:
-        out = model.generate(**prompt, **GREEDY, candidate_generator=make_drafter(drafter_name, model, ref))
-    finally:
-        hook.remove()
+    out, ref, seen, steps = _first_forwards([3] + [5, 6, 7, 8, 9] * 16,  # 81 tokens, repeating: lookup drafts at once
+                                            lambda model, ref: make_drafter(drafter_name, model, ref))
     assert out.tolist() == ref.tolist()
-    steps = hfs.last_stats(model).steps()
     assert seen[0] == 81 and steps["drafted"][0] == 0  # the prompt alone, no draft beside it
     assert len(seen) == len(steps["drafted"])  # one forward per step: none ran as two
     if drafter_name == "oracle":  # it drafts the reference at every step: from the second forward on
@@ -186,18 +193,8 @@ def test_a_long_prompt_is_prefilled_as_plain_decoding_prefills_it(drafter_name):
 def test_a_short_prompts_first_draft_keeps_the_first_forward_whole():
     """A prompt under 64 tokens may carry a draft in the first forward, as many nodes as keep it within 64 tokens
     (one forward, every row computed as a one-token forward computes it)."""
-    model = hfs.enable(build_model("llama", max_positions=512).to(torch.bfloat16))
-    hfs.optimize_for_cpu(model)
-    prompt = prompt_inputs([3] + [5, 6, 7, 8, 9] * 12)  # 61 tokens, repeating: lookup drafts at once
-    ref = stock_generate(model, **prompt, **GREEDY)
-    seen: list[int] = []
-    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
-                                                 with_kwargs=True)
-    try:
-        out = model.generate(**prompt, **GREEDY, candidate_generator=hfs.PromptLookup(adaptive=False))
-    finally:
-        hook.remove()
+    out, ref, seen, steps = _first_forwards([3] + [5, 6, 7, 8, 9] * 12,  # 61 tokens, repeating: lookup drafts at once
+                                            lambda model, ref: hfs.PromptLookup(adaptive=False))
     assert out.tolist() == ref.tolist()
-    steps = hfs.last_stats(model).steps()
     assert steps["drafted"][0] == 3 and seen[0] == 64  # 61 + 3 nodes: the most that keeps it whole
     assert len(seen) == len(steps["drafted"])
