@@ -6,7 +6,8 @@ gpt-fast prints "bandwidth achieved" for that reason; ``hf-speculative bench`` a
 
     weights 538 MB/token -> 13.5 GB/s at 25.0 tok/s, 58% of this machine's 23.0 GB/s single-thread read
 
-- :func:`weight_bytes`: the bytes one token's forward reads from the weights (the rule is in its docstring).
+- :func:`weight_bytes`: the bytes one token's forward reads from the weights (the rule is in its docstring; defined
+  in ``hf_speculative/cpu/weight_bytes.py``, which MagicDec's cost prior shares).
 - :func:`measure_read_bandwidth`: this machine's single-thread read bandwidth, measured once per process (a second
   or two over 1 GiB), or taken from ``HFS_READ_BANDWIDTH_GBS`` (GB/s) where that is set.
 - :func:`format_bandwidth`: the line above.
@@ -27,68 +28,13 @@ from collections.abc import Callable
 import torch
 
 from ..cpu import kernel as _kernel
+from ..cpu.weight_bytes import _nbytes, weight_bytes  # the rule lives below the benchmark (drafters use it)
 
 ENV = "HFS_READ_BANDWIDTH_GBS"
 GIB = 1 << 30
 # the kernel's measurement reads matrices of SmolLM2-to-Llama-8B width, each one sequential stream per block
 KERNEL_IN_FEATURES = 8192
 KERNEL_MATRIX_BYTES = 128 << 20  # 4096 x 8192 fp32
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def _on_kernel(module: torch.nn.Module) -> bool:
-    """Whether a one-row product of ``module`` (a ``KernelLinear``) reads the kernel's copy of its weight: the
-    conditions of ``KernelLinear.forward`` that a model's own one-token forward can meet."""
-    weight = module.weight
-    if type(module) is not _kernel.KernelLinear or module.__dict__.get("_hfs_blocked") is None:
-        return False
-    if weight.device.type != "cpu":
-        return False
-    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _kernel.bf16_dot_supported())
-
-
-def _linear_weight_bytes(module: torch.nn.Linear) -> int:
-    if not _on_kernel(module):
-        return _nbytes(module.weight)
-    # made now if it is not yet (the next forward would make it): its bytes are what the products read
-    blocked, scale = module._hfs_blocked.get(module.weight)
-    return _nbytes(blocked) + (0 if scale is None else _nbytes(scale))
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """The bytes of weights one token's forward of ``model`` reads: every parameter once, except that
-
-    - an ``nn.Embedding``'s table (the input embedding, learned positions) is read one row per token: one row counts;
-    - a table that is also a linear layer's weight (an lm_head tied to the input embedding) is read whole by that
-      layer: counted once, whole, as the lm_head's read;
-    - a linear layer that runs on the CPU kernel (``optimize_for_cpu``: ``KernelLinear``) reads the kernel's copy of
-      its weight, not the weight: the copy's bytes count (bf16 for an fp32 weight whose values are all bf16
-      numbers, int8 values and their fp32 scales for ``weights="int8"``, padded to 16 output columns).
-
-    Buffers (rotary tables, masks) are not counted, nor the KV cache: they are not weights.
-    """
-    modules = list(model.modules())
-    # linear layers first, so that a tied table is counted as the lm_head's whole read, not as an embedding row
-    ordered = [m for m in modules if isinstance(m, torch.nn.Linear)]
-    ordered += [m for m in modules if not isinstance(m, torch.nn.Linear)]
-    seen: set[int] = set()
-    total = 0
-    for module in ordered:
-        for name, param in module.named_parameters(recurse=False):
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            if name == "weight" and isinstance(module, torch.nn.Linear):
-                total += _linear_weight_bytes(module)
-            elif name == "weight" and isinstance(module, torch.nn.Embedding) and param.dim() == 2:
-                total += param.shape[1] * param.element_size()
-            else:
-                total += _nbytes(param)
-    return total
-
 
 def _env_bandwidth() -> float | None:
     value = os.environ.get(ENV, "").strip()

@@ -664,7 +664,8 @@ def profile(
 @app.command()
 def project(
     bench_file: Annotated[Path, typer.Argument(
-        help="A JSONL written by `hf-speculative bench` (of this version: with per-step records).")],
+        help="A JSONL written by `hf-speculative bench` (of this version: with per-step records), or a MagicDec grid "
+             "(benchmarks/magicdec_grid.py's: projected by bytes over bandwidth, see --magicdec).")],
     profile_file: Annotated[Path, typer.Option(
         "--profile", help="A JSON written by `hf-speculative profile` on the device to project onto.")],
     out: Annotated[Optional[Path], typer.Option(
@@ -679,15 +680,52 @@ def project(
                             "one-token forwards: X or METHOD=X (repeatable; 0 leaves it out). Default: each step's "
                             "own seconds outside drafting and verifying over greedy's seconds per token.")]
     = None,
+    magicdec: Annotated[bool, typer.Option(
+        "--magicdec", help="Project a MagicDec grid's acceptance (detected from its records too) onto the profile's "
+                           "device at a larger model's shape, by bytes over bandwidth "
+                           "(hf_speculative/bench/magicdec_projection.py).")] = False,
+    config: Annotated[str | None, typer.Option(
+        help="--magicdec: the target's shape, a shipped config (llama-3.1-8b, ...) or a config.json path; default: "
+             "the profile's model.")] = None,
+    bandwidth_gbs: Annotated[float | None, typer.Option(
+        help="--magicdec: the device's memory bandwidth, GB/s; default: effective, from the profile's one-token "
+             "forward.")] = None,
+    overhead_ms: Annotated[float | None, typer.Option(
+        help="--magicdec: a fixed host overhead per forward, ms (default 0: decoding under CUDA graphs).")] = None,
+    tflops: Annotated[float | None, typer.Option(
+        help="--magicdec: the device's TFLOP/s, for a compute floor (default: none, memory-bound).")] = None,
+    memory_gb: Annotated[float | None, typer.Option(
+        help="--magicdec: the device's memory, GB (default: from its name in the profile).")] = None,
 ) -> None:
     """Project the benchmark's speedups onto the profile's device: each step costs the profile's relative cost of
     verifying its draft, plus the draft cost and the loop's own work, against one one-token forward per greedy
-    token."""
+    token. A MagicDec grid (--magicdec) is projected by the bytes each step reads instead."""
+    from ..bench import magicdec_projection as magic
     from ..bench import projection
 
     for path in (bench_file, profile_file):
         if not path.is_file():
             _fail(f"no such file: {path}")
+    device = {"config": config, "bandwidth_gbs": bandwidth_gbs, "overhead_ms": overhead_ms, "tflops": tflops,
+              "memory_gb": memory_gb}
+    if magicdec or magic.is_grid(bench_file):
+        if draft_cost or loop_cost:
+            _fail("--draft-cost and --loop-cost project a benchmark's steps; a MagicDec grid takes --config, "
+                  "--bandwidth-gbs, --overhead-ms, --tflops and --memory-gb.")
+        try:
+            result = magic.project(magic.load_grid(bench_file), projection.load_profile(profile_file), **device,
+                                   source=str(bench_file))
+        except ValueError as err:
+            _fail(str(err))
+        typer.echo(magic.format_markdown(result))
+        if out is not None:
+            json_path, md_path = magic.save(result, out)
+            _err().print(f"projection written to {json_path} and {md_path}", soft_wrap=True)
+        return
+    given = [f"--{name.replace('_', '-')}" for name, value in device.items() if value is not None]
+    if given:
+        _fail(f"{', '.join(given)}: only for a MagicDec grid; add --magicdec (and pass benchmarks/magicdec_grid.py's "
+              "JSONL).")
     costs, loops = _draft_costs(draft_cost or []), _draft_costs(loop_cost or [], "--loop-cost")
     try:
         records = projection.load_benchmark(bench_file)

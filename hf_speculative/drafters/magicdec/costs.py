@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from ...core.batch_costs import batch_costs_for
+from ...cpu.weight_bytes import weight_bytes
 
 _WIDEST = 65  # a forward wider than any verification (a prefill) says nothing of a step's cost
 _MARGIN = 1.02  # do not draft for noise
@@ -61,7 +62,7 @@ class StepCosts:
 
     def __init__(self, target: torch.nn.Module, bound: int, verify_costs, fixed_price: float | None = None):
         self.target, self.bound, self.verify_costs, self.fixed_price = target, bound, verify_costs, fixed_price
-        self.weight_bytes = read_bytes(target)
+        self.weight_bytes = weight_bytes(target)  # the bandwidth report's rule: the kernel's copies, one embedding row
         self.token_bytes = 0  # keys and values of one token over every layer, once a forward showed them
         self._full: dict[tuple[int, int], _Timing] = {}  # (batch, width) -> verifying forwards
         self._draft: dict[int, _Timing] = {}             # rows drafting -> one draft step
@@ -130,14 +131,6 @@ class StepCosts:
             if value > best_value * _MARGIN:
                 best, best_value = n, value
         return best
-
-
-def read_bytes(target: torch.nn.Module) -> int:
-    """The weight bytes a step reads: every parameter once, except an embedding table, of which a token reads one row
-    (left out), unless a linear layer reads it whole too (an lm_head tied to the input embedding)."""
-    linear = {id(m.weight) for m in target.modules() if isinstance(m, torch.nn.Linear)}
-    looked_up = {id(m.weight) for m in target.modules() if isinstance(m, torch.nn.Embedding)} - linear
-    return sum(p.numel() * p.element_size() for p in target.parameters() if id(p) not in looked_up)
 
 
 def _fold(cells: dict, key, seconds: float) -> None:

@@ -9,6 +9,7 @@ import pytest
 import hf_speculative as hfs
 from hf_speculative.core.batch_costs import batch_costs_for
 from hf_speculative.core.costs import verify_costs_for
+from hf_speculative.cpu import kernel as cpu_kernel
 from hf_speculative.drafters.magicdec.costs import StepCosts
 from tests.conftest import build_model, prompt_inputs, stock_generate
 
@@ -130,12 +131,39 @@ def test_a_call_where_no_draft_can_pay_stands_down(magicdec_costs, rows):
 
 
 def test_the_prior_counts_the_weights_a_step_reads():
-    """An untied input embedding is looked up a row per token, not read: left out; a tied one is the lm_head's."""
-    from hf_speculative.drafters.magicdec.costs import read_bytes
+    """An untied input embedding is looked up a row per token: one row counts; a tied one is the lm_head's whole read.
+    The same bytes as the bandwidth report's (``bench/bandwidth.py``), which the prior shares."""
+    from hf_speculative.bench.bandwidth import weight_bytes
 
     untied = build_model("llama", vocab_size=1024)
     table = untied.get_input_embeddings().weight
     every = sum(p.numel() * p.element_size() for p in untied.parameters())
-    assert read_bytes(untied) == every - table.numel() * table.element_size()
+    prior = StepCosts(untied, bound=16, verify_costs=verify_costs_for(untied, 8)).weight_bytes
+    assert prior == every - table.numel() * table.element_size() + table.shape[1] * table.element_size()
+    assert prior == weight_bytes(untied)
     untied.get_output_embeddings().weight = table  # tied: the lm_head reads the table whole
-    assert read_bytes(untied) == sum(p.numel() * p.element_size() for p in untied.parameters())
+    prior = StepCosts(untied, bound=16, verify_costs=verify_costs_for(untied, 8)).weight_bytes
+    assert prior == sum(p.numel() * p.element_size() for p in untied.parameters()) == weight_bytes(untied)
+
+
+@pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_the_prior_reads_the_kernels_copies_as_the_bandwidth_report_does(monkeypatch, weights):
+    """On ``optimize_for_cpu``'s kernel the linear layers read its blocked copies (padded to 16 output columns; int8
+    values and their scales): the prior prices a draft step by those bytes, the bandwidth report's, not the weights'."""
+    from hf_speculative.bench.bandwidth import weight_bytes
+
+    monkeypatch.delenv("HFS_KERNEL_BF16", raising=False)
+    model = build_model("llama", vocab_size=100)  # an lm_head of 100 outputs: its copy is padded to 112
+    plain = StepCosts(model, bound=16, verify_costs=verify_costs_for(model, 8)).weight_bytes
+    hfs.optimize_for_cpu(model, kernel=True, **({} if weights == "fp32" else {"weights": "int8"}))
+    try:
+        costs = StepCosts(model, bound=16, verify_costs=verify_costs_for(model, 8))
+        costs.token_bytes = 1024
+        assert costs.weight_bytes == weight_bytes(model) != plain
+        assert (costs.weight_bytes > plain) == (weights == "fp32")  # padded fp32 copies; int8 reads a quarter
+        assert costs.price(8, 8, context=4096) == pytest.approx(
+            (weight_bytes(model) + 8 * 16 * 1024) / (weight_bytes(model) + 8 * 4096 * 1024))
+    finally:
+        hfs.optimize_for_cpu(model, False)
+    assert StepCosts(model, bound=16, verify_costs=verify_costs_for(model, 8)).weight_bytes == plain
