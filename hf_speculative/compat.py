@@ -287,11 +287,13 @@ def cache_layer_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def set_static_length(cache: Any, length: int) -> None:
     """Make a static cache's next write start at ``length``: its layers' ``cumulative_length`` where they
-    keep one (5.x), filled in place; versions before write where the forward's ``cache_position`` says."""
-    for layer in getattr(cache, "layers", None) or []:
-        counter = getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor):
-            counter.fill_(length)
+    keep one (5.x), set in place (two operations for all the layers, not one per layer: on a GPU each is a launch);
+    versions before write where the forward's ``cache_position`` says."""
+    counters = [layer.cumulative_length for layer in getattr(cache, "layers", None) or []
+                if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+    if counters:
+        torch._foreach_zero_(counters)
+        torch._foreach_add_(counters, length)
 
 
 def dtype_kwargs(dtype: Any) -> dict[str, Any]:

@@ -140,9 +140,21 @@ def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step,
             logits = step(token)
     if not tokens:
         return DraftTree.empty(logits.device)
-    confidences = torch.softmax(torch.stack(rows).float(), dim=-1).amax(dim=-1)  # [k]: each token's probability
     chain = torch.stack(tokens)  # [k] on the device
-    ids, probs = torch.stack([chain.double(), confidences.double()]).tolist()  # the read
+    return chain_from_read(plan, chain, *chain_readout(chain, torch.stack(rows)).tolist(), length)  # the read
+
+
+def chain_readout(chain: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """What the host reads of a device chain ``chain`` `[k]`: `[2, k]` (float64) its tokens and each token's
+    probability, the softmax's peak of the logits it was chosen from, ``rows`` `[k, V]`."""
+    confidences = torch.softmax(rows.float(), dim=-1).amax(dim=-1)  # [k]
+    return torch.stack([chain.double(), confidences.double()])
+
+
+def chain_from_read(plan: Plan, chain: torch.Tensor, ids: list[float], probs: list[float], length: int) -> DraftTree:
+    """The chain ``chain`` `[k]` (on the device) as far as the chain rule keeps it, from the tokens ``ids`` and their
+    confidences ``probs`` read from it (:func:`chain_readout`): ``plan.took`` sees each confidence as
+    :func:`draft_chain` would have shown it; a token with no probability (NaN) ends the chain before it."""
     kept = 0
     for confidence in probs:
         if math.isnan(confidence):
@@ -151,5 +163,5 @@ def draft_chain_on_device(plan: Plan, logits: torch.Tensor, length: int, step,
         if not plan.took(confidence, length):
             break
     if kept == 0:
-        return DraftTree.empty(logits.device)
+        return DraftTree.empty(chain.device)
     return DraftTree.chain(chain[:kept])._known_tokens([int(t) for t in ids[:kept]])

@@ -83,8 +83,9 @@ class FeatureTap:
         """Record a forward's states published by the call's :class:`StatesFeed` (copies: see there)."""
         padding = self.view.padding
         for captured, index in zip(self._captured, self._indices):
-            states = hidden_states[index].detach()  # [B, T, H]
-            captured.append(states[:, : states.shape[1] - padding].clone())
+            states = hidden_states[index]  # [B, T, H] (a detach only where they carry a graph: each op is host work)
+            states = states.detach() if states.requires_grad else states
+            captured.append((states[:, : states.shape[1] - padding] if padding else states).clone())
 
     def _hook(self, index: int):
         def hook(module, args, output):
@@ -101,7 +102,8 @@ class FeatureTap:
         view = self.view.row
         # a batch's columns belong to its last forward (the loop hands every forward to each running row; one
         # missed would leave VerifiedFeatures.known short, and drafting stops)
-        parts = [chunks[-1] if view is not None else torch.cat(chunks, dim=1) for chunks in self._captured]
+        parts = [chunks[-1] if view is not None or len(chunks) == 1 else torch.cat(chunks, dim=1)
+                 for chunks in self._captured]
         for chunks in self._captured:
             chunks.clear()
         states = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
@@ -181,9 +183,11 @@ class VerifiedFeatures:
         states = self.tap.take()  # [1, m + n, F]
         if states is not None:
             before = states.shape[1] - tree_size
-            keep = torch.cat([torch.arange(before, device=states.device),
-                              before + torch.as_tensor(list(path), dtype=torch.long, device=states.device)])
-            self._queue(states.index_select(1, keep))
+            if list(path) == list(range(len(path))):  # a chain's path (or a branch drafted first): a prefix
+                self._queue(states[:, : before + len(path)])
+            else:  # the indices made on the host, one copy to the device
+                keep = torch.tensor([*range(before), *(before + p for p in path)], dtype=torch.long)
+                self._queue(states.index_select(1, keep.to(states.device)))
         if self.known != length - 1:
             self.lost = True
 

@@ -88,7 +88,9 @@ class StaticVerifier(RowVerifier):
         self.cache, self._release, self.capacity = _borrow_cache(model, int(capacity), self.device, self.dtype)
         self.takes_position = "cache_position" in compat.forward_params(type(model))
         self.length = 0  # positions holding verified tokens
-        self._minimum = torch.finfo(self.dtype).min
+        # an additive mask's two values, as tensors: torch.where over them is one operation a forward
+        self._open = torch.tensor(0.0, dtype=self.dtype, device=self.device)
+        self._shut = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self._columns = torch.arange(self.capacity, device=self.device)  # [K]
         # a compiled forward hands the hidden states that drafters read (EAGLE, Medusa) as outputs: no hooks in it
         self.feed = StatesFeed() if forward is not None else None
@@ -115,13 +117,15 @@ class StaticVerifier(RowVerifier):
                                    f"is a bug in hf_speculative's capacity rule: please report it.")
         width = self.budget if n else 0  # a plain step is not padded: its own graph, one token
         start, q = self.length, 1 + width
-        tokens = torch.full((q,), int(uncached[-1]), dtype=torch.long, device=self.device)  # [Q] padding: the root
-        tokens[1: 1 + n] = tree.tokens.to(self.device)
+        root = uncached[-1:]  # [1] (not read: on a GPU the root stays there)
         positions = torch.full((q,), start, dtype=torch.long, device=self.device)  # [Q]
-        positions[1: 1 + n] = start + 1 + tree.depths().to(self.device)
-        seen = (self._columns <= start).expand(q, -1).clone()  # [Q, K] the prefix and the root, for every row
         if n:
+            tokens = torch.cat([root, tree.tokens.to(self.device), root.expand(width - n)])  # [Q] padding: the root
+            positions[1: 1 + n] = start + 1 + tree.depths().to(self.device)
+            seen = (self._columns <= start).expand(q, -1).clone()  # [Q, K] the prefix and the root, for every row
             seen[1: 1 + n, start + 1: start + 1 + n] = tree.ancestors().to(self.device)
+        else:  # a plain step: the root alone (nothing of an empty tree is built: each operation is host work)
+            tokens, seen = root, (self._columns <= start)[None]  # [1], [1, K]
         self.view.padding = width - n  # what reads the target's states leaves them out
         try:
             with self._turn:
@@ -156,7 +160,7 @@ class StaticVerifier(RowVerifier):
     def _run(self, forward: Any, ids: torch.Tensor, positions: torch.Tensor, seen: torch.Tensor, start: int,
              keep: int = 0) -> torch.Tensor:
         compat.set_static_length(self.cache, start)
-        mask = torch.zeros(seen.shape, dtype=self.dtype, device=self.device).masked_fill_(~seen, self._minimum)
+        mask = torch.where(seen, self._open, self._shut)  # [Q, K] additive
         kwargs = dict(input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None],
                       use_cache=True, **{compat.cache_kwarg(): self.cache})
         if self.takes_position:  # versions whose static layers write at cache_position

@@ -419,10 +419,18 @@ def grow_dynamic_on_device(shape: DynamicTree, root_logits: torch.Tensor, expand
     takes device tensors (node indices, ``-1`` for the root) and the frontier's depth (0: the root's children).
     A guess with no probability (a NaN or infinite drafter output) scores ``-inf``: it is dropped when the tree is
     made, with its descendants, which ``grow`` never adds."""
+    if min(nodes, MAX_NODES) <= 0:
+        return DraftTree.empty(root_logits.device)
+    return tree_from_device(*grow_dynamic_tensors(shape, root_logits, expand, nodes, max_depth))
+
+
+def grow_dynamic_tensors(shape: DynamicTree, root_logits: torch.Tensor, expand, nodes: int,
+                         max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`grow_dynamic_on_device` up to its read, with no read at all (what a captured draft step runs): the kept
+    nodes' tokens `[m]`, their parents `[m]` (indices among the kept nodes, ``-1`` the root) and whether each has a
+    probability `[m]` (long), for :func:`tree_from_device`. ``nodes`` must be positive."""
     device = root_logits.device
     budget = min(nodes, MAX_NODES)
-    if budget <= 0:
-        return DraftTree.empty(device)
     k = min(shape.top_k, root_logits.shape[-1])
     scores, tokens = _top_guesses(root_logits[None], k)  # [1, k] each
     tokens, scores = tokens.reshape(-1), scores.reshape(-1)  # [k]: the root's children
@@ -441,14 +449,19 @@ def grow_dynamic_on_device(shape: DynamicTree, root_logits: torch.Tensor, expand
     where[keep] = torch.arange(keep.numel(), device=device)
     kept_parents = parents[keep]
     kept_parents = torch.where(kept_parents == ROOT, kept_parents, where[kept_parents.clamp_min(0)])
-    kept_tokens = tokens[keep]
-    token_list, parent_list, finite = torch.stack([kept_tokens, kept_parents,
-                                                   scores[keep].isfinite().long()]).tolist()  # the one read
-    if all(finite):
-        return DraftTree._built(kept_tokens, kept_parents, token_list, parent_list)
+    return tokens[keep], kept_parents, scores[keep].isfinite().long()
+
+
+def tree_from_device(tokens: torch.Tensor, parents: torch.Tensor, finite: torch.Tensor) -> DraftTree:
+    """The tree of :func:`grow_dynamic_tensors`' nodes, in one read of the device. A node with no probability (a NaN
+    or infinite drafter output) is dropped with its descendants, which ``DynamicTree.grow`` never adds."""
+    device = tokens.device
+    token_list, parent_list, finite_list = torch.stack([tokens, parents, finite]).tolist()  # the one read
+    if all(finite_list):
+        return DraftTree._built(tokens, parents, token_list, parent_list)
     # (rare: a drafter output with no probability) keep the finite nodes, whose ancestors are all finite
-    index = {old: new for new, old in enumerate(i for i, ok in enumerate(finite) if ok)}
-    pairs = [(t, ROOT if p == ROOT else index[p]) for t, p, ok in zip(token_list, parent_list, finite) if ok]
+    index = {old: new for new, old in enumerate(i for i, ok in enumerate(finite_list) if ok)}
+    pairs = [(t, ROOT if p == ROOT else index[p]) for t, p, ok in zip(token_list, parent_list, finite_list) if ok]
     if not pairs:
         return DraftTree.empty(device)
     return DraftTree(torch.tensor([t for t, _ in pairs], device=device), torch.tensor([p for _, p in pairs], device=device))

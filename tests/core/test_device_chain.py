@@ -87,16 +87,24 @@ def test_only_a_fixed_budget_without_processors_or_sampler_drafts_on_the_device(
 
 def _drafts(monkeypatch, target, strategy, host: bool, compile: bool, **kwargs):
     """The call's output, every chain drafted and how many went through the device chain."""
+    from hf_speculative.drafters.eagle import captured
+
     if host:
-        monkeypatch.setattr(chain_drafting, "device_chain_length", lambda plan, ctx, limit: None)
+        for module in (chain_drafting, eagle_drafter):
+            monkeypatch.setattr(module, "device_chain_length", lambda plan, ctx, limit: None)
     used, drafts = [], []
-    original = chain_drafting.draft_chain_on_device
+    original, read = chain_drafting.draft_chain_on_device, captured.chain_from_read
 
     def counting(plan, logits, length, step, vocab=None):
         used.append(length)
         return original(plan, logits, length, step, vocab)
 
+    def counting_read(plan, chain, ids, probs, length):  # a chain drafted in one captured region (compile=)
+        used.append(length)
+        return read(plan, chain, ids, probs, length)
+
     monkeypatch.setattr(chain_drafting, "draft_chain_on_device", counting)
+    monkeypatch.setattr(captured, "chain_from_read", counting_read)
     draft = eagle_drafter.EagleCandidateGenerator.draft
 
     def recording(self, *args):

@@ -244,9 +244,12 @@ def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monk
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
-def test_compiled_verification_equals_greedy(arch):
+def test_compiled_verification_equals_greedy(arch, monkeypatch):
     """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call; EAGLE drafts
-    with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py)."""
+    with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py), and its whole steps too."""
+    compiled_kinds, compile_step = [], static_drafting.compile_step
+    monkeypatch.setattr(static_drafting, "compile_step",
+                        lambda module, mode: compiled_kinds.append(type(module).__name__) or compile_step(module, mode))
     model = hfs.enable(build_model(arch, layers=4), compile=True)
     try:
         expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
@@ -261,6 +264,8 @@ def test_compiled_verification_equals_greedy(arch):
         shared = state_of(model).drafter_state(static_drafting.SharedDraftGraph)
         (drafter, _, mode, _), (step, compiled), _ = shared.held  # EAGLE's drafting compiled too
         assert mode == "default" and compiled is not step and isinstance(drafter, torch.nn.Module)
+        # EAGLE's fixed chains and dynamic trees drafted each step in one region (captured.py), compiled too
+        assert {"ChainRegion", "TreeRegion"} <= set(compiled_kinds), compiled_kinds
     finally:
         hfs.enable(model, compile=False)
         forget(model)

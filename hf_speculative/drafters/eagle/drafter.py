@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...core.chain_drafting import DraftVocab, draft_chain, host_chooses
+from ...core.chain_drafting import DraftVocab, device_chain_length, draft_chain, host_chooses
 from ...core.draft_guide import DraftGuide
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
@@ -28,11 +28,12 @@ from ...cpu.layout import follow_layout
 from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import (DynamicTree, StaticTree, device_tree_capacity, drafter_levels,
+from ...core.tree_shapes import (DynamicTree, StaticTree, device_tree_capacity, device_tree_levels, drafter_levels,
                                  grow_dynamic_on_device, grow_tree)
 from ...core.budget import Plan
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
+from .captured import captured_chain, captured_tree, chain_region, tree_region
 from .static_drafting import frontier_width, open_static
 from .tree_drafting import device_tree_expander, tree_expander
 
@@ -282,8 +283,21 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         return draft_chain(plan, self.ctx, input_ids, logits, plan.depth, step, on_device=True,
                            vocab=self._vocab)
 
+    def _captured(self, input_ids: torch.LongTensor, draft) -> DraftTree:
+        """The step drafted by a captured region on the fixed-shape path: ``draft(tokens [P'], features [P', F],
+        first)`` (``captured``) on the verified pairs since the last step."""
+        tree = draft(input_ids[0, self.n_true + 1:], self.features.pop()[0], self.n_true)
+        self.n_true = input_ids.shape[1] - 1
+        return tree
+
     def _static_chain(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
-        """The chain on the fixed-shape path: ``graphs.chain_step`` gives logits over the target's vocabulary."""
+        """The chain on the fixed-shape path: one captured region where its length is fixed (``captured``), else
+        ``graphs.chain_step`` per token, with logits over the target's vocabulary."""
+        length = device_chain_length(plan, self.ctx, plan.depth)
+        run = chain_region(self.graphs, length) if length else None
+        if run is not None:
+            return self._captured(input_ids, lambda tokens, features, first: captured_chain(
+                self.graphs, run, self.net, plan, tokens, features, first, length))
         hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
 
@@ -305,8 +319,15 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
     def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
-        hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
         shape = self.config.tree
+        if self.graphs is not None and isinstance(shape, DynamicTree) and not host_chooses(self.ctx) and nodes > 0:
+            levels = device_tree_levels(shape, nodes, max_depth)
+            run = tree_region(self.graphs, shape, nodes, levels, device_tree_capacity(shape, nodes, max_depth))
+            if run is not None:
+                return self._captured(input_ids, lambda tokens, features, first: captured_tree(
+                    self.graphs, run, self.net, tokens, features, first, levels,
+                    min(shape.top_k, self.ctx.vocab_size)))
+        hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
         if self._device_tree_ok():
             expand = device_tree_expander(
                 self.net, self.embed, self.cache, self.n_true, input_ids.shape[1] - 1, hidden,

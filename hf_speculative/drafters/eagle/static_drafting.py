@@ -86,6 +86,7 @@ class DraftStep(nn.Module):
         self.register_buffer("values", torch.zeros(shape, dtype=weight.dtype, device=weight.device), persistent=False)
         for buffer in (self.keys, self.values):  # written in place by CUDA graphs: their addresses must not move
             torch._dynamo.mark_static_address(buffer)
+        self.regions: dict = {}  # whole draft steps over this step (``captured``), by shape
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, pick: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,16 +120,29 @@ class StaticDrafting:
         run (*callable*): ``step`` compiled, or ``step`` itself.
         catch_width (`int`): ``P``; width (`int`): ``W``.
         release (*callable*, *optional*): gives a borrowed step back.
+        mode (`str`, *optional*): ``torch.compile``'s mode, for the whole-step regions (``captured``) of a
+            compiled ``run``.
     """
 
     def __init__(self, step: DraftStep, run: Callable, catch_width: int, width: int,
-                 release: Callable[[], None] | None = None):
+                 release: Callable[[], None] | None = None, mode: str | None = None):
         self.step, self.run, self.catch_width, self.width = step, run, catch_width, width
+        self.compiled, self.mode = run is not step, mode
         self.capacity = step.keys.shape[2]
         self.device = step.keys.device
         self.length = 0  # entries in use: the true prefix, then this step's speculative ones
         self._columns = torch.arange(self.capacity)  # [C] masks and indices are built on the host, then copied
         self._release = release
+
+    def compile(self, region: nn.Module) -> Callable:
+        """``region`` compiled as the step is (``compile_step``)."""
+        return compile_step(region, self.mode)
+
+    def replay(self, region: Callable, *inputs: torch.Tensor):
+        """``region(*inputs)`` (a whole-step region over the step, ``captured``), a compiled one as a fresh replay."""
+        if self.compiled:
+            new_replay(self.device)
+        return region(*inputs)
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, max(length, 0))
@@ -229,7 +243,7 @@ def open_static(target: nn.Module, net: EagleDraftModel, mode: str, *, target_id
     _, (step, run), release = borrow(
         target, "held", (net, capacity, mode, vocab_size), make=make, kind=SharedDraftGraph,
         fits=lambda held: held[0] is net and held[2:] == (mode, vocab_size) and held[1] >= capacity)
-    return StaticDrafting(step, run, catch_width, width, release)
+    return StaticDrafting(step, run, catch_width, width, release, mode)
 
 
 def frontier_width(shape: Any) -> int:

@@ -90,23 +90,58 @@ def test_fixed_shape_drafting_drafts_what_eager_drafting_drafts(trained, shape, 
     catch_width = 6  # num_tokens + 1
     width = {"chain": 1, "dynamic": 3, "static": 2}[shape]
     prompt = prompt_inputs()["input_ids"].shape[1]  # pairs (f_t, x_{t+1}) up to the prefill's own token
-    assert uncompiled[0] == prompt  # the prompt's backlog, eagerly at its own length
+    # the prompt's backlog eagerly at its own length; a captured step's region takes its last catch_width pairs
+    assert uncompiled[0] == (prompt if shape == "static" else prompt - catch_width)
     assert set(uncompiled[1:]) <= {catch_width, width, 1}, uncompiled
     assert catch_width in uncompiled[1:] and width in uncompiled[1:]
 
 
+@pytest.mark.parametrize("shape", ["chain", "dynamic"])
+def test_a_fixed_chain_or_a_dynamic_tree_drafts_in_one_captured_region_a_step(trained, shape, uncompiled, monkeypatch):
+    """Under compile=, a chain of fixed length and a dynamic tree draft each step in one call of a whole-step region
+    (the catch-up and every depth, compiled as one: ``captured``), and read the device once after it; the drafts are
+    eager drafting's. Under the cost rules a chain's length is decided token by token: no region."""
+    from hf_speculative.drafters.eagle import captured
+
+    target, net, text = trained
+    regions, reads = [], []
+    for kind in (captured.ChainRegion, captured.TreeRegion):
+        monkeypatch.setattr(kind, "forward", lambda self, *a, _forward=kind.forward:
+                            regions.append(type(self).__name__) or _forward(self, *a))
+    strategy = hfs.Eagle(net, tree=SHAPES[shape], adaptive=False, num_tokens=5, confidence_threshold=0.0)
+    drafts = record_drafts(monkeypatch)
+    eager, eager_counts = generate(target, strategy, compile=False)
+    eager_drafts = list(drafts)
+    drafts.clear()
+    original = captured.chain_from_read if shape == "chain" else captured.tree_from_device
+    monkeypatch.setattr(captured, original.__name__, lambda *a: reads.append(1) or original(*a))
+    fixed, fixed_counts = generate(target, strategy, compile=True)
+    assert fixed.tolist() == eager.tolist() == text.tolist()
+    assert drafts == eager_drafts and fixed_counts == eager_counts and fixed_counts[1] > 0
+    name = {"chain": "ChainRegion", "dynamic": "TreeRegion"}[shape]
+    # every step drafted in one region call and one read, but the first (before the prefill: no features yet)
+    assert regions == [name] * len(reads) == [name] * (len(drafts) - 1), (regions, len(drafts))
+    regions.clear()
+    generate(target, hfs.Eagle(net, num_tokens=5), compile=True)  # adaptive: the chain rule reads each token
+    assert regions == []
+
+
 def test_backlogs_after_steps_without_a_draft_run_eagerly_on_the_same_cache(trained, uncompiled, monkeypatch):
     """A step whose budget is 0 drafts nothing; the next catch-up feeds both steps' pairs. Wider than the padded
-    catch-up, it runs at its own width on the same cache, and the drafts stay those of eager drafting."""
+    catch-up, it runs eagerly on the same cache (but for its last pairs, which the step's captured region takes), and
+    the drafts stay those of eager drafting."""
     target, net, text = trained
-    choices = []
+    choices, backlogs = [], []
+    catch_up = static_drafting.StaticDrafting.catch_up
+    monkeypatch.setattr(static_drafting.StaticDrafting, "catch_up",
+                        lambda self, tokens, *a: backlogs.append(tokens.shape[0]) or catch_up(self, tokens, *a))
 
     def every_third_step_plain(self):
         choices.append(0 if len(choices) % 3 == 1 else self.nodes)
         return choices[-1]
 
     monkeypatch.setattr(TreeBudget, "choose", every_third_step_plain)
-    strategy = hfs.Eagle(net, tree=DynamicTree(nodes=6, depth=2, top_k=2), adaptive=False)
+    strategy = hfs.Eagle(net, tree=DynamicTree(nodes=6, depth=2, top_k=2), adaptive=False, num_tokens=2)
     drafts = record_drafts(monkeypatch)
     eager, eager_counts = generate(target, strategy, compile=False)
     eager_drafts = list(drafts)
@@ -115,8 +150,9 @@ def test_backlogs_after_steps_without_a_draft_run_eagerly_on_the_same_cache(trai
     fixed, fixed_counts = generate(target, strategy, compile=True)
     assert eager.tolist() == fixed.tolist() == text.tolist()
     assert drafts == eager_drafts and fixed_counts == eager_counts and fixed_counts[1] > 0
-    catch_width = 3  # depth + 1
-    assert any(w > catch_width and w != uncompiled[0] for w in uncompiled[1:]), uncompiled  # eager backlogs ran
+    catch_width = 3  # max(num_tokens, depth) + 1
+    assert len(backlogs) > 1, (backlogs, uncompiled)  # the prompt's and later ones  # backlogs longer than the region's catch-up ran, eagerly
+    assert set(uncompiled) - set(backlogs) <= {catch_width, 2}, uncompiled  # else the region's widths (top_k 2)
 
 
 def test_compiled_calls_share_one_step_one_call_at_a_time(monkeypatch):
