@@ -159,6 +159,13 @@ class Plan:
             return None
         return max(min(limit, self.depth, policy.max_draft), 0)
 
+    def longest_chain(self, limit: int) -> int | None:
+        """Under the cost rules too: the longest chain the chain rule could let through, at most ``limit`` (a drafter
+        that drafts it all on the device replays the rule afterwards, :meth:`wants` and :meth:`took` on each token's
+        confidence in order, and keeps what the rule would have kept); ``None`` without a chain rule."""
+        policy = self._budget.policy
+        return None if policy is None else max(min(limit, self.depth, policy.max_draft), 0)
+
     def wants(self, peak: float) -> bool:
         """Whether to draft the next token, given the peak of the drafter's distribution there (before choosing)."""
         return self._budget.policy.wants(peak)

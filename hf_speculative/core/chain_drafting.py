@@ -151,13 +151,16 @@ def chain_readout(chain: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.stack([chain.double(), confidences.double()])
 
 
-def chain_from_read(plan: Plan, chain: torch.Tensor, ids: list[float], probs: list[float], length: int) -> DraftTree:
+def chain_from_read(plan: Plan, chain: torch.Tensor, ids: list[float], probs: list[float], length: int,
+                    ask: bool = False) -> DraftTree:
     """The chain ``chain`` `[k]` (on the device) as far as the chain rule keeps it, from the tokens ``ids`` and their
     confidences ``probs`` read from it (:func:`chain_readout`): ``plan.took`` sees each confidence as
-    :func:`draft_chain` would have shown it; a token with no probability (NaN) ends the chain before it."""
+    :func:`draft_chain` would have shown it; a token with no probability (NaN) ends the chain before it. ``ask``:
+    under the cost rules, ``plan.wants`` is asked before each token too, as :func:`draft_chain` asks it (a greedy
+    token's confidence is its distribution's peak), so the chain kept is the one the host would have drafted."""
     kept = 0
     for confidence in probs:
-        if math.isnan(confidence):
+        if math.isnan(confidence) or (ask and not plan.wants(confidence)):
             break
         kept += 1
         if not plan.took(confidence, length):

@@ -67,6 +67,36 @@ def test_the_device_chain_drafts_what_the_host_chain_drafts(length):
         assert plan._budget.policy._drafted == host_plan._budget.policy._drafted == length
 
 
+@pytest.mark.parametrize("peaks", [[0.9, 0.8, 0.7, 0.6, 0.5, 0.4], [0.95, 0.2, 0.9, 0.9, 0.9, 0.9], [0.1] * 6])
+def test_the_cost_rules_replayed_on_a_drafted_chain_keep_what_the_host_chain_keeps(peaks):
+    """Under the cost rules a captured region drafts the longest chain and the host replays the rule on its
+    confidences (``chain_from_read(ask=True)``): the same tokens kept, the same policy state after, as
+    ``draft_chain`` deciding token by token."""
+    sequence = [3, 1, 4, 1, 5, 9]
+
+    def logits(j: int) -> torch.Tensor:  # token sequence[j] with probability peaks[j]
+        out = torch.full((VOCAB,), math.log((1 - peaks[j]) / (VOCAB - 1)))
+        out[sequence[j]] = math.log(peaks[j])
+        return out
+
+    fed = []
+    host_plan, _ = plan_for(adaptive=True, tokens=6)
+    ctx = SimpleNamespace(processors=LogitsProcessorList(), sampler=None)
+    on_host = draft_chain(host_plan, ctx, torch.tensor([[0]]), logits(0), 6,
+                          lambda token: fed.append(int(token)) or logits(len(fed)))
+    plan, _ = plan_for(adaptive=True, tokens=6)
+    length = plan.longest_chain(6)
+    assert length == 6 and plan.fixed_chain(6) is None
+    confidences = [float(torch.softmax(logits(j), -1).max()) for j in range(length)]
+    replayed = chain_drafting.chain_from_read(plan, torch.tensor(sequence), sequence, confidences, length, ask=True)
+    assert replayed.tokens.tolist() == on_host.tokens.tolist()
+    policy, host_policy = plan._budget.policy, host_plan._budget.policy
+    assert (policy._drafted, policy.predicted) == pytest.approx((host_policy._drafted, host_policy.predicted))
+    without = chain_drafting.chain_from_read(plan_for(adaptive=True, tokens=6)[0], torch.tensor(sequence), sequence,
+                                             confidences, length)  # not asked: the negative control
+    assert peaks[0] > 0.5 or without.size > on_host.size
+
+
 def test_a_nan_distribution_ends_the_device_chain_before_it():
     first, step, _ = scripted([3, 1, 4, 1, 5], nan_at=2)
     plan, _ = plan_for(adaptive=False)
@@ -99,9 +129,9 @@ def _drafts(monkeypatch, target, strategy, host: bool, compile: bool, **kwargs):
         used.append(length)
         return original(plan, logits, length, step, vocab)
 
-    def counting_read(plan, chain, ids, probs, length):  # a chain drafted in one captured region (compile=)
+    def counting_read(plan, chain, ids, probs, length, ask=False):  # a chain drafted in one region (compile=)
         used.append(length)
-        return read(plan, chain, ids, probs, length)
+        return read(plan, chain, ids, probs, length, ask)
 
     monkeypatch.setattr(chain_drafting, "draft_chain_on_device", counting)
     monkeypatch.setattr(captured, "chain_from_read", counting_read)

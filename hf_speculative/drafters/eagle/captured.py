@@ -35,6 +35,9 @@ from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, grow_dynamic_tensors, tree_from_device
 
 MAX_REGIONS = 16  # shapes captured per drafter step; others draft as before (a cost model choosing many tree sizes)
+# where a chain under the cost rules drafts its longest length in one region and the rule is replayed after the read:
+# on a GPU a drafter forward in a graph costs less than a read of the device per token; on a CPU it costs real time
+ADAPTIVE_CHAIN_DEVICES = ("cuda",)
 
 
 def _catch_up(step: nn.Module, columns: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor,
@@ -168,14 +171,14 @@ def _inputs(static: Any, tokens: torch.Tensor, features: torch.Tensor, first: in
 
 
 def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, tokens: torch.Tensor,
-                   features: torch.Tensor, first: int, length: int) -> DraftTree:
+                   features: torch.Tensor, first: int, length: int, ask: bool = False) -> DraftTree:
     """A chain of ``length`` tokens drafted by ``run`` (:func:`chain_region`) after the catch-up on ``tokens``
-    `[P']`, ``features`` `[P', F]` from ``first``."""
+    `[P']`, ``features`` `[P', F]` from ``first``; ``ask``: the cost rules replayed on it (``chain_from_read``)."""
     start = time.perf_counter()
     inputs, root = _inputs(static, tokens, features, first)
     chain, readout = static.replay(run, *inputs)
     static.length = root + length - 1
-    tree = chain_from_read(plan, chain.clone(), *readout.tolist(), length)  # the read (a replay's outputs: copied)
+    tree = chain_from_read(plan, chain.clone(), *readout.tolist(), length, ask)  # the read (a replay's outputs: copied)
     record_draft_step(net, (time.perf_counter() - start) / length)
     return tree
 

@@ -33,6 +33,7 @@ from ...core.tree_shapes import (DynamicTree, StaticTree, device_tree_capacity, 
 from ...core.budget import Plan
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
+from . import captured
 from .captured import captured_chain, captured_tree, chain_region, tree_region
 from .static_drafting import frontier_width, open_static
 from .tree_drafting import device_tree_expander, tree_expander
@@ -291,13 +292,19 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         return tree
 
     def _static_chain(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
-        """The chain on the fixed-shape path: one captured region where its length is fixed (``captured``), else
-        ``graphs.chain_step`` per token, with logits over the target's vocabulary."""
+        """The chain on the fixed-shape path: one captured region where its length is fixed (``captured``), or under
+        the cost rules on a device where a region's extra forwards cost less than a read per token (its longest
+        length, the rules replayed after the read); else ``graphs.chain_step`` per token, with logits over the
+        target's vocabulary."""
         length = device_chain_length(plan, self.ctx, plan.depth)
+        ask = (length is None and not host_chooses(self.ctx)
+               and self.graphs.device.type in captured.ADAPTIVE_CHAIN_DEVICES)  # the cost rules, replayed
+        if ask:
+            length = plan.longest_chain(plan.depth)
         run = chain_region(self.graphs, length) if length else None
         if run is not None:
             return self._captured(input_ids, lambda tokens, features, first: captured_chain(
-                self.graphs, run, self.net, plan, tokens, features, first, length))
+                self.graphs, run, self.net, plan, tokens, features, first, length, ask))
         hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
 

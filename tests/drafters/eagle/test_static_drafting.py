@@ -126,6 +126,25 @@ def test_a_fixed_chain_or_a_dynamic_tree_drafts_in_one_captured_region_a_step(tr
     assert regions == []
 
 
+def test_under_the_cost_rules_a_gpu_drafts_the_longest_chain_in_one_region_and_replays_the_rule(
+        trained, uncompiled, monkeypatch):
+    """Where a region's forwards are cheaper than a read per token (``captured.ADAPTIVE_CHAIN_DEVICES``: CUDA; this
+    CPU stands in for one here), an adaptive chain drafts its longest length in one region and keeps what the cost
+    rules, replayed on the confidences read after it, keep; the text is greedy's."""
+    from hf_speculative.drafters.eagle import captured
+
+    target, net, text = trained
+    monkeypatch.setattr(captured, "ADAPTIVE_CHAIN_DEVICES", ("cpu",))
+    steps, read = [], captured.chain_from_read
+    monkeypatch.setattr(captured, "chain_from_read", lambda plan, chain, ids, probs, length, ask=False: (
+        lambda tree: steps.append((length, tree.size, ask)) or tree)(read(plan, chain, ids, probs, length, ask)))
+    strategy = hfs.Eagle(net, num_tokens=5, draft_cost=0.01)  # adaptive: the cost rules (drafting priced cheap)
+    out, (drafted, _) = generate(target, strategy, compile=True)
+    assert out.tolist() == text.tolist()
+    assert steps and all(ask and kept <= length for length, kept, ask in steps), steps
+    assert drafted == sum(kept for _, kept, _ in steps)
+
+
 def test_backlogs_after_steps_without_a_draft_run_eagerly_on_the_same_cache(trained, uncompiled, monkeypatch):
     """A step whose budget is 0 drafts nothing; the next catch-up feeds both steps' pairs. Wider than the padded
     catch-up, it runs eagerly on the same cache (but for its last pairs, which the step's captured region takes), and
