@@ -359,6 +359,40 @@ def grow_paths(paths: Sequence[RankPath], root_logits: torch.Tensor, expand, max
                      torch.tensor([ROOT if parents[i] == ROOT else where[parents[i]] for i in keep], dtype=torch.long))
 
 
+def grow_paths_on_device(paths: Sequence[RankPath], level_logits: torch.Tensor, max_depth: int) -> DraftTree:
+    """:func:`grow_paths` without a guide, for a drafter whose guesses at a depth are the same under every branch
+    (Medusa's heads, DFlash's block): ``level_logits`` `[D, V]`, row ``d`` the logits of every node at depth
+    ``d + 1`` (at least as many rows as the deepest path kept). Every node's guess is taken at once on the device and
+    read once with whether it has a probability; a node without one (banned, NaN) is dropped with the nodes under
+    it, as :func:`grow_paths` drops them."""
+    paths = [p for p in paths if len(p) <= max_depth]  # sorted by depth: parents first
+    device = level_logits.device
+    if not paths:
+        return DraftTree.empty(device)
+    top_k = min(1 + max(max(p) for p in paths), level_logits.shape[-1])
+    logprobs = torch.log_softmax(level_logits[: max(len(p) for p in paths)].float(), dim=-1)  # [D, V]
+    top = logprobs.masked_fill(logprobs.isnan(), float("-inf")).topk(top_k, dim=-1)  # [D, R] best first
+    where = torch.tensor([[len(p) - 1 for p in paths], [min(p[-1], top_k - 1) for p in paths]], device=device)
+    tokens = top.indices[where[0], where[1]]  # [n] each node's guess
+    finite = top.values[where[0], where[1]].isfinite()  # [n]
+    token_list, finite_list = torch.stack([tokens, finite.long()]).tolist()  # the one read
+    index = {p: i for i, p in enumerate(paths)}
+    kept: dict[int, int] = {}  # old node -> new
+    parent_list: list[int] = []
+    for i, p in enumerate(paths):
+        parent = ROOT if len(p) == 1 else kept.get(index[p[:-1]])
+        if finite_list[i] and p[-1] < top_k and parent is not None:
+            kept[i] = len(parent_list)
+            parent_list.append(parent)
+    if not parent_list:
+        return DraftTree.empty(device)
+    if len(kept) == len(paths):
+        return DraftTree._built(tokens, torch.tensor(parent_list, device=device), token_list, parent_list)
+    token_list = [token_list[i] for i in kept]
+    return DraftTree._built(torch.tensor(token_list, device=device), torch.tensor(parent_list, device=device),
+                            token_list, parent_list)
+
+
 def _ranked(guide: DraftGuide, logits: torch.Tensor, branches: list, top_k: int) -> list[list[int]]:
     """Each row's guesses best first (:meth:`~hf_speculative.core.draft_guide.DraftGuide.ranked`), the banned ones
     left out."""

@@ -1,14 +1,17 @@
 """Dynamic trees grown on the device (core/tree_shapes.py ``grow_dynamic_on_device``, issue 69): the tree
 ``DynamicTree.grow`` grows, node for node, with one read of the device; EAGLE's dynamic trees take it where nothing
-reads the host's branches (no processors, greedy), drafting what the host path drafts, step for step."""
+reads the host's branches (no processors, greedy), drafting what the host path drafts, step for step. Static trees
+of branch-independent guesses (Medusa's heads, DFlash's block) likewise (``grow_paths_on_device``)."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.core.tree_shapes import DynamicTree, grow_dynamic_on_device
+from hf_speculative.core.tree_shapes import DynamicTree, grow_dynamic_on_device, grow_paths, grow_paths_on_device
 from hf_speculative.drafters.eagle import drafter as eagle_drafter
 from tests.conftest import build_model, prompt_inputs, random_eagle, stock_generate
 
@@ -106,3 +109,46 @@ def test_eagle_trees_under_processors_grow_on_the_host(monkeypatch):
                                repetition_penalty=1.3).tolist()
     out, trees, used = _eagle_trees(monkeypatch, target, strategy, host=False, repetition_penalty=1.3)
     assert out == reference and used == 0 and any(tokens for tokens, _ in trees)
+
+
+PATHS = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2, 3), (0, 0, 0, 0)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("max_depth", [1, 2, 4])
+def test_static_trees_of_level_logits_grow_on_the_device_as_grow_paths_grows_them(seed, max_depth):
+    """Every level's logits the same under each of its nodes: the device's tree is ``grow_paths``' node for node,
+    banned (-inf), NaN and overflowing (+inf) guesses dropped with the nodes under them, ranks past the vocabulary
+    too."""
+    vocab = 5  # rank 3 under (2,) exists, a fifth guess would not
+    levels = torch.randn(4, vocab, generator=torch.Generator().manual_seed(seed))
+    if seed % 3 == 0:
+        levels[1, torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:3]] = float("-inf")
+    if seed % 4 == 1:
+        levels[0] = float("nan")
+    if seed % 5 == 2:
+        levels[2, 1] = float("inf")
+    depth = iter(range(1, 4))
+    host = grow_paths(PATHS + [(1, 5)], levels[0], lambda frontier, tokens, parents: levels[next(depth)].expand(
+        len(frontier), -1), max_depth)
+    device = grow_paths_on_device(PATHS + [(1, 5)], levels, max_depth)
+    assert device.token_list() == host.tokens.tolist() and device.parent_list() == host.parents.tolist()
+    assert device.tokens.tolist() == host.tokens.tolist() and device.parents.tolist() == host.parents.tolist()
+    if seed % 4 == 1:
+        assert device.size == 0  # the root's guesses have no probability: no tree
+
+
+@pytest.mark.parametrize("label", ["medusa-tree", "dflash-tree"])
+def test_medusa_and_dflash_static_trees_read_the_device_once_a_step(label, monkeypatch):
+    """Without processors their trees grow on the device: the host path's drafts, one read, greedy's text."""
+    from hf_speculative.core import tree_shapes
+    from hf_speculative.drafters import registry
+
+    target = hfs.enable(build_model("llama", layers=4))
+    reference = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=24, eos_token_id=None)
+    grown_on_device, original = [], tree_shapes.grow_paths_on_device
+    module = importlib.import_module(f"hf_speculative.drafters.{label.split('-')[0]}.drafter")
+    monkeypatch.setattr(module, "grow_paths_on_device", lambda *a: grown_on_device.append(1) or original(*a))
+    out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=24, eos_token_id=None,
+                          candidate_generator=registry.examples()[label].example(target, label))
+    assert out.tolist() == reference.tolist() and grown_on_device

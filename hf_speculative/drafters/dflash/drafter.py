@@ -24,14 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from ... import compat
-from ...core.chain_drafting import draft_chain
+from ...core.chain_drafting import draft_chain, host_chooses
 from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...core.policy import check_chain_options
 from ...core.draft_guide import DraftGuide
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import DynamicTree, StaticTree, grow_tree
+from ...core.tree_shapes import DynamicTree, StaticTree, grow_dynamic_on_device, grow_paths_on_device, grow_tree
 from ...options import CheckedOnAssignment, shown
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
@@ -290,6 +290,15 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         if logits is None:
             return DraftTree.empty(sequence.device)
         logits = logits.float()  # [D, V]
+        shape = self.config.tree
+        if not host_chooses(self.ctx):  # no processors: the tree grows on the device, one read
+            if isinstance(shape, StaticTree):
+                tree = grow_paths_on_device(shape.paths, logits, depth)
+            else:  # the same logits under every node of a level
+                tree = grow_dynamic_on_device(shape, logits[0], lambda frontier, tokens, parents, level:
+                                              logits[level + 1].expand(frontier.shape[0], -1), nodes, depth)
+            return tree if tree.tokens.device == sequence.device else DraftTree(
+                tree.tokens.to(sequence.device), tree.parents.to(sequence.device))
         level = 0
 
         def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ...core.chain_drafting import draft_chain
+from ...core.chain_drafting import draft_chain, host_chooses
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
 from ..generator import SpeculativeCandidateGenerator
@@ -27,7 +27,7 @@ from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import StaticTree, grow_paths
+from ...core.tree_shapes import StaticTree, grow_paths, grow_paths_on_device
 from ...core.draft_guide import DraftGuide
 from ...core.budget import Plan, Sizing
 from ...core.policy import check_chain_options
@@ -250,6 +250,11 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         paths = [p for p in self.config.tree.paths[:nodes] if len(p) <= depth]
         if not paths:
             return DraftTree.empty(input_ids.device)
+        if not host_chooses(self.ctx):  # no processors: every node's guess at once on the device, one read
+            logits = torch.stack([self._head_logits(d) for d in range(max(len(p) for p in paths))])  # [D, V]
+            tree = grow_paths_on_device(paths, logits, depth)
+            return DraftTree(tree.tokens.to(input_ids.device), tree.parents.to(input_ids.device)) \
+                if tree.tokens.device != input_ids.device else tree
         level = 0
 
         def expand(frontier: list[int], tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
