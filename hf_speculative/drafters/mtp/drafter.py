@@ -18,13 +18,13 @@ import torch
 
 from ... import compat, options
 from ...core import kv_cache
-from ...core.chain_drafting import draft_chain
+from ...core.chain_drafting import draft_chain, host_chooses
 from ...core.budget import CHAIN, Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict, additive_mask
-from ...core.tree_shapes import StaticTree, grow_paths
+from ...core.tree_shapes import StaticTree, grow_paths, grow_paths_on_device
 from ...core.draft_guide import DraftGuide, first_guess
 from ...options import CheckedOnAssignment, shown
 from ...core.call import CallContext
@@ -229,11 +229,12 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
         self.fed[k] = self._length - 1 - k
         self._last = out[:, -1:]  # [1, 1, H]
 
-    def _next(self, sequence: torch.LongTensor, token: int) -> torch.Tensor:
-        """The logits `[V]` after the drafted ``token``: the next layer over its rows, or the last one again."""
-        self._drafts.append(token)
+    def _next(self, sequence: torch.LongTensor, token: int | torch.Tensor) -> torch.Tensor:
+        """The logits `[V]` after the drafted ``token`` (an int, or a device tensor ``[]`` that is not read): the next
+        layer over its rows, or the last one again."""
+        self._drafts.append(token.reshape(1) if isinstance(token, torch.Tensor) else sequence.new_tensor([token]))
         depth, length = len(self._drafts), self._length
-        text = torch.cat([sequence[0], sequence.new_tensor(self._drafts)])[None]  # [1, L + depth]
+        text = torch.cat([sequence[0], *self._drafts])[None]  # [1, L + depth]
         if depth < self.num_layers:
             k = depth
             hidden = torch.cat([self.carry[k], self._spec], dim=1)  # rows [fed[k], L - 1)
@@ -274,7 +275,7 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
             return DraftTree.empty(sequence.device)
         try:
             return draft_chain(plan, self.ctx, sequence, logits, min(plan.depth, self._depth(sequence)),
-                               lambda token: self._next(sequence, token))
+                               lambda token: self._next(sequence, token), on_device=True)
         finally:
             self._end()
 
@@ -291,6 +292,8 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
         logits = self._begin(sequence)
         if logits is None:
             return DraftTree.empty(sequence.device)
+        if not host_chooses(self.ctx):
+            return self._device_tree(sequence, paths, logits)
         guide = DraftGuide(self.ctx.logits_processor, sequence)
         levels, spine = [logits], []  # each depth's logits, along the chain of first guesses
         try:
@@ -312,6 +315,25 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
 
         tree = grow_paths(paths, levels[0], expand, len(levels), guide)
         return DraftTree(tree.tokens.to(sequence.device), tree.parents.to(sequence.device))
+
+    def _device_tree(self, sequence: torch.LongTensor, paths: list, logits: torch.Tensor) -> DraftTree:
+        """:meth:`_tree` without processors, on the device: the spine's first guesses fed back without a read, every
+        node's guess taken at once (``grow_paths_on_device``), one read. A level after a spine guess with no
+        probability gets none either (all ``-inf``): its nodes are dropped, as the host path stops there."""
+        levels, alive = [logits.float()], None  # alive: [] whether every spine guess so far has a probability
+        try:
+            while len(levels) < max(len(p) for p in paths):
+                logprobs = torch.log_softmax(levels[-1], dim=-1)
+                top = logprobs.masked_fill(logprobs.isnan(), float("-inf")).topk(1)  # as first_guess ranks
+                finite = top.values[0].isfinite()
+                alive = finite if alive is None else alive & finite
+                nxt = self._next(sequence, top.indices[0]).float()  # [V]
+                levels.append(torch.where(alive, nxt, float("-inf")))
+        finally:
+            self._end()
+        tree = grow_paths_on_device(paths, torch.stack(levels), len(levels))  # the one read
+        return tree if tree.tokens.device == sequence.device else DraftTree(tree.tokens.to(sequence.device),
+                                                                          tree.parents.to(sequence.device))
 
     def observe(self, sequence: torch.LongTensor, tree: DraftTree, verdict: Verdict, scores: torch.Tensor) -> None:
         """Queue the target's features of the verified rows (of any drafter's tree): never a rejected branch's."""

@@ -237,3 +237,29 @@ def _context(model):
     from hf_speculative.core.stats import SpeculativeStats
 
     return CallContext(model, model.generation_config, [], None, SpeculativeStats())
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_without_processors_the_draft_is_made_on_the_device_as_the_host_makes_it(model, shape, layers, monkeypatch):
+    """A fixed chain is fed back as device tensors (``draft_chain(on_device=True)``) and a tree's spine and nodes are
+    taken on the device (``_device_tree``), one read a step: the host path's drafts, step for step."""
+    from hf_speculative.core import chain_drafting
+    from hf_speculative.drafters.mtp import drafter as mtp_drafter
+
+    drafts = []
+    draft = mtp_drafter.MTPCandidateGenerator.draft
+    monkeypatch.setattr(mtp_drafter.MTPCandidateGenerator, "draft",
+                        lambda self, *a: (lambda tree: drafts.append((tree.tokens.tolist(), tree.parents.tolist()))
+                                          or tree)(draft(self, *a)))
+    strategy = mtp(model, shape, layers=layers)
+    run = dict(**prompt_inputs(), do_sample=False, max_new_tokens=24, eos_token_id=None, candidate_generator=strategy)
+    on_device = model.generate(**run).tolist()
+    device_drafts = list(drafts)
+    drafts.clear()
+    monkeypatch.setattr(mtp_drafter, "host_chooses", lambda ctx: True)  # the host's spine and grow_paths
+    monkeypatch.setattr(chain_drafting, "device_chain_length", lambda plan, ctx, limit: None)  # token by token
+    on_host = model.generate(**run).tolist()
+    assert on_device == on_host == stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=24,
+                                                  eos_token_id=None).tolist()
+    assert device_drafts == drafts and any(tokens for tokens, _ in drafts)
