@@ -120,14 +120,18 @@ fresh-check:
 # on smollm2-135m's shape with 4 decoder layers: tests/bench/test_gpu_check.py).
 # The issue-69 agenda on a lent GPU: `make gpu-check GPU_STEPS=inflated GPU_PARTS=/tmp/parts` (SmolLM2 and its
 # drafters inflated to the Llama-3.1-8B shape: a cost model; dry run: `make gpu-check DEVICE=cpu TINY=1 GPU_STEPS=inflated`).
+# The issue-72 agenda on a lent GPU: `make gpu-check GPU_STEPS=train GPU_PARTS=/tmp/parts` (a corpus of 20,000 of
+# SmolLM2's own answers built there, EAGLE-3, DFlash and Medusa trained on it, brought back in parts of <= 15.5 MiB:
+# tools/gpu/train_drafters.py; dry run: `make gpu-check DEVICE=cpu TINY=1 GPU_STEPS=train`).
 DEVICE ?= cuda
 TINY ?=
 GPU_CHECK_OUT ?= gpu-check
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 GPU_BENCH ?= $(wildcard benchmarks/results/projection_bench_*.jsonl benchmarks/results/eagle_tree32_fixed_smollm2.jsonl)
 GPU_STEPS ?=
-# On a lent GPU: the folder of parts carried there (python -m tools.gpu.travel pack): joined and converted into
-# GPU_LENT/model by tools/gpu/lent_real.sh, the model of the real and inflated steps.
+# On a lent GPU: the folder of parts carried there (python -m tools.gpu.travel pack, or tools.gpu.train_drafters pack):
+# joined into GPU_LENT/pkg and converted into GPU_LENT/model by tools/gpu/lent_real.sh, the model of the real, inflated
+# and train steps (the train step reads the corpus's lists from GPU_LENT/pkg).
 GPU_PARTS ?=
 GPU_LENT ?= /tmp/lent
 # Real weights (the `real` step): a model folder, e.g. joined from parts with `python -m tools.carry join`, and a drafter.
@@ -141,7 +145,7 @@ gpu-check:
 		bash tools/gpu/lent_real.sh)
 	$(GPU_PY) -m tools.gpu.gpu_check --device $(DEVICE) $(if $(TINY),--tiny) --out $(GPU_CHECK_OUT) $(if $(GPU_STEPS),--steps $(GPU_STEPS)) \
 		$(foreach bench,$(GPU_BENCH),--bench $(bench)) $(if $(GPU_MODEL),--real-model $(GPU_MODEL)) \
-		$(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER)) $(GPU_REAL_ARGS)
+		$(if $(GPU_PARTS),--carried $(GPU_LENT)/pkg) $(if $(GPU_DRAFTER),--real-drafter $(GPU_DRAFTER)) $(GPU_REAL_ARGS)
 
 # The documentation site (mkdocs-material, offline): docs/ -> site/; the test suite builds it too.
 docs: install

@@ -210,6 +210,9 @@ def train_eagle(
                                                                  "(1 keeps a CPU busy; use more on a GPU).")] = 1,
     eval_every: Annotated[int, typer.Option(
         "--eval-every", help="Optimizer steps between validations/checkpoints.")] = 200,
+    max_minutes: Annotated[Optional[float], typer.Option(
+        "--max-minutes", help="Stop training after this long (counted over resumes), then validate and save a "
+                              "checkpoint to go on from.")] = None,
     val_prompts: Annotated[int, typer.Option("--val-prompts")] = 8,
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
@@ -255,7 +258,8 @@ def train_eagle(
         cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
                           unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
                           batch_size=batch_size,
-                          eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples, threads=threads,
+                          eval_every=eval_every, max_minutes=max_minutes, val_prompts=val_prompts,
+                          max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
                           refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens,
                           features=features, target_dtype=target_dtype)

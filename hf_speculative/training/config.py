@@ -34,6 +34,9 @@ class TrainConfig:
             an accelerator needs more.
         val_every (`int`, defaults to 20): one example in ``val_every`` is held out for validation.
         eval_every (`int`, defaults to 200): optimizer steps between validations (and checkpoints).
+        max_minutes (`float`, *optional*): stop training after this much wall time (then validate and save), counted
+            over resumes (``checkpoint/progress.json`` keeps the time trained), as ``train-dflash`` and
+            ``train-medusa`` do.
         val_prompts (`int`, defaults to 8), val_new_tokens (`int`, defaults to 64), val_draft (`int`,
             defaults to 6): the validation tau: greedy speculative generation on held-out prompts
             with drafts of up to ``val_draft`` tokens and no cost rule (a property of the drafter, not of
@@ -82,6 +85,7 @@ class TrainConfig:
     batch_size: int = 1
     val_every: int = 20
     eval_every: int = 200
+    max_minutes: float | None = None
     val_prompts: int = 8
     val_new_tokens: int = 64
     val_draft: int = 6
@@ -130,7 +134,8 @@ class TrainConfig:
                   "batch_size": self.batch_size >= 1,
                   "max_length": self.max_length >= 8, "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1,
                   "draft_vocab_size": self.draft_vocab_size >= 16, "val_draft": self.val_draft >= 1, "noise": self.noise >= 0,
-                  "feature_batch_tokens": self.feature_batch_tokens is None or self.feature_batch_tokens >= 1}
+                  "feature_batch_tokens": self.feature_batch_tokens is None or self.feature_batch_tokens >= 1,
+                  "max_minutes": self.max_minutes is None or self.max_minutes > 0}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"TrainConfig: invalid {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)}.")

@@ -172,12 +172,17 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     cfg.save(out / "train_config.json")
 
     # seen_tokens counts this process's tokens since the start or resume; earlier_tokens, every process's before
-    step, earlier_tokens, seen_tokens, done_batches = 0, 0, 0, 0
+    step, earlier_tokens, seen_tokens, done_batches, seconds_before = 0, 0, 0, 0, 0.0
     if (state_dir / "progress.json").exists():
         accelerator.load_state(str(state_dir))
         saved = json.loads((state_dir / "progress.json").read_text())
         step, earlier_tokens, done_batches = saved["step"], saved["tokens"], saved["batches"]
+        seconds_before = saved.get("train_seconds", 0.0)  # absent in checkpoints written before --max-minutes
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
+    train_started = time.perf_counter()
+
+    def train_seconds() -> float:  # training time over every run of this --out (--max-minutes counts it)
+        return seconds_before + time.perf_counter() - train_started
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
@@ -200,7 +205,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         if not final:
             accelerator.save_state(str(state_dir))
             if accelerator.is_main_process:
-                (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches}))
+                (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches,
+                                                                     "train_seconds": train_seconds()}))
         return record
 
     if cfg.init_from is not None and step == 0 and not (state_dir / "progress.json").exists():
@@ -209,15 +215,15 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     epochs = math.ceil(cfg.epochs)
     bar = tqdm(total=total_steps, initial=step, desc="train-eagle",
                disable=not (progress and accelerator.is_main_process))
-    running = None
+    running, out_of_time = None, False
     for epoch in range(epochs):
         skip = done_batches - epoch * len(loader)
-        if skip >= len(loader):
+        if skip >= len(loader) or out_of_time:
             continue
         order.use_epoch(epoch)
         epoch_loader = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
         for batch in epoch_loader:
-            if step >= total_steps:
+            if step >= total_steps or out_of_time:
                 break
             if online is not None:
                 batch = online.fill(batch)
@@ -237,13 +243,18 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics.loss:.3f}", acc0=f"{running:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
-                if step % cfg.eval_every == 0:
+                if cfg.max_minutes is not None:
+                    late = train_seconds() > 60 * cfg.max_minutes
+                    if processes > 1:  # every process stops at the same step, or one would wait for the others
+                        late = bool(accelerator.reduce(torch.tensor(float(late), device=accelerator.device), "sum"))
+                    out_of_time = late
+                if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
     bar.close()
-    record = evaluate_and_save(final=True)
+    record = evaluate_and_save(final=not out_of_time)  # stopped by --max-minutes: a checkpoint to go on from
     if accelerator.is_main_process:
         summary = {"seconds": round(time.perf_counter() - started, 1), "optimizer_steps": step, "tokens_seen": record["tokens"],
-                   "final_validation": record}
+                   "total_steps": total_steps, "stopped_by_max_minutes": out_of_time, "final_validation": record}
         (out / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
 

@@ -224,3 +224,65 @@ def test_bad_out_dirs_and_settings_are_refused(env, tmp_path, capsys):
     for bad in ({"held_out": 1.0}, {"answers": 0}):
         with pytest.raises(ValueError, match="each must be >= 1; --held-out .* must be in \\[0, 1\\)"):
             build(env["target"], tmp_path / "other", **{**kw, **bad})
+
+
+def test_lists_written_here_build_the_same_corpus_elsewhere(env, tmp_path):
+    """``lists`` writes the WordNet and built-in candidates to files; ``build --lists`` reads them (a machine without
+    the Debian files: none given here) and writes the prompt list a build from the files writes; a list changed
+    afterwards, or written for another seed or mix, is refused; a list too short says what to write."""
+    from tools.corpus.lists import ListFile, list_path, write_lists
+
+    lists = tmp_path / "lists"
+    assert main(["lists", "--out", str(lists), "--answers", "12", "--wordnet-dir", str(env["wordnet_dir"]),
+                 "--fortune-dir", str(env["fortune_dir"])]) == 0
+    meta = json.loads((lists / "lists.json").read_text())
+    assert meta["seed"] == 0 and meta["lists"].keys() == {"wordnet", "builtin"}
+    # 1.5 times the source's places and 100 more: wordnet 1.5 x 6 + 100, builtin ceil(1.5 x 2.4) + 100
+    assert {name: entry["rows"] for name, entry in meta["lists"].items()} == {"wordnet": 109, "builtin": 104}
+    here, there = tmp_path / "here", tmp_path / "there"
+    build(env["target"], here, answers=12, prompts_only=True, wordnet_dir=env["wordnet_dir"],
+          fortune_dir=env["fortune_dir"], **KW)
+    manifest = build(env["target"], there, answers=12, prompts_only=True, lists=lists, **KW)
+    for split in ("train", "held_out"):
+        assert prompts_path(there, split).read_bytes() == prompts_path(here, split).read_bytes()
+    assert manifest["runs"][-1]["lists"]["lists"] == meta["lists"]
+    with pytest.raises(ValueError, match="written for --seed 0, this build has --seed 1"):
+        build(env["target"], tmp_path / "seed1", answers=12, seed=1, prompts_only=True, lists=lists, **KW)
+    short = tmp_path / "short"  # only the WordNet list: a mix with built-in prompts needs the other
+    write_lists(short, answers=4, mix="wordnet=1", seed=0, wordnet_dir=env["wordnet_dir"],
+                fortune_dir=env["fortune_dir"])
+    with pytest.raises(ValueError, match="no builtin list there .*write the lists again with this build's --mix"):
+        build(env["target"], tmp_path / "mix", answers=12, prompts_only=True, lists=short, **KW)
+    list_path(lists, "wordnet").write_text(list_path(lists, "wordnet").read_text() + "\n")
+    with pytest.raises(ValueError, match="wordnet.jsonl: changed since lists.json was written"):
+        build(env["target"], tmp_path / "changed", answers=12, prompts_only=True, lists=lists, **KW)
+    three = ListFile(list_path(short, "wordnet"))
+    rows = three.rows
+    assert three(2) == rows[:2] and three(len(rows) + 5) == rows  # all it has, once
+    with pytest.raises(ValueError, match=f"only {len(rows)} prompts in .*write the lists for more answers"):
+        three(len(rows) + 6)
+
+
+def test_max_minutes_stops_the_answers_and_the_same_command_goes_on(env, tmp_path):
+    out = tmp_path / "corpus"
+    kw = {**KW, "magpie": None, "mix": "wordnet=1,builtin=1"}
+    first = build(env["target"], out, answers=8, wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"],
+                  max_minutes=1e-9, **kw)
+    assert first["answers"]["done"] == 0 and first["runs"][-1]["stopped_by_max_minutes"]
+    assert "0/8 answers" in status(out) and first["prompts"]["total"] == 8
+    again = build(env["target"], out, answers=8, wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"],
+                  sort_window=0, **kw)
+    assert again["answers"]["done"] == 8 and "stopped_by_max_minutes" not in again["runs"][-1]
+    with pytest.raises(ValueError, match="--max-minutes 0, --sort-window 0: the minutes must be > 0"):
+        build(env["target"], out, answers=8, max_minutes=0, sort_window=0, **kw)
+
+
+def test_the_target_on_another_device_takes_no_cpu_layout(env):
+    from tools.corpus.answers import load_target
+
+    with pytest.raises(ValueError, match="--cpu-layout all with --device cuda: a CPU layout is for the CPU"):
+        load_target(env["target"], cpu_layout="all", device="cuda")  # refused before anything loads
+    with pytest.raises(ValueError, match="--dtype fp8: use float32, bfloat16, float16 or auto"):
+        load_target(env["target"], dtype="fp8")
+    model, _ = load_target(env["target"], cpu_layout="none", dtype="bfloat16")
+    assert next(model.parameters()).dtype.is_floating_point and str(next(model.parameters()).dtype) == "torch.bfloat16"

@@ -45,3 +45,18 @@ def test_back_refuses_to_overwrite(tmp_path):
     (root / "docs/img").mkdir()
     with pytest.raises(SystemExit, match="remove one by hand"):
         travel.back(root)
+
+
+def test_all_drafters_sets_the_shipped_drafters_aside_too_and_back_returns_them(tmp_path):
+    root = _repo(tmp_path)
+    for rel in travel.TRAIN_ASIDE:
+        (root / rel / "smol").mkdir(parents=True)
+        (root / rel / "smol" / "model.safetensors").write_bytes(b"w" * (1 << 20))
+    subprocess.run(["git", "-C", str(root), "add", "."], check=True)
+    assert travel.aside(root) == ["benchmarks/results", "docs/img"]  # without the flag: they stay
+    assert travel.size(root)[0] > 2
+    travel.back(root)
+    assert travel.aside(root, all_drafters=True) == ["benchmarks/results", "docs/img", *travel.TRAIN_ASIDE]
+    assert travel.size(root)[0] < 0.01
+    assert travel.back(root) == ["benchmarks/results", "docs/img", *travel.TRAIN_ASIDE]
+    assert all((root / rel / "smol" / "model.safetensors").stat().st_size == 1 << 20 for rel in travel.TRAIN_ASIDE)

@@ -101,6 +101,16 @@ def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_pat
     assert len({json.dumps(r["val_acc"]) for r in log1}) > 1  # it learnt something: equal is not trivially equal
 
 
+def test_two_processes_out_of_time_stop_at_the_same_step(tmp_path, setup):
+    """``--max-minutes``: the processes agree on the step where time ran out (one stopping alone would wait for the
+    others forever at the last validation), then the run validates and writes a checkpoint there."""
+    out = tmp_path / "two"
+    ok(launch(*train_args(setup, out, "--grad-accum", 1, "--epochs", 1, "--max-minutes", 1e-6), processes=2))
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["stopped_by_max_minutes"] and summary["optimizer_steps"] == 1 and summary["total_steps"] == 11
+    assert json.loads((out / "checkpoint" / "progress.json").read_text())["step"] == 1
+
+
 def test_the_processes_share_the_answers(tmp_path, setup):
     """``self-distill`` in two processes writes the file one process writes, byte for byte; so does
     ``train-eagle --prompts``, whose answers each appear once."""

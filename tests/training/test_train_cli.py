@@ -60,6 +60,29 @@ def test_train_eagle_end_to_end(tmp_path, chat_checkpoint, prompts, version):
             assert torch.equal(a, b), name
 
 
+def test_train_eagle_max_minutes_stops_saves_a_checkpoint_and_goes_on(tmp_path, chat_checkpoint, prompts):
+    """``--max-minutes``: a run out of time validates, saves the drafter and a checkpoint where it stopped (time trained
+    included); the same command with more time goes on from there to the planned steps."""
+    out = tmp_path / "drafter"
+    common = ["train-eagle", "--target", chat_checkpoint, "--prompts", prompts, "--distill-tokens", 8, "--out", out,
+              "--draft-vocab-size", 24, "--grad-accum", 1, "--eval-every", 100, "--val-prompts", 1, "--threads", 1,
+              "--epochs", 1]
+    run(*common, "--max-minutes", 1e-6)  # out of time after the first optimizer step
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["stopped_by_max_minutes"] and summary["optimizer_steps"] == 1 and summary["total_steps"] == 22
+    progress = json.loads((out / "checkpoint" / "progress.json").read_text())
+    assert progress["step"] == 1 and progress["train_seconds"] > 0
+    assert (out / "model.safetensors").exists()
+
+    result = run(*common, "--max-minutes", 60)
+    assert "resumed from" in result.output and "at optimizer step 1" in result.output
+    summary = json.loads((out / "training_summary.json").read_text())
+    assert summary["optimizer_steps"] == 22 and not summary["stopped_by_max_minutes"]
+    assert json.loads((out / "checkpoint" / "progress.json").read_text())["step"] == 1  # the end writes none
+    bad = CliRunner().invoke(app, [str(a) for a in [*common, "--max-minutes", 0]], env=ENV)
+    assert bad.exit_code != 0 and "max_minutes=0" in bad.output
+
+
 def test_train_eagle_needs_data(tmp_path, chat_checkpoint):
     result = CliRunner().invoke(app, ["train-eagle", "--target", str(chat_checkpoint), "--out", str(tmp_path / "o")], env=ENV)
     assert result.exit_code != 0

@@ -11,5 +11,6 @@ say what it holds and the command that makes it again.
 - :mod:`tools.corpus.sources`: the candidate streams;
 - :mod:`tools.corpus.prompts`: stage 1, the prompt list; :mod:`tools.corpus.answers`: stage 2, the answers;
 - :mod:`tools.corpus.manifest`: ``MANIFEST.json`` and ``README.md``; :mod:`tools.corpus.files`: the folder's files;
+- :mod:`tools.corpus.lists`: the WordNet and built-in candidates written to files, for a build elsewhere (a GPU);
 - :mod:`tools.corpus.build`: :func:`~tools.corpus.build.build` and :func:`~tools.corpus.build.status`.
 """

@@ -1,12 +1,15 @@
-"""``python -m tools.corpus build|status``: the self-distillation corpus in one command.
+"""``python -m tools.corpus build|status|lists``: the self-distillation corpus in one command.
 
     python -m tools.corpus build --target smollm2-135m-instruct --out ~/corpora/smollm2 --answers 20000
     python -m tools.corpus status --out ~/corpora/smollm2
+    python -m tools.corpus lists --out lists/ --answers 20000   # then, elsewhere: build ... --lists lists/
 
 ``build`` writes the prompt list (WordNet, the target's own messages, the team's templates, in the --mix's
 proportions, deduplicated, without Spec-Bench's questions, a held-out split by hash), then the target's greedy
 answers to it. The same command resumes a stopped run; a larger --answers grows the corpus, keeping every prompt
-and answer it has. Run it from the repository's root (``tools`` is not installed with the package).
+and answer it has. ``lists`` writes the WordNet and built-in candidates to files for a build on a machine without
+Debian's WordNet and fortune files (a lent GPU: ``build --device cuda --lists DIR``). Run it from the repository's
+root (``tools`` is not installed with the package).
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ def _build_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together (16: decoding stays within "
                    "the rows hf_speculative's CPU kernel computes; default 16)")
     p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
+    p.add_argument("--device", default="cpu", help="where the target runs: cpu (default) or cuda; on a GPU give a "
+                   "--batch-size and --magpie-batch-size in the hundreds")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"), help="the target's dtype (default: "
+                   "float32 on the CPU, the checkpoint's elsewhere)")
+    p.add_argument("--sort-window", type=int, default=1024, help="prompts are sorted by length within windows of "
+                   "this many before they are batched (0: each chunk of 2048 prompts, or two batches, whole; "
+                   "default 1024)")
+    p.add_argument("--max-minutes", type=float, help="start no chunk of answers after this many minutes of the build "
+                   "(the same command goes on later)")
+    p.add_argument("--lists", type=Path, help="read the WordNet and built-in candidates from this folder, written by "
+                   "python -m tools.corpus lists (a machine without Debian's WordNet and fortune files)")
     p.add_argument("--cpu-layout", default="auto", help="auto: hfs.optimize_for_cpu(model) (the CPU kernel where it "
                    "runs; the default); or a layout of the CLI's --cpu-layout (none, all, all+kernel, ...)")
     p.add_argument("--prompts-only", action="store_true", help="stop after the prompt list (stage 1)")
@@ -59,6 +73,17 @@ def parser() -> argparse.ArgumentParser:
     _build_parser(sub)
     s = sub.add_parser("status", help="answers done of those asked, per source")
     s.add_argument("--out", type=Path, required=True, help="the corpus's folder")
+    lists = sub.add_parser("lists", help="the WordNet and built-in candidates of a build, written to files",
+                           description="Write the WordNet and built-in candidates a build of --answers would read "
+                           "(with a margin for the dropped ones) to OUT/wordnet.jsonl, OUT/builtin.jsonl and "
+                           "OUT/lists.json, for `build --lists OUT` on a machine that cannot make them.")
+    lists.add_argument("--out", type=Path, required=True, help="the folder to write")
+    lists.add_argument("--answers", type=int, default=20_000, help="answers of the build (default 20000)")
+    lists.add_argument("--mix", default=DEFAULT_MIX, help="the build's --mix (default %(default)s)")
+    lists.add_argument("--seed", type=int, default=0, help="the build's --seed (default 0)")
+    lists.add_argument("--wordnet-dir", type=Path, help="folder of WordNet's data.noun (default /usr/share/wordnet)")
+    lists.add_argument("--fortune-dir", type=Path, help="folder of the fortune files (default "
+                       "/usr/share/games/fortunes)")
     return p
 
 
@@ -73,13 +98,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             print(status(args.out))
             return 0
+        if args.command == "lists":
+            from .lists import write_lists
+
+            meta = write_lists(args.out, answers=args.answers, mix=args.mix, seed=args.seed,
+                               wordnet_dir=args.wordnet_dir, fortune_dir=args.fortune_dir)
+            print(f"{args.out}: " + ", ".join(f"{name} {entry['rows']} candidates" for name, entry in
+                                             meta["lists"].items()) + f" (build ... --lists {args.out})")
+            return 0
         build(args.target, args.out, answers=args.answers, mix=args.mix, held_out=args.held_out, seed=args.seed,
               max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
               batch_size=args.batch_size, threads=args.threads, cpu_layout=args.cpu_layout,
               prompts_only=args.prompts_only, wordnet_dir=args.wordnet_dir, fortune_dir=args.fortune_dir,
               magpie={"batch_size": args.magpie_batch_size, "max_new_tokens": args.magpie_max_new_tokens,
                       "min_words": args.magpie_min_words, "temperature": args.magpie_temperature,
-                      "top_p": args.magpie_top_p}, argv=argv)
+                      "top_p": args.magpie_top_p}, argv=argv, device=args.device, dtype=args.dtype,
+              lists=args.lists, max_minutes=args.max_minutes, sort_window=args.sort_window)
     except (OSError, ValueError, Exhausted) as error:
         p.exit(2, f"{p.prog}: error: {error}\n")
     print(status(args.out))

@@ -9,6 +9,7 @@ between calls.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,19 @@ from .files import SPLITS, answers_path, prompts_path, read_rows, repair_tail
 CHUNK = 2048  # prompts per generate_responses call (two of its default sort windows)
 
 
-def load_target(target: str, *, cpu_layout: str = "auto", threads: int | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from the registry (name, folder or Hub id), in eval mode, on the CPU path asked for.
+def load_target(target: str, *, cpu_layout: str = "auto", threads: int | None = None, device: str = "cpu",
+                dtype: str | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from the registry (name, folder or Hub id), in eval mode, on the CPU path asked for,
+    or on ``device``.
 
     Args:
         cpu_layout (`str`, defaults to `"auto"`): ``"auto"``: ``hfs.optimize_for_cpu(model)`` (hf_speculative's
             CPU kernel and native decoder layers where they run, else the column-major layout, with a warning that
-            says why); or one of ``hf_speculative.cpu.layout.LAYOUT_NAMES`` (``"none"``: the model as loaded).
+            says why); or one of ``hf_speculative.cpu.layout.LAYOUT_NAMES`` (``"none"``: the model as loaded). On
+            another device than the CPU, ``"auto"`` and ``"none"`` leave the model as loaded.
+        device (`str`, defaults to `"cpu"`): where the model runs (``"cuda"``, ``"cuda:1"``, ...).
+        dtype (`str`, *optional*): ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's); default as
+            ``hfs.load_model``: float32 on the CPU, the checkpoint's elsewhere.
     """
     import torch
 
@@ -33,10 +40,18 @@ def load_target(target: str, *, cpu_layout: str = "auto", threads: int | None = 
 
     if cpu_layout != "auto" and cpu_layout not in LAYOUT_NAMES:
         raise ValueError(f"--cpu-layout {cpu_layout}: use auto or one of {', '.join(LAYOUT_NAMES)}")
+    on_cpu = torch.device(device).type == "cpu"
+    if not on_cpu and cpu_layout not in ("auto", "none"):
+        raise ValueError(f"--cpu-layout {cpu_layout} with --device {device}: a CPU layout is for the CPU; leave it "
+                         "out (auto) on another device")
+    if dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype {dtype}: use float32, bfloat16, float16 or auto (the checkpoint's)")
     if threads:
         torch.set_num_threads(threads)
-    model, tokenizer = load_model(target)
+    model, tokenizer = load_model(target, device=None if on_cpu else device, dtype=dtype)
     model.eval()
+    if not on_cpu:
+        return model, tokenizer
     if cpu_layout == "auto":
         optimize_for_cpu(model)
     else:
@@ -46,11 +61,13 @@ def load_target(target: str, *, cpu_layout: str = "auto", threads: int | None = 
 
 def answer_all(out: Path, model: Any, tokenizer: Any, *, max_new_tokens: int, batch_size: int,
                max_prompt_tokens: int, sort_window: int = 1024, chunk: int = CHUNK, progress: bool = True,
-               after_chunk: Callable[[], None] = lambda: None) -> None:
+               after_chunk: Callable[[], None] = lambda: None, deadline: float | None = None) -> bool:
     """Answer every prompt of both splits that has no answer yet (held-out first), ``after_chunk()`` after each
-    call that wrote answers."""
+    call that wrote answers; ``chunk`` prompts a call (at least two batches). With ``deadline`` (a
+    ``time.perf_counter()`` value), no call starts after it. Returns whether every prompt has its answer."""
     from hf_speculative.training.selfdistill import generate_responses
 
+    chunk = max(chunk, 2 * batch_size)
     for split in ("held_out", "train"):
         rows, path = read_rows(prompts_path(out, split)), answers_path(out, split)
         if repair_tail(path):
@@ -60,10 +77,13 @@ def answer_all(out: Path, model: Any, tokenizer: Any, *, max_new_tokens: int, ba
             part = rows[start: start + chunk]
             if all(row["id"] in done for row in part):
                 continue
+            if deadline is not None and time.perf_counter() >= deadline:
+                return False
             generate_responses(model, tokenizer, part, path, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                max_prompt_tokens=max_prompt_tokens, sort_window=sort_window, progress=progress)
             done.update(row["id"] for row in part)
             after_chunk()
+    return True
 
 
 def progress(out: Path) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,11 @@ def check_out(out: Path | str) -> Path:
 
 class Target:
     """The target, loaded once and only when needed: its tokenizer alone for the prompt list (lengths), the model
-    for the Magpie source and the answers."""
+    for the Magpie source and the answers (on ``device``, in ``dtype``: :func:`~tools.corpus.answers.load_target`)."""
 
-    def __init__(self, name: str, cpu_layout: str, threads: int | None):
-        self.name, self.cpu_layout, self.threads = name, cpu_layout, threads
+    def __init__(self, name: str, cpu_layout: str, threads: int | None, device: str = "cpu",
+                 dtype: str | None = None):
+        self.name, self.cpu_layout, self.threads, self.device, self.dtype = name, cpu_layout, threads, device, dtype
         self.model: Any = None
         self._tokenizer: Any = None
 
@@ -56,7 +58,8 @@ class Target:
 
     def load(self) -> tuple[Any, Any]:
         if self.model is None:
-            self.model, self._tokenizer = load_target(self.name, cpu_layout=self.cpu_layout, threads=self.threads)
+            self.model, self._tokenizer = load_target(self.name, cpu_layout=self.cpu_layout, threads=self.threads,
+                                                      device=self.device, dtype=self.dtype)
         return self.model, self._tokenizer
 
 
@@ -78,23 +81,37 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
           seed: int = 0, max_new_tokens: int = 192, max_prompt_tokens: int = 1024, batch_size: int = 16,
           threads: int | None = None, cpu_layout: str = "auto", prompts_only: bool = False,
           wordnet_dir: Path | None = None, fortune_dir: Path | None = None, magpie: dict | None = None,
-          spec_bench: Path | None = None, argv: list[str] | None = None, progress_output: bool = True) -> dict:
+          spec_bench: Path | None = None, argv: list[str] | None = None, progress_output: bool = True,
+          device: str = "cpu", dtype: str | None = None, lists: Path | None = None, max_minutes: float | None = None,
+          sort_window: int = 1024) -> dict:
     """Build, resume or grow the corpus in ``out`` to ``answers`` answers; returns its manifest.
 
     Stage 1 writes the prompt list (``prompts/*.jsonl``; :mod:`tools.corpus.prompts`), stage 2 the answers
     (``answers/*.jsonl``; :mod:`tools.corpus.answers`); ``MANIFEST.json`` and ``README.md`` are brought up to date
     after each. Arguments as ``python -m tools.corpus build``'s options; ``magpie``: the sampler's options
     (:func:`tools.corpus.sources.magpie_options`); ``spec_bench``: the questions never to train on (default the
-    package's Spec-Bench).
+    package's Spec-Bench); ``lists``: a folder of ``python -m tools.corpus lists`` (:mod:`tools.corpus.lists`) whose
+    WordNet and built-in lists are read instead of built here; ``max_minutes``: no chunk of answers starts after this
+    many minutes of the build (the same command resumes); ``sort_window``: prompts answered are sorted by length
+    within windows of this many (0: each chunk of answers whole).
 
     Raises:
         ValueError: ``out`` inside the repository, bad numbers or mix, settings other than the corpus's, a
             smaller corpus than it holds, or another build writing ``out``. tools.corpus.sources.Exhausted: a
             source ran out of prompts.
     """
+    started = time.perf_counter()
     out = check_out(out)
     _check_numbers(answers, held_out, max_new_tokens, max_prompt_tokens, batch_size)
+    if max_minutes is not None and not max_minutes > 0 or sort_window < 0:
+        raise ValueError(f"--max-minutes {max_minutes}, --sort-window {sort_window}: the minutes must be > 0 and the "
+                         "window >= 0 (0: each chunk of answers sorted whole)")
     shares = parse_mix(mix)
+    listed = None
+    if lists is not None:
+        from .lists import LISTED, read_lists
+
+        listed = read_lists(Path(lists), seed, [name for name in LISTED if name in shares])
     options = magpie_options(**{**(magpie or {}), "progress": progress_output})
     settings = {"target": target, "mix": mix_text(shares), "held_out": held_out, "seed": seed,
                 "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
@@ -104,29 +121,47 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
     with sole_writer(out):
         check_settings(out, settings)
         check_growth(out, answers)
-        return _build(out, settings, answers, Target(target, cpu_layout, threads), SpecBenchFilter(spec_bench),
+        run = Target(target, cpu_layout, threads, device, dtype)
+        return _build(out, settings, answers, run, SpecBenchFilter(spec_bench),
                       batch_size=batch_size, prompts_only=prompts_only, wordnet_dir=wordnet_dir,
-                      fortune_dir=fortune_dir, magpie=options, argv=argv, progress_output=progress_output)
+                      fortune_dir=fortune_dir, magpie=options, argv=argv, progress_output=progress_output,
+                      lists=(Path(lists), listed) if listed is not None else None,
+                      deadline=started + 60 * max_minutes if max_minutes else None, sort_window=sort_window)
 
 
 def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBenchFilter, *, batch_size: int,
            prompts_only: bool, wordnet_dir: Path | None, fortune_dir: Path | None, magpie: dict,
-           argv: list[str] | None, progress_output: bool) -> dict:
-    """:func:`build` once its arguments are checked, holding ``out``'s lock."""
+           argv: list[str] | None, progress_output: bool, lists: tuple[Path, dict] | None = None,
+           deadline: float | None = None, sort_window: int = 1024) -> dict:
+    """:func:`build` once its arguments are checked, holding ``out``'s lock; ``lists``: the folder of the lists to
+    read and its checked ``lists.json``; ``deadline``: a ``time.perf_counter()`` after which no answers start."""
     shares, seed = parse_mix(settings["mix"]), settings["seed"]
     max_new_tokens, max_prompt_tokens = settings["max_new_tokens"], settings["max_prompt_tokens"]
     manifest = read_manifest(out) or {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": []}
     manifest.update(settings=settings, command=command_line(argv if argv is not None else []),
                     recreate=recreate_command(settings, out, answers), answers_asked=answers,
                     target=target_identity(run.name), spec_bench=_spec_bench_record(spec), versions=versions())
-    manifest["runs"].append({"command": manifest["command"], "answers_asked": answers, "batch_size": batch_size,
-                             "threads": run.threads, "cpu_layout": run.cpu_layout})
+    record = {"command": manifest["command"], "answers_asked": answers, "batch_size": batch_size,
+              "threads": run.threads, "cpu_layout": run.cpu_layout}
+    if run.device != "cpu" or run.dtype is not None:
+        record.update(device=run.device, dtype=run.dtype)
+    if lists is not None:  # where the WordNet and built-in candidates were written, and which files
+        record["lists"] = {key: lists[1][key] for key in ("machine", "python", "wordnet_dir", "fortune_dir", "lists")}
+    manifest["runs"].append(record)
     _refresh(out, manifest)
 
     say = print if progress_output else (lambda *a, **k: None)
     say(f"corpus: prompts for {answers} answers in {out}/prompts ...", flush=True)
-    sources = {"wordnet": lambda: ListSource("wordnet", wordnet_builder(seed, wordnet_dir, fortune_dir)),
-               "builtin": lambda: ListSource("builtin", builtin_builder(seed)),
+
+    def listed(name: str, build: Callable[[int], list[dict]]) -> ListSource:
+        if lists is None:
+            return ListSource(name, build)
+        from .lists import ListFile, list_path
+
+        return ListSource(name, ListFile(list_path(lists[0], name)))
+
+    sources = {"wordnet": lambda: listed("wordnet", wordnet_builder(seed, wordnet_dir, fortune_dir)),
+               "builtin": lambda: listed("builtin", builtin_builder(seed)),
                "magpie": lambda: MagpieSource(magpie_path(out), magpie_sampler(magpie_path(out), run.load, seed,
                                                                                 magpie))}
     rows, stats = build_prompt_list(out, answers, shares, {name: sources[name]() for name in shares},
@@ -141,12 +176,15 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
         return manifest
 
     model, tokenizer = run.load()
-    answer_all(out, model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size,
-               max_prompt_tokens=max_prompt_tokens, progress=progress_output,
-               after_chunk=lambda: _refresh(out, manifest))
+    complete = answer_all(out, model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          max_prompt_tokens=max_prompt_tokens, sort_window=sort_window, progress=progress_output,
+                          after_chunk=lambda: _refresh(out, manifest), deadline=deadline)
     manifest["runs"][-1]["answers_done"] = progress(out)["done"]
+    if not complete:
+        manifest["runs"][-1]["stopped_by_max_minutes"] = True
     _refresh(out, manifest)
-    say(f"corpus: {manifest['answers']['done']}/{answers} answers in {out}/answers", flush=True)
+    say(f"corpus: {manifest['answers']['done']}/{answers} answers in {out}/answers"
+        + ("" if complete else " (stopped by --max-minutes: the same command goes on)"), flush=True)
     return manifest
 
 

@@ -27,6 +27,9 @@ Steps (``--steps``, default all), each writing under ``--out``:
   shipped EAGLE, DFlash and Medusa drafters inflated to ``--inflate-shape`` (Llama-3.1-8B's by default), every
   drafter compiled against compiled greedy, in float32 (``tools/gpu/inflated_e2e.py``): ``inflated_e2e.json``, every
   table headed ``inflated (cost model)``.
+- ``train`` (only when asked for): issue 72's corpus of the target's own answers built on the device, EAGLE-3, DFlash
+  and Medusa trained on it side by side within ``--train-minutes``, exported in the shipped format and cut into parts
+  of at most 15.5 MiB in ``train/`` (``tools/gpu/train_drafters.py``; ``unpack`` there brings them back in).
 
 Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
 this package (``pip install --no-deps --no-build-isolation -e .``), and a clone of the repository (this runner and
@@ -50,8 +53,9 @@ from typing import Any, Callable
 
 import torch
 
-STEPS = ("tests", "profile", "e2e", "project", "real", "inflated")
-DEFAULT_STEPS = STEPS[:-1]  # the inflated step runs when asked for (GPU_STEPS=inflated)
+STEPS = ("tests", "profile", "e2e", "project", "real", "inflated", "train")
+# the inflated and train steps run when asked for (GPU_STEPS=inflated, GPU_STEPS=train)
+DEFAULT_STEPS = tuple(step for step in STEPS if step not in ("inflated", "train"))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # --tiny's depth. The random EAGLE-3 drafter then reads target layers 1, 1 and 0 (distinct from 7 layers on): what
 # its features hold changes nothing checked here (verification keeps every output greedy's), and 8 layers cost
@@ -412,6 +416,10 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
         from . import inflated_e2e
 
         lines += inflated_e2e.summary_lines(report["inflated"])
+    if "train" in report:
+        from . import train_drafters
+
+        lines += train_drafters.summary_lines(report["train"])
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -439,6 +447,33 @@ def run_inflated_step(args: argparse.Namespace, report: dict[str, Any], save: Ca
         new_tokens=args.real_new_tokens or (6 if tiny else 128), repeats=args.real_repeats or 1,
         compile=compile_arg, fixed=not args.inflated_no_fixed, max_minutes=max_minutes or None,
         only=comma_list(args.inflated_arms) or None, on_prompt=saved))
+
+
+def run_train_step(args: argparse.Namespace, report: dict[str, Any], save: Callable[[], None]) -> None:
+    """The ``train`` step with ``args``'s options, its report saved after every phase."""
+    import tempfile
+
+    from . import train_drafters
+
+    def saved(result: dict) -> None:
+        report["train"] = result
+        save()
+
+    tiny = args.tiny
+    size = train_drafters.sizes(tiny, answers=args.train_answers, batch=args.train_batch, epochs=args.train_epochs,
+                                batch_size=args.train_batch_size)
+    minutes = args.train_minutes if args.train_minutes is not None else (None if tiny else 8.0)
+    corpus_minutes = args.train_corpus_minutes if args.train_corpus_minutes is not None else (None if tiny else 3.5)
+    budget = train_drafters.Budget(minutes or None, corpus_minutes or None)
+    work = args.train_work or (Path(tempfile.mkdtemp(prefix="hfs-train-")) if tiny else Path("/tmp/hfs-train"))
+    kinds = tuple(comma_list(args.train_drafters) or train_drafters.DRAFTERS)
+    unknown = set(kinds) - set(train_drafters.DRAFTERS)
+    if unknown:
+        raise SystemExit(f"--train-drafters: unknown {sorted(unknown)}; use some of {', '.join(train_drafters.DRAFTERS)}.")
+    train_drafters.run_train(args.out, args.device, target=str(args.real_model or args.train_name),
+                             name=args.train_name, tiny=tiny, work=work, carried=args.carried, size=size,
+                             budget=budget, kinds=kinds, precision=args.train_precision,
+                             with_corpus=not args.train_no_corpus, on_update=saved)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,6 +523,30 @@ def main(argv: list[str] | None = None) -> int:
     inflated.add_argument("--inflated-max-minutes", type=float, default=None,
                           help="start no prompt after this many minutes of the step (default 6 on a GPU, sized for "
                                "a lent call's 10 minutes; 0: no limit)")
+    train = parser.add_argument_group("the train step (issue 72: tools/gpu/train_drafters.py)")
+    train.add_argument("--train-name", default="smollm2-135m-instruct",
+                       help="the registry name the drafters are for (their target; --real-model: its folder there)")
+    train.add_argument("--carried", type=Path, default=None,
+                       help="the joined parts' folder (tools/gpu/lent_real.sh's $WORK/pkg): the corpus's lists")
+    train.add_argument("--train-work", type=Path, default=None,
+                       help="corpus, runs and logs (default /tmp/hfs-train, where a second call resumes; --tiny: a "
+                            "new temporary folder)")
+    train.add_argument("--train-answers", type=int, default=None,
+                       help="the corpus's answers (default 20000; --tiny 20)")
+    train.add_argument("--train-minutes", type=float, default=None,
+                       help="the whole step's minutes (default 8: a lent call's 10 less the model's conversion; "
+                            "0: no limit; --tiny: none)")
+    train.add_argument("--train-corpus-minutes", type=float, default=None,
+                       help="the corpus's minutes at most (default 3.5; 0: no limit)")
+    train.add_argument("--train-batch", type=int, default=None,
+                       help="prompts answered (and Magpie messages sampled) together (default 1024; --tiny 20 and 16)")
+    train.add_argument("--train-epochs", type=float, default=None, help="every trainer's epochs (default 2; --tiny 1)")
+    train.add_argument("--train-batch-size", type=int, default=None,
+                       help="every trainer's sequences per optimizer step (default 32; --tiny 4)")
+    train.add_argument("--train-drafters", default=None, help="some of eagle,dflash,medusa (default all three)")
+    train.add_argument("--train-precision", default="bf16", choices=("bf16", "fp16", "no"),
+                       help="the trainers' autocast on a GPU (accelerate's mixed precision; default bf16)")
+    train.add_argument("--train-no-corpus", action="store_true", help="bring the drafters back without the corpus")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --tiny for a quick run).")
@@ -552,8 +611,14 @@ def main(argv: list[str] | None = None) -> int:
                        on_prompt=saved))
     if "inflated" in steps:
         run_inflated_step(args, report, save)
+    if "train" in steps:
+        run_train_step(args, report, save)
     log("summary:", args.out / "summary.md")
     failed = [k for k, v in report.get("tests", {}).items() if v["returncode"] != 0]
+    if "train" in steps:  # a phase that failed (a drafter's run or export, the corpus) fails the command
+        train = report.get("train", {})
+        parts = [train, train.get("corpus", {}), *train.get("runs", {}).values()]
+        failed += ["train"] if any("error" in part or "export_error" in part for part in parts) else []
     return 1 if failed else 0
 
 

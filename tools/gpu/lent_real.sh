@@ -14,7 +14,8 @@
 # It joins the parts (each checked by sha256), puts the DFlash drafter carried in them back into this copy of the tree,
 # installs gguf beside the machine's torch/transformers, converts the GGUF with the registry's own conversion (the
 # same float32 weights as `hfs.models.fetch` makes here) and runs gpu_check's STEPS (default `real`: every arm;
-# `inflated`: the model and its drafters inflated to the Llama-3.1-8B shape, a cost model) on it; REAL_ARGS adds or
+# `inflated`: the model and its drafters inflated to the Llama-3.1-8B shape, a cost model; `train`: issue 72's corpus
+# and drafters, its lists carried in the parts by tools/gpu/train_drafters.py pack) on it; REAL_ARGS adds or
 # overrides gpu_check options. A model converted by an earlier call on this machine is used as it is. Results land in
 # $CHECK_OUT (default $OUT/gpu-check).
 set -euo pipefail
@@ -60,4 +61,5 @@ fi
 "$PY" -m tools.gpu.travel unpack "$WORK/pkg"
 [ -n "${CONVERT_ONLY:-}" ] && exit 0
 PYTHONUNBUFFERED=1 "$PY" -m tools.gpu.gpu_check --device cuda --out "$CHECK_OUT" --steps "$STEPS" \
-  --real-model "$WORK/model" --real-drafter "$NAME" --real-medusa "$NAME" ${REAL_ARGS:-} 2>&1 | tee "$CHECK_OUT/log.txt"
+  --real-model "$WORK/model" --real-drafter "$NAME" --real-medusa "$NAME" --carried "$WORK/pkg" ${REAL_ARGS:-} 2>&1 \
+  | tee "$CHECK_OUT/log.txt"

@@ -5,12 +5,14 @@ all. The shipped drafters alone are about 58 MB, so the tree leaves too little r
 
     python -m tools.gpu.travel size              # MiB that would travel now, and the largest folders
     python -m tools.gpu.travel aside             # move ASIDE (not needed on the GPU) into .aside/ (ignored)
+    python -m tools.gpu.travel aside --all-drafters   # and every shipped drafter (the train step needs none)
     python -m tools.gpu.travel pack WHEELS carry # the wheels + the set-aside DFlash drafter, in parts that fit
     ... the device calls (tools/gpu/lent_real.sh) ...
     python -m tools.gpu.travel back              # put them back; refuses to overwrite anything
 
 Set aside: the DFlash drafter and the exit adapters (the real step runs EAGLE, Medusa, lookup and suffix), the
-benchmark results and the docs' images. ``back`` must run before committing: git would see them deleted. The
+benchmark results and the docs' images; with ``--all-drafters`` the EAGLE and Medusa drafters too (``TRAIN_ASIDE``:
+the train step, ``tools/gpu/train_drafters.py``, trains its own, and the model's parts then take two calls, not three). ``back`` must run before committing: git would see them deleted. The
 inflated step needs the DFlash drafter too: ``pack`` puts it (``DFLASH_TAR``) with the model's wheels into the parts,
 cut as large as the tree leaves room for; on the device ``unpack`` (``lent_real.sh``) puts it back into the call's copy
 of the tree.
@@ -29,6 +31,7 @@ DFLASH = "hf_speculative/drafters/dflash/pretrained"
 DFLASH_TAR = "dflash-pretrained.tar"  # its folder, carried in the parts (lent_real.sh extracts it there)
 ASIDE = (DFLASH, "hf_speculative/drafters/self_speculative/exit_adapters",
          "benchmarks/results", "docs/img")
+TRAIN_ASIDE = ("hf_speculative/drafters/eagle/pretrained", "hf_speculative/drafters/medusa/pretrained")
 STASH = ".aside"
 LIMIT_MIB = 64
 
@@ -51,11 +54,11 @@ def size(root: Path) -> tuple[float, list[tuple[str, float]]]:
     return total / 2**20, [(k, v / 2**20) for k, v in by_folder.most_common(10)]
 
 
-def _move(root: Path, into_stash: bool) -> list[str]:
-    """Move each folder of ``ASIDE`` between its place and ``.aside/`` (same relative path); refuse, naming it,
+def _move(root: Path, into_stash: bool, folders: tuple[str, ...] = ASIDE) -> list[str]:
+    """Move each of ``folders`` between its place and ``.aside/`` (same relative path); refuse, naming it,
     where the destination exists already. Returns the folders moved."""
     moved = []
-    for rel in ASIDE:
+    for rel in folders:
         place, stash = root / rel, root / STASH / rel
         source, target = (place, stash) if into_stash else (stash, place)
         if not source.exists():
@@ -70,14 +73,14 @@ def _move(root: Path, into_stash: bool) -> list[str]:
     return moved
 
 
-def aside(root: Path) -> list[str]:
-    """Move each present folder of ``ASIDE`` under ``.aside/``."""
-    return _move(root, into_stash=True)
+def aside(root: Path, all_drafters: bool = False) -> list[str]:
+    """Move each present folder of ``ASIDE`` (and ``TRAIN_ASIDE`` with ``all_drafters``) under ``.aside/``."""
+    return _move(root, into_stash=True, folders=ASIDE + TRAIN_ASIDE if all_drafters else ASIDE)
 
 
 def back(root: Path) -> list[str]:
     """Move every folder set aside back to its place."""
-    return _move(root, into_stash=False)
+    return _move(root, into_stash=False, folders=ASIDE + TRAIN_ASIDE)
 
 
 def pack(root: Path, wheels: Path, out: Path) -> dict:
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="*", type=Path,
                         help="pack: the wheels' folder and the parts' folder; unpack: the joined parts' folder")
     parser.add_argument("--root", type=Path, default=Path.cwd())
+    parser.add_argument("--all-drafters", action="store_true",
+                        help="aside: the EAGLE and Medusa drafters too (the train step needs no shipped drafter)")
     args = parser.parse_args(argv)
     wanted = {"pack": 2, "unpack": 1}.get(args.command, 0)
     if len(args.folders) != wanted:
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print("DFlash drafters put back:", ", ".join(unpack(args.root, args.folders[0])) or "none")
         return 0
     if args.command == "aside":
-        print("set aside:", ", ".join(aside(args.root)) or "nothing")
+        print("set aside:", ", ".join(aside(args.root, args.all_drafters)) or "nothing")
     elif args.command == "back":
         print("put back:", ", ".join(back(args.root)) or "nothing")
     elif args.command == "pack":
