@@ -300,3 +300,13 @@ def dtype_kwargs(dtype: Any) -> dict[str, Any]:
     """``{"dtype": d}`` for ``from_pretrained`` / ``from_config`` from transformers 4.56 (5.x drops
     ``torch_dtype``), ``{"torch_dtype": d}`` before."""
     return {"dtype" if TRANSFORMERS_VERSION >= Version("4.56.0") else "torch_dtype": dtype}
+
+
+def recompile_limit(limit: int):
+    """A context in which ``torch.compile`` may compile one function up to ``limit`` times (torch's
+    ``recompile_limit``, ``cache_size_limit`` before 2.6; never lowered): several modules of one class compiled one
+    per shape (EAGLE's captured regions) are recompiles of one code object, 8 by default, past which torch runs them
+    eagerly. Set only around the calls that compile them, not for the process."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(**{name: max(getattr(config, name), limit)})

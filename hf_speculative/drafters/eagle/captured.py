@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ... import compat
 from ...core.chain_drafting import chain_from_read, chain_readout
 from ...core.costs import record_draft_step
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, grow_dynamic_tensors, tree_from_device
 
-MAX_REGIONS = 16  # shapes captured per drafter step; others draft as before (a cost model choosing many tree sizes)
+MAX_REGIONS = 16  # shapes of a kind captured per drafter step; others draft as before (many tree sizes)
 # where a chain under the cost rules drafts its longest length in one region and the rule is replayed after the read:
 # on a GPU a drafter forward in a graph costs less than a read of the device per token; on a CPU it costs real time
 ADAPTIVE_CHAIN_DEVICES = ("cuda",)
@@ -148,11 +149,21 @@ def _region(static: Any, key: tuple, make) -> Callable | None:
     regions = static.step.regions
     run = regions.get((key, static.compiled))
     if run is None:
-        if len(regions) >= MAX_REGIONS:
+        if sum(1 for (other, _) in regions if other[0] == key[0]) >= MAX_REGIONS:
             return None
         region = make()
-        run = regions[(key, static.compiled)] = static.compile(region) if static.compiled else region
+        run = regions[(key, static.compiled)] = _compiled(static.compile(region)) if static.compiled else region
     return run
+
+
+def _compiled(run: Callable) -> Callable:
+    """``run`` (a compiled region) called where torch may compile its class's forward once per shape: the regions of
+    a kind share one code object, and torch's default of 8 compiles of one would run the later shapes eagerly."""
+    def call(*inputs: torch.Tensor):
+        with compat.recompile_limit(MAX_REGIONS + 1):
+            return run(*inputs)
+    call.compiled = run  # (what tests look at)
+    return call
 
 
 def _inputs(static: Any, tokens: torch.Tensor, features: torch.Tensor, first: int):

@@ -262,3 +262,37 @@ def test_every_compiled_call_starts_a_fresh_cuda_graph_replay(trained, monkeypat
     out, (drafted, _) = generate(target, hfs.Eagle(net, tree=SHAPES["dynamic"], adaptive=False), compile=True)
     assert out.tolist() == text.tolist() and drafted > 0
     assert len(replays) == len(calls) and {"target", "drafter"} <= set(replays)
+
+
+def test_more_regions_of_a_kind_than_torchs_recompile_limit_all_compile(monkeypatch):
+    """Regions of one kind share one code object: past torch's default of 8 compiles of it, torch would run the later
+    shapes eagerly. Each region compiles its own graph (here with the eager backend: dynamo's tracing, no inductor),
+    up to ``MAX_REGIONS`` of a kind, and later shapes draft on the old path."""
+    from torch._dynamo.utils import counters
+
+    from hf_speculative.drafters.eagle import captured
+
+    target = build_model("llama", layers=2)
+    net = random_eagle(target)
+    monkeypatch.setattr(static_drafting, "compile_step",
+                        lambda module, mode: torch.compile(module, backend="eager", dynamic=False))
+    monkeypatch.setattr(captured, "MAX_REGIONS", 11)
+    torch._dynamo.reset()
+    drafting = static_drafting.open_static(target, net, "default", target_ids=net.target_ids(),
+                                           vocab_size=target.config.vocab_size, max_length=64, catch_width=4, width=1,
+                                           speculative=20)
+    try:
+        tokens = torch.tensor([5, 6])
+        features = torch.randn(2, net.config.feature_size)
+        graphs = counters["stats"]["unique_graphs"]
+        for length in range(1, 12):
+            run = captured.chain_region(drafting, length)
+            inputs, _ = captured._inputs(drafting, tokens, features, 3)
+            chain, readout = drafting.replay(run, *inputs)
+            assert chain.shape == (length,) and readout.shape == (2, length)
+        assert counters["stats"]["unique_graphs"] - graphs == 11  # one graph per length: none ran eagerly
+        assert captured.chain_region(drafting, 12) is None  # past MAX_REGIONS: the old path
+    finally:
+        drafting.close()
+        forget(target)
+        torch._dynamo.reset()
