@@ -712,31 +712,29 @@ def project(
         if draft_cost or loop_cost:
             _fail("--draft-cost and --loop-cost project a benchmark's steps; a MagicDec grid takes --config, "
                   "--bandwidth-gbs, --overhead-ms, --tflops and --memory-gb.")
-        try:
-            result = magic.project(magic.load_grid(bench_file), projection.load_profile(profile_file), **device,
-                                   source=str(bench_file))
-        except ValueError as err:
-            _fail(str(err))
-        typer.echo(magic.format_markdown(result))
-        if out is not None:
-            json_path, md_path = magic.save(result, out)
-            _err().print(f"projection written to {json_path} and {md_path}", soft_wrap=True)
-        return
-    given = [f"--{name.replace('_', '-')}" for name, value in device.items() if value is not None]
-    if given:
-        _fail(f"{', '.join(given)}: only for a MagicDec grid; add --magicdec (and pass benchmarks/magicdec_grid.py's "
-              "JSONL).")
-    costs, loops = _draft_costs(draft_cost or []), _draft_costs(loop_cost or [], "--loop-cost")
+        kind = magic
+
+        def run():
+            return magic.project(magic.load_grid(bench_file), projection.load_profile(profile_file), **device,
+                                 source=str(bench_file))
+    else:
+        given = [f"--{name.replace('_', '-')}" for name, value in device.items() if value is not None]
+        if given:
+            _fail(f"{', '.join(given)}: only for a MagicDec grid; add --magicdec (and pass "
+                  "benchmarks/magicdec_grid.py's JSONL).")
+        costs, loops = _draft_costs(draft_cost or []), _draft_costs(loop_cost or [], "--loop-cost")
+        kind = projection
+
+        def run():
+            return projection.project(projection.load_benchmark(bench_file), projection.load_profile(profile_file),
+                                      draft_cost=costs, loop_cost=loops, source=str(bench_file))
     try:
-        records = projection.load_benchmark(bench_file)
-        profile_data = projection.load_profile(profile_file)
-        result = projection.project(records, profile_data, draft_cost=costs, loop_cost=loops,
-                                    source=str(bench_file))
+        result = run()
     except ValueError as err:
         _fail(str(err))
-    typer.echo(projection.format_markdown(result))
+    typer.echo(kind.format_markdown(result))
     if out is not None:
-        json_path, md_path = projection.save(result, out)
+        json_path, md_path = kind.save(result, out)
         _err().print(f"projection written to {json_path} and {md_path}", soft_wrap=True)
 
 
