@@ -50,6 +50,7 @@ NEW_TOKENS = 16
 MIN_STEPS, MAX_NEW_TOKENS = 4, 160  # steady steps averaged at least (tokens doubled until then, or EOS)
 LIMITED = ("glue", "loop", "reads")  # what the ceilings hold, per step
 EXTRAS = ("eagle-tree-32", "eagle-chain-8", "plain", "transformers-greedy")
+CAPTURED_TREES = ("medusa-tree", "dflash-tree", "mtp-tree")  # @compiled too: a tree's step is its own region there
 REFERENCE = "transformers-greedy"  # measured, not budgeted: transformers' own loop, whatever its version does
 
 
@@ -80,12 +81,14 @@ def compiles(label: str) -> bool:
 
 def case_names() -> list[str]:
     """Every case: each matrix example and the extras eagerly, then ``@compiled`` the first example of each drafter
-    class that compiles (the compiled path differs from the eager one in the loop's verifier and EAGLE's fixed-shape
-    drafting, not in the other drafters' glue) and the extras but transformers' greedy."""
+    class that compiles (the compiled path differs from the eager one in the loop's verifier and the captured draft
+    steps, not in the other drafters' glue), the tree examples of the drafters whose trees are captured regions there
+    (:data:`CAPTURED_TREES`) and the extras but transformers' greedy."""
     from hf_speculative.drafters import registry
 
     firsts = [cls.examples[0] for cls in dict.fromkeys(registry.examples().values())]
-    compiled = [label for label in [*firsts, *EXTRAS] if compiles(label)]
+    trees = [label for label in CAPTURED_TREES if label in registry.examples()]
+    compiled = [label for label in [*firsts, *trees, *EXTRAS] if compiles(label)]
     return [*registry.examples(), *EXTRAS, *(f"{label}@compiled" for label in compiled)]
 
 
@@ -125,15 +128,15 @@ def build(label: str) -> tuple[torch.nn.Module, Any]:
 def _compiled_eagerly():
     """``hfs.enable(model, compile=True)``'s paths with the compiled functions run as they are (not compiled)."""
     from hf_speculative.core import static_cache
-    from hf_speculative.drafters.eagle import static_drafting
+    from hf_speculative.core import regions
 
-    saved = static_cache.compiled_forward, static_drafting.compile_step
+    saved = static_cache.compiled_forward, regions.compile_region
     static_cache.compiled_forward = lambda target, mode: target
-    static_drafting.compile_step = lambda step, mode: step
+    regions.compile_region = lambda step, mode: step
     try:
         yield
     finally:
-        static_cache.compiled_forward, static_drafting.compile_step = saved
+        static_cache.compiled_forward, regions.compile_region = saved
 
 
 def count_case(case: str, new_tokens: int = NEW_TOKENS, *, attribute: bool = True, site_depth: int = 1,

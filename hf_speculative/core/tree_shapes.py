@@ -365,23 +365,44 @@ def grow_paths_on_device(paths: Sequence[RankPath], level_logits: torch.Tensor, 
     ``d + 1`` (at least as many rows as the deepest path kept). Every node's guess is taken at once on the device and
     read once with whether it has a probability; a node without one (banned, NaN) is dropped with the nodes under
     it, as :func:`grow_paths` drops them."""
-    paths = [p for p in paths if len(p) <= max_depth]  # sorted by depth: parents first
-    device = level_logits.device
+    paths = kept_paths(paths, max_depth)
     if not paths:
-        return DraftTree.empty(device)
+        return DraftTree.empty(level_logits.device)
+    return tree_from_paths(paths, *path_guesses(paths, level_logits))
+
+
+def kept_paths(paths: Sequence[RankPath], max_depth: int) -> list[RankPath]:
+    """The rank paths no deeper than ``max_depth`` (still parents first)."""
+    return [p for p in paths if len(p) <= max_depth]
+
+
+def path_guesses(paths: Sequence[RankPath], level_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`grow_paths_on_device` up to its read, with no read at all (what a captured draft step runs): each
+    path's guess `[n]` and whether it has a probability `[n]` (long), for :func:`tree_from_paths`. ``paths``
+    (non-empty, :func:`kept_paths`) are constants of the shape."""
+    device = level_logits.device
     top_k = min(1 + max(max(p) for p in paths), level_logits.shape[-1])
     logprobs = torch.log_softmax(level_logits[: max(len(p) for p in paths)].float(), dim=-1)  # [D, V]
     top = logprobs.masked_fill(logprobs.isnan(), float("-inf")).topk(top_k, dim=-1)  # [D, R] best first
     where = torch.tensor([[len(p) - 1 for p in paths], [min(p[-1], top_k - 1) for p in paths]], device=device)
     tokens = top.indices[where[0], where[1]]  # [n] each node's guess
     finite = top.values[where[0], where[1]].isfinite()  # [n]
-    token_list, finite_list = torch.stack([tokens, finite.long()]).tolist()  # the one read
+    if any(p[-1] >= top_k for p in paths):  # ranked past a vocabulary this small: no such guess
+        finite &= torch.tensor([p[-1] < top_k for p in paths], device=device)
+    return tokens, finite.long()
+
+
+def tree_from_paths(paths: Sequence[RankPath], tokens: torch.Tensor, finite: torch.Tensor) -> DraftTree:
+    """The tree of :func:`path_guesses`' nodes, in one read of the device: a node without a probability (or ranked
+    past the vocabulary) is dropped with the nodes under it."""
+    device = tokens.device
+    token_list, finite_list = torch.stack([tokens, finite]).tolist()  # the one read
     index = {p: i for i, p in enumerate(paths)}
     kept: dict[int, int] = {}  # old node -> new
     parent_list: list[int] = []
     for i, p in enumerate(paths):
         parent = ROOT if len(p) == 1 else kept.get(index[p[:-1]])
-        if finite_list[i] and p[-1] < top_k and parent is not None:
+        if finite_list[i] and parent is not None:
             kept[i] = len(parent_list)
             parent_list.append(parent)
     if not parent_list:

@@ -11,7 +11,7 @@ import hf_speculative as hfs
 from hf_speculative.core.state import state_of
 from hf_speculative.core import static_cache
 from tools.gpu import real_e2e
-from hf_speculative.drafters.eagle import static_drafting
+from hf_speculative.core import regions
 from hf_speculative.drafters.eagle.checkpoints import save_pretrained
 from hf_speculative.drafters.suffix.history import ModelHistories
 from tests.conftest import random_eagle
@@ -31,7 +31,7 @@ def test_the_real_step_runs_every_arm_on_every_prompt(chat_checkpoint, chat_mode
 
     monkeypatch.setattr(hfs, "load_model", loaded_with_cheap_verification)
     monkeypatch.setattr(static_cache, "compiled_forward", lambda target, mode: target)
-    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: step)
+    monkeypatch.setattr(regions, "compile_region", lambda step, mode: step)
     drafter = save_pretrained(random_eagle(chat_model, version=1), tmp_path / "drafter")
     real = real_e2e.run_real(chat_checkpoint, "cpu", torch.float32, drafter=str(drafter), per_category=1,
                              new_tokens=12, repeats=1, fixed=True)

@@ -158,7 +158,7 @@ def _drafts(monkeypatch, target, strategy, host: bool, compile: bool, **kwargs):
 @pytest.mark.parametrize("version", [1, 3])
 def test_eagle_chains_on_the_device_equal_the_host_path_and_greedy(version, compile, monkeypatch):
     from hf_speculative.core import static_cache
-    from hf_speculative.drafters.eagle import static_drafting
+    from hf_speculative.core import regions
 
     target = build_model("llama", layers=4)  # EAGLE-3 reads three layers before the last (compile= needs that)
     reference = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=30,
@@ -168,7 +168,7 @@ def test_eagle_chains_on_the_device_equal_the_host_path_and_greedy(version, comp
     def uncompiled():  # compile= takes the fixed-shape paths without torch.compile (tests/drafters/eagle)
         if compile:
             monkeypatch.setattr(static_cache, "compiled_forward", lambda t, mode: t)
-            monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: step)
+            monkeypatch.setattr(regions, "compile_region", lambda step, mode: step)
 
     uncompiled()
     host = _drafts(monkeypatch, target, strategy, host=True, compile=compile)

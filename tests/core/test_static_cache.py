@@ -12,6 +12,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.core import static_cache
+from hf_speculative.core import regions
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.core.state import forget, state_of
 from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
@@ -212,7 +213,7 @@ def test_compiled_targets_feed_drafters_from_their_outputs(arch, monkeypatch):
         return forward
 
     monkeypatch.setattr(static_cache, "compiled_forward", compiled)
-    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: step)  # (tests/drafters/eagle)
+    monkeypatch.setattr(regions, "compile_region", lambda step, mode: step)  # (tests/drafters/eagle)
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
     for name, strategy in feature_drafters(model).items():
         hfs.enable(model, compile=False)
@@ -247,8 +248,8 @@ def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monk
 def test_compiled_verification_equals_greedy(arch, monkeypatch):
     """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call; EAGLE drafts
     with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py), and its whole steps too."""
-    compiled_kinds, compile_step = [], static_drafting.compile_step
-    monkeypatch.setattr(static_drafting, "compile_step",
+    compiled_kinds, compile_step = [], regions.compile_region
+    monkeypatch.setattr(regions, "compile_region",
                         lambda module, mode: compiled_kinds.append(type(module).__name__) or compile_step(module, mode))
     model = hfs.enable(build_model(arch, layers=4), compile=True)
     try:

@@ -15,8 +15,8 @@ drafter's arithmetic, was most of a draft step (docs/gpu.md). Here it is all ten
                        order as ``grow_dynamic_on_device``)
 
 ``first`` and ``rows`` enter as a device tensor, so one region serves every step of its shape. A region is built per
-shape (a chain's length; a tree's levels and node budget) and kept on its :class:`DraftStep`, like CUDA graphs per
-batch size; it runs compiled where the step does (a step borrowed while another call holds the shared one runs
+shape (a chain's length; a tree's levels and node budget) and kept on its :class:`DraftStep` (``core.regions``), like
+CUDA graphs per batch size; it runs compiled where the step does (a step borrowed while another call holds the shared one runs
 eagerly, its regions too).
 """
 
@@ -29,16 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import compat
 from ...core.chain_drafting import chain_from_read, chain_readout
 from ...core.costs import record_draft_step
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, grow_dynamic_tensors, tree_from_device
-
-MAX_REGIONS = 16  # shapes of a kind captured per drafter step; others draft as before (many tree sizes)
-# where a chain under the cost rules drafts its longest length in one region and the rule is replayed after the read:
-# on a GPU a drafter forward in a graph costs less than a read of the device per token; on a CPU it costs real time
-ADAPTIVE_CHAIN_DEVICES = ("cuda",)
 
 
 def _catch_up(step: nn.Module, columns: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor,
@@ -133,37 +127,16 @@ class TreeRegion(nn.Module):
 
 def chain_region(static: Any, length: int) -> Callable | None:
     """The step's region drafting a chain of ``length`` tokens (``length >= 1``), made (and compiled where the
-    step is) on first use; ``None`` past :data:`MAX_REGIONS` shapes."""
-    return _region(static, ("chain", length), lambda: ChainRegion(static.step, length))
+    step is) on first use; ``None`` past ``core.regions.MAX_REGIONS`` shapes."""
+    return static.regions.get(("chain", length), lambda: ChainRegion(static.step, length))
 
 
 def tree_region(static: Any, shape: DynamicTree, nodes: int, levels: int, capacity: int) -> Callable | None:
     """The step's region drafting a dynamic tree of ``nodes`` nodes (``nodes >= 1``) over ``levels`` drafter
     forwards, at most ``capacity`` nodes drafted, as :func:`chain_region`. (Keyed by the levels, not a call's
     ``max_depth``: its last steps shorten ``max_depth``, and a tree shallower than it is the same tree.)"""
-    return _region(static, ("tree", shape.top_k, nodes, levels),
-                   lambda: TreeRegion(static.step, shape, nodes, levels, capacity))
-
-
-def _region(static: Any, key: tuple, make) -> Callable | None:
-    regions = static.step.regions
-    run = regions.get((key, static.compiled))
-    if run is None:
-        if sum(1 for (other, _) in regions if other[0] == key[0]) >= MAX_REGIONS:
-            return None
-        region = make()
-        run = regions[(key, static.compiled)] = _compiled(static.compile(region)) if static.compiled else region
-    return run
-
-
-def _compiled(run: Callable) -> Callable:
-    """``run`` (a compiled region) called where torch may compile its class's forward once per shape: the regions of
-    a kind share one code object, and torch's default of 8 compiles of one would run the later shapes eagerly."""
-    def call(*inputs: torch.Tensor):
-        with compat.recompile_limit(MAX_REGIONS + 1):
-            return run(*inputs)
-    call.compiled = run  # (what tests look at)
-    return call
+    return static.regions.get(("tree", shape.top_k, nodes, levels),
+                              lambda: TreeRegion(static.step, shape, nodes, levels, capacity))
 
 
 def _inputs(static: Any, tokens: torch.Tensor, features: torch.Tensor, first: int):
@@ -187,7 +160,7 @@ def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, tokens
     `[P']`, ``features`` `[P', F]` from ``first``; ``ask``: the cost rules replayed on it (``chain_from_read``)."""
     start = time.perf_counter()
     inputs, root = _inputs(static, tokens, features, first)
-    chain, readout = static.replay(run, *inputs)
+    chain, readout = static.regions.replay(run, *inputs)
     static.length = root + length - 1
     tree = chain_from_read(plan, chain.clone(), *readout.tolist(), length, ask)  # the read (a replay's outputs: copied)
     record_draft_step(net, (time.perf_counter() - start) / length)
@@ -200,7 +173,7 @@ def captured_tree(static: Any, run: Callable, net: nn.Module, tokens: torch.Tens
     first) after the catch-up, as :func:`captured_chain`."""
     start = time.perf_counter()
     inputs, root = _inputs(static, tokens, features, first)
-    kept = [t.clone() for t in static.replay(run, *inputs)]  # a replay's outputs: copied before the next
+    kept = [t.clone() for t in static.regions.replay(run, *inputs)]  # a replay's outputs: copied before the next
     static.length = root + (levels - 1) * width
     tree = tree_from_device(*kept)  # the read
     record_draft_step(net, (time.perf_counter() - start) / levels)

@@ -19,6 +19,7 @@ import torch
 
 from ...core.chain_drafting import DraftVocab, device_chain_length, draft_chain, host_chooses
 from ...core.draft_guide import DraftGuide
+from ...core import regions
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
 from ..generator import TreeOrChainCandidateGenerator, check_network_once
@@ -33,7 +34,6 @@ from ...core.tree_shapes import (DynamicTree, StaticTree, device_tree_capacity, 
 from ...core.budget import Plan
 from ...core.policy import check_chain_options
 from .model import DraftKVCache, EagleDraftModel
-from . import captured
 from .captured import captured_chain, captured_tree, chain_region, tree_region
 from .static_drafting import frontier_width, open_static
 from .tree_drafting import device_tree_expander, tree_expander
@@ -298,7 +298,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         target's vocabulary."""
         length = device_chain_length(plan, self.ctx, plan.depth)
         ask = (length is None and not host_chooses(self.ctx)
-               and self.graphs.device.type in captured.ADAPTIVE_CHAIN_DEVICES)  # the cost rules, replayed
+               and regions.replays_longest_chain(self.graphs.device))  # the cost rules, replayed
         if ask:
             length = plan.longest_chain(plan.depth)
         run = chain_region(self.graphs, length) if length else None

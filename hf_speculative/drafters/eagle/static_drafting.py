@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..generator import to_target_vocab
+from ...core import regions
 from ...core.static_cache import new_replay
 from ...core.state import borrow
 from .model import EagleDraftModel
@@ -86,7 +87,7 @@ class DraftStep(nn.Module):
         self.register_buffer("values", torch.zeros(shape, dtype=weight.dtype, device=weight.device), persistent=False)
         for buffer in (self.keys, self.values):  # written in place by CUDA graphs: their addresses must not move
             torch._dynamo.mark_static_address(buffer)
-        self.regions: dict = {}  # whole draft steps over this step (``captured``), by shape
+        self.regions: dict = {}  # whole draft steps over this step (``captured``, ``core.regions``), by shape
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, pick: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,11 +108,6 @@ def capacity_for(max_length: int, speculative: int) -> int:
     return -(-need // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def compile_step(step: DraftStep, mode: str) -> Callable:
-    """``step`` compiled for fixed shapes (tests replace this to run the fixed-shape path eagerly)."""
-    return torch.compile(step, mode=mode, dynamic=False)
-
-
 class StaticDrafting:
     """A call's fixed-shape drafting: the cache's length and the three kinds of forward over a :class:`DraftStep`.
 
@@ -121,7 +117,7 @@ class StaticDrafting:
         catch_width (`int`): ``P``; width (`int`): ``W``.
         release (*callable*, *optional*): gives a borrowed step back.
         mode (`str`, *optional*): ``torch.compile``'s mode, for the whole-step regions (``captured``) of a
-            compiled ``run``.
+            compiled ``run`` (``regions``: kept on ``step``, shared by the calls on it).
     """
 
     def __init__(self, step: DraftStep, run: Callable, catch_width: int, width: int,
@@ -133,16 +129,7 @@ class StaticDrafting:
         self.length = 0  # entries in use: the true prefix, then this step's speculative ones
         self._columns = torch.arange(self.capacity)  # [C] masks and indices are built on the host, then copied
         self._release = release
-
-    def compile(self, region: nn.Module) -> Callable:
-        """``region`` compiled as the step is (``compile_step``)."""
-        return compile_step(region, self.mode)
-
-    def replay(self, region: Callable, *inputs: torch.Tensor):
-        """``region(*inputs)`` (a whole-step region over the step, ``captured``), a compiled one as a fresh replay."""
-        if self.compiled:
-            new_replay(self.device)
-        return region(*inputs)
+        self.regions = regions.Regions(mode if self.compiled else None, self.device, runs=step.regions)
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, max(length, 0))
@@ -238,7 +225,7 @@ def open_static(target: nn.Module, net: EagleDraftModel, mode: str, *, target_id
     def make(shared: bool) -> tuple[DraftStep, Callable]:
         step = DraftStep(net, target.get_input_embeddings(), target.get_output_embeddings(), target_ids, vocab_size,
                          capacity)
-        return step, compile_step(step, mode) if shared else step
+        return step, regions.compile_region(step, mode) if shared else step
 
     _, (step, run), release = borrow(
         target, "held", (net, capacity, mode, vocab_size), make=make, kind=SharedDraftGraph,

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ...core.chain_drafting import draft_chain, host_chooses
+from ...core import regions
+from ...core.chain_drafting import device_chain_length, draft_chain, host_chooses
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
 from ..generator import SpeculativeCandidateGenerator
@@ -27,7 +28,7 @@ from ...core.features import VerifiedFeatures
 from ...options import CheckedOnAssignment, shown
 from ...core.state import state_of
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import StaticTree, grow_paths, grow_paths_on_device
+from ...core.tree_shapes import StaticTree, grow_paths, grow_paths_on_device, kept_paths
 from ...core.draft_guide import DraftGuide
 from ...core.budget import Plan, Sizing
 from ...core.policy import check_chain_options
@@ -209,6 +210,19 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         self.sizing = Sizing(self.verify_costs, tokens=min(config.num_tokens, self.num_heads), nodes=nodes,
                              rule="confidence", adaptive=config.adaptive,
                              confidence_threshold=config.confidence_threshold, draft_price=self._draft_price)
+        self.captured = self._open_captured(ctx)
+
+    def _open_captured(self, ctx: CallContext):
+        """Whole steps as compiled regions (``captured``) when the target is compiled and nothing on the host
+        chooses the tokens, else ``None``."""
+        from ...core.static_cache import compiled_mode
+
+        mode = compiled_mode(ctx.target)
+        if mode is None or host_chooses(ctx):
+            return None
+        from .captured import HeadsRegions
+
+        return HeadsRegions(ctx.target, self.heads, mode, ctx.vocab_size)
 
     def _draft_price(self) -> float:
         # one head (a small MLP and a vocabulary projection); until measured, a guess for a large target
@@ -235,10 +249,27 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
             return self._tree(sequence, plan)
         if not plan.start_chain():
             return DraftTree.empty(sequence.device)
+        tree = self._captured_chain(plan)
+        if tree is not None:
+            return tree
         depth = iter(range(1, self.num_heads))
         # the heads' guesses do not depend on the drafted tokens: the next head, computed only if the chain goes on
         return draft_chain(plan, self.ctx, sequence, self._head_logits(0), min(plan.depth, self.num_heads),
                            lambda token: self._head_logits(next(depth)), on_device=True)
+
+    def _captured_chain(self, plan: Plan) -> DraftTree | None:
+        """The chain in one region (``captured``): a fixed length, or under the cost rules on a device where the
+        heads' extra work costs less than a read per head (the longest chain, the rules replayed after the read);
+        ``None``: draft it head by head."""
+        if self.captured is None:
+            return None
+        limit = min(plan.depth, self.num_heads)
+        length, ask = device_chain_length(plan, self.ctx, limit), False
+        if length is None and regions.replays_longest_chain(self.captured.regions.device):
+            length, ask = plan.longest_chain(limit), True
+        if not length:
+            return None
+        return self.captured.chain(self.last, plan, length, ask)
 
     def _tree(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         """One step's draft tree: the first ``nodes`` rank paths of the static tree (parents come first, so
@@ -247,9 +278,13 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         call's logits processors: a token they ban is no guess, core/draft_guide.py)."""
         nodes = plan.tree_nodes()
         depth = min(plan.depth, self.num_heads)
-        paths = [p for p in self.config.tree.paths[:nodes] if len(p) <= depth]
+        paths = kept_paths(self.config.tree.paths[:nodes], depth)
         if not paths:
             return DraftTree.empty(input_ids.device)
+        if self.captured is not None:
+            tree = self.captured.tree(self.last, paths)  # every head and guess in one region, one read
+            if tree is not None:
+                return tree
         if not host_chooses(self.ctx):  # no processors: every node's guess at once on the device, one read
             logits = torch.stack([self._head_logits(d) for d in range(max(len(p) for p in paths))])  # [D, V]
             tree = grow_paths_on_device(paths, logits, depth)
@@ -273,3 +308,6 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
     def close(self):
         self.features.close()
         self.last = None
+        if self.captured is not None:
+            self.captured.close()
+            self.captured = None

@@ -12,6 +12,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.core import static_cache
+from hf_speculative.core import regions
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
 from hf_speculative.core.policy import TreeBudget
@@ -45,7 +46,7 @@ def uncompiled(monkeypatch):
         return forward(self, tokens, *args, **kwargs)
 
     monkeypatch.setattr(static_cache, "compiled_forward", lambda target, mode: target)
-    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: step)
+    monkeypatch.setattr(regions, "compile_region", lambda step, mode: step)
     monkeypatch.setattr(static_drafting.DraftStep, "forward", recording)
     return widths
 
@@ -104,10 +105,10 @@ def test_a_fixed_chain_or_a_dynamic_tree_drafts_in_one_captured_region_a_step(tr
     from hf_speculative.drafters.eagle import captured
 
     target, net, text = trained
-    regions, reads = [], []
+    ran, reads = [], []
     for kind in (captured.ChainRegion, captured.TreeRegion):
         monkeypatch.setattr(kind, "forward", lambda self, *a, _forward=kind.forward:
-                            regions.append(type(self).__name__) or _forward(self, *a))
+                            ran.append(type(self).__name__) or _forward(self, *a))
     strategy = hfs.Eagle(net, tree=SHAPES[shape], adaptive=False, num_tokens=5, confidence_threshold=0.0)
     drafts = record_drafts(monkeypatch)
     eager, eager_counts = generate(target, strategy, compile=False)
@@ -120,21 +121,21 @@ def test_a_fixed_chain_or_a_dynamic_tree_drafts_in_one_captured_region_a_step(tr
     assert drafts == eager_drafts and fixed_counts == eager_counts and fixed_counts[1] > 0
     name = {"chain": "ChainRegion", "dynamic": "TreeRegion"}[shape]
     # every step drafted in one region call and one read, but the first (before the prefill: no features yet)
-    assert regions == [name] * len(reads) == [name] * (len(drafts) - 1), (regions, len(drafts))
-    regions.clear()
+    assert ran == [name] * len(reads) == [name] * (len(drafts) - 1), (ran, len(drafts))
+    ran.clear()
     generate(target, hfs.Eagle(net, num_tokens=5), compile=True)  # adaptive: the chain rule reads each token
-    assert regions == []
+    assert ran == []
 
 
 def test_under_the_cost_rules_a_gpu_drafts_the_longest_chain_in_one_region_and_replays_the_rule(
         trained, uncompiled, monkeypatch):
-    """Where a region's forwards are cheaper than a read per token (``captured.ADAPTIVE_CHAIN_DEVICES``: CUDA; this
+    """Where a region's forwards are cheaper than a read per token (``regions.ADAPTIVE_CHAIN_DEVICES``: CUDA; this
     CPU stands in for one here), an adaptive chain drafts its longest length in one region and keeps what the cost
     rules, replayed on the confidences read after it, keep; the text is greedy's."""
     from hf_speculative.drafters.eagle import captured
 
     target, net, text = trained
-    monkeypatch.setattr(captured, "ADAPTIVE_CHAIN_DEVICES", ("cpu",))
+    monkeypatch.setattr(regions, "ADAPTIVE_CHAIN_DEVICES", ("cpu",))
     steps, read = [], captured.chain_from_read
     monkeypatch.setattr(captured, "chain_from_read", lambda plan, chain, ids, probs, length, ask=False: (
         lambda tree: steps.append((length, tree.size, ask)) or tree)(read(plan, chain, ids, probs, length, ask)))
@@ -176,7 +177,7 @@ def test_backlogs_after_steps_without_a_draft_run_eagerly_on_the_same_cache(trai
 
 def test_compiled_calls_share_one_step_one_call_at_a_time(monkeypatch):
     compiled = []
-    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: compiled.append(step) or step)
+    monkeypatch.setattr(regions, "compile_region", lambda step, mode: compiled.append(step) or step)
     target = build_model("llama", layers=4)
     net, other = random_eagle(target), random_eagle(target, seed=8)
 
@@ -257,8 +258,9 @@ def test_every_compiled_call_starts_a_fresh_cuda_graph_replay(trained, monkeypat
     replays = []
     monkeypatch.setattr(static_cache, "new_replay", lambda device: replays.append("target"))
     monkeypatch.setattr(static_drafting, "new_replay", lambda device: replays.append("drafter"))
+    monkeypatch.setattr(regions, "new_replay", lambda device: replays.append("drafter"))  # (whole-step regions)
     monkeypatch.setattr(static_cache, "compiled_forward", lambda model, mode: lambda **kw: calls.append(1) or model(**kw))
-    monkeypatch.setattr(static_drafting, "compile_step", lambda step, mode: lambda *a: calls.append(1) or step(*a))
+    monkeypatch.setattr(regions, "compile_region", lambda step, mode: lambda *a: calls.append(1) or step(*a))
     out, (drafted, _) = generate(target, hfs.Eagle(net, tree=SHAPES["dynamic"], adaptive=False), compile=True)
     assert out.tolist() == text.tolist() and drafted > 0
     assert len(replays) == len(calls) and {"target", "drafter"} <= set(replays)
@@ -274,9 +276,9 @@ def test_more_regions_of_a_kind_than_torchs_recompile_limit_all_compile(monkeypa
 
     target = build_model("llama", layers=2)
     net = random_eagle(target)
-    monkeypatch.setattr(static_drafting, "compile_step",
+    monkeypatch.setattr(regions, "compile_region",
                         lambda module, mode: torch.compile(module, backend="eager", dynamic=False))
-    monkeypatch.setattr(captured, "MAX_REGIONS", 11)
+    monkeypatch.setattr(regions, "MAX_REGIONS", 11)
     torch._dynamo.reset()
     drafting = static_drafting.open_static(target, net, "default", target_ids=net.target_ids(),
                                            vocab_size=target.config.vocab_size, max_length=64, catch_width=4, width=1,
@@ -288,7 +290,7 @@ def test_more_regions_of_a_kind_than_torchs_recompile_limit_all_compile(monkeypa
         for length in range(1, 12):
             run = captured.chain_region(drafting, length)
             inputs, _ = captured._inputs(drafting, tokens, features, 3)
-            chain, readout = drafting.replay(run, *inputs)
+            chain, readout = drafting.regions.replay(run, *inputs)
             assert chain.shape == (length,) and readout.shape == (2, length)
         assert counters["stats"]["unique_graphs"] - graphs == 11  # one graph per length: none ran eagerly
         assert captured.chain_region(drafting, 12) is None  # past MAX_REGIONS: the old path
