@@ -1,5 +1,5 @@
 """Our ``--format vllm`` exports served by vLLM's CPU build (``-m vllm``, in the venv of ``make install-vllm``; skipped
-elsewhere, so ``make test`` never runs them; CI runs them in ``.ci/run`` beside the OpenVINO check).
+elsewhere, so ``make test`` never runs them; CI runs them in ``.ci/run`` after the OpenVINO check, beside the test queue).
 
 Every drafter kind we export for vLLM runs there on the registry's smollm2-135m-instruct: EAGLE-3 (the shipped
 drafter through ``export-eagle --format vllm``, and one ``train-eagle`` trains in the test), Medusa (``export-medusa

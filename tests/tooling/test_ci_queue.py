@@ -74,9 +74,12 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
 
 def test_timing_tests_run_alone_after_everything_else():
     """Tests that compare measured times (the ``timing`` marker) are left out of the queue and run once the queue,
-    the OpenVINO check and the fresh-machine check have finished: alone on the machine."""
+    the OpenVINO and vLLM checks (beside the queue, after their installs) and the fresh-machine check have finished:
+    alone on the machine."""
     text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     timing = text.index('make test PYTEST_ARGS="-m timing tests"')
-    assert timing > max(text.index("tools/ci/test_queue.sh \"$logs\""), text.index('wait "$ov_pid"'),
-                        text.index('wait "$fresh_pid"'), text.index("-m openvino"))
+    assert timing > max(text.index("tools/ci/test_queue.sh \"$logs\""), text.index('wait "$extras_pid"'),
+                        text.index('wait "$fresh_pid"'))
+    extras = text[text.index("extras() {"):text.index("extras &")]  # the background run: installs, then checks
+    assert extras.index("make install-vllm") < extras.index("-m openvino") < extras.index("-m vllm")
     assert "timing:" in (ROOT / "pyproject.toml").read_text(encoding="utf-8")  # a registered marker
