@@ -84,8 +84,8 @@ def test_the_registry_lists_the_methods_as_the_tools_do():
     ("lookahead", True, False, "outputs", True),
     ("hybrid", False, False, "features", True),  # its members: a lookup chain and an EAGLE chain
     ("hybrid-tree", True, False, "features", True),  # a member drafts trees; a hybrid never batches
-    ("mtp", False, True, "features", (True, False)),  # static cache, not yet tested compiled
-    ("mtp-tree", True, True, "features", (True, False)),
+    ("mtp", False, True, "features", True),
+    ("mtp-tree", True, True, "features", True),
     ("dflash", False, True, "features", True),
     ("dflash-tree", True, True, "features", True),
     ("gemma4-assistant", False, False, "features", False),  # reads the target's own dynamic cache's shared K/V

@@ -6,6 +6,8 @@ is the target's normed last hidden state at ``j`` for ``k = 0`` (what its lm_hea
 at row ``j`` (after its ``post_norm``) for deeper layers; the layer's output, through the target's lm_head, guesses
 ``x_{j+2+k}``. Each layer keeps its own KV cache, fed the *verified* pairs only: after each target forward the
 accepted path's hidden states come from the feature tap, drafted rows are cropped away as soon as the draft is made.
+Under ``hfs.enable(model, compile=...)`` the layers draft on fixed-address buffers instead, each step one compiled
+region read once (``captured.py``, ``static_step.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ from . import modules as mtp_modules
 
 @dataclasses.dataclass(eq=False)
 class MTP(CheckedOnAssignment, DraftStrategy, method="mtp",
-          capabilities=Capabilities(trees=True, batch=True, reads_target="features", compile=False),
+          capabilities=Capabilities(trees=True, batch=True, reads_target="features"),
           examples=("mtp", "mtp-tree"), live_fields=("modules",)):
-    # (compile=False until a compiled target is tested with it: the static cache is)
     """Draft with the target's own MTP layers: no extra weights.
 
     Args:
@@ -162,10 +163,23 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
         self.windows = [window if types is not None and types[k] == "sliding_attention" else None
                         for k in range(self.num_layers)]
         nodes = 0 if config.tree is None else config.tree.size
+        self.static = self._open_static(ctx)  # under compile=: the fixed-shape step (captured.py), else None
         self.verify_costs = ctx.verify_costs(max(self.max_tokens, nodes))
         self.sizing = Sizing(self.verify_costs, tokens=self.max_tokens, nodes=nodes, rule="confidence",
                              adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
                              draft_price=self._draft_price)
+
+    def _open_static(self, ctx: CallContext) -> Any:
+        """Fixed-shape drafting (``captured``) when the target is compiled, else ``None`` (eager drafting)."""
+        from ...core.static_cache import compiled_mode
+        from .captured import open_static
+
+        mode = compiled_mode(ctx.target)
+        if mode is None:
+            return None
+        depth = max(self.max_tokens, 0 if self.config.tree is None else self.config.tree.depth)
+        return open_static(ctx.target, self.modules, mode, vocab_size=ctx.vocab_size, max_length=ctx.max_length,
+                           catch_width=depth + 1, depth=depth)
 
     def _draft_price(self) -> float:
         # one decoder layer (a MoE one for real MTP targets) against the whole model, until measured
@@ -262,6 +276,10 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
     def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
         if self.features.lost or self.broken or self.features.known == 0:
             return DraftTree.empty(sequence.device)  # before the prefill there is no hidden state yet
+        if self.static is not None:
+            from .captured import static_draft
+
+            return static_draft(self, sequence, plan)
         if self.config.tree is not None and not plan.chain_only:
             nodes = plan.tree_nodes()
             if nodes == 0:
@@ -341,5 +359,7 @@ class MTPCandidateGenerator(SpeculativeCandidateGenerator):
 
     def close(self) -> None:
         self.features.close()
+        if self.static is not None:
+            self.static.close()
         self.cache = None
         self.carry = [None] * self.num_layers
