@@ -183,7 +183,8 @@ def test_models_and_drafters_a_static_cache_cannot_serve_are_refused():
 
 def feature_drafters(model):
     """Drafters that read the target's states: EAGLE-3 (layers 1, 1, 0 of a 4-layer target), EAGLE-1 and Medusa (the
-    final norm's output), MTP (its own layers, where transformers has them), as chains and trees."""
+    final norm's output), DFlash (the registry's examples), MTP (its own layers, where transformers has them), as
+    chains and trees."""
     from hf_speculative.drafters import registry
     from tests.drafters.medusa.conftest import random_heads
 
@@ -192,7 +193,8 @@ def feature_drafters(model):
         mtp = {"mtp-chain": registry.example("mtp", model), "mtp-tree": registry.example("mtp-tree", model)}
     except registry.ExampleNotApplicable:
         pass
-    return {**mtp, "eagle3-tree": hfs.Eagle(random_eagle(model), tree=TREE, adaptive=False),
+    dflash = {"dflash-chain": registry.example("dflash", model), "dflash-tree": registry.example("dflash-tree", model)}
+    return {**mtp, **dflash, "eagle3-tree": hfs.Eagle(random_eagle(model), tree=TREE, adaptive=False),
             "eagle3-chain": hfs.Eagle(random_eagle(model), num_tokens=4, confidence_threshold=0.0, adaptive=False),
             "eagle1-tree": hfs.Eagle(random_eagle(model, version=1), tree=TREE, adaptive=False),
             "medusa-tree": hfs.Medusa(random_heads(model), adaptive=False,

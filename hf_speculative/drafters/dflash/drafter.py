@@ -21,23 +21,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ... import compat
-from ...core.chain_drafting import draft_chain, host_chooses
+from ...core import regions
+from ...core.chain_drafting import device_chain_length, draft_chain, host_chooses
 from ...core.budget import Plan, Sizing
 from ...core.costs import draft_price, record_draft_step
 from ...core.features import VerifiedFeatures
 from ...core.policy import check_chain_options
 from ...core.draft_guide import DraftGuide
 from ...core.tree import DraftTree, Verdict
-from ...core.tree_shapes import DynamicTree, StaticTree, grow_dynamic_on_device, grow_paths_on_device, grow_tree
+from ...core.tree_shapes import (DynamicTree, StaticTree, device_tree_levels, grow_dynamic_on_device,
+                                 grow_paths_on_device, grow_tree, kept_paths)
 from ...options import CheckedOnAssignment, shown
 from ...core.call import CallContext
 from ..strategy import DraftStrategy
 from ..generator import TreeOrChainCandidateGenerator, check_network_once
 from ..registry import Capabilities, ExampleNotApplicable, SpecFiles, example_label
+from . import captured
 from .model import DFlashDraftModel
+from .static_drafting import open_static, window_embedding
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
@@ -204,6 +207,8 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
     Invariant between forwards: the context cache holds positions ``[0, n_ctx)``; ``features.pending`` holds the
     verified features of ``[n_ctx, L - 1)`` (``L`` = verified length; the newest token, the next anchor, has none
     until the next target forward). Drafting feeds the pending ones and runs the window at ``L - 1 .. L - 2 + B``.
+    Under ``hfs.enable(model, compile=...)`` (no processors, no sampler) the context cache is ``static``'s fixed-shape
+    one instead, and each step is one captured region and one read (``static_drafting``, ``captured``).
     """
 
     def __init__(self, ctx: CallContext, config: DFlash):
@@ -225,19 +230,35 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
                              adaptive=config.adaptive, confidence_threshold=config.confidence_threshold,
                              draft_price=self._draft_price, chain_option=True,
                              draft_steps=None if tree is None else (lambda m: 1))
+        self.static = self._open_static(ctx)
+
+    def _open_static(self, ctx: CallContext):
+        """Fixed-shape drafting (``static_drafting``, its steps drafted by ``captured`` regions) when the target is
+        compiled and the device chooses the tokens; else ``None`` (eager drafting, as without compile=)."""
+        from ...core.static_cache import compiled_mode
+
+        mode = compiled_mode(ctx.target)
+        if mode is None or host_chooses(ctx):
+            return None
+        return open_static(ctx.target, self.net, mode, vocab_size=ctx.vocab_size, max_length=ctx.max_length)
 
     def _draft_price(self) -> float:
         # until measured: a few layers over one block against a whole model
         return draft_price(self.net, self.verify_costs, self.config.draft_cost, 0.1)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """The window's embeddings `[1, B, H]`: the target's embedding module (an ``embed_norm`` left out, as
-        transformers does), or a raw table lookup times ``embed_scale`` (z-lab's)."""
-        scale = self.net.config.embed_scale
-        if scale is None and getattr(self.embed, "embed_norm", None) is None:
-            return self.embed(ids)
-        weight = self.embed.weight
-        return F.embedding(ids, weight) * (scale if scale is not None else getattr(self.embed, "embed_scale", 1.0))
+        """The window's embeddings `[1, B, H]` (``static_drafting.window_embedding``)."""
+        return window_embedding(self.net, self.embed, ids)
+
+    def _pending(self, sequence: torch.LongTensor) -> tuple[bool, torch.Tensor | None]:
+        """Whether the features are in step with ``sequence`` `[1, L]`, and the pending ones `[1, P, F]` (positions
+        ``n_ctx .. L - 2``), taken from the queue."""
+        pending = self.features.pop()
+        fed = 0 if pending is None else pending.shape[1]
+        if self.n_ctx + fed != sequence.shape[1] - 1:  # a forward not seen: features and tokens no longer line up
+            self.features.lost = True
+            return False, None
+        return True, pending
 
     def window_logits(self, sequence: torch.LongTensor, depth: int | None = None) -> torch.Tensor | None:
         """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + D - 1`` over the
@@ -245,23 +266,34 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         are not in step. The target's lm_head over a position costs more than the drafter's layers over the whole
         window, so only the positions a step can use go through it, in one call."""
         length = sequence.shape[1]
-        pending = self.features.pop()  # [1, P, F]: positions n_ctx .. L - 2
-        fed = 0 if pending is None else pending.shape[1]
-        if self.n_ctx + fed != length - 1:  # a forward not seen: features and tokens no longer line up
-            self.features.lost = True
+        ok, pending = self._pending(sequence)  # [1, P, F]: positions n_ctx .. L - 2
+        if not ok:
             return None
         start = time.perf_counter()
         device = sequence.device
-        mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
-        window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
-        positions = torch.arange(self.n_ctx, length - 1 + self.drafted + 1, device=device)[None]  # [1, P + B]
-        hidden = self.net(window, pending, positions, self.cache)  # [1, B, H]
-        self.n_ctx = length - 1
         depth = self.drafted if depth is None else max(1, min(depth, self.drafted))
-        logits = self.net.draft_logits(hidden[:, : depth + 1], self.head)[0]  # [D, V] or [D, N]
-        logits = self._to_target_vocab(logits, self.net.draft_vocab)  # [D, V]
+        if self.static is not None:  # the fixed-shape step (the host chooses this step's tokens)
+            logits = captured.window_logits(self.static, sequence[0, -1:], pending, self.n_ctx, depth)  # [D, V]
+        else:
+            mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
+            window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
+            positions = torch.arange(self.n_ctx, length - 1 + self.drafted + 1, device=device)[None]  # [1, P + B]
+            hidden = self.net(window, pending, positions, self.cache)  # [1, B, H]
+            logits = self.net.draft_logits(hidden[:, : depth + 1], self.head)[0]  # [D, V] or [D, N]
+            logits = self._to_target_vocab(logits, self.net.draft_vocab)  # [D, V]
+        self.n_ctx = length - 1
         record_draft_step(self.net, time.perf_counter() - start)
         return logits
+
+    def _captured(self, sequence: torch.LongTensor, draft) -> DraftTree:
+        """The step drafted by a captured region: ``draft(anchor [1], pending [1, P, F], first)`` (``captured``)
+        after the features pending since the last step."""
+        ok, pending = self._pending(sequence)
+        if not ok:
+            return DraftTree.empty(sequence.device)
+        tree = draft(sequence[0, -1:], pending, self.n_ctx)
+        self.n_ctx = sequence.shape[1] - 1
+        return tree
 
     @torch.no_grad()
     def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
@@ -275,6 +307,10 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         # every position the chain may reach through the lm_head at once: one pass over its weight (on a CPU a
         # 49k-row lm_head is read from memory once per call, so row by row costs as many passes as rows)
         length = min(plan.depth, self.sizing.tokens, self.drafted)
+        if self.static is not None:
+            tree = self._static_chain(sequence, plan, length)
+            if tree is not None:
+                return tree
         logits = self.window_logits(sequence, length)
         if logits is None:
             return DraftTree.empty(sequence.device)
@@ -283,9 +319,42 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         return draft_chain(plan, self.ctx, sequence, logits[0], length, lambda token: logits[next(depth)],
                            on_device=True)
 
+    def _static_chain(self, sequence: torch.LongTensor, plan: Plan, length: int) -> DraftTree | None:
+        """The chain in one captured region where its length is fixed, or under the cost rules on a device where a
+        region's extra positions cost less than a read per token (its longest length, the rules replayed after the
+        read, as EAGLE's ``_static_chain``); ``None``: drafted from the window's logits on the host."""
+        chain = device_chain_length(plan, self.ctx, length)
+        ask = chain is None and regions.replays_longest_chain(self.static.device)
+        if ask:
+            chain = plan.longest_chain(length)
+        run = captured.chain_region(self.static, chain) if chain else None
+        if run is None:
+            return None
+        return self._captured(sequence, lambda anchor, pending, first: captured.captured_chain(
+            self.static, run, self.net, plan, anchor, pending, first, chain, ask))
+
+    def _static_tree(self, sequence: torch.LongTensor, nodes: int, depth: int) -> DraftTree | None:
+        """The tree in one captured region (``captured``); ``None`` where no region drafts it (past
+        ``MAX_REGIONS`` shapes, or no rank path within ``depth``)."""
+        shape = self.config.tree
+        if isinstance(shape, StaticTree):
+            paths = kept_paths(shape.paths, depth)
+            run = captured.paths_region(self.static, paths) if paths else None
+            draft = (lambda anchor, pending, first: captured.captured_paths(
+                self.static, run, self.net, paths, anchor, pending, first))
+        else:
+            run = captured.dynamic_region(self.static, shape, nodes, device_tree_levels(shape, nodes, depth))
+            draft = (lambda anchor, pending, first: captured.captured_dynamic(
+                self.static, run, self.net, anchor, pending, first))
+        return None if run is None else self._captured(sequence, draft)
+
     def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
         """Each depth's guesses under every node of the level above (one forward for the whole tree)."""
         depth = min(max_depth, self.drafted)
+        if self.static is not None:
+            tree = self._static_tree(sequence, nodes, depth)
+            if tree is not None:
+                return tree
         logits = self.window_logits(sequence, depth)
         if logits is None:
             return DraftTree.empty(sequence.device)
@@ -319,3 +388,5 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
     def close(self) -> None:
         self.features.close()
         self.cache = self.net.new_cache()
+        if self.static is not None:
+            self.static.close()

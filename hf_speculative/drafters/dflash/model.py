@@ -91,17 +91,26 @@ class DFlashAttention(nn.Module):
         cos, sin = rope
         q = self.q_norm(self.q_proj(x).view(b, w, self.num_heads, self.head_dim)).transpose(1, 2)  # [B, nh, W, D]
         q = _rope(q, cos[:, c:], sin[:, c:])
-        kv_in = torch.cat([context, x], dim=1)  # [B, C + W, H]
-        k = self.k_norm(self.k_proj(kv_in).view(b, c + w, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        k = _rope(k, cos, sin)  # [B, kvh, C + W, D]
-        v = self.v_proj(kv_in).view(b, c + w, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if cache is not None:  # the context's keys stay; the window's are this forward's only
+        k, v = self.keys_values(torch.cat([context, x], dim=1), rope)  # [B, kvh, C + W, D] each
+        write = getattr(cache, "write", None)
+        if write is not None:  # a fixed-shape cache (static_drafting): every row at its slot, the whole buffer read
+            k, v = write(k, v)
+        elif cache is not None:  # the context's keys stay; the window's are this forward's only
             if c:
                 cache.append(k[:, :, :c], v[:, :, :c])
             if cache.length:
                 k = torch.cat([cache.k[:, :, : cache.length], k[:, :, c:]], dim=2)  # [B, kvh, past + C + W, D]
                 v = torch.cat([cache.v[:, :, : cache.length], v[:, :, c:]], dim=2)
         return self.o_proj(attend(q, k, v, mask))
+
+    def keys_values(self, kv_in: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (normed, rotated) and values `[B, kvh, T, D]` of ``kv_in`` `[B, T, H]` (context rows, then the normed
+        window's) with ``rope`` cos/sin `[B, T, D]`."""
+        b, t, _ = kv_in.shape
+        k = self.k_norm(self.k_proj(kv_in).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return _rope(k, *rope), v
 
 
 class DFlashLayer(nn.Module):
@@ -259,14 +268,21 @@ class DFlashDraftModel(nn.Module):
         hidden = hidden[:, 1:]
         if self.draft_vocab is None:
             return target_head(hidden)
-        weight = getattr(target_head, "weight", None)
-        if not isinstance(weight, torch.Tensor):  # a head given as a function: its full logits, then the rows
+        rows = self.head_rows(target_head)
+        if rows is None:  # a head given as a function: its full logits, then the rows
             return target_head(hidden)[..., self.draft_vocab]
+        return F.linear(hidden, *rows)  # [B, W - 1, N]
+
+    def head_rows(self, target_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The lm_head's rows of ``draft_vocab``: weight `[N, H]` and bias `[N]` (or ``None``), copied once, again
+        after the head changes; ``None`` without a draft vocabulary or a head with a weight."""
+        weight = getattr(target_head, "weight", None)
+        if self.draft_vocab is None or not isinstance(weight, torch.Tensor):
+            return None
         key = (weight.data_ptr(), weight._version, weight.device, weight.dtype)
         if self._head_rows is None or self._head_rows[0] != key:  # copied once, again after the head changes
             ids = self.draft_vocab.to(weight.device)
             bias = getattr(target_head, "bias", None)
             self._head_rows = (key, weight.detach()[ids].contiguous(),  # [N, H]
                                None if bias is None else bias.detach()[ids].contiguous())
-        _, rows, bias = self._head_rows
-        return F.linear(hidden, rows, bias)  # [B, W - 1, N]
+        return self._head_rows[1:]
