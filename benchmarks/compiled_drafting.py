@@ -1,9 +1,13 @@
-"""EAGLE's drafting cost, eager against fixed-shape compiled drafting (``hfs.enable(model, compile=...)``).
+"""A drafter's drafting cost, eager against fixed-shape compiled drafting (``hfs.enable(model, compile=...)``, where
+each step is one captured region: ``core/regions.py``).
 
     python benchmarks/compiled_drafting.py --per-category 2 --new-tokens 96 --out benchmarks/results/compiled-drafting
+    python benchmarks/compiled_drafting.py --drafter medusa     # the shipped heads and their calibrated tree
+    python benchmarks/compiled_drafting.py --drafter dflash     # the shipped DFlash drafter, a dynamic tree
 
 Per Spec-Bench prompt, three calls, interleaved and repeated (the first round warms up and compiles):
-plain greedy (eager), the EAGLE tree on a static cache with eager drafting (``cache_implementation="static"``),
+plain greedy (eager), the drafter's tree (EAGLE's and DFlash's a ``DynamicTree`` of ``--nodes``, ``--depth``,
+``--top-k``; Medusa's the calibrated static tree) on a static cache with eager drafting (``cache_implementation="static"``),
 and the same with the target and the drafter compiled (``compile=True``). Every output is checked against
 greedy. Reported: the median drafting seconds per step (each depth is one drafter forward), the median
 verification seconds per step, τ and tokens/s relative to greedy. The tree is verified whole at every step
@@ -23,6 +27,8 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--drafter", choices=("eagle", "medusa", "dflash"), default="eagle",
+                        help="the drafter shipped for --model")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--depth", type=int, default=5)
     parser.add_argument("--top-k", type=int, default=4)
@@ -40,8 +46,12 @@ def main() -> None:
 
     model, tokenizer = hfs.load_model(args.model)
     hfs.enable(model)
-    strategy = hfs.Eagle.from_pretrained(args.model, target=model, adaptive=False,
-                                         tree=hfs.DynamicTree(nodes=args.nodes, depth=args.depth, top_k=args.top_k))
+    tree = hfs.DynamicTree(nodes=args.nodes, depth=args.depth, top_k=args.top_k)
+    if args.drafter == "medusa":
+        strategy = hfs.Medusa.from_pretrained(args.model, target=model, adaptive=False, tree="calibrated")
+    else:
+        kind = {"eagle": hfs.Eagle, "dflash": hfs.DFlash}[args.drafter]
+        strategy = kind.from_pretrained(args.model, target=model, adaptive=False, tree=tree)
     prompts = load_prompts(per_category=args.per_category)
     arms = {"greedy": None, "eager drafting": False, "compiled drafting": True}
     rows = []
@@ -92,7 +102,9 @@ def main() -> None:
         from hf_speculative.bench.runner import environment
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"model": args.model, "tree": {"nodes": args.nodes, "depth": args.depth, "top_k": args.top_k},
+        shape = ("calibrated" if args.drafter == "medusa" else
+                 {"nodes": args.nodes, "depth": args.depth, "top_k": args.top_k})
+        meta = {"model": args.model, "drafter": args.drafter, "tree": shape,
                 "per_category": args.per_category, "new_tokens": args.new_tokens, "repeats": args.repeats,
                 "environment": environment(model, args.threads)}
         args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))

@@ -255,10 +255,11 @@ def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monk
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_verification_equals_greedy(arch, monkeypatch):
     """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call; EAGLE drafts
-    with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py), and its whole steps too."""
+    with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py), and every feature drafter's
+    whole steps are compiled regions (the drafters' test_*_captured.py run them uncompiled against eager drafting)."""
     compiled_kinds, compile_step = [], regions.compile_region
-    monkeypatch.setattr(regions, "compile_region",
-                        lambda module, mode: compiled_kinds.append(type(module).__name__) or compile_step(module, mode))
+    monkeypatch.setattr(regions, "compile_region", lambda module, mode: compiled_kinds.append(
+        f"{type(module).__module__.split('.')[-2]}.{type(module).__name__}") or compile_step(module, mode))
     model = hfs.enable(build_model(arch, layers=4), compile=True)
     try:
         expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
@@ -273,8 +274,13 @@ def test_compiled_verification_equals_greedy(arch, monkeypatch):
         shared = state_of(model).drafter_state(static_drafting.SharedDraftGraph)
         (drafter, _, mode, _), (step, compiled), _ = shared.held  # EAGLE's drafting compiled too
         assert mode == "default" and compiled is not step and isinstance(drafter, torch.nn.Module)
-        # EAGLE's fixed chains and dynamic trees drafted each step in one region (captured.py), compiled too
-        assert {"ChainRegion", "TreeRegion"} <= set(compiled_kinds), compiled_kinds
+        # EAGLE's fixed chains and dynamic trees, Medusa's, DFlash's and MTP's chains and static trees drafted each
+        # step in one region (their captured.py), compiled too (MTP where transformers has it)
+        expected = {"eagle.ChainRegion", "eagle.TreeRegion", "medusa.ChainRegion", "medusa.TreeRegion",
+                    "dflash.ChainRegion", "dflash.PathsRegion"}
+        if "mtp-chain" in feature_drafters(model):
+            expected |= {"mtp.ChainRegion", "mtp.TreeRegion"}
+        assert expected <= set(compiled_kinds), compiled_kinds
     finally:
         hfs.enable(model, compile=False)
         forget(model)

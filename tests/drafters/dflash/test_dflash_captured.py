@@ -255,26 +255,3 @@ def test_a_call_up_to_the_cache_s_capacity(uncompiled, oracle, monkeypatch):
         assert capacities == [static_drafting.CAPACITY_STEP, 2 * static_drafting.CAPACITY_STEP]
     finally:
         forget(target)
-
-
-@pytest.mark.slow
-def test_compiled_regions_give_greedy_s_text(monkeypatch):
-    """torch.compile (inductor, mode "default") of the regions on the CPU, for a chain (over a draft vocabulary), a
-    static and a dynamic tree."""
-    kinds, compile_region = [], regions.compile_region
-    monkeypatch.setattr(regions, "compile_region",
-                        lambda module, mode: kinds.append((type(module).__name__, mode)) or compile_region(module, mode))
-    target = hfs.enable(build_model("llama", layers=4), compile=True)
-    try:
-        expected = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=20)
-        for shape in ("chain", "static", "dynamic"):
-            net = random_network(target)
-            if shape == "chain":
-                net.set_draft_vocab(torch.arange(0, target.config.vocab_size, 2))
-            strategy = DFlash(net, tree=SHAPES[shape], num_tokens=5, confidence_threshold=0.0, adaptive=False)
-            out = target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=20, candidate_generator=strategy)
-            assert out.tolist() == expected.tolist() and hfs.last_stats(target).drafted_tokens > 0
-        assert {(name, "default") for name in REGIONS.values()} <= set(kinds), kinds
-    finally:
-        hfs.enable(target, compile=False)
-        forget(target)

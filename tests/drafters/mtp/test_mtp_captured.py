@@ -203,29 +203,6 @@ def test_adaptive_chains_at_their_longest_in_a_region_where_that_pays(compiled_e
     assert all(reads == 1 for *_, reads in drafts[1:])
 
 
-@pytest.mark.slow
-def test_mtp_on_a_really_compiled_target():
-    """torch.compile (inductor, "default") on the CPU: the target's forward and MTP's regions."""
-    from hf_speculative.core.state import state_of
-    from hf_speculative.drafters.mtp.static_step import SharedMtpStep
-
-    model = hfs.enable(build_model("llama", layers=4))
-    ref = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=12, eos_token_id=None)
-    try:
-        hfs.enable(model, compile="default")
-        for shape in ("chain", "tree"):
-            out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=12, eos_token_id=None,
-                                 candidate_generator=mtp(model, shape))
-            assert out.tolist() == ref.tolist(), shape
-            assert hfs.last_stats(model).drafted_tokens > 0
-            step = state_of(model).drafter_state(SharedMtpStep).held[1]
-            assert {key[0] for key in step.regions} == {shape}, step.regions  # each step drafted in a region ...
-            assert all(hasattr(run, "compiled") for run in step.regions.values())  # ... compiled
-    finally:
-        hfs.enable(model, compile=False)
-        forget(model)
-
-
 def test_a_loaded_glm_checkpoint_on_a_compiled_target(glm_folder, compiled_eagerly, drafts):
     """GLM-4.5's layout (a MoE decoder layer in the MTP layer, loaded from the target's folder): chains and trees
     drafted in regions, as compile=False drafts them."""
