@@ -9,6 +9,7 @@ anything hf_speculative installed.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from pathlib import Path
 
@@ -34,6 +35,18 @@ torch.set_num_threads(1)
 # `bench` and `profile` measure this machine's read bandwidth over 1 GiB on CPU runs (hf_speculative/bench/bandwidth.py):
 # seconds and memory a test of anything else should not spend. tests/bench/test_bandwidth.py unsets it to measure.
 os.environ.setdefault("HFS_READ_BANDWIDTH_GBS", "20")
+
+
+def _seed_cpu(seed: int) -> torch.Generator:
+    """``torch.manual_seed`` where no accelerator exists: the CPU generator, seeded alike. torch's own also queues a
+    seeding of CUDA, XPU and MTIA for their first use, each with a formatted stack of the caller (3 ms a call here),
+    and the tests seed thousands of times (every model built, every reference generated)."""
+    return torch.default_generator.manual_seed(int(seed))
+
+
+if not (torch.cuda.is_available() or torch.backends.mps.is_available()
+        or (hasattr(torch, "xpu") and torch.xpu.is_available())):
+    torch.manual_seed = _seed_cpu  # (the tests' process only; the same draws on a CPU)
 
 VOCAB = 96
 try:  # Gemma3 arrived in transformers 4.50; older supported versions test Llama and Qwen2 only
@@ -108,9 +121,70 @@ def prompt_inputs(prompt=PROMPT) -> dict:
 
 
 def stock_generate(model, **kwargs):
-    """transformers' own ``generate`` (bypassing anything ``hfs.enable`` installed)."""
+    """transformers' own ``generate`` (bypassing anything ``hfs.enable`` installed), seeded with 0.
+
+    The tiny models are rebuilt from a seed for every test, so most tests ask again for a reference computed before:
+    a reference is reused when the model's class, weights (their bytes), config, generation config and the arguments
+    (plain values and tensors) are all the same; anything else (a logits processor, a streamer, a model of more than
+    :data:`CACHED_PARAMS` parameters) generates anew. Generating the references was a third of the identity tests'
+    time."""
+    try:
+        key = _reference_key(model, kwargs)
+    except Exception:  # noqa: BLE001  (_Uncacheable, or a model whose weights or configs do not serialize: no reuse)
+        key = None
+    if key is not None and key in _REFERENCES:
+        return _REFERENCES[key].clone()
     torch.manual_seed(0)
-    return type(model).generate(model, **kwargs)
+    out = type(model).generate(model, **kwargs)
+    if key is not None and isinstance(out, torch.Tensor):
+        _REFERENCES[key] = out.clone()
+    return out
+
+
+CACHED_PARAMS = 5_000_000  # the tiny models; the real one's weights cost more to hash than to run
+_REFERENCES: dict = {}
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _reference_key(model, kwargs: dict) -> tuple:
+    """What the reference depends on. A module with a patched forward or a hook, or a global hook, is not reused (a
+    test changing what the model computes without changing its weights); a class whose forward a test patched has
+    another key."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        raise _Uncacheable
+    kinds = set()
+    for m in model.modules():
+        if "forward" in vars(m) or m._forward_hooks or m._forward_pre_hooks:
+            raise _Uncacheable
+        kinds.add((type(m).__module__, type(m).__qualname__, id(type(m).forward)))
+    overrides = tuple(sorted(name for name, value in vars(model).items() if callable(value)))
+    state = model.state_dict()
+    if sum(t.numel() for t in state.values()) > CACHED_PARAMS:
+        raise _Uncacheable
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return (type(model).__qualname__, id(type(model).generate), tuple(sorted(kinds)), overrides, model.training,
+            torch.get_default_dtype(), torch.get_num_threads(), digest.hexdigest(), model.config.to_json_string(),
+            getattr(model.config, "_attn_implementation", None), model.generation_config.to_json_string(),
+            tuple(sorted((name, _plain(value)) for name, value in kwargs.items())))
+
+
+def _plain(value):
+    """``value`` as a hashable key: plain values, tensors by content, lists and tuples of them; else uncacheable."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), tuple(value.flatten().tolist()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_plain(v) for v in value))
+    raise _Uncacheable
 
 
 def recurring_token(model):

@@ -13,6 +13,7 @@ import torch
 import hf_speculative as hfs
 from hf_speculative.core import static_cache
 from hf_speculative.core import regions
+from hf_speculative.core.policy import ChainLengthPolicy
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.drafters.eagle.drafter import EagleCandidateGenerator
 from hf_speculative.core.policy import TreeBudget
@@ -128,14 +129,15 @@ def test_a_fixed_chain_or_a_dynamic_tree_drafts_in_one_captured_region_a_step(tr
 
 
 def test_under_the_cost_rules_a_gpu_drafts_the_longest_chain_in_one_region_and_replays_the_rule(
-        trained, uncompiled, cheap_verification, monkeypatch):
+        trained, uncompiled, monkeypatch):
     """Where a region's forwards are cheaper than a read per token (``regions.ADAPTIVE_CHAIN_DEVICES``: CUDA; this
     CPU stands in for one here), an adaptive chain drafts its longest length in one region and keeps what the cost
     rules, replayed on the confidences read after it, keep; the text is greedy's."""
     from hf_speculative.drafters.eagle import captured
 
     target, net, text = trained
-    cheap_verification(target)  # the cost rules draft whatever the machine's load
+    # drafts whatever the machine's load: the gate before a chain reads the measured (padded) verify costs
+    monkeypatch.setattr(ChainLengthPolicy, "could_pay", lambda self: True)
     monkeypatch.setattr(regions, "ADAPTIVE_CHAIN_DEVICES", ("cpu",))
     steps, read = [], captured.chain_from_read
     monkeypatch.setattr(captured, "chain_from_read", lambda plan, chain, ids, probs, length, ask=False: (

@@ -9,6 +9,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.core import regions, static_cache
+from hf_speculative.core.policy import ChainLengthPolicy
 from hf_speculative.core.state import forget
 from hf_speculative.drafters.medusa import captured
 from hf_speculative.drafters.medusa.drafter import MedusaCandidateGenerator
@@ -122,12 +123,12 @@ def test_processors_choose_on_the_host_without_a_region(target, uncompiled):
     assert uncompiled == []
 
 
-def test_cost_rules_replayed_after_the_longest_chain_where_regions_pay(target, uncompiled, cheap_verification,
-                                                                      monkeypatch):
+def test_cost_rules_replayed_after_the_longest_chain_where_regions_pay(target, uncompiled, monkeypatch):
     """Under the cost rules a CPU drafts head by head (a head is real work here): no chain region. Where a region's
     extra heads cost less than a read per head (CUDA; this CPU stands in for one), the longest chain is drafted in one
     region and the rules replayed on its confidences keep what the host would have kept: the same drafts."""
-    cheap_verification(target)  # the cost rules draft whatever the machine's load
+    # drafts whatever the machine's load: the gate before a chain reads the measured (padded) verify costs
+    monkeypatch.setattr(ChainLengthPolicy, "could_pay", lambda self: True)
     text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     strategy = hfs.Medusa(OracleHeads(target, text), confidence_threshold=0.3, draft_cost=0.01)  # adaptive
     out, counts = generate(target, strategy, compile=True)
