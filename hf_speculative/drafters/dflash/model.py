@@ -39,7 +39,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from ... import compat
-from ..eagle.model import DraftKVCache, attend
+from ..eagle.model import DraftKVCache, SlotCache, attend
 from .config import DFlashConfig
 
 
@@ -92,9 +92,8 @@ class DFlashAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, w, self.num_heads, self.head_dim)).transpose(1, 2)  # [B, nh, W, D]
         q = _rope(q, cos[:, c:], sin[:, c:])
         k, v = self.keys_values(torch.cat([context, x], dim=1), rope)  # [B, kvh, C + W, D] each
-        write = getattr(cache, "write", None)
-        if write is not None:  # a fixed-shape cache (static_drafting): every row at its slot, the whole buffer read
-            k, v = write(k, v)
+        if isinstance(cache, SlotCache):  # a fixed-shape cache (static_drafting): every row at its slot, all read
+            k, v = cache.append(k, v)
         elif cache is not None:  # the context's keys stay; the window's are this forward's only
             if c:
                 cache.append(k[:, :, :c], v[:, :, :c])

@@ -7,7 +7,8 @@ with ``torch.cat``: every step a new shape, a new graph. Here every forward has 
 
     context  [1, P]  the verified features since the last step, padded to P = the block's width B (a step verifies
                      at most its B - 1 drafted positions, plus the target's own token); a longer backlog, the
-                     prompt's, is fed first, all but its last P rows, eagerly at its own length (:meth:`DFlashStep.feed`)
+                     prompt's, is fed first, all but its last P rows, eagerly at its own length
+                     (:meth:`DFlashStep.feed`)
     window   [1, B]  the anchor (the newest verified token) and B - 1 mask tokens
 
     Context row i writes its keys and values at slot (= position) ``first + i``, the window's row j at slot
@@ -31,6 +32,7 @@ from torch import nn
 from ...core import regions
 from ...core.state import borrow
 from ..generator import to_target_vocab
+from ..eagle.model import SlotCache
 from .model import DFlashDraftModel
 
 CAPACITY_STEP = 256  # like the target's static cache: calls of similar lengths share one cache and one graph
@@ -56,19 +58,6 @@ def window_embedding(net: DFlashDraftModel, embed: nn.Module, ids: torch.Tensor)
     if scale is None and getattr(embed, "embed_norm", None) is None:
         return embed(ids)
     return F.embedding(ids, embed.weight) * (scale if scale is not None else getattr(embed, "embed_scale", 1.0))
-
-
-class _Slots:
-    """One layer's cache as ``DFlashAttention`` takes it: writes the forward's keys and values at ``slots`` and
-    returns the whole buffers (the mask hides what the window may not see)."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor):
-        self.keys, self.values, self.slots = keys, values, slots
-
-    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys.index_copy_(2, self.slots, k)  # [1, kvh, C, D]
-        self.values.index_copy_(2, self.slots, v)
-        return self.keys, self.values
 
 
 class DFlashStep(nn.Module):
@@ -131,7 +120,7 @@ class DFlashStep(nn.Module):
                  for size in {net.config.sliding(i) for i in range(len(net.layers))}}
         slots = first + span  # [P + B]
         for i, layer in enumerate(net.layers):
-            cache = _Slots(self.keys[i], self.values[i], slots)
+            cache = SlotCache(self.keys[i], self.values[i], slots)
             window = layer(window, context, rope, cache, masks[net.config.sliding(i)])  # [1, B, H]
         hidden = net.norm(window)[:, : depth + 1]  # [1, D + 1, H]
         if self.head_rows is None:
@@ -166,7 +155,7 @@ class DFlashStep(nn.Module):
         slots = torch.arange(first, first + rows, device=context.device)  # [X]
         rope = net.rotary_emb(context, slots[None])  # cos, sin [1, X, D]
         for i, layer in enumerate(net.layers):
-            _Slots(self.keys[i], self.values[i], slots).write(*layer.self_attn.keys_values(context, rope))
+            SlotCache(self.keys[i], self.values[i], slots).append(*layer.self_attn.keys_values(context, rope))
 
 
 def raise_full(capacity: int, need: int) -> None:

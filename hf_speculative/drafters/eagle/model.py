@@ -35,6 +35,22 @@ from .config import EagleConfig
 _SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
+class SlotCache:
+    """A fixed-shape cache's view for one forward (``static_drafting``'s, EAGLE's and DFlash's): ``append`` writes the
+    forward's keys and values at ``slots`` (``[T]``, along dim 2 of the buffers ``[1, kvh, C, D]``) and returns the
+    whole buffers; the forward's mask hides what a row may not see."""
+
+    length = 0  # (unused: the mask is always given)
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor):
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.index_copy_(2, self.slots, k)  # [1, kvh, C, D]
+        self.values.index_copy_(2, self.slots, v)
+        return self.keys, self.values
+
+
 class DraftKVCache:
     """Keys and values of the drafter's single layer, `[B, kv_heads, capacity, D]`, grown by doubling;
     ``crop(n)`` rolls back to the first ``n`` positions at no cost."""

@@ -31,7 +31,7 @@ from ..generator import to_target_vocab
 from ...core import regions
 from ...core.static_cache import new_replay
 from ...core.state import borrow
-from .model import EagleDraftModel
+from .model import EagleDraftModel, SlotCache
 from .tree_drafting import Branches
 
 CAPACITY_STEP = 256  # like the target's static cache: calls of similar lengths share one cache and one graph
@@ -48,21 +48,6 @@ class SharedDraftGraph:
     """
 
     held: Any = None
-
-
-class _Slots:
-    """What :meth:`EagleDraftModel.forward` takes as its cache: writes the new keys and values at ``slots`` and
-    returns the whole buffers (the mask hides what a row may not see)."""
-
-    length = 0  # (unused: the mask is always given)
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor):
-        self.keys, self.values, self.slots = keys, values, slots
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys.index_copy_(2, self.slots, k)  # [1, kvh, C, D]
-        self.values.index_copy_(2, self.slots, v)
-        return self.keys, self.values
 
 
 class DraftStep(nn.Module):
@@ -95,7 +80,7 @@ class DraftStep(nn.Module):
         outputs), positions `[1, T]`, slots `[T]`, mask bool `[T, C]`, pick `[R]` rows whose logits are read.
         Returns the output hidden states `[1, T, H]` and the picked rows' logits over the target's vocabulary
         `[R, V]` (float32)."""
-        cache = _Slots(self.keys, self.values, slots)
+        cache = SlotCache(self.keys, self.values, slots)
         out = self.net(self.embed(tokens), hidden, positions, cache, fused=fused, attn_mask=mask)  # [1, T, H]
         logits = self.net.draft_logits(out[0].index_select(0, pick), self.head)  # [R, V_draft]
         return out, to_target_vocab(logits, self.vocab_size, self.target_ids)
