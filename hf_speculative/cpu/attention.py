@@ -12,8 +12,9 @@ against the keys its mask row shows, so that with the kernel's row-independent p
 bitwise what plain decoding computes (SDPA over several rows sums them in another order). Where hf_speculative's CPU
 kernel is built (AVX2), its attention for a few query rows does it (``csrc/few_query_attention.cpp``: scores and sums
 in key order, each block of keys read once for all the rows of a kv head's group; at SmolLM2's shapes 0.54× SDPA's
-time for one row and about 0.3 ms a row beyond); elsewhere each row is one SDPA call of its own. Longer forwards
-(prefills) are transformers' SDPA attention on the widened tensors.
+time for one row and about 0.3 ms a row beyond); elsewhere each row is one SDPA call of its own. A plain causal
+prefill runs on the kernel's ``prefill_attention`` where the CPU has AVX-512F (:func:`_prefill_route`); other longer
+forwards are transformers' SDPA attention on the widened tensors.
 
 fp32 models on the kernel (``optimize_for_cpu(model)`` where it builds) take the same route: their verification
 rows are then bitwise plain decoding's too, and a one-token forward's attention costs about half SDPA's. SmolLM2 on
@@ -73,10 +74,38 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
                                              float(scaling if scaling is not None else head_dim ** -0.5))
         else:
             out = _rowwise(query, key, value, attention_mask, scaling)
+    elif _prefill_route(module, query, key, attention_mask, dropout, kwargs):
+        out = fast_kernel().prefill_attention(query, key, value,
+                                              float(scaling if scaling is not None else query.shape[-1] ** -0.5))
     else:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)
     return out.to(dtype), None
+
+
+PREFILL_KERNEL = [True]  # False: prefills on SDPA (benchmarks/prefill_products.py compares the two)
+
+
+def _prefill_route(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """Whether a long forward is a plain causal prefill that the kernel's ``prefill_attention`` computes
+    (``csrc/prefill_attention.cpp``: at SmolLM2's shapes 1.8-2.5x PyTorch's CPU flash attention, one thread): no
+    mask (transformers leaves it out where causal alone is right), no cache before it, a causal module, fp32 on the
+    CPU, no gradients, no dropout, soft-capping, sinks or window shorter than the prompt, head dims a multiple of 32
+    up to 256, and AVX-512F. Anything else stays on SDPA."""
+    if not PREFILL_KERNEL[0] or attention_mask is not None or query.dtype != torch.float32:
+        return False
+    length, head_dim = query.shape[2], query.shape[-1]
+    window = kwargs.get("sliding_window")
+    if (query.device.type != "cpu" or key.shape[2] != length or length < 2 or head_dim % 32 or head_dim > 256
+            or not getattr(module, "is_causal", True) or kwargs.get("is_causal") is False
+            or (module.training and dropout) or kwargs.get("softcap") or kwargs.get("s_aux") is not None
+            or kwargs.get("position_bias") is not None or (window is not None and window < length)
+            or torch.compiler.is_compiling()
+            or (torch.is_grad_enabled() and (query.requires_grad or key.requires_grad))):
+        return False
+    kernel = fast_kernel()
+    return kernel is not None and kernel.has_prefill_attention()
 
 
 def _visible(mask: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,8 @@ from ..extras import require
 from ..locks import exclusive
 
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("skinny_linear.cpp", "bf16_linear.cpp", "few_query_attention.cpp", "decoder_layer.cpp")]
+           for name in ("skinny_linear.cpp", "bf16_linear.cpp", "few_query_attention.cpp", "decoder_layer.cpp",
+                        "prefill_attention.cpp")]
 EXTENSION = "hfs_skinny_linear_v8"
 TORCH_LOCK = "lock"  # torch's FileBaton in the build folder (torch.utils.cpp_extension)
 OUR_LOCK = "hfs-build.flock"

@@ -180,6 +180,36 @@ def few_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return (_KERNEL or load_kernel()).few_query_attention(query, key, value, mask, scale)
 
 
+_ONEDNN: list = []  # [oneDNN's product, or None]: decided once per process
+
+
+def onednn_linear():
+    """oneDNN's fp32 product (``torch.ops.mkldnn._linear_pointwise``, what inductor's CPU linears call) where this
+    PyTorch has it, else None; ``HFS_PREFILL_ONEDNN=0`` turns it off, to compare.
+
+    Products of more rows than the kernel takes (prefill, trees of more than 16 nodes) run on it instead of
+    ``F.linear`` when the weight has the column-major layout ``optimize_for_cpu`` gives it (``[in, out]``
+    contiguous): there oneDNN's JIT kernels read it as the ``[K, N]`` operand they want, while MKL's fp32 GEMM on the
+    same weight stays at its row-major speed. SmolLM2-135M's 210 decoder products, one thread, AMD EPYC (AVX-512):
+    1,501 against 1,775 ms for a 767-token prefill (108 against 92 GFLOP/s), 198 against 250 ms for 93 tokens, 100
+    against 128 ms for 40 (``benchmarks/prefill_products.py``). Prefill's rows never meet plain decoding's, so
+    nothing about exactness changes: plain and speculative decoding share the same prefill."""
+    if not _ONEDNN:
+        op = None
+        if os.environ.get("HFS_PREFILL_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available():
+            op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+        _ONEDNN.append(op)
+    return _ONEDNN[0]
+
+
+def _onednn_takes(input: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`onednn_linear` runs this product: fp32 on the CPU, the weight column-major, no gradients."""
+    return (weight.dtype == torch.float32 and input.dtype == torch.float32 and weight.dim() == 2
+            and weight.stride() == (1, weight.shape[0]) and input.device.type == "cpu" and weight.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+            and not torch.compiler.is_compiling() and onednn_linear() is not None)
+
+
 class WeightCopy:
     """A copy of a weight in another layout, tied to the weight it was made from (storage and
     version): made again on use after the weight changed in place (``load_state_dict``, an
@@ -255,6 +285,8 @@ class KernelLinear(torch.nn.Linear):
             or weight.device.type != "cpu"
             or (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
         ):
+            if rows > MAX_ROWS and _onednn_takes(input, weight):
+                return onednn_linear()(input, weight, self.bias, "none", [], "")  # prefill: see onednn_linear
             return F.linear(input, weight, self.bias)
         copy = self.__dict__.get("_hfs_blocked")
         if copy is None:  # a module made KernelLinear some other way (unpickled from an older version)

@@ -299,6 +299,8 @@ std::string set_isa(const std::string& name) {
 torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                                   c10::optional<torch::Tensor> mask, double scale);  // few_query_attention.cpp
 void register_decoder_layer(pybind11::module& m);  // decoder_layer.cpp
+bool has_prefill_attention();  // prefill_attention.cpp
+torch::Tensor prefill_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear, "x W^T + b for a few rows, on a blocked copy of W", py::arg("x"),
@@ -309,6 +311,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "attention of a few query rows [B, H, q, D] over keys / values [B, H_kv, kv, D] (fp32; mask None: causal, "
         "else bool [B, q, kv]), each row on its own arithmetic; returns [B, q, H, D]",
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask"), py::arg("scale"));
+  m.def("prefill_attention", &prefill_attention,
+        "causal attention of a prefill: query [B, H, L, D] over key / value [B, Hkv, L, D] (fp32, row i sees keys "
+        "0..i; D a multiple of 32 up to 256); returns [B, L, H, D]",
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("scale"));
+  m.def("has_prefill_attention", &has_prefill_attention, "whether this CPU runs prefill_attention (AVX-512F)");
   m.def("has_bf16_dot", &has_bf16_dot, "whether this CPU has AVX512-BF16 (skinny_linear_bf16 runs)");
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
   m.def("set_isa", &set_isa, "run the products on avx2, avx512 or the CPU's best (auto); returns the one chosen");
