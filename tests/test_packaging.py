@@ -22,6 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 from setuptools.config.setupcfg import read_configuration
 
+from hf_speculative.cpu.build import HEADERS as KERNEL_HEADERS
 from hf_speculative.cpu.build import SOURCES as KERNEL_SOURCES
 from hf_speculative.extras import EXTRAS
 
@@ -41,7 +42,7 @@ def _names(requirements: list[str]) -> set[str]:
 
 def _runtime_data_files() -> list[Path]:
     """The files outside Python modules the package reads at run time."""
-    needed = [PACKAGE / "cpu" / "csrc" / p.name for p in KERNEL_SOURCES]  # the kernel's C++, built on first use
+    needed = [PACKAGE / "cpu" / "csrc" / p.name for p in (*KERNEL_SOURCES, *KERNEL_HEADERS)]  # the kernel's C++, built on first use
     folders = [*PACKAGE.glob("drafters/*/pretrained"), PACKAGE / "drafters/self_speculative/exit_adapters"]
     assert PACKAGE / "drafters/dflash/pretrained" in folders
     for folder in folders:  # every drafter folder's shipped networks

@@ -10,8 +10,8 @@
 // round-to-nearest-even, denormals flushed), plus the bias, rounded once to bf16: a row's result is bitwise the
 // same computed alone (plain decoding) or with the rows of a draft (verification), for any row count or thread
 // count. Streams and registers as skinny_linear.cpp's AVX-512 code.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor.h"
+#include <ATen/ops/constant_pad_nd.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
@@ -117,7 +117,7 @@ bool has_bf16_dot() {
 
 // x: [M, in] bfloat16; wb: [ceil(out / 16), ceil(in / 2), 16, 2] bfloat16, contiguous; bias: [out] bfloat16 or
 // None. Returns [M, out] bfloat16.
-torch::Tensor skinny_linear_bf16(torch::Tensor x, torch::Tensor wb, c10::optional<torch::Tensor> bias, int64_t out) {
+at::Tensor skinny_linear_bf16(at::Tensor x, at::Tensor wb, c10::optional<at::Tensor> bias, int64_t out) {
   TORCH_CHECK(has_bf16_dot(), "skinny_linear_bf16: this CPU has no AVX512-BF16 dot products");
   TORCH_CHECK(x.dim() == 2 && wb.dim() == 4 && wb.size(2) == BLOCK && wb.size(3) == 2 &&
                   wb.size(1) == (x.size(1) + 1) / 2,
@@ -129,13 +129,13 @@ torch::Tensor skinny_linear_bf16(torch::Tensor x, torch::Tensor wb, c10::optiona
   TORCH_CHECK(wb.is_contiguous(), "skinny_linear_bf16: the blocked weight must be contiguous (block_pairs)");
   x = x.contiguous();
   if (x.size(1) % 2) x = at::constant_pad_nd(x, {0, 1});  // an odd input count: a zero input pairs the last one
-  torch::Tensor b;
+  at::Tensor b;
   if (bias.has_value() && bias->defined()) {
     b = bias->contiguous();
     TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == out, "skinny_linear_bf16: bias [out] bfloat16");
   }
   const int64_t m_total = x.size(0), pairs = wb.size(1);
-  auto y = torch::empty({m_total, out}, x.options());
+  auto y = x.new_empty({m_total, out});
   const auto* xw = reinterpret_cast<const uint32_t*>(x.data_ptr<at::BFloat16>());
   auto* yw = reinterpret_cast<c10::BFloat16*>(y.data_ptr<at::BFloat16>());
   Args a{xw, reinterpret_cast<const uint32_t*>(wb.data_ptr<at::BFloat16>()),

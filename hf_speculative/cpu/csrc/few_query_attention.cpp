@@ -17,8 +17,7 @@
 //
 // What a row sees: without a mask, the causal prefix (row i of q sees kv - q + i + 1 keys); with a mask [B, q, kv]
 // (bool), the positions it marks (a tree's prefix, ancestors and itself). D must be a multiple of 8.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor.h"
 #include <immintrin.h>
 
 #include <cmath>
@@ -325,9 +324,9 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
 
 // query [B, H, q, D], key / value [B, Hkv, kv, D] (any strides with the last dim contiguous), mask: None (causal)
 // or bool [B, q, kv]. Returns [B, q, H, D].
-torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
-                                  c10::optional<torch::Tensor> mask, double scale) {
-  TORCH_CHECK(query.dtype() == torch::kFloat32 && key.dtype() == torch::kFloat32 && value.dtype() == torch::kFloat32,
+at::Tensor few_query_attention(at::Tensor query, at::Tensor key, at::Tensor value,
+                                  c10::optional<at::Tensor> mask, double scale) {
+  TORCH_CHECK(query.dtype() == at::kFloat && key.dtype() == at::kFloat && value.dtype() == at::kFloat,
               "few_query_attention: fp32 tensors");
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "few_query_attention: 4-D tensors");
   const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), D = query.size(3);
@@ -336,10 +335,10 @@ torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch:
   TORCH_CHECK(H % Hkv == 0 && key.size(0) == B && value.size(2) == KV && value.size(1) == Hkv, "shapes");
   TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1, "few_query_attention: contiguous head dim");
   auto q = query.contiguous();
-  auto out = torch::empty({B, Q, H, D}, query.options());
-  torch::Tensor m;
+  auto out = query.new_empty({B, Q, H, D});
+  at::Tensor m;
   if (mask.has_value()) {
-    m = mask->to(torch::kBool).contiguous();
+    m = mask->to(at::kBool).contiguous();
     TORCH_CHECK(m.dim() == 3 && m.size(0) == B && m.size(1) == Q && m.size(2) == KV, "mask [B, q, kv]");
   }
   const float* qp = q.data_ptr<float>();

@@ -12,8 +12,7 @@
 // verification alike, so their outputs still agree token for token.
 //
 // Query row i sees keys 0..i (q == kv). D a multiple of 16, at most 256.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "tensor.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -141,7 +140,7 @@ bool has_prefill_attention() {
 
 // query [B, H, L, D], key / value [B, Hkv, L, D] (the last dim contiguous): causal attention, row i over keys 0..i.
 // Returns [B, L, H, D].
-torch::Tensor prefill_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scale) {
+at::Tensor prefill_attention(at::Tensor query, at::Tensor key, at::Tensor value, double scale) {
   TORCH_CHECK(has_prefill_attention(), "prefill_attention: this CPU has no AVX-512F");
   TORCH_CHECK(query.scalar_type() == at::kFloat && key.scalar_type() == at::kFloat &&
                   value.scalar_type() == at::kFloat,
@@ -156,7 +155,7 @@ torch::Tensor prefill_attention(torch::Tensor query, torch::Tensor key, torch::T
   auto q = query.contiguous();
   auto v = value.stride(3) == 1 ? value : value.contiguous();
   auto k = key.stride(3) == 1 ? key : key.contiguous();
-  auto out = torch::empty({B, L, H, D}, query.options());
+  auto out = query.new_empty({B, L, H, D});
   const int64_t group = H / Hkv, ld = (L + 2 * TILE - 1) / (2 * TILE) * (2 * TILE);
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
