@@ -18,34 +18,16 @@
 //
 // The plan (LayerPlan) holds the layer's blocked weights and shapes, built in Python (hf_speculative/cpu/layers.py)
 // and rebuilt when a weight changes.
-#include <torch/extension.h>
+#include "decoder_layer.h"
+
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstdint>
-#include <tuple>
 
-torch::Tensor skinny_linear(torch::Tensor x, torch::Tensor wb, c10::optional<torch::Tensor> bias, int64_t out,
-                            c10::optional<torch::Tensor> scale);  // skinny_linear.cpp
-torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
-                                  c10::optional<torch::Tensor> mask, double scale);  // few_query_attention.cpp
-
+namespace hfs_layer {
 namespace {
 
-enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
-
-// One nn.Linear as the kernel reads it (kernel.py: BlockedWeight / Int8Weight).
-struct Linear {
-  torch::Tensor blocked, bias, scale;  // bias / scale undefined when absent
-  int64_t out = 0;
-
-  torch::Tensor operator()(const torch::Tensor& x) const {  // x [M, in] -> [M, out]
-    return skinny_linear(x, blocked, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, out,
-                         scale.defined() ? c10::optional<torch::Tensor>(scale) : c10::nullopt);
-  }
-};
-
-Linear make_linear(torch::Tensor blocked, c10::optional<torch::Tensor> bias, c10::optional<torch::Tensor> scale,
+Linear make_linear(at::Tensor blocked, c10::optional<at::Tensor> bias, c10::optional<at::Tensor> scale,
                    int64_t out) {
   Linear l;
   l.blocked = blocked;
@@ -58,14 +40,7 @@ Linear make_linear(torch::Tensor blocked, c10::optional<torch::Tensor> bias, c10
   return l;
 }
 
-// An RMSNorm's weight, and whether it multiplies by (1 + w) (Gemma) or by w (Llama, Qwen).
-struct Norm {
-  torch::Tensor weight;  // [n] float32, undefined: no such norm in this layer
-  bool offset = false;
-  bool present() const { return weight.defined(); }
-};
-
-Norm make_norm(c10::optional<torch::Tensor> weight, bool offset, int64_t n) {
+Norm make_norm(c10::optional<at::Tensor> weight, bool offset, int64_t n) {
   Norm norm;
   if (weight.has_value() && weight->defined()) {
     TORCH_CHECK(weight->scalar_type() == at::kFloat && weight->numel() == n, "LayerPlan: a norm weight [", n,
@@ -75,13 +50,6 @@ Norm make_norm(c10::optional<torch::Tensor> weight, bool offset, int64_t n) {
   norm.offset = offset;
   return norm;
 }
-
-struct LayerPlan {
-  Linear q, k, v, o, gate, up, down;
-  Norm input, q_norm, k_norm, post_attention, pre_mlp, post_mlp;
-  double eps = 1e-6, attention_scale = 1.0;
-  int64_t heads = 0, kv_heads = 0, head_dim = 0, hidden = 0, activation = SILU;
-};
 
 // y = x / sqrt(mean(x^2) + eps) * w (or * (1 + w)) for one row of n values, in place when y == x. The sum of
 // squares runs in 8 lanes over the row in order, then the lanes in a fixed order: the row's own arithmetic.
@@ -106,8 +74,8 @@ __attribute__((target("avx2,fma"))) void rms_norm_row(const float* x, float* y, 
 }
 
 // x [M, n] -> a new [M, n]: each row normed.
-torch::Tensor rms_norm(const torch::Tensor& x, const Norm& norm, double eps) {
-  auto y = torch::empty_like(x);
+at::Tensor rms_norm(const at::Tensor& x, const Norm& norm, double eps) {
+  auto y = x.new_empty(x.sizes());
   const int64_t rows = x.size(0), n = x.size(1);
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -154,15 +122,17 @@ void heads_plain(const float* v, int64_t B, int64_t T, int64_t heads, int64_t D,
                   out + ((b * heads + h) * T + t) * D);
 }
 
-void check_rows(const torch::Tensor& x, const LayerPlan& plan) {
+void check_rows(const at::Tensor& x, const LayerPlan& plan) {
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.size(2) == plan.hidden && x.is_contiguous(),
               "decoder layer: hidden states [B, T, ", plan.hidden, "] float32, contiguous");
 }
 
+}  // namespace
+
 // x [B, T, C] -> q [B, H, T, D], k and v [B, Hkv, T, D]. A plan without an input norm takes x as the products'
 // input as it is, of their width (EAGLE-3's [norm(embedding); norm(feature)], 2C wide).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_inputs(const LayerPlan& plan, torch::Tensor x,
-                                                                         torch::Tensor cos, torch::Tensor sin) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_inputs(const LayerPlan& plan, at::Tensor x,
+                                                                         at::Tensor cos, at::Tensor sin) {
   const int64_t width = plan.q.blocked.size(1);
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.size(2) == width && x.is_contiguous(),
               "attention_inputs: hidden states [B, T, ", width, "] float32, contiguous");
@@ -176,9 +146,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_inputs(const L
   const auto flat = x.view({B * T, width});
   const auto normed = plan.input.present() ? rms_norm(flat, plan.input, plan.eps) : flat;  // [M, C]
   const auto q = plan.q(normed), k = plan.k(normed), v = plan.v(normed);              // [M, H * D], [M, Hkv * D]
-  auto qo = torch::empty({B, plan.heads, T, D}, x.options());
-  auto ko = torch::empty({B, plan.kv_heads, T, D}, x.options());
-  auto vo = torch::empty({B, plan.kv_heads, T, D}, x.options());
+  auto qo = x.new_empty({B, plan.heads, T, D});
+  auto ko = x.new_empty({B, plan.kv_heads, T, D});
+  auto vo = x.new_empty({B, plan.kv_heads, T, D});
   const int64_t stride = cos.size(0) == 1 ? 0 : T * D;
   heads_out(q.data_ptr<float>(), B, T, plan.heads, D, plan.q_norm, plan.eps, cos.data_ptr<float>(),
             sin.data_ptr<float>(), stride, qo.data_ptr<float>());
@@ -188,22 +158,26 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> attention_inputs(const L
   return {qo, ko, vo};
 }
 
+namespace {
+
 inline float activate(float g, int64_t activation) {
   if (activation == SILU) return g / (1.0f + std::exp(-g));
   const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // sqrt(2 / pi) (x + 0.044715 x^3)
   return 0.5f * g * (1.0f + std::tanh(inner));
 }
 
+}  // namespace
+
 // x [B, T, C] (the layer's input, the residual), q [B, H, T, D], keys / values [B, Hkv, kv, D] (the cache after
 // this forward's update), mask None (causal) or bool [B, T, kv]; or, instead of those four, the attention's result
 // `attended` [B, T, H, D] computed elsewhere (a mask the kernel's attention does not read). Returns the layer's
 // output [B, T, C].
-torch::Tensor layer_output(const LayerPlan& plan, torch::Tensor x, c10::optional<torch::Tensor> q,
-                           c10::optional<torch::Tensor> keys, c10::optional<torch::Tensor> values,
-                           c10::optional<torch::Tensor> mask, c10::optional<torch::Tensor> attended) {
+at::Tensor layer_output(const LayerPlan& plan, at::Tensor x, c10::optional<at::Tensor> q,
+                           c10::optional<at::Tensor> keys, c10::optional<at::Tensor> values,
+                           c10::optional<at::Tensor> mask, c10::optional<at::Tensor> attended) {
   check_rows(x, plan);
   const int64_t B = x.size(0), T = x.size(1), M = B * T, C = plan.hidden;
-  torch::Tensor a;
+  at::Tensor a;
   if (attended.has_value() && attended->defined()) {
     a = attended->contiguous();
     TORCH_CHECK(a.scalar_type() == at::kFloat && a.numel() == M * plan.heads * plan.head_dim,
@@ -236,11 +210,9 @@ torch::Tensor layer_output(const LayerPlan& plan, torch::Tensor x, c10::optional
   return down.view({B, T, C});
 }
 
-using Opt = c10::optional<torch::Tensor>;
-
 // linears: for each of q, k, v, o, gate, up, down, (blocked, bias, scale, out); norms: input, q, k, post-attention,
 // pre-MLP, post-MLP weights (None where the layer has none: an input that comes normed, as EAGLE-3's).
-LayerPlan make_plan(std::vector<std::tuple<torch::Tensor, Opt, Opt, int64_t>> linears, std::vector<Opt> norms,
+LayerPlan make_plan(std::vector<std::tuple<at::Tensor, Opt, Opt, int64_t>> linears, std::vector<Opt> norms,
                     bool norm_offset, double eps, double attention_scale, int64_t heads, int64_t kv_heads,
                     int64_t head_dim, int64_t hidden, int64_t activation) {
   TORCH_CHECK(linears.size() == 7 && norms.size() == 6, "LayerPlan: 7 linears (q k v o gate up down), 6 norms");
@@ -274,21 +246,4 @@ LayerPlan make_plan(std::vector<std::tuple<torch::Tensor, Opt, Opt, int64_t>> li
   return plan;
 }
 
-}  // namespace
-
-void register_decoder_layer(pybind11::module& m) {
-  namespace py = pybind11;
-  py::class_<LayerPlan>(m, "LayerPlan", "a decoder layer's blocked weights and shapes (decoder_layer.cpp)");
-  m.def("layer_plan", &make_plan, "a LayerPlan", py::arg("linears"), py::arg("norms"), py::arg("norm_offset"),
-        py::arg("eps"), py::arg("attention_scale"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
-        py::arg("hidden"), py::arg("activation"));
-  m.def("attention_inputs", &attention_inputs,
-        "input norm, q/k/v products, q/k norms and rotary for hidden states [B, T, C]: q [B, H, T, D], k and v "
-        "[B, Hkv, T, D]",
-        py::arg("plan"), py::arg("x"), py::arg("cos"), py::arg("sin"),
-        py::call_guard<py::gil_scoped_release>());  // tensors only inside: other threads' calls run meanwhile
-  m.def("layer_output", &layer_output,
-        "attention over the cache's keys and values, o-projection, residual, norms, gated MLP, residual: [B, T, C]",
-        py::arg("plan"), py::arg("x"), py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("mask"),
-        py::arg("attended") = py::none(), py::call_guard<py::gil_scoped_release>());
-}
+}  // namespace hfs_layer

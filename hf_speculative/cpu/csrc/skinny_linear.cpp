@@ -25,6 +25,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "decoder_layer.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -298,7 +300,6 @@ std::string set_isa(const std::string& name) {
 
 torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                                   c10::optional<torch::Tensor> mask, double scale);  // few_query_attention.cpp
-void register_decoder_layer(pybind11::module& m);  // decoder_layer.cpp
 bool has_prefill_attention();  // prefill_attention.cpp
 torch::Tensor prefill_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scale);
 
@@ -319,5 +320,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_bf16_dot", &has_bf16_dot, "whether this CPU has AVX512-BF16 (skinny_linear_bf16 runs)");
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
   m.def("set_isa", &set_isa, "run the products on avx2, avx512 or the CPU's best (auto); returns the one chosen");
-  register_decoder_layer(m);
+  // decoder_layer.cpp's calls (bound here, in the one file that includes pybind11)
+  py::class_<hfs_layer::LayerPlan>(m, "LayerPlan", "a decoder layer's blocked weights and shapes (decoder_layer.cpp)");
+  m.def("layer_plan", &hfs_layer::make_plan, "a LayerPlan", py::arg("linears"), py::arg("norms"),
+        py::arg("norm_offset"), py::arg("eps"), py::arg("attention_scale"), py::arg("heads"), py::arg("kv_heads"),
+        py::arg("head_dim"), py::arg("hidden"), py::arg("activation"));
+  m.def("attention_inputs", &hfs_layer::attention_inputs,
+        "input norm, q/k/v products, q/k norms and rotary for hidden states [B, T, C]: q [B, H, T, D], k and v "
+        "[B, Hkv, T, D]",
+        py::arg("plan"), py::arg("x"), py::arg("cos"), py::arg("sin"),
+        py::call_guard<py::gil_scoped_release>());  // tensors only inside: other threads' calls run meanwhile
+  m.def("layer_output", &hfs_layer::layer_output,
+        "attention over the cache's keys and values, o-projection, residual, norms, gated MLP, residual: [B, T, C]",
+        py::arg("plan"), py::arg("x"), py::arg("q"), py::arg("keys"), py::arg("values"), py::arg("mask"),
+        py::arg("attended") = py::none(), py::call_guard<py::gil_scoped_release>());
 }
