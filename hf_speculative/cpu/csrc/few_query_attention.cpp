@@ -17,6 +17,7 @@
 //
 // What a row sees: without a mask, the causal prefix (row i of q sees kv - q + i + 1 keys); with a mask [B, q, kv]
 // (bool), the positions it marks (a tree's prefix, ancestors and itself). D must be a multiple of 8.
+#include "exp.h"
 #include "tensor.h"
 #include <immintrin.h>
 
@@ -28,36 +29,22 @@
 
 namespace {
 
-// exp(x) for 8 lanes, x <= 0 (a row's scores minus their max): Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2,
-// exp(r) by a degree-6 polynomial (Cephes' expf coefficients), times 2^n through the exponent bits; below -87 the
-// result is 0 (exp(-87) ~ 1.6e-38: a weight that vanishes beside the max's 1).
-__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 small = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(small, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {  // a fixed order: (0+4, 1+5, 2+6, 3+7), pairs
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
-// The scores of one query against 8 keys: 8 FMA chains over D (one per key, in order), each reduced in the same
-// fixed order ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) of its lanes, whatever the other keys are.
+// 8 keys' sums (one register each) reduced to one register of 8 scores, in a fixed order per key:
+// ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) of its lanes.
+__attribute__((target("avx2,fma"))) inline __m256 reduce8(const __m256* a) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// The scores of one query against 8 keys: 8 FMA chains over D (one per key, in order), each reduced by reduce8,
+// whatever the other keys are.
 __attribute__((target("avx2,fma"))) inline __m256 dots8(const float* q, const float* const* rows, int64_t chunks) {
   __m256 a[8];
   const __m256 q0 = _mm256_loadu_ps(q);
@@ -66,16 +53,7 @@ __attribute__((target("avx2,fma"))) inline __m256 dots8(const float* q, const fl
     const __m256 qc = _mm256_loadu_ps(q + 8 * c);
     for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(rows[u] + 8 * c), a[u]);
   }
-  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-
-// The 8 sums of dots8 reduced to one register in dots8's fixed order.
-__attribute__((target("avx2,fma"))) inline __m256 reduce8(const __m256* a) {
-  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+  return reduce8(a);
 }
 
 // Scores of every query row against keys 0..upto-1 (padded to 8: past `upto`, key 0 again, unused), scaled, into
@@ -177,12 +155,15 @@ __attribute__((target("avx2,fma"))) float softmax_weights(float* p, int64_t n, f
 // adds only the keys it sees. Constant loop bounds keep the NR x NC sums in registers; between blocks of keys they
 // wait in `partial` (row r's sums at partial + r * partial_stride + 8 * c: stored and loaded, never rounded), so the
 // sums are those of one pass over every key. The first block starts them at 0, the last one writes them out.
+// (One body, inlined into a function per instruction set below: the AVX-512VL one gets 32 registers for it.)
+#define HFS_VALUES_PARAMS                                                                                         \
+  const float *v, int64_t value_stride, int64_t j0, int64_t j1, const float *weights, int64_t weight_stride,      \
+      const unsigned char *seen, int64_t seen_stride, const float *inv, float *const *outs, int64_t c0,             \
+      float *partial, int64_t partial_stride, bool first, bool last
+#define HFS_VALUES_ARGS \
+  v, value_stride, j0, j1, weights, weight_stride, seen, seen_stride, inv, outs, c0, partial, partial_stride, first, last
 template <int NR, int NC>
-__attribute__((target("avx2,fma"))) void values_pass(const float* v, int64_t value_stride, int64_t j0, int64_t j1,
-                                                     const float* weights, int64_t weight_stride,
-                                                     const unsigned char* seen, int64_t seen_stride, const float* inv,
-                                                     float* const* outs, int64_t c0, float* partial,
-                                                     int64_t partial_stride, bool first, bool last) {
+__attribute__((always_inline)) inline void values_body(HFS_VALUES_PARAMS) {
   __m256 acc[NR][NC];
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NC; ++c)
@@ -208,42 +189,22 @@ __attribute__((target("avx2,fma"))) void values_pass(const float* v, int64_t val
   }
 }
 
-// The same sums where AVX-512VL gives 32 registers: up to 6 rows x 4 chunks a pass (24 sums, the 4 chunks of a key's
-// values and a weight), so each key's values are loaded once for twice as many rows (AVX2's 3 rows already spill a
-// sum). Each row's sums are the same FMA chains as values_pass's. (Masking unseen keys out of the FMAs instead of
-// branching was slower here: 48 against 54 GFLOP/s at 16 rows x 800 keys.)
+// AVX2: 16 registers, so up to 3 rows x 4 chunks a pass.
 template <int NR, int NC>
-__attribute__((target("avx512f,avx512vl,fma"))) void values_pass512(
-    const float* v, int64_t value_stride, int64_t j0, int64_t j1, const float* weights, int64_t weight_stride,
-    const unsigned char* seen, int64_t seen_stride, const float* inv, float* const* outs, int64_t c0, float* partial,
-    int64_t partial_stride, bool first, bool last) {
-  __m256 acc[NR][NC];
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < NC; ++c)
-      acc[r][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(partial + r * partial_stride + 8 * c);
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* vr = v + j * value_stride;
-    __m256 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = _mm256_loadu_ps(vr + 8 * c);
-    for (int r = 0; r < NR; ++r) {
-      if (!seen[r * seen_stride + j]) continue;
-      const __m256 p = _mm256_broadcast_ss(weights + r * weight_stride + j);
-      for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_fmadd_ps(p, vv[c], acc[r][c]);
-    }
-  }
-  if (!last) {
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < NC; ++c) _mm256_storeu_ps(partial + r * partial_stride + 8 * c, acc[r][c]);
-    return;
-  }
-  for (int r = 0; r < NR; ++r) {
-    const __m256 iv = _mm256_set1_ps(inv[r]);
-    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(outs[r] + 8 * (c0 + c), _mm256_mul_ps(acc[r][c], iv));
-  }
+__attribute__((target("avx2,fma"))) void values_pass(HFS_VALUES_PARAMS) {
+  values_body<NR, NC>(HFS_VALUES_ARGS);
 }
 
-using ValuesFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, const unsigned char*, int64_t,
-                         const float*, float* const*, int64_t, float*, int64_t, bool, bool);
+// AVX-512VL: the same 8-lane code with 32 registers, so up to 6 rows x 4 chunks a pass (24 sums, the 4 chunks of a
+// key's values and a weight): each key's values are loaded once for twice as many rows (AVX2's 3 rows already spill
+// a sum). Each row's sums are the same FMA chains. (Masking unseen keys out of the FMAs instead of branching was
+// slower here: 48 against 54 GFLOP/s at 16 rows x 800 keys.)
+template <int NR, int NC>
+__attribute__((target("avx512f,avx512vl,fma"))) void values_pass512(HFS_VALUES_PARAMS) {
+  values_body<NR, NC>(HFS_VALUES_ARGS);
+}
+
+using ValuesFn = void (*)(HFS_VALUES_PARAMS);
 constexpr int MAX_VALUE_ROWS = 6;  // rows a pass, AVX-512VL (AVX2: 3)
 constexpr ValuesFn VALUES_AVX2[3] = {values_pass<1, 4>, values_pass<2, 4>, values_pass<3, 4>};
 constexpr ValuesFn VALUES_AVX512[MAX_VALUE_ROWS] = {values_pass512<1, 4>, values_pass512<2, 4>, values_pass512<3, 4>,
@@ -287,10 +248,10 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
     for (int64_t t = n - 1; t >= 0; --t) pos[row_seen[t]] = w[t];  // (row_seen ascending: no weight overwritten early)
     for (int64_t t = 0; t < n; ++t) visible[r * upto + row_seen[t]] = 1;
   }
-  // values: up to 3 rows at a time (AVX-512VL: 6), 32 dims a pass (their sums in registers), the keys in ascending order; each row
-  // adds the keys it sees, one FMA each, in that order: its own sums whatever rows are beside it. The keys are taken
-  // in blocks of VALUE_BLOCK, every pass over a block before the next block, so that the values are read from memory
-  // once (a head's values at a long context do not stay in cache from one pass to the next)
+  // values: up to 3 rows at a time (AVX-512VL: 6), 32 dims a pass (their sums in registers), the keys in ascending
+  // order; each row adds the keys it sees, one FMA each, in that order: its own sums whatever rows are beside it. The
+  // keys are taken in blocks of VALUE_BLOCK, every pass over a block before the next block, so that the values are
+  // read from memory once (a head's values at a long context do not stay in cache from one pass to the next)
   std::vector<float> partial(R * d);  // the passes' sums between blocks, [R, d]
   const bool wide = cpu_has_avx512vl();
   const int64_t group_rows = wide ? MAX_VALUE_ROWS : 3;

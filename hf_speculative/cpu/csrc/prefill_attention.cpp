@@ -12,6 +12,7 @@
 // verification alike, so their outputs still agree token for token.
 //
 // Query row i sees keys 0..i (q == kv). D a multiple of 16, at most 256.
+#include "exp.h"
 #include "tensor.h"
 #include <immintrin.h>
 
@@ -25,27 +26,6 @@ namespace {
 
 constexpr int QB = 8;    // query rows a block: 8 x 2 tiles of sums, 16 of the 32 registers
 constexpr int TILE = 16;  // keys a tile (one register)
-
-// exp(x) for 16 lanes, x <= 0: as few_query_attention.cpp's exp8 (Cody-Waite, Cephes' degree-6 polynomial, 2^n
-// through the exponent bits, 0 below -87).
-__attribute__((target("avx512f,fma"))) inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f);
-  const __mmask16 small = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~small), p, _mm512_castsi512_ps(e));
-}
 
 // Scores of M <= QB rows (queries q, row stride D) against keys [0, n) of the transposed keys kt [D, ld]: s[r * ld + j]
 // = scale * sum_d q[r, d] kt[d, j], for n rounded up to 32 (kt is zero past the keys).
