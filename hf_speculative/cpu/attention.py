@@ -61,22 +61,21 @@ def cpu_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
                and kwargs.get("position_bias") is None and kwargs.get("s_aux") is None
                and (attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1))
                and not torch.compiler.is_compiling())
+    head_dim = query.shape[-1]
+    scale = float(scaling if scaling is not None else head_dim ** -0.5)
     if rowwise:
         kernel = fast_kernel()
-        head_dim = query.shape[-1]
         fits = attention_mask is None or attention_mask.shape[-1] == key.shape[2]  # (else the rows' own route)
         # the kernel has no backward: a forward that records gradients takes the rows' SDPA calls
         grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         if (kernel is not None and head_dim % 8 == 0 and head_dim <= 128 and query.dtype == torch.float32 and fits
                 and not grads):
             mask = None if attention_mask is None else _visible(attention_mask).expand(query.shape[0], -1, -1)
-            out = kernel.few_query_attention(query, key, value, mask,
-                                             float(scaling if scaling is not None else head_dim ** -0.5))
+            out = kernel.few_query_attention(query, key, value, mask, scale)
         else:
             out = _rowwise(query, key, value, attention_mask, scaling)
     elif _prefill_route(module, query, key, attention_mask, dropout, kwargs):
-        out = fast_kernel().prefill_attention(query, key, value,
-                                              float(scaling if scaling is not None else query.shape[-1] ** -0.5))
+        out = fast_kernel().prefill_attention(query, key, value, scale)
     else:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)

@@ -202,10 +202,16 @@ def onednn_linear():
     return _ONEDNN[0]
 
 
+def column_major(weight: torch.Tensor) -> bool:
+    """Whether an ``nn.Linear`` weight `[out, in]` has ``optimize_for_cpu``'s column-major layout (its ``[in, out]``
+    transpose contiguous; one input column is left as it is, its strides being ambiguous)."""
+    return weight.dim() == 2 and weight.stride() == (1, weight.shape[0]) and weight.shape[1] > 1
+
+
 def _onednn_takes(input: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`onednn_linear` runs this product: fp32 on the CPU, the weight column-major, no gradients."""
-    return (weight.dtype == torch.float32 and input.dtype == torch.float32 and weight.dim() == 2
-            and weight.stride() == (1, weight.shape[0]) and input.device.type == "cpu" and weight.device.type == "cpu"
+    return (weight.dtype == torch.float32 and input.dtype == torch.float32 and column_major(weight)
+            and input.device.type == "cpu" and weight.device.type == "cpu"
             and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
             and not torch.compiler.is_compiling() and onednn_linear() is not None)
 

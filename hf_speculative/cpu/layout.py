@@ -42,15 +42,12 @@ from .kernel import (
     KernelLinear,
     WeightCopy,
     bf16_dot_supported,
+    column_major,
     cpu_supports_kernel,
     load_kernel,
 )
 from .layers import use_native_layers
 from .mapped import copy_off_files
-
-
-def _converted(weight: torch.Tensor) -> bool:
-    return weight.dim() == 2 and weight.stride() == (1, weight.shape[0]) and weight.shape[1] > 1
 
 
 def _eligible(module: torch.nn.Module, bf16: bool = False) -> bool:
@@ -158,10 +155,10 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             weight = module.weight
             if id(weight) not in seen:  # tied weights (lm_head = embeddings) are one parameter
                 seen.add(id(weight))
-                if enable and not _converted(weight):
+                if enable and not column_major(weight):
                     weight.data = weight.data.t().contiguous().t()  # [out, in] seen through [in, out] storage
                     touched = True
-                elif not enable and _converted(weight):
+                elif not enable and column_major(weight):
                     weight.data = weight.data.contiguous()
                     touched = True
             touched |= _set_class(module, wanted, Int8Weight if weights == "int8" else BlockedWeight)
@@ -248,7 +245,7 @@ def cpu_layout(model: torch.nn.Module) -> str:
     follows when exactly those layers are `PackedLinear` (`KernelLinear`)."""
     modules = [m for m in model.modules() if _eligible(m, bf16=type(m) is KernelLinear)]
     weights = {id(m.weight): m.weight for m in modules}
-    converted = {key for key, w in weights.items() if _converted(w)}
+    converted = {key for key, w in weights.items() if column_major(w)}
     packed = {id(m.weight) for m in modules if type(m) is PackedLinear}
     kernel = {id(m.weight) for m in modules if type(m) is KernelLinear}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
