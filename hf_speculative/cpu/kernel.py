@@ -49,7 +49,11 @@ import torch.nn.functional as F
 from ..core.sdpa import CPU_ROWWISE_TOKENS
 from .build import build as _build
 
-MAX_ROWS = 16  # larger products (prefill, training) stay on BLAS, which is better at them
+MAX_ROWS = 16  # rows a pass of the few-row code; more: its cache-blocked product (kernel_gemm()), or BLAS
+# the most rows of an fp32 product the kernel's cache-blocked product takes (AVX-512): faster than oneDNN's up to
+# here (SmolLM2-135M's decoder products, one thread: 17 rows 40 against 57 ms, 63 rows 136 against 144, 192 rows 389
+# against 391), a little slower past it (767 rows 1,541 against 1,510), where prefill keeps oneDNN
+MAX_GEMM_ROWS = 192
 # a bf16 model's products on the kernel (in passes of 16 rows): every verification a CPU runs (a draft model's chains
 # reach 16 drafts, 17 rows; trees of up to 63 nodes) computes each row as plain decoding does
 MAX_ROWS_BF16 = CPU_ROWWISE_TOKENS
@@ -130,6 +134,20 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     padded_scale = scale.new_zeros(-(-out_features // BLOCK) * BLOCK)
     padded_scale[:out_features] = scale
     return block_weight(q, torch.int8), padded_scale
+
+
+def kernel_gemm() -> bool:
+    """Whether the kernel's fp32 products take more than :data:`MAX_ROWS` rows here (up to :data:`MAX_GEMM_ROWS`):
+    its cache-blocked product on the same blocked copy, each output the same FMA chain as a few-row product's, so a
+    row of a 40-node tree's verification (or of a short prefill) is bitwise the row plain decoding computes. It needs
+    AVX-512F (``kernel_isa() == "avx512"``, decided once per process); AVX2 CPUs keep more rows on oneDNN / BLAS, as
+    ``HFS_KERNEL_GEMM=0`` does (to compare)."""
+    if not _GEMM:
+        _GEMM.append(os.environ.get("HFS_KERNEL_GEMM", "1") != "0" and (_KERNEL or load_kernel()).isa() == "avx512")
+    return _GEMM[0]
+
+
+_GEMM: list = []  # [kernel_gemm()], once known
 
 
 def kernel_isa() -> str:
@@ -270,11 +288,12 @@ class Int8Weight(BlockedWeight):
 
 class KernelLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 1 to 16
-    rows (decoding, drafting, verification; 64 for a bf16 weight) on its fp32 CPU weight run on the skinny kernel, from
+    rows (decoding, drafting, verification; 64 for a bf16 weight; up to 192 where :func:`kernel_gemm`: trees, short
+    prefills) on its fp32 CPU weight run on the skinny kernel, from
     a blocked copy of the weight (on a bf16 weight with bf16 inputs: the bf16 dot-product kernel, where the CPU has
     AVX512-BF16); anything else (more rows, gradients, other dtypes or devices)
-    stays on ``F.linear``. Made by ``optimize_for_cpu(model, kernel=True)``, which swaps the class
-    of the model's own modules."""
+    stays on oneDNN (fp32 column-major weights: :func:`onednn_linear`) or ``F.linear``. Made by
+    ``optimize_for_cpu(model, kernel=True)``, which swaps the class of the model's own modules."""
 
     _hfs_blocked: BlockedWeight
 
@@ -282,7 +301,8 @@ class KernelLinear(torch.nn.Linear):
         rows = input.numel() // max(self.in_features, 1)
         weight = self.weight
         if (
-            rows > (MAX_ROWS_BF16 if weight.dtype == torch.bfloat16 else MAX_ROWS)
+            rows > (MAX_ROWS_BF16 if weight.dtype == torch.bfloat16 else
+                    MAX_GEMM_ROWS if MAX_ROWS < rows <= MAX_GEMM_ROWS and kernel_gemm() else MAX_ROWS)
             or rows < 1
             or input.dtype != weight.dtype
             or weight.dtype not in (torch.float32, torch.bfloat16)

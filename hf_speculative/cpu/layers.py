@@ -4,7 +4,8 @@ On one CPU core a decoder layer written in PyTorch is ~55 small operators (RMSNo
 the attention wrapper), each a few microseconds of dispatch around almost no arithmetic: SmolLM2-135M's one-token
 forward spent 13.5 of its 32 ms there, beside 16.2 ms in the kernel's products. ``optimize_for_cpu(model)`` (with
 the kernel) now also gives each decoder layer of the families below a forward that, for 1-16 tokens of fp32 hidden
-states without gradients (decoding, drafting with the target's layers, verification), runs::
+states without gradients (decoding, drafting with the target's layers, verification; up to 64 where the kernel's
+products take them, :func:`native_rows`: larger trees and copies, short prompts), runs::
 
     q, k, v = kernel.attention_inputs(plan, x, cos, sin)    # input norm, q/k/v products, q/k norms, rotary
     K, V    = cache.update(k, v, layer_idx, ...)            # transformers' own cache object: keep / rollback as ever
@@ -12,7 +13,7 @@ states without gradients (decoding, drafting with the target's layers, verificat
 
 (``csrc/decoder_layer.cpp``). Every row keeps its own arithmetic there as in the kernel's products and attention,
 so a verification row is bitwise what plain decoding computes at that position (plain decoding takes this path
-too). Anything else (prefill's long rows, gradients, training, other dtypes or devices, hooks on the layer's
+too). Anything else (longer prefills, gradients, training, other dtypes or devices, hooks on the layer's
 submodules, ``output_attentions``, a mask or cache this path does not read) runs the layer's own forward, unchanged.
 
 Families: Llama (SmolLM2, Llama 2/3), Qwen2 (Qwen2.5), Qwen3 and Gemma3 (its norms around attention and MLP, q/k
@@ -191,10 +192,18 @@ class NativeLayer:
         return out
 
 
+def native_rows() -> int:
+    """The most rows (batch x tokens) a native forward takes: :data:`~..core.sdpa.CPU_ROWWISE_TOKENS` (the CPU
+    attention's row-wise limit) where the kernel's products take that many on the few-row arithmetic
+    (:func:`~.kernel.kernel_gemm`: larger trees and copies verified, short prompts prefilled, each row bitwise as
+    plain decoding computes it), else the few-row code's :data:`~.kernel.MAX_ROWS`."""
+    return sdpa.CPU_ROWWISE_TOKENS if _kernel.kernel_gemm() else MAX_ROWS
+
+
 def _native_forward(layer, x: torch.Tensor, kwargs: dict) -> torch.Tensor | tuple | None:
     """The layer's output from the native calls, or None where this forward is not one they take."""
     attn = layer._modules["self_attn"]
-    if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
+    if (x.dim() != 3 or x.shape[0] * x.shape[1] > native_rows() or x.dtype != torch.float32 or x.device.type != "cpu"
             or layer.training or (torch.is_grad_enabled() and x.requires_grad) or kwargs.get("output_attentions")
             or attn.config._attn_implementation != sdpa.CPU_ATTENTION  # the user chose another
             or torch.compiler.is_compiling()):  # (a compiled forward traces the stock layer)
@@ -320,11 +329,12 @@ def native_layers(model: torch.nn.Module) -> int:
 
 # -- a drafter's own Llama-shaped layer (EAGLE's) -------------------------------------------------------------------
 def drafter_kernel(x: torch.Tensor, attn: torch.nn.Module):
-    """The built kernel when a drafter layer's forward over ``x`` `[B, T, in]` can take the native calls (1-16 fp32
-    rows, no gradients, not compiling, a SiLU MLP, a head dim the kernel's attention takes); else None (the layer's
-    PyTorch operators). Whether its products are fp32 weights on the kernel, :meth:`Plan.get` says (None)."""
-    if (x.dim() != 3 or x.shape[0] * x.shape[1] > MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
-            or _kernel._KERNEL is None or (torch.is_grad_enabled() and x.requires_grad)
+    """The built kernel when a drafter layer's forward over ``x`` `[B, T, in]` can take the native calls (fp32 rows up
+    to :func:`native_rows`, no gradients, not compiling, a SiLU MLP, a head dim the kernel's attention takes); else
+    None (the layer's PyTorch operators). Whether its products are fp32 weights on the kernel, :meth:`Plan.get` says
+    (None)."""
+    if (_kernel._KERNEL is None or x.dim() != 3 or x.shape[0] * x.shape[1] > native_rows() or x.dtype != torch.float32
+            or x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad)
             or torch.compiler.is_compiling()):
         return None
     act = getattr(attn.config, "hidden_act", None)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import hf_speculative as hfs
 from hf_speculative.cpu import kernel as cpu_kernel
-from hf_speculative.cpu.kernel import MAX_ROWS, KernelLinear
+from hf_speculative.cpu.kernel import MAX_GEMM_ROWS, KernelLinear
 from hf_speculative.cpu.layout import PackedLinear, cpu_layout
 from tests.conftest import build_model, make_drafter, prompt_inputs, stock_generate
 from tests.cpu.test_cpu_layout import _linears, convert_keeping_parameters, restore_row_major
@@ -158,9 +158,9 @@ def test_blocked_copy_follows_in_place_weight_changes():
 @needs_kernel
 def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch):
     model = build_model(arch)
-    ids = prompt_inputs()["input_ids"].repeat(1, 2)  # [1, 28]: more rows than the kernel takes
+    ids = prompt_inputs()["input_ids"].repeat(1, 14)  # [1, 196]: more rows than the kernel takes
     with torch.no_grad():
-        before, few = model(ids).logits, model(ids[:, :3]).logits
+        before, few, some = model(ids).logits, model(ids[:, :3]).logits, model(ids[:, :28]).logits
 
     # the linears' own forwards (the native layers run the decoder's products from C++: test_native_layers.py)
     changed = convert_keeping_parameters(model, KernelLinear, "all+kernel", kernel=True, native=False)
@@ -174,9 +174,13 @@ def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch)
         model(ids[:, :1])
         assert len(calls) == len(_linears(model)) and set(calls) == {1}  # decoding too
         calls.clear()
-        assert ids.shape[1] > MAX_ROWS
+        torch.testing.assert_close(model(ids[:, :28]).logits, some, rtol=1e-5, atol=1e-5)
+        # more rows than a pass: the kernel's cache-blocked product where the CPU has it (AVX-512), else BLAS
+        assert set(calls) == ({28} if cpu_kernel.kernel_gemm() else set())
+        calls.clear()
+        assert ids.shape[1] > MAX_GEMM_ROWS
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
-        assert not calls  # a prefill: BLAS
+        assert not calls  # a long prefill: oneDNN / BLAS
 
     restore_row_major(model, changed)
 

@@ -18,7 +18,7 @@ from hf_speculative.core import kv_cache
 from hf_speculative.core.tree import DraftTree
 from hf_speculative.core.verify import forward_tree
 from hf_speculative.cpu import kernel as cpu_kernel
-from hf_speculative.cpu.layers import NativeLayer, native_layers
+from hf_speculative.cpu.layers import NativeLayer, native_layers, native_rows
 from tests.conftest import ARCHS, build_model, make_drafter, prompt_inputs, stock_generate
 
 needs_kernel = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
@@ -94,8 +94,9 @@ def _cache_after(model, ids):
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_native_layers_compute_the_stock_layers_function(arch, monkeypatch):
-    """Forwards of 1, 3 and 16 tokens after a 20-token prompt (prefill: the stock forward) equal the same model's
-    stock layers' within float rounding; the native calls ran for them."""
+    """Forwards of 1, 3, 16 and 40 tokens after a 20-token prompt equal the same model's stock layers' within float
+    rounding; the native calls ran for them (40 tokens and the prompt where the kernel's products take that many
+    rows: native_rows)."""
     model = _native(arch)
     stock = copy.deepcopy(model)
     hfs.optimize_for_cpu(stock, kernel=True, native=False)
@@ -103,14 +104,15 @@ def test_native_layers_compute_the_stock_layers_function(arch, monkeypatch):
     torch.manual_seed(1)
     prompt = torch.randint(4, 96, (1, 20))
     calls = _counting(monkeypatch)
-    for rows in (1, 3, 16):
+    for rows in (1, 3, 16, 40):
         new = torch.randint(4, 96, (1, rows))
         with torch.no_grad():
             got = model(input_ids=new, use_cache=True, **{compat.cache_kwarg(): _cache_after(model, prompt)}).logits
             want = stock(input_ids=new, use_cache=True, **{compat.cache_kwarg(): _cache_after(stock, prompt)}).logits
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        assert rows in calls
-    assert max(calls) <= cpu_kernel.MAX_ROWS  # the 20-token prefill ran the stock forward
+        assert (rows in calls) == (rows <= native_rows())
+    assert (20 in calls) == (native_rows() >= 20)  # the prefill
+    assert max(calls) <= native_rows()
 
 
 def _plain_rows(model, prompt: torch.Tensor, path: list[int]) -> list[torch.Tensor]:
@@ -157,6 +159,40 @@ def test_a_verification_row_is_bitwise_plain_decodings_row(arch, monkeypatch):
     assert not _verification_rows_match(model, prompt)
 
 
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_a_long_verification_row_is_bitwise_plain_decodings_row(arch, monkeypatch):
+    """Past the few-row code's 16 rows (a copy of 23 drafts, a tree of 4 branches x 5), where the kernel's
+    cache-blocked product takes them: each row still bitwise the row plain decoding computes; negative control."""
+    if not cpu_kernel.kernel_gemm():
+        pytest.skip("the kernel takes more than 16 rows on AVX-512 CPUs only")
+    model = _native(arch)
+    torch.manual_seed(3)
+    prompt = torch.randint(4, 96, (1, 20))
+    chain = torch.randint(4, 96, (24,)).tolist()  # the root, then 23 drafts
+    branches = torch.randint(4, 96, (4, 5))
+    tree = DraftTree(branches.flatten(), torch.tensor([-1 if d == 0 else 5 * b + d - 1 for b in range(4) for d in range(5)]))
+
+    def rows_match() -> bool:
+        cache = _cache_after(model, prompt)
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([chain]), use_cache=True, **{compat.cache_kwarg(): cache}).logits[0]
+        if not all(torch.equal(a, b) for a, b in zip(out, _plain_rows(model, prompt, chain))):
+            return False
+        with torch.no_grad():
+            rows = forward_tree(model, _cache_after(model, prompt), torch.tensor([chain[0]]), tree)  # [1 + 20, V]
+        for b in range(4):
+            plain = _plain_rows(model, prompt, [chain[0]] + branches[b].tolist())
+            if not all(torch.equal(rows[1 + 5 * b + d], plain[1 + d]) for d in range(5)):
+                return False
+        return True
+
+    calls = _counting(monkeypatch)
+    assert rows_match()
+    assert 24 in calls and 21 in calls  # the chain and the tree ran natively
+    _counting(monkeypatch, perturb=True)
+    assert not rows_match()
+
+
 @pytest.mark.parametrize("drafter_name", ["prompt-lookup", "prompt-lookup-tree", "draft-model", "eagle3", "eagle-tree",
                                           "early-exit", "medusa-tree", "oracle", "adversary"])
 def test_drafters_identical_to_greedy_on_native_layers(arch, drafter_name, monkeypatch):
@@ -174,10 +210,10 @@ def test_drafters_identical_to_greedy_on_native_layers(arch, drafter_name, monke
 def test_what_the_native_path_does_not_take_runs_the_stock_forward(monkeypatch):
     model = _native("llama")
     calls = _counting(monkeypatch)
-    long_prompt = torch.randint(4, 96, (1, cpu_kernel.MAX_ROWS + 1))
+    long_prompt = torch.randint(4, 96, (1, native_rows() + 1))
     with torch.no_grad():
         model(input_ids=long_prompt)
-    assert calls == []  # prefill's long rows: PyTorch's GEMMs
+    assert calls == []  # a longer prefill: PyTorch's GEMMs
     seen = []
     handle = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, a, o: seen.append(o.shape))
     with torch.no_grad():

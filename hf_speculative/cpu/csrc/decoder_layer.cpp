@@ -1,5 +1,6 @@
 // A decoder layer of a Llama-shaped model (Llama, Qwen2, Qwen3, Gemma3) for the few rows of decoding, drafting and
-// verification (1-16 tokens), in two native calls around the model's own KV cache:
+// verification (1-16 tokens; up to 64 where the products take them: layers.py native_rows), in two native calls
+// around the model's own KV cache:
 //
 //     q, k, v = attention_inputs(plan, x, cos, sin)      # input norm, q/k/v products, q/k norms, rotary
 //     K, V    = cache.update(k, v, ...)                  # transformers' cache object, in Python (keep / rollback)
