@@ -18,7 +18,10 @@ same computed alone or with the rows of a draft. The copy costs one more copy of
 memory (as ``pack=True``).
 
 Where the CPU has AVX-512F the same blocked copy is read with 16-lane registers, up to 16 rows per pass
-(``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal.
+(``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal. There the
+kernel also takes products of 17-192 rows (:func:`kernel_gemm`: a cache-blocked product on the same copy, each output
+the same FMA chain again), so larger trees and copies and short prompts run every row as plain decoding does, faster
+than oneDNN's product (``benchmarks/results/issue66_kernel_gemm.txt``); longer products (prefill) run on oneDNN.
 
 The copy is made in fewer bytes where that changes nothing: a weight whose every value is a bf16 number (a
 checkpoint saved in bf16, loaded in fp32: Qwen2.5's) is copied in bf16 and widened to fp32 in registers, exactly, so
