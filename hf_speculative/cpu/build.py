@@ -31,7 +31,7 @@ from ..locks import exclusive
 
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("skinny_linear.cpp", "bf16_linear.cpp", "few_query_attention.cpp", "decoder_layer.cpp",
-                        "prefill_attention.cpp")]
+                        "prefill_attention.cpp", "huge_pages.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("tensor.h", "decoder_layer.h", "exp.h")]  # included by the sources (ninja tracks them)
 EXTENSION = "hfs_skinny_linear_v8"

@@ -389,6 +389,7 @@ std::string set_isa(const std::string& name) {
 
 torch::Tensor few_query_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value,
                                   c10::optional<torch::Tensor> mask, double scale);  // few_query_attention.cpp
+at::Tensor huge_page_empty(int64_t nbytes);  // huge_pages.cpp
 bool has_prefill_attention();  // prefill_attention.cpp
 torch::Tensor prefill_attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scale);
 
@@ -405,6 +406,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "causal attention of a prefill: query [B, H, L, D] over key / value [B, Hkv, L, D] (fp32, row i sees keys "
         "0..i; D a multiple of 32 up to 256); returns [B, L, H, D]",
         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("scale"));
+  m.def("huge_page_empty", &huge_page_empty,
+        "an uninitialised uint8 tensor of nbytes (64-byte aligned) on 2 MiB pages where the OS gives them, for the "
+        "weight copies", py::arg("nbytes"));
   m.def("has_prefill_attention", &has_prefill_attention, "whether this CPU runs prefill_attention (AVX-512F)");
   m.def("has_bf16_dot", &has_bf16_dot, "whether this CPU has AVX512-BF16 (skinny_linear_bf16 runs)");
   m.def("isa", &isa, "the instruction set the kernel runs: avx512 or avx2");
