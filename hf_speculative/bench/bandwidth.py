@@ -58,7 +58,7 @@ def read_bandwidth_source() -> str:
 def measure_read_bandwidth(nbytes: int = GIB, repeats: int = 3, *, kernel: bool | None = None) -> float:
     """This machine's single-thread read bandwidth, GB/s: the best of a STREAM-like read (a one-thread ``sum`` over
     ``nbytes`` of fp32) and, where the CPU kernel runs, the kernel's own one-row product over blocked fp32 weights
-    totalling ``nbytes`` (``repeats`` passes each, the best kept).
+    totalling ``nbytes``, on huge pages as its copies are (``repeats`` passes each, the best kept).
 
     ``nbytes`` must be far larger than the last-level cache for a memory bandwidth (the default, 1 GiB, is; a few
     MiB measure the cache, which tests use for speed). Runs on one torch thread and restores the previous count.
@@ -119,8 +119,9 @@ def _kernel_read_gbs(nbytes: int, repeats: int) -> float:
     in_features = min(KERNEL_IN_FEATURES, max(1, matrix_bytes // (4 * _kernel.BLOCK)))
     blocks = max(1, matrix_bytes // (4 * _kernel.BLOCK * in_features))
     count = max(1, round(nbytes / (blocks * _kernel.BLOCK * in_features * 4)))
-    # the values do not change the cost of an FMA; a constant is quicker to write than random numbers
-    weights = [torch.full((blocks, in_features, _kernel.BLOCK), 0.5) for _ in range(count)]
+    # the values do not change the cost of an FMA; a constant is quicker to write than random numbers. On huge pages
+    # where the OS gives them, as the kernel's own copies are (kernel.on_huge_pages)
+    weights = [_kernel.on_huge_pages(torch.full((blocks, in_features, _kernel.BLOCK), 0.5)) for _ in range(count)]
     x = torch.ones(1, in_features)
     out_features = blocks * _kernel.BLOCK
 
