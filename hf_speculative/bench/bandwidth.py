@@ -120,8 +120,9 @@ def _kernel_read_gbs(nbytes: int, repeats: int) -> float:
     blocks = max(1, matrix_bytes // (4 * _kernel.BLOCK * in_features))
     count = max(1, round(nbytes / (blocks * _kernel.BLOCK * in_features * 4)))
     # the values do not change the cost of an FMA; a constant is quicker to write than random numbers. On huge pages
-    # where the OS gives them, as the kernel's own copies are (kernel.on_huge_pages)
-    weights = [_kernel.on_huge_pages(torch.full((blocks, in_features, _kernel.BLOCK), 0.5)) for _ in range(count)]
+    # where the OS gives them, as the kernel's own copies are (kernel.copy_buffer)
+    weights = [_kernel.copy_buffer((blocks, in_features, _kernel.BLOCK), torch.float32).fill_(0.5)
+               for _ in range(count)]
     x = torch.ones(1, in_features)
     out_features = blocks * _kernel.BLOCK
 

@@ -1,5 +1,6 @@
-"""The kernel's weight copies on transparent huge pages (``csrc/huge_pages.cpp``, ``kernel.on_huge_pages``): aligned,
-apart, advised onto huge pages where Linux offers them, freed with their last copy, the same values and products."""
+"""The kernel's weight copies on transparent huge pages (``csrc/huge_pages.cpp``, ``kernel.copy_buffer``): aligned,
+apart, advised onto huge pages where Linux offers them, freed with their last copy, written straight from the weight
+(zero padding whatever the memory held), the same values and products."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from hf_speculative.cpu import kernel as cpu_kernel
-from hf_speculative.cpu.kernel import BlockedWeight, Int8Weight, block_weight, on_huge_pages, skinny_linear
+from hf_speculative.cpu.kernel import BlockedWeight, Int8Weight, block_pairs, block_weight, copy_buffer, skinny_linear
 
 pytestmark = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -60,20 +61,66 @@ def test_copies_sit_on_advised_2mib_aligned_mappings_freed_with_them():
     assert _mapping(address) is None  # unmapped with its copy
 
 
+def _old_block_weight(weight, dtype=torch.float32):  # the layout as it was made before, through a padded temporary
+    blocks = -(-weight.shape[0] // 16)
+    padded = weight.new_zeros(blocks * 16, weight.shape[1], dtype=dtype)
+    padded[: weight.shape[0]] = weight
+    return padded.view(blocks, 16, weight.shape[1]).transpose(1, 2).contiguous()
+
+
+def _old_block_pairs(weight):
+    even = torch.nn.functional.pad(weight, (0, weight.shape[1] % 2))
+    blocked = _old_block_weight(even, torch.bfloat16)
+    return blocked.view(blocked.shape[0], -1, 2, 16).transpose(2, 3).contiguous()
+
+
+@pytest.mark.parametrize("shape", [(100, 64), (7, 13), (16, 1), (33, 9), (48, 576)])
+def test_copies_are_written_straight_from_any_layout(shape, monkeypatch):
+    torch.manual_seed(0)
+    cpu_kernel.load_kernel()
+    weight = torch.randn(*shape)
+    column_major = weight.t().contiguous().t()
+    for source in (weight, column_major):
+        assert torch.equal(block_weight(source), _old_block_weight(weight))
+        assert torch.equal(block_weight(source.bfloat16().float(), torch.bfloat16),
+                           _old_block_weight(weight.bfloat16().float(), torch.bfloat16))
+        assert torch.equal(block_pairs(source.bfloat16()), _old_block_pairs(weight.bfloat16()))
+    # the buffer is not cleared for them: the padding is written, whatever the memory held
+    monkeypatch.setattr(cpu_kernel, "copy_buffer", lambda size, dtype: torch.full(size, float("nan"), dtype=dtype))
+    assert torch.equal(block_weight(weight), _old_block_weight(weight))
+    assert torch.equal(block_pairs(weight.bfloat16()), _old_block_pairs(weight.bfloat16()))
+
+
+@linux_thp
+def test_a_models_copies_are_made_on_huge_pages():
+    cpu_kernel.load_kernel()
+    copy, scale = BlockedWeight().make(torch.randn(100, 64))
+    assert scale is None and "hg" in _mapping(copy.data_ptr())["flags"]
+    q, _ = Int8Weight().make(torch.randn(100, 64))
+    assert "hg" in _mapping(q.data_ptr())["flags"]
+
+
 def test_a_weights_copy_keeps_its_values_and_products(monkeypatch):
     torch.manual_seed(0)
     weight, x = torch.randn(100, 64), torch.randn(5, 64)
     cpu_kernel.load_kernel()
-    copy, = BlockedWeight().make(weight)[:1]
-    assert torch.equal(copy, block_weight(weight))
-    assert copy.data_ptr() % 64 == 0
+    copy, _ = BlockedWeight().make(weight)
+    assert torch.equal(copy, _old_block_weight(weight)) and copy.data_ptr() % 64 == 0
     q, scale = Int8Weight().make(weight)
     want_q, want_scale = cpu_kernel.quantize_int8(weight)
     assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
     monkeypatch.setenv("HFS_KERNEL_HUGE_PAGES", "0")
     plain = block_weight(weight)
-    assert on_huge_pages(plain) is plain  # the switch: left where PyTorch put it
+    assert _mapping(plain.data_ptr()) is None or "hg" not in _mapping(plain.data_ptr())["flags"]  # the switch
+    assert torch.equal(plain, copy)
     assert torch.equal(skinny_linear(x, copy, None, 100), skinny_linear(x, plain, None, 100))
+
+
+def test_copy_buffers_have_the_shape_and_dtype_asked():
+    cpu_kernel.load_kernel()
+    for dtype in (torch.float32, torch.bfloat16, torch.int8):
+        buffer = copy_buffer((3, 5, 16), dtype)
+        assert buffer.shape == (3, 5, 16) and buffer.dtype == dtype and buffer.is_contiguous()
 
 
 def _resident() -> int:
