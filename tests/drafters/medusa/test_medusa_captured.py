@@ -127,8 +127,11 @@ def test_cost_rules_replayed_after_the_longest_chain_where_regions_pay(target, u
     """Under the cost rules a CPU drafts head by head (a head is real work here): no chain region. Where a region's
     extra heads cost less than a read per head (CUDA; this CPU stands in for one), the longest chain is drafted in one
     region and the rules replayed on its confidences keep what the host would have kept: the same drafts."""
-    # drafts whatever the machine's load: the gate before a chain reads the measured (padded) verify costs
+    # drafts whatever the machine's load: the gate before a chain and the price of each token read the measured
+    # (padded) verify costs, which a loaded machine (a test queue beside it) made high enough to draft nothing;
+    # a fixed, growing price per token keeps the rules' decisions (and their replay) load-free
     monkeypatch.setattr(ChainLengthPolicy, "could_pay", lambda self: True)
+    monkeypatch.setattr(ChainLengthPolicy, "_verify_price", lambda self, i: 0.05 * i)
     text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=NEW, eos_token_id=None)
     strategy = hfs.Medusa(OracleHeads(target, text), confidence_threshold=0.3, draft_cost=0.01)  # adaptive
     out, counts = generate(target, strategy, compile=True)
