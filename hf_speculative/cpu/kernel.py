@@ -43,6 +43,7 @@ with AVX2 and FMA only.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 
@@ -301,11 +302,7 @@ def copy_buffer(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     prefetchers that run on). ``HFS_KERNEL_HUGE_PAGES=0``, or no kernel loaded yet: PyTorch's memory (to compare)."""
     if os.environ.get("HFS_KERNEL_HUGE_PAGES", "1") == "0" or _KERNEL is None:
         return torch.empty(shape, dtype=dtype)
-    count = 1
-    for size in shape:
-        count *= size
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return _KERNEL.huge_page_empty(count * itemsize).view(dtype).view(shape)
+    return _KERNEL.huge_page_empty(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
 
 
 class BlockedWeight(WeightCopy):
