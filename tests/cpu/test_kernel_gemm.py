@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from hf_speculative.cpu import kernel as cpu_kernel
 from hf_speculative.cpu.kernel import MAX_GEMM_ROWS, MAX_ROWS, KernelLinear, block_weight, quantize_int8, skinny_linear
+from tests.cpu.test_cpu_kernel import _Counting
 
 pytestmark = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
 
@@ -62,17 +63,7 @@ def test_a_kernel_linear_sends_its_rows_to_the_kernel_up_to_the_limit(monkeypatc
     layer = torch.nn.Linear(32, 48)
     layer.__class__ = KernelLinear
     seen: list = []
-    real = cpu_kernel.load_kernel()
-
-    class Counting:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def skinny_linear(self, x, *args):
-            seen.append(x.shape[0])
-            return real.skinny_linear(x, *args)
-
-    monkeypatch.setattr(cpu_kernel, "_KERNEL", Counting())
+    monkeypatch.setattr(cpu_kernel, "_KERNEL", _Counting(cpu_kernel.load_kernel(), seen))
     with torch.no_grad():
         for rows in (MAX_ROWS, MAX_ROWS + 1, MAX_GEMM_ROWS, MAX_GEMM_ROWS + 1):
             x = torch.randn(rows, 32)
