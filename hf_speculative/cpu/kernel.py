@@ -15,13 +15,15 @@ MKL's one-row product on the column-major weights; whole forwards: ``benchmarks/
 One-row products (plain decoding, drafting) run on it too. Every output is one FMA chain in input
 order plus the bias, whatever the number of rows or threads, so a row's product is bitwise the
 same computed alone or with the rows of a draft. The copy costs one more copy of the weights in
-memory (as ``pack=True``).
+memory (as ``pack=True``), except where it is the only one (:func:`one_copy`).
 
 Where the CPU has AVX-512F the same blocked copy is read with 16-lane registers, up to 16 rows per pass
 (``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal. There the
 kernel also takes products of 17-192 rows (:func:`kernel_gemm`: a cache-blocked product on the same copy, each output
 the same FMA chain again), so larger trees and copies and short prompts run every row as plain decoding does, faster
-than oneDNN's product (``benchmarks/results/issue66_kernel_gemm.txt``); longer products (prefill) run on oneDNN.
+than oneDNN's product (``benchmarks/results/issue66_kernel_gemm.txt``); longer products (prefill) run on oneDNN from
+the column-major copy, or on the kernel from the blocked copy where that is the only copy in memory (:func:`one_copy`:
+a weight left a view of a memory-mapped checkpoint).
 
 The copy is made in fewer bytes where that changes nothing: a weight whose every value is a bf16 number (a
 checkpoint saved in bf16, loaded in fp32: Qwen2.5's) is copied in bf16 and widened to fp32 in registers, exactly, so
@@ -144,7 +146,15 @@ def exactly_bf16(weight: torch.Tensor) -> bool:
     w = weight.detach()
     if not w.is_contiguous():
         w = w.t() if w.dim() == 2 and w.t().is_contiguous() else w.contiguous()  # the column-major layout's storage
-    return w.dtype == torch.float32 and not (w.view(torch.int32) & 0xFFFF).any().item()
+    if w.dtype != torch.float32:
+        return False
+    bits = w.view(torch.int32).reshape(-1)
+    # in chunks of 1 MiB: a temporary the weight's size, freed, can stay in the allocator's heap (+250 MB for
+    # SmolLM2's weights in some runs); a weight that is not bf16 shows it in its first chunk
+    return not any((bits[at:at + _CHUNK] & 0xFFFF).any().item() for at in range(0, bits.numel(), _CHUNK))
+
+
+_CHUNK = 1 << 18  # int32 values a chunk of exactly_bf16's check
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,10 +332,30 @@ class Int8Weight(BlockedWeight):
         return quantize_int8(weight)  # from fp32 or bf16 weights
 
 
+def _row_limit(rows: int, weight: torch.Tensor) -> int:
+    """The most rows a product with ``weight`` runs on the kernel: 64 for bf16 weights; 16 for fp32 ones, up to
+    :data:`MAX_GEMM_ROWS` where :func:`kernel_gemm` (past it oneDNN's product on a column-major weight is as fast),
+    and any count for a weight left row-major (:func:`one_copy`: the blocked copy is then the only one in memory, and
+    a long prefill on ``F.linear`` would read the file's pages back)."""
+    if weight.dtype == torch.bfloat16:
+        return MAX_ROWS_BF16
+    if rows <= MAX_ROWS or not kernel_gemm():
+        return MAX_ROWS
+    return MAX_GEMM_ROWS if column_major(weight) else rows
+
+
+def one_copy() -> bool:
+    """Whether ``optimize_for_cpu`` leaves the fp32 weights that the kernel serves at every row count
+    (:func:`kernel_gemm`) as views of a memory-mapped checkpoint, its blocked copy the only one in memory
+    (``mapped.page_out_files``); ``HFS_KERNEL_ONE_COPY=0``: a column-major copy beside it, as before (to compare)."""
+    return os.environ.get("HFS_KERNEL_ONE_COPY", "1") != "0"
+
+
 class KernelLinear(torch.nn.Linear):
     """An ``nn.Linear`` (same parameters, hooks and state dict) whose inference products of 1 to 16
     rows (decoding, drafting, verification; 64 for a bf16 weight; up to 192 where :func:`kernel_gemm`: trees, short
-    prefills) on its fp32 CPU weight run on the skinny kernel, from
+    prefills; any count for a row-major weight there, :func:`one_copy`) on its fp32 CPU weight run on the skinny
+    kernel, from
     a blocked copy of the weight (on a bf16 weight with bf16 inputs: the bf16 dot-product kernel, where the CPU has
     AVX512-BF16); anything else (more rows, gradients, other dtypes or devices)
     stays on oneDNN (fp32 column-major weights: :func:`onednn_linear`) or ``F.linear``. Made by
@@ -337,8 +367,7 @@ class KernelLinear(torch.nn.Linear):
         rows = input.numel() // max(self.in_features, 1)
         weight = self.weight
         if (
-            rows > (MAX_ROWS_BF16 if weight.dtype == torch.bfloat16 else
-                    MAX_GEMM_ROWS if MAX_ROWS < rows <= MAX_GEMM_ROWS and kernel_gemm() else MAX_ROWS)
+            rows > _row_limit(rows, weight)
             or rows < 1
             or input.dtype != weight.dtype
             or weight.dtype not in (torch.float32, torch.bfloat16)

@@ -44,10 +44,12 @@ from .kernel import (
     bf16_dot_supported,
     column_major,
     cpu_supports_kernel,
+    kernel_gemm,
     load_kernel,
+    one_copy,
 )
 from .layers import use_native_layers
-from .mapped import copy_off_files
+from .mapped import copy_off_files, file_backed_ranges, in_files, page_out, page_out_files
 
 
 def _eligible(module: torch.nn.Module, bf16: bool = False) -> bool:
@@ -97,7 +99,10 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             reads a blocked copy of each weight, made here (and again after in-place changes to the
             weight), once for all rows: one-token forwards are 15% faster than on MKL, and a forward on 2 / 4 / 8 tokens
             costs 1.13 / 1.31 / 1.57 of them (SmolLM2-135M, AVX2 EPYC). One more copy of those
-            weights in memory. Compiled on first use (a C++ compiler and ninja, about a minute
+            weights in memory, except on AVX-512 CPUs for fp32 weights that are views of a memory-mapped checkpoint
+            (transformers' safetensors loading): those stay views of the file, the kernel takes their products of
+            every row count, and the process's pages of the file are dropped (``mapped.page_out_files``), so the
+            blocked copy is the only copy in memory (``HFS_KERNEL_ONE_COPY=0``: two, to compare). Compiled on first use (a C++ compiler and ninja, about a minute
             once). ``None`` (default, without ``pack``): the kernel where it runs (an AVX2 CPU, the
             compiler and ninja at hand), else the column-major layout alone (on an AVX2 CPU with a
             warning naming what is missing); ``True``: the kernel or a ``RuntimeError`` naming what it
@@ -146,7 +151,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     # bf16 weights: on the kernel's bf16 dot products where the CPU has them, else left to PyTorch's bf16 products
     bf16 = not enable or (kernel and bf16_dot_supported())
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
-    changed, seen = 0, set()
+    # fp32 weights the kernel serves at every row count stay views of a memory-mapped checkpoint (mapped.py)
+    files = file_backed_ranges() if enable and kernel and weights == "exact" and one_copy() and kernel_gemm() else []
+    changed, seen, kept = 0, set(), set()
     with torch.no_grad():
         for module in _modules(model, layers):
             if not _eligible(module, bf16):
@@ -155,7 +162,9 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             weight = module.weight
             if id(weight) not in seen:  # tied weights (lm_head = embeddings) are one parameter
                 seen.add(id(weight))
-                if enable and not column_major(weight):
+                if files and weight.dtype == torch.float32 and not column_major(weight) and in_files(weight, files):
+                    kept.add(id(weight))  # the blocked copy, made below, is its only copy in memory
+                elif enable and not column_major(weight):
                     weight.data = weight.data.t().contiguous().t()  # [out, in] seen through [in, out] storage
                     touched = True
                 elif not enable and column_major(weight):
@@ -166,8 +175,12 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
                 module._hfs_packed.get(module.weight)  # now, not inside the first verification
             elif type(module) is KernelLinear:
                 module._hfs_blocked.get(module.weight)
+                if id(weight) in kept:
+                    page_out(weight)  # now: the peak stays near one copy of the weights
             changed += touched
-    if enable and changed:
+    if enable and kept:
+        page_out_files(model)  # the pages read to make the blocked copies leave the process's memory (mapped.py)
+    elif enable and changed:
         copy_off_files(model)  # the norms' views would keep the whole checkpoint mapped (mapped.py)
     # a bf16 model's attention in fp32: PyTorch's bf16 CPU attention is slow for one query; an fp32 model's on the
     # kernel: faster for a row or two, and its rows apart (attention.py)
@@ -240,14 +253,15 @@ def follow_layout(module: torch.nn.Module, reference: torch.nn.Module, weights: 
 
 
 def cpu_layout(model: torch.nn.Module) -> str:
-    """Which of ``model``'s fp32 CPU linear weights are column-major: ``"all"``, ``"output"`` (the
-    lm_head only), ``"none"`` (or no such weights), or ``"mixed"``; ``"+packed"`` (``"+kernel"``)
-    follows when exactly those layers are `PackedLinear` (`KernelLinear`)."""
+    """Which of ``model``'s fp32 CPU linear weights are laid out (column-major, or served by the kernel's blocked
+    copy): ``"all"``, ``"output"`` (the lm_head only), ``"none"`` (or no such weights), or ``"mixed"``;
+    ``"+packed"`` (``"+kernel"``) follows when exactly those layers are `PackedLinear` (`KernelLinear`)."""
     modules = [m for m in model.modules() if _eligible(m, bf16=type(m) is KernelLinear)]
     weights = {id(m.weight): m.weight for m in modules}
-    converted = {key for key, w in weights.items() if column_major(w)}
     packed = {id(m.weight) for m in modules if type(m) is PackedLinear}
     kernel = {id(m.weight) for m in modules if type(m) is KernelLinear}
+    # a kernel's weight left row-major is laid out all the same: its blocked copy is its only copy (kernel.one_copy)
+    converted = {key for key, w in weights.items() if column_major(w) or key in kernel}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not converted:
         layout = "none"

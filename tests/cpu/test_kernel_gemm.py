@@ -57,15 +57,21 @@ def test_rows_stay_apart_and_threads_change_nothing():
         torch.set_num_threads(threads)
 
 
-def test_a_kernel_linear_sends_its_rows_to_the_kernel_up_to_the_limit(monkeypatch):
+@pytest.mark.parametrize("layout", ["column-major", "row-major"])
+def test_a_kernel_linear_sends_its_rows_to_the_kernel_up_to_the_limit(monkeypatch, layout):
+    """A column-major weight (two copies) sends more than MAX_GEMM_ROWS rows to oneDNN, which reads it as fast; a
+    row-major one (one copy: kernel.one_copy) keeps every row count on the kernel."""
     if not cpu_kernel.kernel_gemm():
         pytest.skip("more than 16 rows run on the kernel on AVX-512 CPUs only")
     layer = torch.nn.Linear(32, 48)
+    if layout == "column-major":
+        layer.weight.data = layer.weight.data.t().contiguous().t()
     layer.__class__ = KernelLinear
     seen: list = []
     monkeypatch.setattr(cpu_kernel, "_KERNEL", _Counting(cpu_kernel.load_kernel(), seen))
+    counts = (MAX_ROWS, MAX_ROWS + 1, MAX_GEMM_ROWS, MAX_GEMM_ROWS + 1, 3 * MAX_GEMM_ROWS)
     with torch.no_grad():
-        for rows in (MAX_ROWS, MAX_ROWS + 1, MAX_GEMM_ROWS, MAX_GEMM_ROWS + 1):
+        for rows in counts:
             x = torch.randn(rows, 32)
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert seen == [MAX_ROWS, MAX_ROWS + 1, MAX_GEMM_ROWS]  # one more: oneDNN / BLAS
+    assert seen == (list(counts[:3]) if layout == "column-major" else list(counts))  # the rest: oneDNN
