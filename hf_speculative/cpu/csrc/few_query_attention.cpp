@@ -56,6 +56,20 @@ __attribute__((target("avx2,fma"))) inline __m256 dots8(const float* q, const fl
   return reduce8(a);
 }
 
+// Keys (and values) 64 positions ahead of the ones being read are prefetched into L2: at long contexts a kv head's
+// keys and values (1 MB each at 4,096 tokens of 64 dims) come from memory, where the hardware's prefetchers alone
+// read ~13 GB/s here. SmolLM2, 8 rows x 4,096 tokens, one new token a row: every layer's attention 115-118 -> 72-73
+// ms (21 GB/s), the step 143-146 -> 101-102 ms (benchmarks/long_context_step.py; 32 keys ahead or 128, or into L1,
+// were slower). Prefetches only move lines: the results are bitwise the same.
+constexpr int64_t KEY_PREFETCH = 64;  // keys ahead
+
+// The 8 keys from `t` (those below `upto`), every 64-byte line of their `chunks` 8-float chunks.
+inline void prefetch_keys(const float* k, int64_t key_stride, int64_t t, int64_t upto, int64_t chunks) {
+  for (int64_t u = t; u < std::min(t + 8, upto); ++u)
+    for (int64_t c = 0; c < chunks; c += 2) _mm_prefetch(reinterpret_cast<const char*>(k + u * key_stride + 8 * c),
+                                                         _MM_HINT_T1);
+}
+
 // Scores of every query row against keys 0..upto-1 (padded to 8: past `upto`, key 0 again, unused), scaled, into
 // scores[r * (upto + 8) + j]. AVX2: one row at a time (dots8).
 __attribute__((target("avx2,fma"))) void scores_avx2(const float* const* queries, int64_t R, const float* k,
@@ -65,6 +79,7 @@ __attribute__((target("avx2,fma"))) void scores_avx2(const float* const* queries
   const float* rows[8];
   for (int64_t t = 0; t < upto; t += 8) {
     for (int u = 0; u < 8; ++u) rows[u] = k + (t + u < upto ? t + u : 0) * key_stride;
+    prefetch_keys(k, key_stride, t + KEY_PREFETCH, upto, chunks);
     for (int64_t r = 0; r < R; ++r)
       _mm256_storeu_ps(scores + r * (upto + 8) + t, _mm256_mul_ps(dots8(queries[r], rows, chunks), sv));
   }
@@ -80,6 +95,7 @@ __attribute__((target("avx512f,avx512vl,fma"))) void scores_avx512(const float* 
   const float* rows[8];
   for (int64_t t = 0; t < upto; t += 8) {
     for (int u = 0; u < 8; ++u) rows[u] = k + (t + u < upto ? t + u : 0) * key_stride;
+    prefetch_keys(k, key_stride, t + KEY_PREFETCH, upto, chunks);
     int64_t r = 0;
     for (; r + 2 <= R; r += 2) {
       const float* q0 = queries[r];
@@ -159,9 +175,10 @@ __attribute__((target("avx2,fma"))) float softmax_weights(float* p, int64_t n, f
 #define HFS_VALUES_PARAMS                                                                                         \
   const float *v, int64_t value_stride, int64_t j0, int64_t j1, const float *weights, int64_t weight_stride,      \
       const unsigned char *seen, int64_t seen_stride, const float *inv, float *const *outs, int64_t c0,             \
-      float *partial, int64_t partial_stride, bool first, bool last
-#define HFS_VALUES_ARGS \
-  v, value_stride, j0, j1, weights, weight_stride, seen, seen_stride, inv, outs, c0, partial, partial_stride, first, last
+      float *partial, int64_t partial_stride, bool first, bool last, int64_t prefetch_to
+#define HFS_VALUES_ARGS                                                                                            \
+  v, value_stride, j0, j1, weights, weight_stride, seen, seen_stride, inv, outs, c0, partial, partial_stride, first, \
+      last, prefetch_to
 template <int NR, int NC>
 __attribute__((always_inline)) inline void values_body(HFS_VALUES_PARAMS) {
   __m256 acc[NR][NC];
@@ -170,6 +187,9 @@ __attribute__((always_inline)) inline void values_body(HFS_VALUES_PARAMS) {
       acc[r][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(partial + r * partial_stride + 8 * c);
   for (int64_t j = j0; j < j1; ++j) {
     const float* vr = v + j * value_stride;
+    if (prefetch_to > j + KEY_PREFETCH)  // the same dims of a key ahead, in the next block
+      for (int c = 0; c < NC; c += 2) _mm_prefetch(reinterpret_cast<const char*>(vr + KEY_PREFETCH * value_stride +
+                                                                                 8 * c), _MM_HINT_T1);
     __m256 vv[NC];
     for (int c = 0; c < NC; ++c) vv[c] = _mm256_loadu_ps(vr + 8 * c);
     for (int r = 0; r < NR; ++r) {
@@ -270,12 +290,13 @@ __attribute__((target("avx2,fma"))) void attend_group(const float* const* querie
         if (chunks - c0 >= 4)
           (wide ? VALUES_AVX512 : VALUES_AVX2)[rows_here - 1](vc, value_stride, j0, j1, weight_rows, ws, seen_rows,
                                                               upto, inv.data() + r0, outs + r0, c0, pc, d, first,
-                                                              last);
+                                                              last, r0 == 0 ? upto : 0);
         else  // fewer than 32 dims left: one chunk a pass
           for (int64_t c = c0; c < chunks; ++c)
             for (int64_t r = 0; r < rows_here; ++r)
               values_pass<1, 1>(v + 8 * c, value_stride, j0, j1, weight_rows + r * ws, ws, seen_rows + r * upto, upto,
-                                inv.data() + r0 + r, outs + r0 + r, c, part + r * d + 8 * c, d, first, last);
+                                inv.data() + r0 + r, outs + r0 + r, c, part + r * d + 8 * c, d, first, last,
+                                r0 == 0 && r == 0 ? upto : 0);
       }
     }
   }
