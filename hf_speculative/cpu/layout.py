@@ -102,8 +102,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             weights in memory, except on AVX-512 CPUs for fp32 weights that are views of a memory-mapped checkpoint
             (transformers' safetensors loading): those stay views of the file, the kernel takes their products of
             every row count, and the process's pages of the file are dropped (``mapped.page_out_files``), so the
-            blocked copy is the only copy in memory (``HFS_KERNEL_ONE_COPY=0``: two, to compare). Compiled on first use (a C++ compiler and ninja, about a minute
-            once). ``None`` (default, without ``pack``): the kernel where it runs (an AVX2 CPU, the
+            blocked copy is the only copy in memory (``HFS_KERNEL_ONE_COPY=0``: two, to compare). Compiled on first
+            use (a C++ compiler and ninja, about a minute once). ``None`` (default, without ``pack``): the kernel where it runs (an AVX2 CPU, the
             compiler and ninja at hand), else the column-major layout alone (on an AVX2 CPU with a
             warning naming what is missing); ``True``: the kernel or a ``RuntimeError`` naming what it
             lacks; ``False``: never. The kernel's copy of a weight whose every value is a bf16 number (a checkpoint
@@ -162,7 +162,8 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
             weight = module.weight
             if id(weight) not in seen:  # tied weights (lm_head = embeddings) are one parameter
                 seen.add(id(weight))
-                if files and weight.dtype == torch.float32 and not column_major(weight) and in_files(weight, files):
+                if (files and weight.dtype == torch.float32 and type(module) in _OURS and not column_major(weight)
+                        and in_files(weight, files)):
                     kept.add(id(weight))  # the blocked copy, made below, is its only copy in memory
                 elif enable and not column_major(weight):
                     weight.data = weight.data.t().contiguous().t()  # [out, in] seen through [in, out] storage
@@ -324,11 +325,13 @@ def _can_pack() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+_OURS = (torch.nn.Linear, PackedLinear, KernelLinear)  # the classes optimize_for_cpu swaps between
+
+
 def _set_class(module: torch.nn.Module, wanted: type, copy: type = BlockedWeight) -> bool:
     """Swap ``module`` in place between ``nn.Linear`` and the classes ``optimize_for_cpu`` makes
     (``PackedLinear``, ``KernelLinear`` with ``copy`` as its weight's copy); True when it changed."""
-    ours = (torch.nn.Linear, PackedLinear, KernelLinear)
-    if type(module) not in ours:  # a subclass of someone else's is left alone
+    if type(module) not in _OURS:  # a subclass of someone else's is left alone
         return False
     if type(module) is wanted and (wanted is not KernelLinear or type(module.__dict__.get("_hfs_blocked")) is copy):
         return False

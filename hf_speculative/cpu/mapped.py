@@ -43,9 +43,14 @@ def file_backed_ranges() -> list[tuple[int, int]]:
     return sorted(ranges)
 
 
-def _inside(ranges: list[tuple[int, int]], starts: list[int], address: int) -> bool:
+def _mapping_of(ranges: list[tuple[int, int]], starts: list[int], address: int) -> tuple[int, int] | None:
+    """The range of ``ranges`` (sorted, ``starts`` their starts) that holds ``address``, or None."""
     at = bisect.bisect_right(starts, address) - 1
-    return at >= 0 and address < ranges[at][1]
+    return ranges[at] if at >= 0 and address < ranges[at][1] else None
+
+
+def _inside(ranges: list[tuple[int, int]], starts: list[int], address: int) -> bool:
+    return _mapping_of(ranges, starts, address) is not None
 
 
 def in_files(tensor: torch.Tensor, ranges: list[tuple[int, int]] | None = None) -> bool:
@@ -90,12 +95,9 @@ def page_out_files(model: torch.nn.Module) -> int:
     if not ranges or not sys.platform.startswith("linux"):
         return 0
     starts = [start for start, _ in ranges]
-    held = set()
-    for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.device.type == "cpu" and tensor.numel():
-            at = bisect.bisect_right(starts, tensor.untyped_storage().data_ptr()) - 1
-            if at >= 0 and tensor.untyped_storage().data_ptr() < ranges[at][1]:
-                held.add(ranges[at])
+    held = {_mapping_of(ranges, starts, tensor.untyped_storage().data_ptr())
+            for tensor in (*model.parameters(), *model.buffers()) if tensor.device.type == "cpu" and tensor.numel()}
+    held.discard(None)
     madvise, advised = _madvise(), 0
     for start, end in sorted(held):
         if madvise(start, end - start, MADV_PAGEOUT) == 0:
