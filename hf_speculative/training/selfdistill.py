@@ -10,6 +10,7 @@ that a run stopped early holds a fair sample of the list instead of its shortest
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -46,6 +47,7 @@ def generate_responses(
     sort_window: int = 1024,
     progress: bool = True,
     shard: tuple[int, int] = (0, 1),
+    label: str = "",
 ) -> Path:
     """Append ``{"id", "category", "prompt", "text", "response", "prompt_tokens", "response_tokens"}`` rows to
     ``out_path`` for every prompt whose id is not there yet.
@@ -61,6 +63,10 @@ def generate_responses(
             answers every ``count``-th batch from the ``index``-th, of the batches one process would make of
             the prompts not in ``out_path``, into its own part file (:func:`part_path`), for
             :func:`merge_parts` to append to ``out_path`` once every process is done.
+        label (`str`, defaults to `""`): added to the progress lines (which process writes them).
+
+    A batch's rows are appended in one ``write`` to the file opened for appending, so processes that answer
+    different prompts into the same file never interleave their rows.
     """
     index, count = shard
     if batch_size < 1 or sort_window < 0 or not 0 <= index < count:
@@ -89,7 +95,9 @@ def generate_responses(
     eos_ids = set(compat.eos_token_ids(model.generation_config))
     device = next(model.parameters()).device
     start, written = time.perf_counter(), 0
-    with open(out_path, "a", encoding="utf-8") as f:
+    if count > 1:
+        label = label or f" (process {index + 1} of {count})"
+    with open(out_path, "ab", buffering=0) as f:
         for b in range(0, len(todo), batch_size):
             batch = todo[b : b + batch_size]
             width = max(len(ids) for _, ids in batch)
@@ -102,6 +110,7 @@ def generate_responses(
                 input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=False,
                 max_new_tokens=max_new_tokens, pad_token_id=pad_id,
             )
+            lines = []
             for (row, ids), seq in zip(batch, out[:, width:].tolist()):
                 response = []
                 for token in seq:
@@ -110,15 +119,22 @@ def generate_responses(
                         break
                 text = tokenizer.decode(ids + response)
                 answer = tokenizer.decode(response, skip_special_tokens=True)
-                f.write(json.dumps({**row, "text": text, "response": answer, "prompt_tokens": ids,
-                                    "response_tokens": response}) + "\n")
-                written += 1
-            f.flush()
+                lines.append(json.dumps({**row, "text": text, "response": answer, "prompt_tokens": ids,
+                                         "response_tokens": response}) + "\n")
+            _append(f.fileno(), "".join(lines).encode("utf-8"))
+            written += len(lines)
             if progress:
                 rate = written / (time.perf_counter() - start)
-                who = "" if count == 1 else f" (process {index + 1} of {count})"
-                print(f"self-distill{who}: {len(done) + written}/{len(done) + len(todo)} answers ({rate:.2f}/s)", flush=True)
+                print(f"self-distill{label}: {len(done) + written}/{len(done) + len(todo)} answers ({rate:.2f}/s)",
+                      flush=True)
     return out_path
+
+
+def _append(fd: int, data: bytes) -> None:
+    """``data`` at the end of the file ``fd`` (opened for appending) in one ``write``; the rest, should a write
+    take only part of it (a full disk, a signal), in further ones."""
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def part_path(out_path: str | Path, index: int, count: int) -> Path:

@@ -286,3 +286,32 @@ def test_the_target_on_another_device_takes_no_cpu_layout(env):
         load_target(env["target"], dtype="fp8")
     model, _ = load_target(env["target"], cpu_layout="none", dtype="bfloat16")
     assert next(model.parameters()).dtype.is_floating_point and str(next(model.parameters()).dtype) == "torch.bfloat16"
+
+
+def test_processes_share_the_chunks_and_write_what_one_process_writes(env, tmp_path, capfd):
+    """Two one-thread processes (one started by the build) each answer every other chunk of prompts into the same
+    files: the same rows as one process, none twice, none torn; a killed run's unfinished row is cut first. (The
+    held-out prompts are the first chunk, the training prompts the second: one for each process.)"""
+    kw = {**KW, "magpie": None, "mix": "wordnet=1,builtin=1", "batch_size": 1}
+    one, two = tmp_path / "one", tmp_path / "two"
+    build(env["target"], one, answers=12, wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"], **kw)
+    build(env["target"], two, answers=6, wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"], **kw)
+    path = answers_path(two, "train")
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + lines[-1][:25])  # killed while writing its last answer
+    manifest = build(env["target"], two, answers=12, wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"],
+                     processes=2, **{**kw, "progress_output": True})
+    assert manifest["answers"]["done"] == 12 and manifest["runs"][-1]["processes"] == 2
+    printed = capfd.readouterr().out  # the started process's lines too
+    assert "cut its last, unfinished row" in printed
+    assert re.search(r"self-distill \(process 2 of 2\): (\d+)/\1 answers", printed)  # the training chunk
+    for split in ("train", "held_out"):
+        rows = read_rows(answers_path(two, split))
+        assert len(rows) == len({r["id"] for r in rows})  # none twice
+        key = lambda r: r["id"]
+        assert sorted(rows, key=key) == sorted(read_rows(answers_path(one, split)), key=key)
+    assert "12/12 answers" in status(two)
+    with pytest.raises(ValueError, match="--processes 2 with --device cuda --threads None: .* several are for the CPU"):
+        build(env["target"], two, answers=12, processes=2, device="cuda", **kw)
+    with pytest.raises(ValueError, match="--processes 0 with --device cpu"):
+        build(env["target"], two, answers=12, processes=0, **kw)

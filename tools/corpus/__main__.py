@@ -43,6 +43,9 @@ def _build_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together (16: decoding stays within "
                    "the rows hf_speculative's CPU kernel computes; default 16)")
     p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
+    p.add_argument("--processes", type=int, default=1, help="one-thread processes answering side by side on the "
+                   "CPU, each with its own copy of the target and every N-th chunk of prompts (a small target's "
+                   "batched decoding is bound by each core's arithmetic: one process per core; default 1)")
     p.add_argument("--device", default="cpu", help="where the target runs: cpu (default) or cuda; on a GPU give a "
                    "--batch-size and --magpie-batch-size in the hundreds")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"), help="the target's dtype (default: "
@@ -113,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               magpie={"batch_size": args.magpie_batch_size, "max_new_tokens": args.magpie_max_new_tokens,
                       "min_words": args.magpie_min_words, "temperature": args.magpie_temperature,
                       "top_p": args.magpie_top_p}, argv=argv, device=args.device, dtype=args.dtype,
-              lists=args.lists, max_minutes=args.max_minutes, sort_window=args.sort_window)
+              lists=args.lists, max_minutes=args.max_minutes, sort_window=args.sort_window,
+              processes=args.processes)
     except (OSError, ValueError, Exhausted) as error:
         p.exit(2, f"{p.prog}: error: {error}\n")
     print(status(args.out))

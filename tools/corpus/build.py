@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .answers import answer_all, load_target, progress
+from .answers import answer_all, answer_in_processes, load_target, progress
 from .files import magpie_path, prompts_path, read_prompts, read_rows, sole_writer
 from .manifest import (
     check_settings,
@@ -83,7 +83,7 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
           wordnet_dir: Path | None = None, fortune_dir: Path | None = None, magpie: dict | None = None,
           spec_bench: Path | None = None, argv: list[str] | None = None, progress_output: bool = True,
           device: str = "cpu", dtype: str | None = None, lists: Path | None = None, max_minutes: float | None = None,
-          sort_window: int = 1024) -> dict:
+          sort_window: int = 1024, processes: int = 1) -> dict:
     """Build, resume or grow the corpus in ``out`` to ``answers`` answers; returns its manifest.
 
     Stage 1 writes the prompt list (``prompts/*.jsonl``; :mod:`tools.corpus.prompts`), stage 2 the answers
@@ -93,7 +93,9 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
     package's Spec-Bench); ``lists``: a folder of ``python -m tools.corpus lists`` (:mod:`tools.corpus.lists`) whose
     WordNet and built-in lists are read instead of built here; ``max_minutes``: no chunk of answers starts after this
     many minutes of the build (the same command resumes); ``sort_window``: prompts answered are sorted by length
-    within windows of this many (0: each chunk of answers whole).
+    within windows of this many (0: each chunk of answers whole); ``processes``: one-thread processes answering
+    side by side on the CPU, each with its own copy of the target
+    (:func:`~tools.corpus.answers.answer_in_processes`).
 
     Raises:
         ValueError: ``out`` inside the repository, bad numbers or mix, settings other than the corpus's, a
@@ -103,6 +105,9 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
     started = time.perf_counter()
     out = check_out(out)
     _check_numbers(answers, held_out, max_new_tokens, max_prompt_tokens, batch_size)
+    if processes < 1 or processes > 1 and (device != "cpu" or threads not in (None, 1)):
+        raise ValueError(f"--processes {processes} with --device {device} --threads {threads}: give 1 or more "
+                         "processes; several are for the CPU, each with one thread (leave --threads out)")
     if max_minutes is not None and not max_minutes > 0 or sort_window < 0:
         raise ValueError(f"--max-minutes {max_minutes}, --sort-window {sort_window}: the minutes must be > 0 and the "
                          "window >= 0 (0: each chunk of answers sorted whole)")
@@ -126,13 +131,14 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
                       batch_size=batch_size, prompts_only=prompts_only, wordnet_dir=wordnet_dir,
                       fortune_dir=fortune_dir, magpie=options, argv=argv, progress_output=progress_output,
                       lists=(Path(lists), listed) if listed is not None else None,
-                      deadline=started + 60 * max_minutes if max_minutes else None, sort_window=sort_window)
+                      deadline=started + 60 * max_minutes if max_minutes else None, sort_window=sort_window,
+                      processes=processes)
 
 
 def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBenchFilter, *, batch_size: int,
            prompts_only: bool, wordnet_dir: Path | None, fortune_dir: Path | None, magpie: dict,
            argv: list[str] | None, progress_output: bool, lists: tuple[Path, dict] | None = None,
-           deadline: float | None = None, sort_window: int = 1024) -> dict:
+           deadline: float | None = None, sort_window: int = 1024, processes: int = 1) -> dict:
     """:func:`build` once its arguments are checked, holding ``out``'s lock; ``lists``: the folder of the lists to
     read and its checked ``lists.json``; ``deadline``: a ``time.perf_counter()`` after which no answers start."""
     shares, seed = parse_mix(settings["mix"]), settings["seed"]
@@ -143,6 +149,8 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
                     target=target_identity(run.name), spec_bench=_spec_bench_record(spec), versions=versions())
     record = {"command": manifest["command"], "answers_asked": answers, "batch_size": batch_size,
               "threads": run.threads, "cpu_layout": run.cpu_layout}
+    if processes > 1:
+        record["processes"] = processes
     if run.device != "cpu" or run.dtype is not None:
         record.update(device=run.device, dtype=run.dtype)
     if lists is not None:  # where the WordNet and built-in candidates were written, and which files
@@ -175,10 +183,16 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
     if prompts_only:
         return manifest
 
-    model, tokenizer = run.load()
-    complete = answer_all(out, model, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                          max_prompt_tokens=max_prompt_tokens, sort_window=sort_window, progress=progress_output,
-                          after_chunk=lambda: _refresh(out, manifest), deadline=deadline)
+    answer = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "max_prompt_tokens": max_prompt_tokens,
+              "sort_window": sort_window, "progress": progress_output}
+    if processes > 1:
+        load = {"target": run.name, "cpu_layout": run.cpu_layout, "device": run.device, "dtype": run.dtype}
+        complete = answer_in_processes(out, processes, load, answer, here=run.load, deadline=deadline,
+                                       after_chunk=lambda: _refresh(out, manifest))
+    else:
+        model, tokenizer = run.load()
+        complete = answer_all(out, model, tokenizer, after_chunk=lambda: _refresh(out, manifest), deadline=deadline,
+                              **answer)
     manifest["runs"][-1]["answers_done"] = progress(out)["done"]
     if not complete:
         manifest["runs"][-1]["stopped_by_max_minutes"] = True
