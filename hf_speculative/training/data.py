@@ -21,7 +21,7 @@ import collections
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -141,7 +141,7 @@ class FeatureCache:
     @torch.no_grad()
     def build(directory: str | Path, target: Any, examples: list[Example], layers: list[int], *,
               source: str = "", chunk: int = 64, batch_tokens: int | None = None, progress: bool = True,
-              state: Any = None) -> "FeatureCache":
+              state: Any = None, fast_cpu: bool = True) -> "FeatureCache":
         """Run ``target`` over ``examples`` (resuming a partial cache of the same source) and return the cache.
 
         Args:
@@ -158,6 +158,9 @@ class FeatureCache:
                 rows of the shared files and records what it finished in ``finished.<rank>.json``; the
                 main process then counts them into the index. Each example's rows are those one process
                 computes.
+            fast_cpu (`bool`, defaults to `True`): an fp32 target on the CPU, not laid out already, runs the pass
+                on ``hfs.optimize_for_cpu``'s path (hf_speculative's kernel where it runs), undone after: the
+                same features up to float rounding, 1.25x faster on SmolLM2-135M (one thread).
         """
         tqdm = require("tqdm.auto", "train", FEATURE).tqdm
 
@@ -187,6 +190,7 @@ class FeatureCache:
             size = max(1, -(-len(missing) // max(-(-pieces // count) * count, 1)))
         mine = [missing[a : a + size] for a in range(0, len(missing), size)][rank::count]
         features, final, top = _arrays(directory, meta, "r+")
+        undo = _cpu_path(target) if fast_cpu and mine else None
         tap = FeatureTap(target, list(layers))
         final_tap = FeatureTap(target, []) if layers else tap
         bar = tqdm(total=sum(map(len, mine)), desc="target features", disable=not progress)
@@ -216,6 +220,8 @@ class FeatureCache:
             tap.remove()
             final_tap.remove()
             bar.close()
+            if undo is not None:
+                undo()
         del features, final, top
         if count > 1:
             state.wait_for_everyone()
@@ -223,6 +229,19 @@ class FeatureCache:
                 _count_finished(directory, meta)
             state.wait_for_everyone()
         return FeatureCache(directory)
+
+
+def _cpu_path(target: Any) -> Callable[[], None] | None:
+    """Put an fp32 CPU ``target`` that is not laid out yet on ``hfs.optimize_for_cpu``'s path for a feature pass;
+    returns what undoes it (``None`` when nothing changed). The decoder's modules stay the ones the taps hook."""
+    from ..cpu.layout import cpu_layout, optimize_for_cpu
+
+    parameters = list(target.parameters())
+    if not parameters or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in parameters):
+        return None
+    if cpu_layout(target) != "none" or not optimize_for_cpu(target):
+        return None
+    return lambda: optimize_for_cpu(target, False)
 
 
 def _runs(indices: Iterable[int]) -> list[list[int]]:

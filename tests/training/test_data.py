@@ -200,3 +200,35 @@ def test_processes_share_the_cache_and_write_what_one_writes(tmp_path, monkeypat
     assert sorted(n for lengths in seen.values() for n in lengths) == sorted(LENGTHS[4:8])
     np.testing.assert_array_equal(np.asarray(alone.final), np.asarray(whole.final))
     assert alone.done == len(examples) and not list(folder.glob("finished.*"))
+
+
+def test_the_pass_runs_on_the_cpu_path_and_leaves_the_target_as_it_was(tmp_path):
+    """An fp32 CPU target runs the feature pass on optimize_for_cpu's path (the kernel, native layers for the short
+    examples), which is undone after: the features of the stock forward up to float rounding, the same argmax."""
+    from hf_speculative.cpu.layout import cpu_layout
+
+    target = build_model("llama", layers=3)
+    examples = examples_of(LENGTHS)
+    stock = FeatureCache.build(tmp_path / "stock", target, examples, [1, 0], batch_tokens=1, progress=False,
+                               fast_cpu=False)
+    seen = []
+    original = data._cpu_path
+
+    def spy(model):
+        undo = original(model)
+        seen.append(cpu_layout(model))
+        return undo
+
+    data._cpu_path = spy
+    try:
+        fast = FeatureCache.build(tmp_path / "fast", target, examples, [1, 0], batch_tokens=1, progress=False)
+    finally:
+        data._cpu_path = original
+    assert seen in (["all+kernel"], ["all"])  # the kernel where it builds, else the column-major layout
+    assert cpu_layout(target) == "none" and all(not m._forward_hooks for m in target.modules())
+    np.testing.assert_array_equal(np.asarray(fast.top), np.asarray(stock.top))
+    np.testing.assert_allclose(np.asarray(fast.features, np.float32), np.asarray(stock.features, np.float32),
+                               atol=2e-3)
+    np.testing.assert_allclose(np.asarray(fast.final, np.float32), np.asarray(stock.final, np.float32), atol=2e-3)
+    # a target laid out already, or not fp32, is left as it is
+    assert data._cpu_path(target.to(torch.bfloat16)) is None and cpu_layout(target) == "none"
