@@ -765,6 +765,9 @@ def _register_training_commands() -> None:
     app.command("export-eagle")(training_cli.export_eagle)
     app.command("self-distill")(training_cli.self_distill)
     app.command("sample-prompts")(training_cli.sample_prompts)
+    from ..training import cache_cli
+
+    app.command("cache-features")(cache_cli.cache_features)
     from ..training import medusa_cli
 
     app.command("train-medusa")(medusa_cli.train_medusa)

@@ -231,6 +231,10 @@ def train_eagle(
     features: Annotated[str, typer.Option(
         "--features", help="cache: the target's features computed once into OUT/cache, read every epoch; online: "
                            "computed for every batch (nothing on disk, the target runs again each epoch).")] = "cache",
+    feature_cache: Annotated[Optional[Path], typer.Option(
+        "--feature-cache", help="Read the target's features from this folder, built once by hf-speculative "
+                                "cache-features over the same --data, --max-length and --max-examples, instead of "
+                                "OUT/cache.")] = None,
     target_dtype: Annotated[Optional[str], typer.Option(
         "--target-dtype", help="The target's dtype while training: float32, bfloat16, float16 or auto (the "
                                "checkpoint's). Default: float32 on a CPU, the checkpoint's on a GPU. The drafter "
@@ -262,7 +266,8 @@ def train_eagle(
                           max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
                           refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens,
-                          features=features, target_dtype=target_dtype)
+                          features=features, target_dtype=target_dtype,
+                          feature_cache=str(feature_cache) if feature_cache else None)
         if init_from is not None:
             from .start import check_init_from
 

@@ -61,6 +61,9 @@ class TrainConfig:
             a memory-mapped cache in ``out/cache`` that every epoch reads; ``"online"`` runs it for every
             batch instead (nothing on disk, the target's forward repeated each epoch), for data whose
             features would not fit on disk. Both train on the same numbers.
+        feature_cache (`str`, *optional*): read the features from this folder, a cache that ``hf-speculative
+            cache-features`` built over the same examples (one pass of the target for every drafter trained on
+            them), instead of ``out/cache``.
         target_dtype (`str`, *optional*): the target's dtype while training (``"float32"``, ``"bfloat16"``,
             ``"float16"`` or ``"auto"``, its checkpoint's). Default: float32 on a CPU, the checkpoint's on an
             accelerator, as :func:`~hf_speculative.load_model` loads it. The drafter trains in float32 either way.
@@ -100,6 +103,7 @@ class TrainConfig:
     feature_batch_tokens: int | None = None
     features: str = "cache"
     target_dtype: str | None = None
+    feature_cache: str | None = None
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -121,6 +125,9 @@ class TrainConfig:
         if self.features not in ("cache", "online"):
             raise ValueError(f"TrainConfig(features={self.features!r}): use 'cache' (the target's features computed once "
                              "into OUT/cache) or 'online' (computed for every batch, nothing on disk).")
+        if self.feature_cache is not None and self.features == "online":
+            raise ValueError(f"{type(self).__name__}(feature_cache={self.feature_cache!r}, features='online'): a shared "
+                             "cache is read from disk; drop --features online or --feature-cache.")
         if self.features == "online" and self.feature_batch_tokens is not None:
             raise ValueError("TrainConfig(features='online', feature_batch_tokens=...): the batch size of the feature "
                              "cache does not apply online, where each training batch is one target forward; drop "

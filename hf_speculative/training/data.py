@@ -18,6 +18,7 @@ identical inputs. The cache is built in chunks and resumes after an interruption
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,13 +121,17 @@ class FeatureCache:
     (shapes, per-example offsets, how many examples are done, and a description of the source).
     """
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, layers: list[int] | None = None):
+        """Open the cache in ``directory``; ``layers`` (*optional*): the features of these stored layers only, in
+        this order (``[]``: the final normed state, EAGLE-1's feature), for a cache shared by several drafters
+        (:meth:`shared`); default every stored feature."""
         self.directory = Path(directory)
         meta = json.loads((self.directory / INDEX).read_text())
         self.meta = meta
         self.offsets: list[int] = meta["offsets"]
         self.done: int = meta["done"]
         self.features, self.final, self.top = _arrays(self.directory, meta, "r")
+        self._columns = _columns(meta, layers)
 
     def __len__(self) -> int:
         return self.done
@@ -134,8 +139,62 @@ class FeatureCache:
     def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Features `[T, F]`, final hidden states `[T, H]` (float32) and the target's argmax `[T]` of example ``i``."""
         a, b = self.offsets[i], self.offsets[i + 1]
-        return (torch.from_numpy(np.array(self.features[a:b])).float(), torch.from_numpy(np.array(self.final[a:b])).float(),
-                torch.from_numpy(np.array(self.top[a:b])).long())
+        final = torch.from_numpy(np.array(self.final[a:b])).float()
+        if isinstance(self._columns, str):  # "final"
+            features = final
+        else:
+            features = np.array(self.features[a:b] if self._columns is None else self.features[a:b, self._columns])
+            features = torch.from_numpy(features).float()
+        return features, final, torch.from_numpy(np.array(self.top[a:b])).long()
+
+    @staticmethod
+    def shared(directory: str | Path, target: Any, examples: list[Example], layers: list[int], *, target_name: str,
+               batch_tokens: int | None = None, progress: bool = True, state: Any = None) -> "FeatureCache":
+        """The cache ``hf-speculative cache-features`` built in ``directory`` (finished first if it was stopped),
+        read as a drafter that fuses ``layers`` needs (``[]``: the final normed state): one pass of the target
+        over the data serves EAGLE, DFlash and Medusa runs alike.
+
+        Raises:
+            FileNotFoundError: no cache there. ValueError: a cache of other examples (other ``--data``,
+                ``--max-length`` or ``--max-examples``), of another target, or without one of ``layers``.
+        """
+        directory = Path(directory)
+        index = directory / INDEX
+        if not index.exists():
+            raise FileNotFoundError(
+                f"--feature-cache {directory}: no feature cache there (no {INDEX}); build it first with "
+                f"hf-speculative cache-features --target {target_name} --data ... --out {directory}")
+        meta = json.loads(index.read_text())
+        try:
+            built = json.loads(meta["source"])
+            built = built if isinstance(built, dict) and built.get("shared") else None
+        except (KeyError, TypeError, ValueError):
+            built = None
+        if built is None:
+            raise ValueError(f"--feature-cache {directory}: a cache of one training run, not one that "
+                             "hf-speculative cache-features built; build a shared one with cache-features")
+        if built.get("target") != target_name:
+            raise ValueError(f"--feature-cache {directory} holds the features of target {built.get('target')!r}, "
+                             f"not {target_name!r}: give --target {built.get('target')} or build a cache for this one")
+        dtype = str(next(target.parameters()).dtype)
+        if built.get("dtype", dtype) != dtype:
+            raise ValueError(f"--feature-cache {directory} holds features of the target in {built['dtype']}, this run "
+                             f"loads it in {dtype}: give --target-dtype {built['dtype'].removeprefix('torch.')} or "
+                             "build a cache in this dtype")
+        digest = examples_digest(examples)
+        if built.get("examples_sha256") != digest:
+            raise ValueError(
+                f"--feature-cache {directory} was built for other examples ({meta.get('num_examples')} of them, "
+                f"--max-length {built.get('max_length')}) than this run's {len(examples)}: give the --data, "
+                "--max-length and --max-examples of its cache-features command, or build a cache for this data")
+        missing = [layer for layer in layers if layer not in meta["layers"]]
+        if missing:
+            raise ValueError(f"--feature-cache {directory} stores target layers {meta['layers']}, not {missing}, which "
+                             f"this drafter reads ({layers}): build a cache with cache-features --layers "
+                             f"{','.join(map(str, sorted(set(meta['layers']) | set(layers))))}")
+        FeatureCache.build(directory, target, examples, meta["layers"], source=meta["source"],
+                           batch_tokens=batch_tokens, progress=progress, state=state)
+        return FeatureCache(directory, layers)
 
     @staticmethod
     @torch.no_grad()
@@ -229,6 +288,32 @@ class FeatureCache:
                 _count_finished(directory, meta)
             state.wait_for_everyone()
         return FeatureCache(directory)
+
+
+def examples_digest(examples: Iterable[Example]) -> str:
+    """sha256 of the examples' token ids, in order: what a shared feature cache was computed over."""
+    digest = hashlib.sha256()
+    for ex in examples:
+        ids = np.asarray(ex.ids, dtype=np.int64)
+        digest.update(np.int64(len(ids)).tobytes())
+        digest.update(ids.tobytes())
+    return digest.hexdigest()
+
+
+def _columns(meta: dict, layers: list[int] | None) -> np.ndarray | str | None:
+    """Which feature columns :meth:`FeatureCache.get` returns for ``layers``: ``None`` (all of them), ``"final"``
+    (the final normed state) or the columns of each layer's block, in ``layers``' order."""
+    stored = list(meta["layers"])
+    if layers is None or list(layers) == stored:
+        return None
+    if not layers:
+        return "final"
+    missing = [layer for layer in layers if layer not in stored]
+    if missing:
+        raise ValueError(f"FeatureCache({meta.get('source', '')!r}): layers {missing} are not stored (only {stored})")
+    hidden = meta["hidden_size"]
+    return np.concatenate([np.arange(stored.index(layer) * hidden, (stored.index(layer) + 1) * hidden)
+                           for layer in layers])
 
 
 def _cpu_path(target: Any) -> Callable[[], None] | None:

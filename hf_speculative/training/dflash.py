@@ -76,8 +76,8 @@ class DFlashTrainConfig:
         draft_vocab (`int`, *optional*): save a draft vocabulary of this many ids with the drafter: the most frequent
             tokens of the training examples (``draft_vocab.safetensors``; the drafter then reads only those
             rows of the lm_head: on a CPU about half a drafting step). Training itself uses the whole vocabulary.
-        features (`str`, ``"cache"``), feature_batch_tokens, target_dtype, threads, seed, max_examples: as
-            ``train-eagle``'s.
+        features (`str`, ``"cache"``), feature_batch_tokens, feature_cache, target_dtype, threads, seed,
+            max_examples: as ``train-eagle``'s.
     """
 
     target: str
@@ -106,6 +106,7 @@ class DFlashTrainConfig:
     draft_vocab: int | None = None
     features: str = "cache"
     feature_batch_tokens: int | None = None
+    feature_cache: str | None = None
     target_dtype: str | None = None
     threads: int | None = None
     seed: int = 0
@@ -129,6 +130,9 @@ class DFlashTrainConfig:
             self.gamma = GAMMA_BY_BLOCK.get(self.block_size, self.block_size / 2)
         if self.features not in ("cache", "online"):
             raise ValueError(f"DFlashTrainConfig(features={self.features!r}): use 'cache' or 'online'.")
+        if self.feature_cache is not None and self.features == "online":
+            raise ValueError(f"{type(self).__name__}(feature_cache={self.feature_cache!r}, features='online'): a shared "
+                             "cache is read from disk; drop --features online or --feature-cache.")
         if self.features == "online" and self.feature_batch_tokens is not None:
             raise ValueError("DFlashTrainConfig(features='online', feature_batch_tokens=...): the feature cache's batch "
                              "does not apply online; drop --feature-batch-tokens or use --features cache.")

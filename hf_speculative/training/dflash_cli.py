@@ -59,6 +59,10 @@ def train_dflash(
                                      "tokens): a drafting step reads only those lm_head rows (8192 for a 49k "
                                      "vocabulary about halves it on a CPU).")] = None,
     features: Annotated[str, typer.Option("--features", help="cache (OUT/cache) or online.")] = "cache",
+    feature_cache: Annotated[Optional[Path], typer.Option(
+        "--feature-cache", help="Read the target's features from this folder, built once by hf-speculative "
+                                "cache-features over the same --data, --max-length and --max-examples, instead of "
+                                "OUT/cache.")] = None,
     feature_batch_tokens: Annotated[Optional[int], typer.Option(
         "--feature-batch-tokens", min=1, help="Padded tokens per target forward when caching features.")] = None,
     target_dtype: Annotated[Optional[str], typer.Option(
@@ -87,7 +91,7 @@ def train_dflash(
                                 grad_accum=grad_accum, batch_size=batch_size, max_length=max_length,
                                 eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples,
                                 max_minutes=max_minutes, save_dtype=save_dtype, draft_vocab=draft_vocab,
-                                features=features,
+                                features=features, feature_cache=str(feature_cache) if feature_cache else None,
                                 feature_batch_tokens=feature_batch_tokens, target_dtype=target_dtype, threads=threads,
                                 seed=seed)
         _check_shape(cfg)

@@ -125,6 +125,11 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
     online = None
     if cfg.features == "online":
         source = online = OnlineFeatures(target, examples, layers)
+    elif cfg.feature_cache:
+        source = FeatureCache.shared(cfg.feature_cache, target, examples, layers, target_name=cfg.target,
+                                     batch_tokens=cfg.feature_batch_tokens,
+                                     progress=progress and accelerator.is_main_process,
+                                     state=accelerator if accelerator.num_processes > 1 else None)
     else:
         source = FeatureCache.build(out / "cache", target, examples, layers,
                                     source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),

@@ -140,6 +140,11 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     online = None
     if cfg.features == "online":  # computed batch by batch, each process its own
         source = online = OnlineFeatures(target, examples, eagle_cfg.target_layers)
+    elif cfg.feature_cache:  # one pass of the target for every drafter trained on this data
+        source = FeatureCache.shared(cfg.feature_cache, target, examples, eagle_cfg.target_layers, target_name=cfg.target,
+                                     batch_tokens=cfg.feature_batch_tokens,
+                                     progress=progress and accelerator.is_main_process,
+                                     state=accelerator if accelerator.num_processes > 1 else None)
     else:
         source = FeatureCache.build(out / "cache", target, examples, eagle_cfg.target_layers,
                                     source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),

@@ -35,6 +35,7 @@ class MedusaTrainConfig:
         positions (`int`, 512): positions learnt per batch, drawn at random among the learnt ones.
         max_minutes (`float`, *optional*): stop training after this much wall time (then validate and save).
         tree_nodes (`int`, 16): size of the static tree calibrated on the validation ranks (``tree.json``).
+        features (`str`, ``"cache"``), feature_cache (`str`, *optional*): as ``train-eagle``'s.
     """
 
     target: str
@@ -61,6 +62,7 @@ class MedusaTrainConfig:
     threads: int | None = None
     seed: int = 0
     features: str = "cache"
+    feature_cache: str | None = None
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -70,6 +72,9 @@ class MedusaTrainConfig:
         MedusaConfig(num_heads=self.heads, hidden_size=1, vocab_size=1, num_layers=self.layers, lm_head=self.lm_head)
         if self.features not in ("cache", "online"):
             raise ValueError(f"MedusaTrainConfig(features={self.features!r}): use 'cache' or 'online'.")
+        if self.feature_cache is not None and self.features == "online":
+            raise ValueError(f"{type(self).__name__}(feature_cache={self.feature_cache!r}, features='online'): a shared "
+                             "cache is read from disk; drop --features online or --feature-cache.")
         checks = {"decay": 0 < self.decay <= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,
                   "batch_size": self.batch_size >= 1, "max_length": self.max_length >= 8, "positions": self.positions >= 1,
                   "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1, "tree_nodes": 1 <= self.tree_nodes <= 64,

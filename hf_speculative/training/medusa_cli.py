@@ -40,6 +40,10 @@ def train_medusa(
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     features: Annotated[str, typer.Option("--features", help="cache (OUT/cache) or online.")] = "cache",
+    feature_cache: Annotated[Optional[Path], typer.Option(
+        "--feature-cache", help="Read the target's features from this folder, built once by hf-speculative "
+                                "cache-features over the same --data, --max-length and --max-examples, instead of "
+                                "OUT/cache.")] = None,
 ) -> None:
     """Train Medusa heads for --target (Medusa-1: the target frozen; resumes from OUT/checkpoint when present)."""
     from .medusa import MedusaTrainConfig
@@ -59,7 +63,8 @@ def train_medusa(
                                 decay=decay, epochs=epochs, lr=lr, grad_accum=grad_accum, batch_size=batch_size,
                                 max_length=max_length, positions=positions, eval_every=eval_every,
                                 val_prompts=val_prompts, tree_nodes=tree_nodes, max_examples=max_examples,
-                                max_minutes=max_minutes, threads=threads, seed=seed, features=features)
+                                max_minutes=max_minutes, threads=threads, seed=seed, features=features,
+                                feature_cache=str(feature_cache) if feature_cache else None)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     if prompts:

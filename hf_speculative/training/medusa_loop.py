@@ -60,6 +60,10 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
     online = None
     if cfg.features == "online":
         source = online = OnlineFeatures(target, examples, [])
+    elif cfg.feature_cache:
+        source = FeatureCache.shared(cfg.feature_cache, target, examples, [], target_name=cfg.target,
+                                     progress=progress and accelerator.is_main_process,
+                                     state=accelerator if accelerator.num_processes > 1 else None)
     else:
         source = FeatureCache.build(out / "cache", target, examples, [],
                                     source=json.dumps([cfg.data, cfg.max_length, cfg.max_examples, cfg.target]),
