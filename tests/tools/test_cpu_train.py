@@ -1,0 +1,63 @@
+"""``python -m tools.cpu_train``: issue 72's CPU agenda on a tiny target, in one process: the shared features' pass,
+then EAGLE, DFlash and Medusa trained on it, each a drafter that drafts exactly; the same command goes on after a
+stop, skipping what is done, with each trainer's budget less its share of the features' time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import hf_speculative as hfs
+from hf_speculative.training.selfdistill import generate_responses
+from tests.training.conftest import assert_drafts_exactly, write_prompts
+from tests.training.test_dflash_training import deep_chat_checkpoint  # noqa: F401 (a fixture)
+from tools.cpu_train import main, planned_steps, status
+
+
+@pytest.fixture
+def corpus(tmp_path, deep_chat_checkpoint):  # noqa: F811
+    model, tokenizer = hfs.load_model(str(deep_chat_checkpoint))
+    rows = [json.loads(line) for line in write_prompts(tmp_path / "prompts.jsonl").read_text().splitlines()]
+    generate_responses(model, tokenizer, rows, tmp_path / "corpus" / "answers" / "train.jsonl", max_new_tokens=12,
+                       batch_size=8, progress=False)
+    return tmp_path / "corpus"
+
+
+def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, deep_chat_checkpoint, corpus,  # noqa: F811
+                                                                   capsys):
+    work = tmp_path / "work"
+    args = ["--work", str(work), "--target", str(deep_chat_checkpoint), "--tiny", "--processes", "1"]
+    with pytest.raises(SystemExit, match="give --corpus DIR for a new --work folder"):
+        main(args)
+    assert main([*args, "--corpus", str(corpus), "--steps", "features,eagle", "--max-examples", "20"]) == 0
+    agenda = json.loads((work / "agenda.json").read_text())
+    assert agenda["settings"]["max_examples"] == 20 and agenda["settings"]["data"].endswith("answers/train.jsonl")
+    assert agenda["steps"]["features"]["done"] and agenda["steps"]["eagle"]["done"]
+    assert (work / "features" / "index.json").is_file() and not (work / "eagle" / "cache").exists()
+    features_minutes = agenda["steps"]["features"]["seconds"] / 60
+    assert f"--max-minutes {60 * 4.0 - features_minutes / 3:.1f}" in agenda["steps"]["eagle"]["command"]
+    assert "--max-examples 20" in agenda["steps"]["eagle"]["command"]
+
+    assert main(args) == 0  # the same command, all steps: the done ones skipped, the settings kept
+    printed = capsys.readouterr().out
+    assert "features: done already" in printed and "eagle: done already" in printed
+    agenda = json.loads((work / "agenda.json").read_text())
+    assert all(agenda["steps"][step]["done"] for step in ("features", "eagle", "dflash", "medusa"))
+    assert agenda["steps"]["features"]["runs"] == 1 and agenda["steps"]["dflash"]["runs"] == 1
+    assert "last validation: step" in status(work)
+
+    model, tokenizer = hfs.load_model(str(deep_chat_checkpoint))
+    hfs.enable(model)
+    for drafter in (hfs.Eagle.from_pretrained(work / "eagle", target=model, adaptive=False, confidence_threshold=0.0),
+                    hfs.DFlash.from_pretrained(work / "dflash", target=model, adaptive=False,
+                                               confidence_threshold=0.0),
+                    hfs.Medusa.from_pretrained(work / "medusa", target=model, tree="calibrated", adaptive=False,
+                                               confidence_threshold=0.0)):
+        assert_drafts_exactly(model, tokenizer, drafter)
+
+
+def test_planned_steps_are_the_trainers():
+    assert planned_steps(20, 4, 1, 1.0) == 5  # 19 trained (one in 20 held out), 4 a step
+    assert planned_steps(20_000, 4, 2, 1.0) == 2375
+    assert planned_steps(20, 4, 2, 2.0) == 6

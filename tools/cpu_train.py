@@ -1,0 +1,226 @@
+"""Issue 72's CPU agenda in one resumable command: the target's features over a corpus's training answers computed
+once (``hf-speculative cache-features``), then EAGLE-3, DFlash and Medusa trained on them (``--feature-cache``),
+each within its share of the issue's budget (about 4 hours of this CPU per drafter in all, the features' pass
+counted a third to each).
+
+    nice -n 19 python -m tools.cpu_train --corpus ~/corpora/smollm2-135m-instruct --work ~/training/smollm2 &
+    python -m tools.cpu_train --work ~/training/smollm2 --status
+
+Every step is a ``hf-speculative`` command in ``--processes`` one-thread processes (``torchrun``: on a small target
+two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output
+in ``WORK/logs/STEP.log``. The same command goes on after an interruption: the features' pass and each trainer
+resume from their files (a trainer's ``--max-minutes`` counts its time over resumes), and a finished step (recorded
+in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those of the GPU agenda
+(``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused low/mid/high features and
+a draft vocabulary chosen from the data (continued from the shipped drafter, ``--refresh-vocab``); DFlash blocks of
+10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary; Medusa-1's 4 heads on the target's
+lm_head with a calibrated 16-node tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NAME = "smollm2-135m-instruct"
+STEPS = ("features", "eagle", "dflash", "medusa")
+VALIDATIONS = 8  # per training run, the last at its end
+RECIPES = {
+    "eagle": ["--eagle3", "--draft-vocab-size", "8192", "--unroll", "7", "--lr", "3e-4", "--batch-size", "4",
+              "--grad-accum", "1", "--val-prompts", "8"],
+    "dflash": ["--block-size", "10", "--layers", "2", "--target-layers", "5", "--anchors", "512", "--draft-vocab",
+               "8192", "--save-dtype", "float16", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "8"],
+    "medusa": ["--heads", "4", "--layers", "1", "--lm-head", "target", "--tree-nodes", "16", "--batch-size", "4",
+               "--grad-accum", "1", "--val-prompts", "4"],
+}
+# the dry run's (tests/tools/test_cpu_train.py, a tiny target of a 128-token vocabulary)
+TINY = {"eagle": ["--eagle3", "--draft-vocab-size", "24", "--unroll", "3", "--lr", "1e-2", "--batch-size", "4",
+                  "--grad-accum", "1", "--val-prompts", "1"],
+        "dflash": ["--block-size", "4", "--layers", "1", "--target-layers", "3", "--anchors", "8", "--draft-vocab",
+                   "24", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "1"],
+        "medusa": ["--heads", "2", "--tree-nodes", "4", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "1"]}
+
+
+def _count_rows(path: Path) -> int:
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip() and line.endswith("\n"))
+
+
+def planned_steps(examples: int, batch_size: int, processes: int, epochs: float, val_every: int = 20) -> int:
+    """Optimizer steps of a trainer over ``examples`` (every ``val_every``-th held out), ``batch_size`` sequences a
+    forward and process, no accumulation: the trainers' own ``total_steps``."""
+    train = examples - math.ceil(examples / val_every)
+    return max(1, math.ceil(math.ceil(math.ceil(max(train, 1) / batch_size) / processes) * epochs))
+
+
+class Agenda:
+    """``WORK/agenda.json``: the settings of the run and, per step, its wall seconds over resumes and whether it
+    finished."""
+
+    def __init__(self, work: Path):
+        self.path = work / "agenda.json"
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {"steps": {}}
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp.replace(self.path)
+
+    def step(self, name: str) -> dict:
+        return self.data["steps"].setdefault(name, {"seconds": 0.0, "done": False, "runs": 0})
+
+
+def settings_of(args: argparse.Namespace, agenda: Agenda, *, keep: bool = True) -> dict:
+    """The run's data and sizes, fixed at its first start (the features and every trainer must see the same
+    examples): the corpus's training answers then, or ``--max-examples``."""
+    if "settings" in agenda.data:
+        return agenda.data["settings"]
+    if args.corpus is None:
+        raise SystemExit("give --corpus DIR for a new --work folder")
+    data = Path(args.corpus).expanduser().resolve() / "answers" / "train.jsonl"
+    if not data.is_file():
+        raise SystemExit(f"{data}: no training answers (build the corpus first: python -m tools.corpus build ...)")
+    examples = min(_count_rows(data), args.max_examples or sys.maxsize)
+    agenda.data["settings"] = {"data": str(data), "max_examples": examples, "max_length": args.max_length,
+                               "processes": args.processes, "hours_per_drafter": args.hours_per_drafter,
+                               "epochs": {"eagle": args.epochs, "dflash": args.epochs, "medusa": args.epochs},
+                               "target": args.target, "tiny": args.tiny,
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if keep:
+        agenda.save()
+    return agenda.data["settings"]
+
+
+def command(step: str, settings: dict, work: Path, agenda: Agenda) -> list[str]:
+    """The ``hf-speculative`` arguments of ``step``."""
+    common = ["--target", settings["target"], "--data", settings["data"], "--max-length", str(settings["max_length"]),
+              "--max-examples", str(settings["max_examples"]), "--threads", "1"]
+    if step == "features":  # by default the layers EAGLE-3 and DFlash read by default
+        tiny = ["--layers", "1,2,3"] if settings.get("tiny") else []
+        return ["cache-features", *common, *tiny, "--out", str(work / "features")]
+    features_minutes = agenda.step("features")["seconds"] / 60
+    budget = 60 * settings["hours_per_drafter"] - features_minutes / 3  # the shared pass, a third to each drafter
+    recipe = (TINY if settings.get("tiny") else RECIPES)[step]
+    if step == "eagle" and settings["target"] == NAME:  # continued from the shipped drafter, its vocabulary chosen again
+        recipe = [*recipe, "--init-from", NAME, "--refresh-vocab"]
+    batch = int(recipe[recipe.index("--batch-size") + 1])
+    epochs = settings["epochs"][step]
+    steps = planned_steps(settings["max_examples"], batch, settings["processes"], epochs)
+    return [f"train-{step}", *common, *recipe, "--feature-cache", str(work / "features"), "--out", str(work / step),
+            "--epochs", f"{epochs:g}", "--eval-every", str(steps // VALIDATIONS + 1),
+            "--max-minutes", f"{max(budget, 1.0):.1f}", "--seed", "0"]
+
+
+def launcher(processes: int) -> list[str]:
+    """How each step starts: one process, or ``processes`` one-thread processes under torchrun."""
+    if processes == 1:
+        return [sys.executable, "-m", "hf_speculative"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+            "-m", "hf_speculative"]
+
+
+def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: bool = False) -> int:
+    """Run ``step`` (resuming its files), its wall time added to the agenda; returns its exit code."""
+    argv = launcher(settings["processes"]) + command(step, settings, work, agenda)
+    record = agenda.step(step)
+    log = work / "logs" / f"{step}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {step}: {shlex.join(argv)}", flush=True)
+    if dry_run:
+        return 0
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    record["runs"] += 1
+    record["command"] = shlex.join(argv)
+    agenda.save()
+    started = time.perf_counter()
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shlex.join(argv)}\n")
+        out.flush()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            code = proc.wait()
+        finally:  # an interrupted agenda keeps the time its step ran
+            if proc.poll() is None:
+                proc.terminate()
+            record["seconds"] += time.perf_counter() - started
+            agenda.save()
+    record["done"] = code == 0
+    record["returncode"] = code
+    agenda.save()
+    print(f"[{time.strftime('%H:%M:%S')}] {step}: exit {code} after {record['seconds'] / 60:.1f} min in all "
+          f"(log {log})", flush=True)
+    return code
+
+
+def status(work: Path) -> str:
+    agenda = Agenda(work)
+    lines = [f"{work}: {json.dumps(agenda.data.get('settings', {}))}"]
+    for step in STEPS:
+        record = agenda.data["steps"].get(step)
+        if record is None:
+            lines.append(f"  {step:<8} not started")
+            continue
+        lines.append(f"  {step:<8} {'done' if record['done'] else 'not finished'}, {record['seconds'] / 60:.1f} min "
+                     f"over {record['runs']} run(s)")
+        log = Path(work) / step / "train_log.jsonl"
+        if log.is_file():
+            rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            if rows:
+                last = rows[-1]
+                keys = ("step", "val_tau", "val_tau_tree", "val_tau_chain", "val_acc", "val_top1")
+                lines.append("           last validation: " + ", ".join(f"{k} {last[k]}" for k in keys if k in last))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.cpu_train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True, help="folder of the features, the drafters and the logs")
+    parser.add_argument("--corpus", type=Path, help="the corpus (python -m tools.corpus build --out); its "
+                        "answers/train.jsonl is read as it is at the first start")
+    parser.add_argument("--steps", default=",".join(STEPS), help="steps to run, in order (default %(default)s)")
+    parser.add_argument("--processes", type=int, default=2, help="one-thread processes per step (default 2)")
+    parser.add_argument("--hours-per-drafter", type=float, default=4.0, help="each drafter's budget, the features' "
+                        "pass counted a third to each (default 4)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="passes of each trainer over the data (default 1)")
+    parser.add_argument("--max-examples", type=int, help="the first N training answers (default all at the start)")
+    parser.add_argument("--max-length", type=int, default=1280, help="longest sequence (default 1280: a 1,024-token "
+                        "prompt and its 192-token answer whole)")
+    parser.add_argument("--target", default=NAME, help="the target (default %(default)s, whose shipped EAGLE drafter "
+                        "the EAGLE run continues)")
+    parser.add_argument("--tiny", action="store_true", help="the tests' recipes: small vocabularies and blocks")
+    parser.add_argument("--status", action="store_true", help="print where the agenda stands and stop")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    work = args.work.expanduser().resolve()
+    if args.status:
+        print(status(work))
+        return 0
+    steps = [s for s in args.steps.split(",") if s]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown or args.processes < 1 or not args.hours_per_drafter > 0 or not args.epochs > 0:
+        parser.error(f"--steps {args.steps} (of {', '.join(STEPS)}), --processes {args.processes} (>= 1), "
+                     f"--hours-per-drafter {args.hours_per_drafter} and --epochs {args.epochs} (> 0)")
+    work.mkdir(parents=True, exist_ok=True)
+    agenda = Agenda(work)
+    settings = settings_of(args, agenda, keep=not args.dry_run)
+    for step in steps:
+        if agenda.step(step)["done"]:
+            print(f"{step}: done already ({agenda.step(step)['seconds'] / 60:.1f} min)", flush=True)
+            continue
+        if step != "features" and not agenda.step("features")["done"] and not args.dry_run:
+            print(f"{step}: waits for the features' pass", flush=True)
+            return 1
+        if run_step(step, settings, work, agenda, dry_run=args.dry_run) != 0:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
