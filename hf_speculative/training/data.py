@@ -156,7 +156,8 @@ class FeatureCache:
 
         Raises:
             FileNotFoundError: no cache there. ValueError: a cache of other examples (other ``--data``,
-                ``--max-length`` or ``--max-examples``), of another target, or without one of ``layers``.
+                ``--max-length`` or ``--max-examples``), of another target or dtype, without one of ``layers``, or
+                a training run's own cache.
         """
         directory = Path(directory)
         index = directory / INDEX
@@ -219,7 +220,7 @@ class FeatureCache:
                 computes.
             fast_cpu (`bool`, defaults to `True`): an fp32 target on the CPU, not laid out already, runs the pass
                 on ``hfs.optimize_for_cpu``'s path (hf_speculative's kernel where it runs), undone after: the
-                same features up to float rounding, 1.25x faster on SmolLM2-135M (one thread).
+                same features up to float rounding, 1.17x faster on SmolLM2-135M (one thread).
         """
         tqdm = require("tqdm.auto", "train", FEATURE).tqdm
 
