@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import _training_extra
+from .cli import _training_extra, layer_indices
 
 
 def default_layers(num_layers: int) -> list[int]:
@@ -34,10 +34,7 @@ def default_layers(num_layers: int) -> list[int]:
 
 def parse_layers(text: str, num_layers: int) -> list[int]:
     """``--layers 1,8,14``: decoder layer indices of the target, each once."""
-    try:
-        layers = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        layers = []
+    layers = layer_indices(text) or []
     if not layers or len(set(layers)) != len(layers) or not all(0 <= layer < num_layers for layer in layers):
         raise typer.BadParameter(f"--layers {text}: give distinct decoder layer indices in 0..{num_layers - 1}, "
                                  "comma-separated (e.g. 1,8,14,20,26,27)")
@@ -70,13 +67,14 @@ def cache_features(
 
     from .. import compat
     from ..registry.models import load_model
-    from .data import FeatureCache, examples_digest, read_examples
+    from .config import TARGET_DTYPES
+    from .data import FeatureCache, examples_digest, training_examples
     from .loop import process_state
 
     _training_extra()
     if not data:
         raise typer.BadParameter("give --data FILE (repeatable): the training data the drafters will read")
-    if target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+    if target_dtype not in TARGET_DTYPES:
         raise typer.BadParameter(f"--target-dtype {target_dtype}: use float32, bfloat16, float16 or auto")
     state = process_state()
     if threads:
@@ -86,9 +84,7 @@ def cache_features(
     model.requires_grad_(False).eval().to(state.device)
     depth = int(compat.text_config(model.config).num_hidden_layers)
     chosen = parse_layers(layers, depth) if layers else default_layers(depth)
-    examples = [ex for path in data for ex in read_examples(path, tokenizer, max_length)]
-    if max_examples:
-        examples = examples[:max_examples]
+    examples = training_examples(data, tokenizer, max_length, max_examples)
     source = json.dumps({"shared": True, "target": target, "dtype": str(next(model.parameters()).dtype),
                          "max_length": max_length, "data": list(data), "max_examples": max_examples,
                          "examples_sha256": examples_digest(examples)})

@@ -35,6 +35,15 @@ def _refuse_moved_list(spec: str, passages: list[Path]) -> None:
         "`hf-speculative sample-prompts`).")
 
 
+def layer_indices(text: str) -> list[int] | None:
+    """A comma-separated list of layer indices (``--layers``, ``--target-layer-ids``) as integers, spaces and
+    empty parts ignored; ``None`` when a part is not an integer (each command words its own refusal)."""
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        return None
+
+
 def _training_extra() -> None:
     """Stop with the ``pip install "hf-speculative[train]"`` to run when accelerate or tqdm is missing, before
     anything loads (instead of a traceback from deep inside the run)."""

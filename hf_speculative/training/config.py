@@ -9,6 +9,8 @@ from typing import Any
 
 # What needs the [train] extra (accelerate, tqdm), in the message that names `pip install "hf-speculative[train]"`
 FEATURE = "drafter training (hf-speculative self-distill / train-eagle)"
+# --target-dtype's choices (None: float32 on a CPU, the checkpoint's own on an accelerator), for every trainer
+TARGET_DTYPES = (None, "auto", "float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
@@ -132,7 +134,7 @@ class TrainConfig:
             raise ValueError("TrainConfig(features='online', feature_batch_tokens=...): the batch size of the feature "
                              "cache does not apply online, where each training batch is one target forward; drop "
                              "--feature-batch-tokens or use --features cache.")
-        if self.target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        if self.target_dtype not in TARGET_DTYPES:
             raise ValueError(f"TrainConfig(target_dtype={self.target_dtype!r}): use float32, bfloat16, float16 or auto "
                              "(the checkpoint's own).")
         if self.unroll is None:

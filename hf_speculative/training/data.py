@@ -88,6 +88,14 @@ def read_examples(path: str | Path, tokenizer: Any = None, max_length: int = 102
     return examples
 
 
+def training_examples(data: list[str], tokenizer: Any, max_length: int, max_examples: int | None) -> list[Example]:
+    """The examples every trainer and ``cache-features`` train from: each file of ``data`` read in turn by
+    :func:`read_examples`, the list cut to its first ``max_examples``. One function for all four, since a shared
+    feature cache is matched to a trainer by these examples' digest."""
+    examples = [ex for path in data for ex in read_examples(path, tokenizer, max_length)]
+    return examples[:max_examples] if max_examples else examples
+
+
 def token_frequencies(examples: Iterable[Example]) -> collections.Counter:
     """How often each token is a learnt next token (what a reduced draft vocabulary must cover)."""
     counts: collections.Counter = collections.Counter()

@@ -45,6 +45,7 @@ from torch.nn import functional as F
 from .. import compat
 from ..drafters.dflash.config import LAYER_TYPES, MAX_BLOCK_SIZE, DFlashConfig
 from ..drafters.dflash.model import DFlashDraftModel
+from .config import TARGET_DTYPES
 
 STATE = "checkpoint"
 LOG = "train_log.jsonl"
@@ -144,7 +145,7 @@ class DFlashTrainConfig:
                                  "ids (the recipe: 8192 for a 49k vocabulary), or None for the whole vocabulary.")
         if self.save_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"DFlashTrainConfig(save_dtype={self.save_dtype!r}): use float32, float16 or bfloat16.")
-        if self.target_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        if self.target_dtype not in TARGET_DTYPES:
             raise ValueError(f"DFlashTrainConfig(target_dtype={self.target_dtype!r}): use float32, bfloat16, float16 "
                              "or auto (the checkpoint's own).")
         checks = {"layers": 1 <= self.layers <= 64, "target_layers": 1 <= self.target_layers <= 64,

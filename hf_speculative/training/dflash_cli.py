@@ -7,17 +7,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import PromptsOpt, _prompt_rows, _training_extra, self_distill
+from .cli import PromptsOpt, _prompt_rows, _training_extra, layer_indices, self_distill
 
 
 def _layer_list(text: Optional[str]) -> Optional[list[int]]:
     if text is None:
         return None
-    try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
+    layers = layer_indices(text)
+    if layers is None:
         raise typer.BadParameter(f"--target-layer-ids {text!r}: give comma-separated layer indices, e.g. "
-                                 "1,8,14,20,27") from None
+                                 "1,8,14,20,27")
+    return layers
 
 
 def train_dflash(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .batches import CachedExamples, EpochOrder, pad_batch
-from .data import FeatureCache, read_examples
+from .data import FeatureCache, training_examples
 from .evaluate import greedy_tau
 from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary_all_tokens, lr_factor, new_network,
                      tau_estimate, vocabulary_coverage, window_embedder)
@@ -108,9 +108,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
     if saved_ids is not None and saved_ids != net.config.target_layer_ids:
         raise ValueError(f"{out} holds a run reading target layers {saved_ids}, this one reads "
                          f"{net.config.target_layer_ids}: resume with the same settings or use another --out.")
-    examples = [ex for path in cfg.data for ex in read_examples(path, tokenizer, cfg.max_length)]
-    if cfg.max_examples:
-        examples = examples[: cfg.max_examples]
+    examples = training_examples(cfg.data, tokenizer, cfg.max_length, cfg.max_examples)
     val_idx = [i for i in range(len(examples)) if i % cfg.val_every == 0]
     train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
     if not train_idx:

@@ -29,7 +29,7 @@ from ..drafters.eagle.config import EagleConfig
 from ..extras import require
 from .config import FEATURE, TrainConfig
 from .batches import CachedExamples, EpochOrder, pad_batch
-from .data import FeatureCache, read_examples
+from .data import FeatureCache, training_examples
 from .evaluate import validation_tau
 from .losses import eagle_loss
 from .online import OnlineFeatures
@@ -126,9 +126,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     dtype = cfg.target_dtype or ("float32" if accelerator.device.type == "cpu" else "auto")  # load_model's default
     target, tokenizer = load_model(cfg.target, dtype=dtype)
     target.requires_grad_(False).eval().to(accelerator.device)
-    examples = [ex for path in cfg.data for ex in read_examples(path, tokenizer, cfg.max_length)]
-    if cfg.max_examples:
-        examples = examples[: cfg.max_examples]
+    examples = training_examples(cfg.data, tokenizer, cfg.max_length, cfg.max_examples)
     val_idx = [i for i in range(len(examples)) if i % cfg.val_every == 0]
     train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
     net, warm = initial_network(cfg, target, [examples[i] for i in train_idx])

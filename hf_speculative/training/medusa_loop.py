@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .batches import CachedExamples, EpochOrder, pad_batch
-from .data import FeatureCache, read_examples
+from .data import FeatureCache, training_examples
 from .loop import _Progress, float32_pieces, start_run
 from .medusa import LOG, STATE, MedusaTrainConfig, medusa_loss, new_heads, real_tau, validate
 from .online import OnlineFeatures
@@ -48,9 +48,7 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
     from ..core.tree_shapes import StaticTree
     target, tokenizer = load_model(cfg.target, dtype="float32" if accelerator.device.type == "cpu" else "auto")
     target.requires_grad_(False).eval().to(accelerator.device)
-    examples = [ex for path in cfg.data for ex in read_examples(path, tokenizer, cfg.max_length)]
-    if cfg.max_examples:
-        examples = examples[: cfg.max_examples]
+    examples = training_examples(cfg.data, tokenizer, cfg.max_length, cfg.max_examples)
     val_idx = [i for i in range(len(examples)) if i % cfg.val_every == 0]
     train_idx = [i for i in range(len(examples)) if i % cfg.val_every != 0]
     if not train_idx:

@@ -62,6 +62,12 @@ def load_target(target: str, *, cpu_layout: str = "auto", threads: int | None = 
     return model, tokenizer
 
 
+def repair_answers(path: Path) -> None:
+    """Cut a stopped run's unfinished last row of an answers file, saying so (its prompt is answered again)."""
+    if repair_tail(path):
+        print(f"{path}: cut its last, unfinished row (a stopped run); answering it again", flush=True)
+
+
 def answer_all(out: Path, model: Any, tokenizer: Any, *, max_new_tokens: int, batch_size: int,
                max_prompt_tokens: int, sort_window: int = 1024, chunk: int = CHUNK, progress: bool = True,
                after_chunk: Callable[[], None] = lambda: None, deadline: float | None = None,
@@ -78,8 +84,8 @@ def answer_all(out: Path, model: Any, tokenizer: Any, *, max_new_tokens: int, ba
     number = -1
     for split in ("held_out", "train"):
         rows, path = read_rows(prompts_path(out, split)), answers_path(out, split)
-        if count == 1 and repair_tail(path):  # several processes start together, with whole rows (one write each)
-            print(f"{path}: cut its last, unfinished row (a stopped run); answering it again", flush=True)
+        if count == 1:  # several processes start together, with whole rows (one write each)
+            repair_answers(path)
         done = {row["id"] for row in read_rows(path)}
         for start in range(0, len(rows), chunk):
             number += 1
@@ -123,9 +129,7 @@ def answer_in_processes(out: Path, processes: int, load: dict, answer: dict, *, 
     seconds = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
     load = {**load, "threads": 1}
     for split in SPLITS:  # before any process appends
-        if repair_tail(answers_path(out, split)):
-            print(f"{answers_path(out, split)}: cut its last, unfinished row (a stopped run); answering it again",
-                  flush=True)
+        repair_answers(answers_path(out, split))
     context = multiprocessing.get_context("spawn")  # no fork of a process holding a model and OpenMP threads
     with context.Pool(processes - 1) as pool:
         others = [pool.apply_async(_answer_shard, (out, load, answer, (index, processes), seconds))
