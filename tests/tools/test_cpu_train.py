@@ -24,6 +24,7 @@ def corpus(tmp_path, deep_chat_checkpoint):  # noqa: F811
     return tmp_path / "corpus"
 
 
+@pytest.mark.single_version  # the agenda's order, budgets and resumption; each trainer runs on both versions already
 def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, deep_chat_checkpoint, corpus,  # noqa: F811
                                                                    capsys):
     work = tmp_path / "work"
