@@ -14,7 +14,9 @@ in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those of
 (``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused low/mid/high features and
 a draft vocabulary chosen from the data (continued from the shipped drafter, ``--refresh-vocab``); DFlash blocks of
 10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary; Medusa-1's 4 heads on the target's
-lm_head with a calibrated 16-node tree.
+lm_head with a calibrated 16-node tree. The last step exports each trained drafter in the shipped format
+(``WORK/export/KIND``: float16 weights, ``training.json`` with the command, curve and corpus, ``sha256sums.json``;
+loaded back and checked), ready to be measured and copied into the package.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import time
 from pathlib import Path
 
 NAME = "smollm2-135m-instruct"
-STEPS = ("features", "eagle", "dflash", "medusa")
+STEPS = ("features", "eagle", "dflash", "medusa", "export")
+DRAFTERS = ("eagle", "dflash", "medusa")
 VALIDATIONS = 8  # per training run, the last at its end
 RECIPES = {
     "eagle": ["--eagle3", "--draft-vocab-size", "8192", "--unroll", "7", "--lr", "3e-4", "--batch-size", "4",
@@ -159,6 +162,28 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
     return code
 
 
+def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dict]:
+    """Every finished drafter (``WORK/KIND``) in the shipped format into ``WORK/export/KIND`` (the GPU agenda's
+    export: float16 weights, the registry name as its target, its command, curve, summary and corpus in
+    ``training.json``, ``sha256sums.json``; loaded back). Returns the exported drafters' digests by kind."""
+    from tools.gpu.gpu_check import environment
+    from tools.gpu.train_drafters import corpus_counts, export
+
+    corpus = corpus_counts(Path(settings["data"]).parent.parent)
+    device = {**environment("cpu"), "threads": 1, "processes": settings["processes"]}
+    exported = {}
+    for kind in DRAFTERS:
+        record = agenda.data["steps"].get(kind, {})
+        if not record.get("done"):
+            print(f"export: {kind} is not trained (yet); left out", flush=True)
+            continue
+        dest = work / "export" / kind
+        exported[kind] = export(kind, work / kind, dest, name=settings["target"], command=record["command"],
+                                corpus=corpus, device=device)
+        print(f"export: {kind} in {dest}", flush=True)
+    return exported
+
+
 def status(work: Path) -> str:
     agenda = Agenda(work)
     lines = [f"{work}: {json.dumps(agenda.data.get('settings', {}))}"]
@@ -217,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         if step != "features" and not agenda.step("features")["done"] and not args.dry_run:
             print(f"{step}: waits for the features' pass", flush=True)
             return 1
+        if step == "export":
+            if not args.dry_run:
+                started = time.perf_counter()
+                exported = export_drafters(settings, work, agenda)
+                record = agenda.step("export")
+                record.update(done=len(exported) == len(DRAFTERS), seconds=time.perf_counter() - started, drafters=sorted(exported))
+                record["runs"] += 1
+                agenda.save()
+            continue
         if run_step(step, settings, work, agenda, dry_run=args.dry_run) != 0:
             return 1
     return 0

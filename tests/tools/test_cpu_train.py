@@ -1,14 +1,18 @@
 """``python -m tools.cpu_train``: issue 72's CPU agenda on a tiny target, in one process: the shared features' pass,
-then EAGLE, DFlash and Medusa trained on it, each a drafter that drafts exactly; the same command goes on after a
-stop, skipping what is done, with each trainer's budget less its share of the features' time."""
+then EAGLE, DFlash and Medusa trained on it, each a drafter that drafts exactly, exported in the shipped format; the
+same command goes on after a stop, skipping what is done, with each trainer's budget less its share of the features'
+time."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import hf_speculative as hfs
+from hf_speculative.drafters.checkpoints import check_manifest
 from hf_speculative.training.selfdistill import generate_responses
 from tests.training.conftest import assert_drafts_exactly, write_prompts
 from tests.training.test_dflash_training import deep_chat_checkpoint  # noqa: F401 (a fixture)
@@ -44,7 +48,7 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     printed = capsys.readouterr().out
     assert "features: done already" in printed and "eagle: done already" in printed
     agenda = json.loads((work / "agenda.json").read_text())
-    assert all(agenda["steps"][step]["done"] for step in ("features", "eagle", "dflash", "medusa"))
+    assert all(agenda["steps"][step]["done"] for step in ("features", "eagle", "dflash", "medusa", "export"))
     assert agenda["steps"]["features"]["runs"] == 1 and agenda["steps"]["dflash"]["runs"] == 1
     assert "last validation: step" in status(work)
 
@@ -56,6 +60,14 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
                     hfs.Medusa.from_pretrained(work / "medusa", target=model, tree="calibrated", adaptive=False,
                                                confidence_threshold=0.0)):
         assert_drafts_exactly(model, tokenizer, drafter)
+    for kind in ("eagle", "dflash", "medusa"):  # the shipped format: float16, its manifest, the run's record
+        exported = work / "export" / kind
+        check_manifest(exported, full=True, required=True)
+        meta = json.loads((exported / "training.json").read_text())
+        assert meta["command"] == agenda["steps"][kind]["command"] and meta["stored_dtype"] == "float16"
+        assert meta["train_log"] and meta["device"]["device"] == "cpu"
+        assert {tensor.dtype for tensor in load_file(exported / "model.safetensors").values()
+                if tensor.is_floating_point()} == {torch.float16}
 
 
 def test_planned_steps_are_the_trainers():
