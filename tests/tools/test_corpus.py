@@ -315,3 +315,26 @@ def test_processes_share_the_chunks_and_write_what_one_process_writes(env, tmp_p
         build(env["target"], two, answers=12, processes=2, device="cuda", **kw)
     with pytest.raises(ValueError, match="--processes 0 with --device cpu"):
         build(env["target"], two, answers=12, processes=0, **kw)
+
+
+def test_questions_are_the_held_out_prompts_in_spec_bench_form(env, tmp_path, capsys):
+    from hf_speculative.bench.spec_bench import load_prompts
+
+    out = tmp_path / "corpus"
+    build(env["target"], out, answers=20, prompts_only=True, wordnet_dir=env["wordnet_dir"],
+          fortune_dir=env["fortune_dir"], **KW)
+    held_out = read_rows(prompts_path(out, "held_out"))
+    to = tmp_path / "held_out.jsonl"
+    assert main(["questions", "--out", str(out), "--to", str(to)]) == 0
+    printed = capsys.readouterr().out
+    prompts = load_prompts(to)
+    assert sorted(p.text for p in prompts) == sorted(r["prompt"] for r in held_out)
+    categories = list(dict.fromkeys(r["category"] for r in held_out))
+    assert f"--categories {','.join(categories)}" in printed
+    assert main(["questions", "--out", str(out), "--to", str(to), "--per-category", "1"]) == 0
+    assert sorted(p.category for p in load_prompts(to)) == sorted(categories)  # the first of each
+    assert [p.text for p in load_prompts(to)] == [next(r["prompt"] for r in held_out if r["category"] == c)
+                                                  for c in categories]
+    with pytest.raises(SystemExit):
+        main(["questions", "--out", str(tmp_path / "none"), "--to", str(to)])
+    assert "no prompt list" in capsys.readouterr().err

@@ -1,14 +1,16 @@
-"""``python -m tools.corpus build|status|lists``: the self-distillation corpus in one command.
+"""``python -m tools.corpus build|status|lists|questions``: the self-distillation corpus in one command.
 
     python -m tools.corpus build --target smollm2-135m-instruct --out ~/corpora/smollm2 --answers 20000
     python -m tools.corpus status --out ~/corpora/smollm2
     python -m tools.corpus lists --out lists/ --answers 20000   # then, elsewhere: build ... --lists lists/
+    python -m tools.corpus questions --out ~/corpora/smollm2 --to held_out.jsonl --per-category 10
 
 ``build`` writes the prompt list (WordNet, the target's own messages, the team's templates, in the --mix's
 proportions, deduplicated, without Spec-Bench's questions, a held-out split by hash), then the target's greedy
 answers to it. The same command resumes a stopped run; a larger --answers grows the corpus, keeping every prompt
 and answer it has. ``lists`` writes the WordNet and built-in candidates to files for a build on a machine without
-Debian's WordNet and fortune files (a lent GPU: ``build --device cuda --lists DIR``). Run it from the repository's
+Debian's WordNet and fortune files (a lent GPU: ``build --device cuda --lists DIR``). ``questions`` writes the
+held-out prompts as a Spec-Bench question file, for the benchmarks' ``--dataset``. Run it from the repository's
 root (``tools`` is not installed with the package).
 """
 
@@ -87,6 +89,11 @@ def parser() -> argparse.ArgumentParser:
     lists.add_argument("--wordnet-dir", type=Path, help="folder of WordNet's data.noun (default /usr/share/wordnet)")
     lists.add_argument("--fortune-dir", type=Path, help="folder of the fortune files (default "
                        "/usr/share/games/fortunes)")
+    q = sub.add_parser("questions", help="the held-out prompts as a Spec-Bench question file (for --dataset)")
+    q.add_argument("--out", type=Path, required=True, help="the corpus's folder")
+    q.add_argument("--to", type=Path, required=True, help="the question file to write (JSONL)")
+    q.add_argument("--split", default="held_out", help="held_out (default) or train")
+    q.add_argument("--per-category", type=int, help="the first N prompts of each category (default all)")
     return p
 
 
@@ -100,6 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "status":
             print(status(args.out))
+            return 0
+        if args.command == "questions":
+            from .questions import write_questions
+
+            counts = write_questions(args.out, args.to, args.split, args.per_category)
+            print(f"{args.to}: " + ", ".join(f"{name} {n}" for name, n in counts.items())
+                  + f" (--dataset {args.to} --categories {','.join(counts)})")
             return 0
         if args.command == "lists":
             from .lists import write_lists
