@@ -35,6 +35,7 @@ NAME = "smollm2-135m-instruct"
 STEPS = ("features", "eagle", "dflash", "medusa", "export")
 DRAFTERS = ("eagle", "dflash", "medusa")
 VALIDATIONS = 8  # per training run, the last at its end
+SAVE_EVERY_S = 60.0  # how often a running step's wall time is written to the agenda
 RECIPES = {
     "eagle": ["--eagle3", "--draft-vocab-size", "8192", "--unroll", "7", "--lr", "3e-4", "--batch-size", "4",
               "--grad-accum", "1", "--val-prompts", "8"],
@@ -147,12 +148,19 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
         out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shlex.join(argv)}\n")
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        before = record["seconds"]
         try:
-            code = proc.wait()
+            while True:  # the time so far saved every minute: a run killed outright (SIGKILL) keeps most of it
+                try:
+                    code = proc.wait(timeout=SAVE_EVERY_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    record["seconds"] = before + time.perf_counter() - started
+                    agenda.save()
         finally:  # an interrupted agenda keeps the time its step ran
             if proc.poll() is None:
                 proc.terminate()
-            record["seconds"] += time.perf_counter() - started
+            record["seconds"] = before + time.perf_counter() - started
             agenda.save()
     record["done"] = code == 0
     record["returncode"] = code

@@ -74,3 +74,35 @@ def test_planned_steps_are_the_trainers():
     assert planned_steps(20, 4, 1, 1.0) == 5  # 19 trained (one in 20 held out), 4 a step
     assert planned_steps(20_000, 4, 2, 1.0) == 2375
     assert planned_steps(20, 4, 2, 2.0) == 6
+
+
+def test_a_running_step_writes_its_time_so_far(tmp_path, monkeypatch):
+    """The agenda holds a running step's wall time while it runs (a run killed outright keeps most of it), and the
+    whole of it after."""
+    import sys
+    import threading
+    import time
+
+    from tools import cpu_train
+
+    monkeypatch.setattr(cpu_train, "SAVE_EVERY_S", 0.1)
+    release = tmp_path / "release"  # the step runs until the test has seen its time written
+    code = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.02)"
+    monkeypatch.setattr(cpu_train, "launcher", lambda processes: [sys.executable, "-c", code])
+    agenda = cpu_train.Agenda(tmp_path)
+    settings = {"target": "t", "data": "d.jsonl", "max_length": 8, "max_examples": 4, "processes": 1}
+    worker = threading.Thread(target=cpu_train.run_step, args=("features", settings, tmp_path, agenda))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        seen = 0.0
+        while time.monotonic() < deadline and seen <= 0.2:
+            if (tmp_path / "agenda.json").is_file():
+                seen = json.loads((tmp_path / "agenda.json").read_text())["steps"]["features"]["seconds"]
+            time.sleep(0.05)
+        assert seen > 0.2 and not json.loads((tmp_path / "agenda.json").read_text())["steps"]["features"]["done"]
+    finally:
+        release.touch()
+        worker.join(60)
+    record = json.loads((tmp_path / "agenda.json").read_text())["steps"]["features"]
+    assert record["done"] and record["runs"] == 1 and record["seconds"] >= seen
