@@ -93,6 +93,7 @@ torch.save({"isa": kernel.kernel_isa(), "out": out}, sys.argv[1])
 
 
 @needs_kernel
+@pytest.mark.single_version  # the kernel's own products (two builds of it): nothing of transformers
 def test_avx512_and_avx2_give_bitwise_the_same_products(tmp_path):
     """Each output is the same FMA chain on either instruction set, so the choice never changes a token. (Where
     the CPU has no AVX-512 both runs take the AVX2 code and the comparison is trivially true: `isa` says which.)"""
