@@ -327,9 +327,7 @@ def make_drafter(name: str, target, reference):
     if name == "prompt-lookup":
         # The adaptive policy decides from measured costs: fix them (cheap, GPU-like) so that under
         # any machine load it drafts and the identity test checks something.
-        from hf_speculative.core.costs import verify_costs_for
-
-        verify_costs_for(target, 32).fix([1.0 + 0.01 * k for k in range(33)])
+        fix_cheap_costs(target)
     try:
         return example(name, target)
     except ExampleNotApplicable as why:  # a drafter for some targets only (a Gemma-4 assistant): its own tests run it
@@ -481,16 +479,23 @@ def chat_checkpoint(tmp_path, chat_model, chat_tokenizer):
     return tmp_path / "tiny-llama"
 
 
+def fix_cheap_costs(target, max_tokens: int = 32) -> None:
+    """Fix ``target``'s verify-cost model to a GPU-like profile (each draft token costs 1% of a forward), so that
+    adaptive drafters decide independently of the wall clock (they draft, whatever the machine's load)."""
+    from hf_speculative.core.costs import verify_costs_for
+
+    verify_costs_for(target, max_tokens).fix([1.0 + 0.01 * k for k in range(max_tokens + 1)])
+
+
 @pytest.fixture
 def cheap_verification():
-    """Fix a target's verify-cost model to a GPU-like profile (each draft token costs 1% of a
-    forward) for one test, so that adaptive drafters decide independently of the wall clock."""
-    from hf_speculative.core.costs import forget_costs, verify_costs_for
+    """:func:`fix_cheap_costs` for one test: the targets it is applied to forget their costs after."""
+    from hf_speculative.core.costs import forget_costs
 
     fixed = []
 
     def apply(target, max_tokens: int = 32):
-        verify_costs_for(target, max_tokens).fix([1.0 + 0.01 * k for k in range(max_tokens + 1)])
+        fix_cheap_costs(target, max_tokens)
         fixed.append(target)
 
     yield apply

@@ -33,11 +33,11 @@ PROMPT = ("Rewrite this sentence with 'cat' in place of 'dog': The dog sat on th
 
 @pytest.fixture(scope="module")
 def target(integration):
-    from hf_speculative.core.costs import verify_costs_for
+    from tests.conftest import fix_cheap_costs
 
     model, tokenizer = integration
     hfs.enable(model)
-    verify_costs_for(model, 32).fix([1.0 + 0.01 * k for k in range(33)])  # cheap verification: drafting pays
+    fix_cheap_costs(model)  # cheap verification: drafting pays
     return model, tokenizer
 
 

@@ -6,9 +6,17 @@ from __future__ import annotations
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.core.costs import forget_costs, verify_costs_for
+from hf_speculative.core.costs import forget_costs
 from hf_speculative.core.sampling import call_seed
-from tests.conftest import EOS, build_model, char_tokenizer, prompt_inputs, recurring_token, stock_generate
+from tests.conftest import (
+    EOS,
+    build_model,
+    char_tokenizer,
+    fix_cheap_costs,
+    prompt_inputs,
+    recurring_token,
+    stock_generate,
+)
 
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, max_new_tokens=16)
 
@@ -16,8 +24,7 @@ SAMPLING = dict(do_sample=True, temperature=0.8, top_k=40, top_p=0.95, max_new_t
 def check_greedy(make, arch: str, new: int = 40) -> hfs.SpeculativeStats:
     """Identical to plain greedy, in our loop, with drafts made; returns the last call's stats."""
     model = hfs.enable(build_model(arch))
-    # costs fixed (GPU-like) so that the cost rule drafts whatever the machine's load: drafts must be made to check
-    verify_costs_for(model, 32).fix([1.0 + 0.01 * k for k in range(33)])
+    fix_cheap_costs(model)  # drafts must be made to check, whatever the machine's load
     expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=new)
     strategy = make()
     for _ in range(2):  # the second call may draft from what the first one learned
