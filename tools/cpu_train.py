@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-NAME = "smollm2-135m-instruct"
-STEPS = ("features", "eagle", "dflash", "medusa", "export")
-DRAFTERS = ("eagle", "dflash", "medusa")
+from tools.gpu.train_drafters import DRAFTERS, NAME  # the GPU agenda's target and drafters (stdlib imports only)
+
+STEPS = ("features", *DRAFTERS, "export")
 VALIDATIONS = 8  # per training run, the last at its end
 SAVE_EVERY_S = 60.0  # how often a running step's wall time is written to the agenda
 RECIPES = {
@@ -173,10 +173,12 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
 def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dict]:
     """Every finished drafter (``WORK/KIND``) in the shipped format into ``WORK/export/KIND`` (the GPU agenda's
     export: float16 weights, the registry name as its target, its command, curve, summary and corpus in
-    ``training.json``, ``sha256sums.json``; loaded back). Returns the exported drafters' digests by kind."""
+    ``training.json``, ``sha256sums.json``; loaded back), recorded in the agenda as the ``export`` step (done once
+    all three are). Returns the exported drafters' digests by kind."""
     from tools.gpu.gpu_check import environment
     from tools.gpu.train_drafters import corpus_counts, export
 
+    started = time.perf_counter()
     corpus = corpus_counts(Path(settings["data"]).parent.parent)
     device = {**environment("cpu"), "threads": 1, "processes": settings["processes"]}
     exported = {}
@@ -189,6 +191,10 @@ def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dic
         exported[kind] = export(kind, work / kind, dest, name=settings["target"], command=record["command"],
                                 corpus=corpus, device=device)
         print(f"export: {kind} in {dest}", flush=True)
+    record = agenda.step("export")
+    record.update(done=len(exported) == len(DRAFTERS), seconds=time.perf_counter() - started, drafters=sorted(exported))
+    record["runs"] += 1
+    agenda.save()
     return exported
 
 
@@ -250,14 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         if step != "features" and not agenda.step("features")["done"] and not args.dry_run:
             print(f"{step}: waits for the features' pass", flush=True)
             return 1
-        if step == "export":
+        if step == "export":  # in this process: no trainer runs
             if not args.dry_run:
-                started = time.perf_counter()
-                exported = export_drafters(settings, work, agenda)
-                record = agenda.step("export")
-                record.update(done=len(exported) == len(DRAFTERS), seconds=time.perf_counter() - started, drafters=sorted(exported))
-                record["runs"] += 1
-                agenda.save()
+                export_drafters(settings, work, agenda)
             continue
         if run_step(step, settings, work, agenda, dry_run=args.dry_run) != 0:
             return 1

@@ -4,6 +4,7 @@ the training mix they never saw (``benchmarks/tree_tau.py --dataset``, ``hf-spec
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from .files import SPLITS, prompts_path, read_rows
@@ -17,13 +18,13 @@ def questions(out: Path, split: str = "held_out", per_category: int | None = Non
     path = prompts_path(out, split)
     if not path.is_file():
         raise ValueError(f"{path}: no prompt list (build the corpus first: python -m tools.corpus build ...)")
-    taken: dict[str, int] = {}
+    taken: Counter[str] = Counter()
     rows = []
     for row in read_rows(path):
         category = row.get("category") or row["source"]
-        if per_category is not None and taken.get(category, 0) >= per_category:
+        if per_category is not None and taken[category] >= per_category:
             continue
-        taken[category] = taken.get(category, 0) + 1
+        taken[category] += 1
         rows.append({"question_id": len(rows), "category": category, "turns": [row["prompt"]],
                      "corpus_id": row["id"], "source": row["source"]})
     return rows
@@ -33,7 +34,4 @@ def write_questions(out: Path, to: Path, split: str = "held_out", per_category: 
     """:func:`questions` written to ``to`` (JSONL); returns the count per category, in first-seen order."""
     rows = questions(out, split, per_category)
     to.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["category"]] = counts.get(row["category"], 0) + 1
-    return counts
+    return dict(Counter(row["category"] for row in rows))
