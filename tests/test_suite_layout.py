@@ -1,4 +1,4 @@
-"""The suite collects as one tree (`make test PYTEST_ARGS="-m timing tests"` is one pytest over every folder). The
+"""The suite collects as one tree (`make test` is one pytest over every folder). The
 test folders are not packages, so pytest imports each test module by its file name alone
 (the default `prepend` import mode): two test files with the same name in different folders stop the whole
 collection ("import file mismatch"), as tests/docs/test_train_extra.py beside tests/training/test_train_extra.py

@@ -77,7 +77,7 @@ def test_timing_tests_run_alone_after_everything_else():
     the OpenVINO and vLLM checks (beside the queue, after their installs) and the fresh-machine check have finished:
     alone on the machine."""
     text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    timing = text.index('make test PYTEST_ARGS="-m timing tests"')
+    timing = text.index('make test PYTEST_ARGS="-m timing tests/bench"')
     assert timing > max(text.index("tools/ci/test_queue.sh \"$logs\""), text.index('wait "$extras_pid"'),
                         text.index('wait "$fresh_pid"'))
     extras = text[text.index("extras() {"):text.index("extras &")]  # the background run: installs, then checks
