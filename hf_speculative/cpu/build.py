@@ -7,6 +7,12 @@ minute), and later loads check the build there. Two things about that folder are
   into the folder's ``build.ninja``, and ninja rebuilds everything when that file changes, so two venvs that shared
   one folder (a venv per transformers version, as CI and ``make install VENV=...`` give) rebuilt each other's kernel
   at every switch.
+- **One build per torch release, shared** (:func:`shared_binary`): the folder's build is for one installation, but
+  its binary is not: two venvs with the same torch release (CI's two, a user's venv per project) can load the same
+  ``.so``, since it resolves torch's symbols from the libraries the process has already loaded. After a build the
+  binary is copied to a file named by a hash of everything that makes it (the sources and headers, the flags, torch's
+  release, commit and CXX11 ABI, Python's version), and any installation whose hash matches imports that file
+  without building or running ninja; a changed source, flag or release is another hash, and builds.
 - **No wait on a dead build** (:func:`_build_lock`): torch's own lock is a ``lock`` file that waiters poll until it
   is gone; a build that is killed (Ctrl-C, a timeout, the out-of-memory killer) leaves it, and every later use of the
   kernel then waits on it forever, silently. An OS file lock is released when its process dies: held around torch's
@@ -37,6 +43,7 @@ HEADERS = [Path(__file__).parent / "csrc" / name
 EXTENSION = "hfs_skinny_linear_v8"
 TORCH_LOCK = "lock"  # torch's FileBaton in the build folder (torch.utils.cpp_extension)
 OUR_LOCK = "hfs-build.flock"
+CFLAGS = ["-O3", "-mavx2", "-mfma"]
 
 
 def build_directory() -> Path:
@@ -54,6 +61,45 @@ def build_directory() -> Path:
                               sysconfig.get_paths()["include"]])
     key = hashlib.sha256(installation.encode()).hexdigest()[:12]
     return Path(root) / f"{EXTENSION}-{key}"
+
+
+def shared_binary() -> Path:
+    """The built kernel that every installation of this torch release shares, beside the build folders:
+    ``EXTENSION-shared/<hash>.so``, the hash over the sources and headers' bytes, the flags, torch's release, commit,
+    CUDA version and CXX11 ABI, and Python's version and ABI flags (what the compiled module depends on; not where
+    torch is installed)."""
+    digest = hashlib.sha256()
+    for part in (torch.__version__, torch.version.git_version, str(torch.version.cuda),
+                 str(torch.compiled_with_cxx11_abi()), sys.version, getattr(sys, "abiflags", ""), " ".join(CFLAGS)):
+        digest.update(part.encode() + b"\0")
+    for path in SOURCES + HEADERS:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return build_directory().parent / f"{EXTENSION}-shared" / f"{digest.hexdigest()[:20]}.so"
+
+
+def _import_binary(path: Path):
+    """The extension module from a built ``.so`` (its init function is named after EXTENSION, not the file), or None
+    where there is none or it does not load here (a home folder shared with another system): then it is built again."""
+    import importlib.util
+
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(EXTENSION, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):
+        return None
+    return module
+
+
+def _share(built: Path, shared: Path) -> None:
+    """Copies a fresh build to ``shared``, whole or not at all (another installation may be importing it)."""
+    if not built.is_file():
+        return
+    partial = shared.with_name(f"{shared.name}.{os.getpid()}.partial")
+    shutil.copyfile(built, partial)
+    os.replace(partial, shared)
 
 
 @contextlib.contextmanager
@@ -76,12 +122,23 @@ def _ninja_on_path() -> None:
 
 @functools.lru_cache(maxsize=1)
 def build():
-    """The compiled extension module: built in :func:`build_directory` on first use, loaded from it after."""
+    """The compiled extension module: imported from :func:`shared_binary` where this torch release's build of these
+    sources is there, else built in :func:`build_directory` and shared."""
     from torch.utils.cpp_extension import load
 
+    shared = shared_binary()
+    module = _import_binary(shared)  # written whole (os.replace): no lock needed to read it
+    if module is not None:
+        return module
     _ninja_on_path()  # a missing [kernel] extra raises here, and load_kernel's message quotes it
     folder = build_directory()
     folder.mkdir(parents=True, exist_ok=True)
-    with _build_lock(folder):
-        return load(name=EXTENSION, sources=[str(p) for p in SOURCES], extra_cflags=["-O3", "-mavx2", "-mfma"],
-                    build_directory=str(folder), verbose=False)
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    # one build per release at a time (another installation waits, then imports it), then this folder's own lock
+    with exclusive(shared.parent / f"{shared.stem}.flock"), _build_lock(folder):
+        module = _import_binary(shared)
+        if module is None:
+            module = load(name=EXTENSION, sources=[str(p) for p in SOURCES], extra_cflags=CFLAGS,
+                          build_directory=str(folder), verbose=False)
+            _share(folder / f"{EXTENSION}.so", shared)
+        return module

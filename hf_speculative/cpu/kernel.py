@@ -39,8 +39,8 @@ Qwen2.5-1.5B's weights for 1 / 6 rows in 103 / 119 ms against 100 / 201 from a b
 
 It is compiled for the machine on first use (``torch.utils.cpp_extension``: a C++ compiler and
 ninja are needed, about a minute once; the build is cached in ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``, in a folder of its own per torch installation: ``build.py``). x86-64 CPUs
-with AVX2 and FMA only.
+``~/.cache/torch_extensions``: built in a folder of its own per torch installation, then shared by every
+installation of the same torch release, ``build.py``). x86-64 CPUs with AVX2 and FMA only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The CPU kernel's build (``hf_speculative/cpu/build.py``): a folder per torch installation, and no endless wait on
-the lock file of a build that was killed. torch's builder is replaced by a stand-in where compiling would take a
+"""The CPU kernel's build (``hf_speculative/cpu/build.py``): a folder per torch installation, one binary shared by the
+installations of a torch release, and no endless wait on the lock file of a build that was killed. torch's builder is replaced by a stand-in where compiling would take a
 minute; ``tests/cpu/test_cpu_kernel.py`` builds and runs the real kernel."""
 
 from __future__ import annotations
@@ -47,26 +47,75 @@ def test_each_torch_installation_builds_in_a_folder_of_its_own(tmp_path, monkeyp
     assert cpu_build.build_directory().parent.parent == Path(get_default_build_root())
 
 
+def _other_installation(tmp_path, monkeypatch) -> None:
+    """This torch, as if installed in another venv (what build_directory keys on)."""
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "other-venv" / "site-packages" / "torch" / "__init__.py"))
+
+
+def test_one_binary_per_torch_release_and_sources_whatever_the_installation(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    shared, folder = cpu_build.shared_binary(), cpu_build.build_directory()
+    assert shared.parent == tmp_path / f"{cpu_build.EXTENSION}-shared" and shared.suffix == ".so"
+    _other_installation(tmp_path, monkeypatch)
+    assert cpu_build.shared_binary() == shared and cpu_build.build_directory() != folder
+    edited = tmp_path / cpu_build.SOURCES[0].name  # a source changed by a byte: another binary
+    edited.write_bytes(cpu_build.SOURCES[0].read_bytes() + b"\n")
+    monkeypatch.setattr(cpu_build, "SOURCES", [edited, *cpu_build.SOURCES[1:]])
+    assert cpu_build.shared_binary() != shared
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    with monkeypatch.context() as m:
+        m.setattr(cpu_build, "CFLAGS", ["-O2", "-mavx2", "-mfma"])
+        assert cpu_build.shared_binary() != shared
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "0.0.1+other")
+        assert cpu_build.shared_binary() != shared
+
+
 @pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
-def test_the_kernel_is_built_for_this_installation_in_its_folder():
-    cpu_kernel.load_kernel()
-    ninja = (cpu_build.build_directory() / "build.ninja").read_text()
-    assert os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "include") in ninja
+def test_the_kernel_is_built_once_and_another_installation_of_the_release_imports_it(tmp_path, monkeypatch):
+    cpu_kernel.load_kernel()  # built in this installation's folder, or imported from the shared binary
+    shared = cpu_build.shared_binary()
+    assert shared.is_file()
+    folder = cpu_build.build_directory()
+    if (folder / "build.ninja").exists():  # this installation built it: for itself, then shared it
+        ninja = (folder / "build.ninja").read_text()
+        assert os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "include") in ninja
+    _other_installation(tmp_path, monkeypatch)
+    assert cpu_build.build_directory() != folder and cpu_build.shared_binary() == shared
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: pytest.fail("built again"))
+    module = cpu_build.build.__wrapped__()
+    assert module.isa() == cpu_kernel.load_kernel().isa()
+    assert not cpu_build.build_directory().exists()  # nothing built, no ninja run
 
 
-def _stand_in_builder(folder: Path, monkeypatch) -> list:
+def _stand_in_builder(folder: Path, monkeypatch, binary: bytes | None = None) -> list:
     """torch's `load`, replaced: it records whether torch's lock file was there and whether the holder had let go
-    (torch's own builder would wait on that file for as long as it exists)."""
+    (torch's own builder would wait on that file for as long as it exists); with ``binary``, it writes it as the
+    build's ``.so``."""
     seen = []
 
     def load(name, sources, extra_cflags, build_directory, verbose):
         assert build_directory == str(folder)
         seen.append({"lock": (folder / cpu_build.TORCH_LOCK).exists(), "released": (folder / "released").exists()})
+        if binary is not None:
+            (folder / f"{name}.so").write_bytes(binary)
         return "the module"
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", load)
     monkeypatch.setattr(cpu_build, "_ninja_on_path", lambda: None)
     return seen
+
+
+def test_a_shared_binary_that_does_not_load_is_built_again_and_replaced(tmp_path, monkeypatch):
+    """A home folder shared with another system, or a file damaged on disk: the kernel is built again, not refused."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    shared = cpu_build.shared_binary()
+    shared.parent.mkdir(parents=True)
+    shared.write_bytes(b"not an ELF file")
+    seen = _stand_in_builder(cpu_build.build_directory(), monkeypatch, binary=b"the new build")
+    assert cpu_build.build.__wrapped__() == "the module" and len(seen) == 1
+    assert shared.read_bytes() == b"the new build" and not list(shared.parent.glob("*.partial"))
 
 
 def _start_holder(folder: Path, seconds: float) -> subprocess.Popen:
