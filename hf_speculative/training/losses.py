@@ -132,18 +132,33 @@ def eagle_loss(net: EagleDraftModel, embed: torch.nn.Module, head_weight: torch.
     if anchors.numel() == 0:
         return total, StepMetrics(0.0, [0.0] * steps, [0] * steps)
     outputs = unroll(net, embed, ids, features, steps, noise, anchors)
-    for j, hidden in enumerate(outputs):
+    kept = []  # per step: [B, A], where step j at anchor p is scored
+    for j in range(steps):
         q = anchors + j + 1  # step j at anchor p predicts x_{p+j+2} from the target's position p+j+1
-        keep = (q < t - 1)[None, :] & (loss_mask[:, q.clamp(max=t - 1)] > 0)  # [B, A]
+        kept.append((q < t - 1)[None, :] & (loss_mask[:, q.clamp(max=t - 1)] > 0))
+    # the steps score mostly the same positions (anchors shifted by one a step): the target's distribution over the
+    # draft vocabulary is computed once per scored position, not once per step (its product was a seventh of a
+    # training step at --unroll 7)
+    scored = torch.zeros(b, t, dtype=torch.bool, device=ids.device)
+    for j, keep in enumerate(kept):
+        row, col = keep.nonzero(as_tuple=True)
+        scored[row, anchors[col] + j + 1] = True
+    slot = torch.full((b, t), -1, dtype=torch.long, device=ids.device)
+    where = scored.nonzero(as_tuple=True)  # [U] each
+    slot[where] = torch.arange(where[0].numel(), device=ids.device)
+    with torch.no_grad():
+        target_all = torch.softmax((final[where] @ head.T).float(), dim=-1) if where[0].numel() else None  # [U, V_d]
+    for j, hidden in enumerate(outputs):
+        keep = kept[j]
         n = int(keep.sum())
         counts.append(n)
         if n == 0:
             accuracy.append(0.0)
             continue
         row, col = keep.nonzero(as_tuple=True)  # [N] each: sequence and anchor of every scored position
-        rows, q = hidden[row, col], q[col]  # [N, H], [N]
+        rows, q = hidden[row, col], anchors[col] + j + 1  # [N, H], [N]
         with torch.no_grad():
-            target_p = torch.softmax((final[row, q] @ head.T).float(), dim=-1)  # [N, V_d]
+            target_p = target_all[slot[row, q]]  # [N, V_d]
             top = (target_top[row, q] if target_top is not None
                    else (final[row, q] @ head_weight.T).argmax(-1))  # the target's choice over its whole vocabulary
         logits = net.draft_logits(rows, lambda h: h @ head_weight.T).float()  # [N, V_d]

@@ -67,3 +67,60 @@ def test_anchor_subset_equals_full_unroll(version):
         part = unroll(net, target.get_input_embeddings(), ids, features, steps, anchors=anchors)
     for a, b in zip(full, part):
         torch.testing.assert_close(a[:, anchors], b, atol=1e-5, rtol=1e-4)
+
+
+def _per_step_loss(net, embed, head_weight, ids, loss_mask, features, final, steps, step_weight=0.8):
+    """eagle_loss as written before it shared the target's distribution between steps: each step computes the
+    target's softmax over the draft vocabulary for its own scored positions."""
+    from hf_speculative.training.losses import learnt_anchors
+
+    b, t = ids.shape
+    anchors = learnt_anchors(loss_mask, steps)
+    draft_ids = net.target_ids()
+    head = head_weight if draft_ids is None else head_weight[draft_ids]
+    total, counts = features.new_zeros(()), []
+    for j, hidden in enumerate(unroll(net, embed, ids, features, steps, 0.0, anchors)):
+        q = anchors + j + 1
+        keep = (q < t - 1)[None, :] & (loss_mask[:, q.clamp(max=t - 1)] > 0)
+        counts.append(int(keep.sum()))
+        if not counts[-1]:
+            continue
+        row, col = keep.nonzero(as_tuple=True)
+        rows, q = hidden[row, col], q[col]
+        target_p = torch.softmax((final[row, q] @ head.T).float(), dim=-1)
+        logits = net.draft_logits(rows, lambda h: h @ head_weight.T).float()
+        loss = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)
+        if net.config.version == 1:
+            loss = torch.nn.functional.smooth_l1_loss(rows, final[row, q], reduction="none").mean(-1) + 0.1 * loss
+        per_sequence = loss.new_zeros(b).index_add(0, row, loss) / torch.bincount(row, minlength=b).clamp(min=1)
+        total = total + (step_weight ** j) * per_sequence.sum() / b
+    return total, counts
+
+
+@pytest.mark.parametrize("version,draft_vocab", [(1, None), (3, None), (3, 64)])
+def test_the_loss_is_each_steps_own_target_distribution(version, draft_vocab):
+    """The target's distribution is computed once per scored position and shared by the steps that score it: the
+    loss and its gradients are the per-step definition's, on a padded batch with short and empty answers."""
+    from hf_speculative.training.losses import eagle_loss
+
+    target = build_model("llama", layers=4).requires_grad_(False)
+    net = random_eagle(target, version=version, draft_vocab_size=draft_vocab).requires_grad_(True)
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings().weight
+    torch.manual_seed(3)
+    b, t, steps = 3, 17, 4
+    ids = torch.randint(0, target.config.vocab_size, (b, t))
+    features = torch.randn(b, t, net.config.feature_size)
+    final = torch.randn(b, t, target.config.hidden_size)
+    mask = torch.zeros(b, t)
+    mask[0, 4:16], mask[1, 10:12] = 1, 1  # a long answer, a two-token one; row 2 learns nothing
+    net.zero_grad()
+    loss, metrics = eagle_loss(net, embed, head, ids, mask, features, final, steps)
+    loss.backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    expected, counts = _per_step_loss(net, embed, head, ids, mask, features, final, steps)
+    expected.backward()
+    assert metrics.counts == counts and min(counts) > 0
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, (p.grad for p in net.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
