@@ -13,8 +13,9 @@ resume from their files (a trainer's ``--max-minutes`` counts its time over resu
 in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those of the GPU agenda
 (``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused low/mid/high features and
 a draft vocabulary chosen from the data (continued from the shipped drafter, ``--refresh-vocab``); DFlash blocks of
-10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary; Medusa-1's 4 heads on the target's
-lm_head with a calibrated 16-node tree. The last step exports each trained drafter in the shipped format
+10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary (here the loss reads only its rows,
+``--loss-vocab draft``, as EAGLE-3's does: the whole 49k vocabulary's product and cross-entropy were about half of
+a CPU training step); Medusa-1's 4 heads on the target's lm_head with a calibrated 16-node tree. The last step exports each trained drafter in the shipped format
 (``WORK/export/KIND``: float16 weights, ``training.json`` with the command, curve and corpus, ``sha256sums.json``;
 loaded back and checked), ready to be measured and copied into the package.
 """
@@ -40,7 +41,8 @@ RECIPES = {
     "eagle": ["--eagle3", "--draft-vocab-size", "8192", "--unroll", "7", "--lr", "3e-4", "--batch-size", "4",
               "--grad-accum", "1", "--val-prompts", "8"],
     "dflash": ["--block-size", "10", "--layers", "2", "--target-layers", "5", "--anchors", "512", "--draft-vocab",
-               "8192", "--save-dtype", "float16", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "8"],
+               "8192", "--loss-vocab", "draft", "--save-dtype", "float16", "--batch-size", "4", "--grad-accum", "1",
+               "--val-prompts", "8"],
     "medusa": ["--heads", "4", "--layers", "1", "--lm-head", "target", "--tree-nodes", "16", "--batch-size", "4",
                "--grad-accum", "1", "--val-prompts", "4"],
 }
@@ -48,7 +50,7 @@ RECIPES = {
 TINY = {"eagle": ["--eagle3", "--draft-vocab-size", "24", "--unroll", "3", "--lr", "1e-2", "--batch-size", "4",
                   "--grad-accum", "1", "--val-prompts", "1"],
         "dflash": ["--block-size", "4", "--layers", "1", "--target-layers", "3", "--anchors", "8", "--draft-vocab",
-                   "24", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "1"],
+                   "24", "--loss-vocab", "draft", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "1"],
         "medusa": ["--heads", "2", "--tree-nodes", "4", "--batch-size", "4", "--grad-accum", "1", "--val-prompts", "1"]}
 
 

@@ -76,7 +76,13 @@ class DFlashTrainConfig:
         save_dtype (`str`, ``"float32"``): the dtype of the saved drafter (``float16`` or ``bfloat16`` to ship).
         draft_vocab (`int`, *optional*): save a draft vocabulary of this many ids with the drafter: the most frequent
             tokens of the training examples (``draft_vocab.safetensors``; the drafter then reads only those
-            rows of the lm_head: on a CPU about half a drafting step). Training itself uses the whole vocabulary.
+            rows of the lm_head: on a CPU about half a drafting step). Training itself uses the whole vocabulary
+            unless ``loss_vocab="draft"``.
+        loss_vocab (`str`, ``"full"``): the vocabulary the loss reads. ``"full"``: the target's whole lm_head (the
+            paper's, SpecForge's). ``"draft"`` (needs ``draft_vocab``): only the draft vocabulary's rows, as EAGLE-3
+            trains and as the shipped drafter drafts: labels outside it are not learnt (the drafter can never propose
+            them) and count as misses in the metrics; the vocabulary product, about half of a CPU training step on
+            a 49k vocabulary, shrinks by the ratio of the vocabularies.
         features (`str`, ``"cache"``), feature_batch_tokens, feature_cache, target_dtype, threads, seed,
             max_examples: as ``train-eagle``'s.
     """
@@ -105,6 +111,7 @@ class DFlashTrainConfig:
     max_minutes: float | None = None
     save_dtype: str = "float32"
     draft_vocab: int | None = None
+    loss_vocab: str = "full"
     features: str = "cache"
     feature_batch_tokens: int | None = None
     feature_cache: str | None = None
@@ -143,6 +150,12 @@ class DFlashTrainConfig:
             if not isinstance(self.draft_vocab, int) or not 1 <= self.draft_vocab <= MAX_DRAFT_VOCAB:
                 raise ValueError(f"DFlashTrainConfig(draft_vocab={self.draft_vocab!r}): must be 1 to {MAX_DRAFT_VOCAB} "
                                  "ids (the recipe: 8192 for a 49k vocabulary), or None for the whole vocabulary.")
+        if self.loss_vocab not in ("full", "draft"):
+            raise ValueError(f"DFlashTrainConfig(loss_vocab={self.loss_vocab!r}): use 'full' (the whole vocabulary) "
+                             "or 'draft' (the draft vocabulary's rows).")
+        if self.loss_vocab == "draft" and self.draft_vocab is None:
+            raise ValueError("DFlashTrainConfig(loss_vocab='draft'): the loss reads the draft vocabulary, so give its "
+                             "size too (--draft-vocab 8192), or use --loss-vocab full.")
         if self.save_dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"DFlashTrainConfig(save_dtype={self.save_dtype!r}): use float32, float16 or bfloat16.")
         if self.target_dtype not in TARGET_DTYPES:
@@ -302,7 +315,8 @@ def block_inputs(ids: torch.Tensor, loss_mask: torch.Tensor, top: torch.Tensor, 
 
 def dflash_loss(net: DFlashDraftModel, embed: Callable, head_weight: torch.Tensor, ids: torch.Tensor,
                 loss_mask: torch.Tensor, features: torch.Tensor, top: torch.Tensor, anchors: int, gamma: float,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, BlockMetrics]:
+                generator: torch.Generator | None = None, vocab: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, BlockMetrics]:
     """DFlash's block loss on a batch (see the module doc).
 
     Args:
@@ -312,6 +326,8 @@ def dflash_loss(net: DFlashDraftModel, embed: Callable, head_weight: torch.Tenso
         ids, loss_mask, top (`[B, T]`): tokens, ``loss_mask[q] = 1`` where ``ids[q + 1]`` is learnt (0 on padding),
             the target's argmax at every position. features (`[B, T, F]`): its features at ``target_layer_ids``.
         anchors (`int`): windows per sequence; gamma (`float`): the decay (0: uniform).
+        vocab (`torch.LongTensor` of shape `[V_d]`, *optional*): the draft vocabulary (sorted target ids): the logits
+            are its rows' only, labels outside it are left out of the loss and count as misses.
 
     Returns:
         ``(loss, metrics)``; the loss is a float32 scalar (zero without a learnt label).
@@ -327,15 +343,25 @@ def dflash_loss(net: DFlashDraftModel, embed: Callable, head_weight: torch.Tenso
     valid, labels = inputs["valid"], inputs["labels"]
     k = torch.arange(w, device=ids.device)
     weight = torch.exp(-(k - 1).clamp(min=0).float() / gamma) if gamma > 0 else torch.ones(w, device=ids.device)
-    logits = hidden[valid] @ head_weight.T  # [M, V]: only the learnt positions reach the vocabulary
-    weights = weight.expand(b, n, w)[valid]  # [M]
-    if logits.shape[0] == 0:
+    targets, weights = labels[valid], weight.expand(b, n, w)[valid]  # [M] each
+    head = head_weight
+    if vocab is not None:  # target ids -> draft ids, -1 outside the draft vocabulary
+        to_draft = torch.full((head_weight.shape[0],), -1, dtype=torch.long, device=ids.device)
+        to_draft[vocab] = torch.arange(vocab.numel(), device=ids.device)
+        targets, head = to_draft[targets], head_weight[vocab]
+    logits = hidden[valid] @ head.T  # [M, V or V_d]: only the learnt positions reach the vocabulary
+    if vocab is not None:  # the labels the draft vocabulary can propose (no copy of the whole vocabulary's logits)
+        learnt = targets >= 0
+        logits_learnt, targets_learnt, weights = logits[learnt], targets[learnt], weights[learnt]
+    else:
+        logits_learnt, targets_learnt = logits, targets
+    if logits_learnt.shape[0] == 0:
         loss = hidden.sum() * 0.0
     else:
-        loss = (F.cross_entropy(logits.float(), labels[valid], reduction="none") * weights).sum() / weights.sum()
+        loss = (F.cross_entropy(logits_learnt.float(), targets_learnt, reduction="none") * weights).sum() / weights.sum()
     with torch.no_grad():
         right = torch.zeros(b, n, w, dtype=torch.bool, device=ids.device)
-        right[valid] = logits.argmax(-1) == labels[valid]
+        right[valid] = logits.argmax(-1) == targets
         correct = [float(right[:, :, j].sum()) for j in range(1, w)]
         counts = [int(valid[:, :, j].sum()) for j in range(1, w)]
         full = valid[:, :, 1:].all(dim=-1)  # [B, N]: windows labelled throughout

@@ -58,6 +58,10 @@ def train_dflash(
         "--draft-vocab", min=1, help="Ship a draft vocabulary of this many ids (the training data's most frequent "
                                      "tokens): a drafting step reads only those lm_head rows (8192 for a 49k "
                                      "vocabulary about halves it on a CPU).")] = None,
+    loss_vocab: Annotated[str, typer.Option(
+        "--loss-vocab", help="full: the loss reads the whole vocabulary (the paper's); draft: only --draft-vocab's "
+                             "ids, as EAGLE-3 trains and the shipped drafter drafts (labels outside it are not learnt; "
+                             "a CPU training step about halves on a 49k vocabulary).")] = "full",
     features: Annotated[str, typer.Option("--features", help="cache (OUT/cache) or online.")] = "cache",
     feature_cache: Annotated[Optional[Path], typer.Option(
         "--feature-cache", help="Read the target's features from this folder, built once by hf-speculative "
@@ -91,7 +95,7 @@ def train_dflash(
                                 grad_accum=grad_accum, batch_size=batch_size, max_length=max_length,
                                 eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples,
                                 max_minutes=max_minutes, save_dtype=save_dtype, draft_vocab=draft_vocab,
-                                features=features, feature_cache=str(feature_cache) if feature_cache else None,
+                                loss_vocab=loss_vocab, features=features, feature_cache=str(feature_cache) if feature_cache else None,
                                 feature_batch_tokens=feature_batch_tokens, target_dtype=target_dtype, threads=threads,
                                 seed=seed)
         _check_shape(cfg)

@@ -39,19 +39,22 @@ class DFlashStep(torch.nn.Module):
         super().__init__()
         self.net = net
 
-    def forward(self, batch: dict[str, torch.Tensor], *, embed, head_weight: torch.Tensor, anchors: int, gamma: float):
+    def forward(self, batch: dict[str, torch.Tensor], *, embed, head_weight: torch.Tensor, anchors: int, gamma: float,
+                vocab: torch.Tensor | None = None):
         loss, metrics = dflash_loss(self.net, embed, head_weight, batch["ids"], batch["loss_mask"], batch["features"],
-                                    batch["top"], anchors, gamma)
+                                    batch["top"], anchors, gamma, vocab=vocab)
         if not loss.requires_grad:  # nothing learnt in this batch: a zero that reaches every parameter (DDP)
             loss = loss + sum(p.sum() for p in self.net.parameters()) * 0.0
         return loss, metrics
 
 
 @torch.no_grad()
-def teacher_forced(net, embed, head_weight, examples, source, indices, anchors: int, gamma: float) -> dict:
+def teacher_forced(net, embed, head_weight, examples, source, indices, anchors: int, gamma: float,
+                   vocab: torch.Tensor | None = None) -> dict:
     """On held-out examples (features from ``source``), every learnt anchor up to ``anchors`` per example: top-1 per
-    drafted position and the chain tau it implies (:func:`~hf_speculative.training.dflash.tau_estimate`). Anchors are
-    drawn with a fixed seed, so validations compare."""
+    drafted position and the chain tau it implies (:func:`~hf_speculative.training.dflash.tau_estimate`), over the
+    loss's vocabulary (``vocab``: the draft vocabulary's ids). Anchors are drawn with a fixed seed, so validations
+    compare."""
     generator = torch.Generator().manual_seed(0)
     device = head_weight.device
     correct = [0.0] * (net.config.block_size - 1)
@@ -62,7 +65,7 @@ def teacher_forced(net, embed, head_weight, examples, source, indices, anchors: 
         ex = examples[i]
         _, m = dflash_loss(net, embed, head_weight, torch.tensor([ex.ids], device=device),
                            torch.tensor([ex.loss_mask], device=device), features[None], top[None], anchors, gamma,
-                           generator=generator if device.type == "cpu" else None)
+                           generator=generator if device.type == "cpu" else None, vocab=vocab)
         correct = [a + b for a, b in zip(correct, m.correct)]
         counts = [a + b for a, b in zip(counts, m.counts)]
         run_sum, runs = run_sum + m.run_sum, runs + m.runs
@@ -149,6 +152,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
     accelerator.register_for_checkpointing(_Progress())
     embed = window_embedder(target)
     _, head_weight = float32_pieces(target)
+    loss_vocab = vocab.to(accelerator.device) if cfg.loss_vocab == "draft" else None  # the loss's rows (None: all)
     (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
     step, done_batches, seconds_before = 0, 0, 0.0
@@ -169,11 +173,11 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
         if accelerator.is_main_process:
             drafter = accelerator.unwrap_model(model).net.eval()
             record.update(teacher_forced(drafter, embed, head_weight, examples, source, val_idx[:64], cfg.anchors,
-                                         cfg.gamma))
+                                         cfg.gamma, loss_vocab))
             prompts = [examples[i] for i in val_idx[: cfg.val_prompts]]
             if vocab is not None:
                 record.update(draft_vocab=vocab.numel(), val_vocab_coverage=round(coverage, 4))
-            if prompts:  # with the vocabulary it ships with (training's loss reads the whole one)
+            if prompts:  # with the vocabulary it ships with (the loss may read the whole one)
                 drafter.set_draft_vocab(vocab)
                 try:
                     record["val_tau"] = validation_tau(drafter, target, prompts, cfg.val_new_tokens)
@@ -210,7 +214,8 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
             if online is not None:
                 batch = online.fill(batch)
             with accelerator.accumulate(model):
-                loss, metrics = model(batch, embed=embed, head_weight=head_weight, anchors=cfg.anchors, gamma=cfg.gamma)
+                loss, metrics = model(batch, embed=embed, head_weight=head_weight, anchors=cfg.anchors, gamma=cfg.gamma,
+                                      vocab=loss_vocab)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)

@@ -144,6 +144,54 @@ def test_block_loss_raises_acceptance_and_drafts_exactly():
         hfs.disable(target)
 
 
+def test_the_draft_vocabulary_loss_reads_its_rows_and_misses_what_it_cannot_propose():
+    """``loss_vocab='draft'``: the cross-entropy over the draft vocabulary's rows of the lm_head for the labels inside
+    it; labels outside it are not learnt and count as misses. With every id in the vocabulary it is the whole
+    vocabulary's loss."""
+    target = build_model("llama", layers=4, init=0.3).requires_grad_(False)
+    text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=24, eos_token_id=None)
+    cfg = DFlashTrainConfig(target="tiny", data=["x"], out="x", block_size=4, layers=1, target_layer_ids=[0, 2])
+    net = new_network(cfg, target)
+    features = tapped_features(target, net.config.target_layer_ids, text)
+    top = target(text).logits.argmax(-1)
+    mask = torch.zeros_like(text)
+    mask[:, len(PROMPT) - 1: -1] = 1
+    embed, head = window_embedder(target), target.lm_head.weight
+    vocab_size = head.shape[0]
+
+    def loss_of(vocab):
+        return dflash_loss(net, embed, head, text, mask, features, top, 64, cfg.gamma,
+                           generator=torch.Generator().manual_seed(0), vocab=vocab)
+
+    whole, whole_m = loss_of(None)
+    every, every_m = loss_of(torch.arange(vocab_size))
+    torch.testing.assert_close(every, whole)
+    assert every_m.correct == whole_m.correct and every_m.counts == whole_m.counts
+    labels = sorted(set(top[0, len(PROMPT) - 1:].tolist()))
+    vocab = torch.tensor(sorted(set(range(0, vocab_size, 3)) | set(labels[: len(labels) // 2])))
+    outside = set(labels) - set(vocab.tolist())
+    assert outside  # some labels the vocabulary cannot propose
+    loss, metrics = loss_of(vocab)
+    assert metrics.counts == whole_m.counts  # every learnt label is counted, inside the vocabulary or not
+    # the expected loss from the windows themselves
+    picked, keep = sample_anchors(mask, 64, torch.Generator().manual_seed(0))
+    inputs = block_inputs(text, mask, top, picked, keep, 4, net.config.mask_token_id)
+    hidden = net.forward_blocks(embed(inputs["window_ids"]), features.float(), inputs["positions"],
+                                inputs["allowed"]).view(1, picked.shape[1], 4, -1)
+    valid, targets = inputs["valid"], inputs["labels"][inputs["valid"]]
+    weights = torch.exp(-(torch.arange(4) - 1).clamp(min=0).float() / cfg.gamma).expand(1, picked.shape[1], 4)[valid]
+    inside = torch.isin(targets, vocab)
+    logits = hidden[valid] @ head[vocab].T
+    draft_ids = torch.searchsorted(vocab, targets[inside])
+    per_label = torch.nn.functional.cross_entropy(logits[inside], draft_ids, reduction="none")
+    torch.testing.assert_close(loss, (per_label * weights[inside]).sum() / weights[inside].sum())
+    assert not torch.allclose(loss, whole)
+    hits = (vocab[logits.argmax(-1)] == targets) & inside
+    for k in range(1, 4):
+        at = torch.nonzero(valid)[:, 2] == k
+        assert metrics.correct[k - 1] == float(hits[at].sum())
+
+
 def test_train_dflash_end_to_end_and_resume(tmp_path, deep_chat_checkpoint, prompts):
     out = tmp_path / "dflash"
     common = ["train-dflash", "--target", deep_chat_checkpoint, "--prompts", prompts, "--distill-tokens", 16,
@@ -161,7 +209,8 @@ def test_train_dflash_end_to_end_and_resume(tmp_path, deep_chat_checkpoint, prom
     assert json.loads((out / "training_summary.json").read_text())["optimizer_steps"] == 22
 
     assert not (out / "draft_vocab.safetensors").exists()
-    result = run(*common, "--epochs", 2, "--draft-vocab", 10)  # continues from the checkpoint, ships a vocabulary
+    # continues from the checkpoint, ships a vocabulary and trains on it from here
+    result = run(*common, "--epochs", 2, "--draft-vocab", 10, "--loss-vocab", "draft")
     assert "resumed from" in result.output and "draft vocabulary: 10 ids" in result.output
     assert json.loads((out / "training_summary.json").read_text())["optimizer_steps"] == 44
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
@@ -195,6 +244,8 @@ def test_train_dflash_refuses_bad_arguments(tmp_path, deep_chat_checkpoint, prom
     assert "gamma=-1.0" in refused(*base, *data, "--gamma", -1)
     assert "anchors=0" in refused(*base, *data, "--anchors", 0)
     assert "--draft-vocab" in refused(*base, *data, "--draft-vocab", 0)
+    assert "give its size too (--draft-vocab 8192)" in refused(*base, *data, "--loss-vocab", "draft")
+    assert "loss_vocab='all'" in refused(*base, *data, "--loss-vocab", "all", "--draft-vocab", 10)
     with pytest.raises(ValueError, match="draft_vocab=2097152"):
         DFlashTrainConfig(target="t", data=["x"], out="o", draft_vocab=2 ** 21)
     assert not (tmp_path / "o").exists()  # refused before anything ran
