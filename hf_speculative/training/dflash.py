@@ -337,7 +337,7 @@ def dflash_loss(net: DFlashDraftModel, embed: Callable, head_weight: torch.Tenso
     picked, keep = sample_anchors(loss_mask, anchors, generator)
     inputs = block_inputs(ids, loss_mask, top, picked, keep, w, config.mask_token_id)
     hidden = net.forward_blocks(embed(inputs["window_ids"]), features.float(), inputs["positions"],
-                                inputs["allowed"])  # [B, N * W, H]
+                                inputs["allowed"], width=w)  # [B, N * W, H]
     b, n = picked.shape
     hidden = hidden.view(b, n, w, -1)
     valid, labels = inputs["valid"], inputs["labels"]

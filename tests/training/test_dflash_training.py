@@ -76,10 +76,12 @@ def test_sample_anchors_draws_learnt_positions_once_sorted():
     assert everything[0].tolist() == list(range(3, 10))
 
 
+@pytest.mark.parametrize("width", [None, 4], ids=["dense", "blocks"])
 @pytest.mark.parametrize("shape", ["bidirectional", "causal-sliding"])
-def test_training_forward_is_drafting_window_by_window(shape):
+def test_training_forward_is_drafting_window_by_window(shape, width):
     """Every window of one training forward equals the drafting forward after its own context alone (features before
-    the anchor, the anchor token, mask tokens), and the labels are the target's next argmax tokens."""
+    the anchor, the anchor token, mask tokens), and the labels are the target's next argmax tokens; with dense
+    attention and with the windows' blocks (``width``: no score of one window against another computed)."""
     target = build_model("llama", layers=4)
     fields = {} if shape == "bidirectional" else dict(causal=True, layer_types=["sliding_attention"],
                                                       sliding_window=3)
@@ -93,7 +95,8 @@ def test_training_forward_is_drafting_window_by_window(shape):
     mask = torch.ones_like(ids)
     inputs = block_inputs(ids, mask, top, anchors, keep, 4, net.config.mask_token_id)
     embed = window_embedder(target)
-    hidden = net.forward_blocks(embed(inputs["window_ids"]), features, inputs["positions"], inputs["allowed"])
+    hidden = net.forward_blocks(embed(inputs["window_ids"]), features, inputs["positions"], inputs["allowed"],
+                                width=width)
     for j, a in enumerate(anchors[0].tolist()):
         window = torch.tensor([[ids[0, a].item()] + [net.config.mask_token_id] * 3])
         positions = torch.arange(a + 4)[None]
@@ -105,6 +108,43 @@ def test_training_forward_is_drafting_window_by_window(shape):
             else:
                 assert not inputs["valid"][0, j, k]
         assert not inputs["valid"][0, j, 0]
+
+
+def test_window_blocks_give_dense_attentions_outputs_and_gradients_on_a_padded_batch():
+    """Two rows, one with filler anchors (fewer learnt positions): the blocks' forward and gradients are the dense
+    mask's; a mask that lets a window see another window is refused rather than split."""
+    from hf_speculative.drafters.dflash.blocks import WindowBlocks
+
+    target = build_model("llama", layers=4)
+    net = random_network(target, block_size=4, num_hidden_layers=2).float().requires_grad_(True)
+    torch.manual_seed(2)
+    ids = torch.randint(3, target.config.vocab_size, (2, 19))
+    mask = torch.zeros_like(ids)
+    mask[0, 3:18], mask[1, 12:15] = 1, 1
+    features = tapped_features(target, net.config.target_layer_ids, ids)
+    top = target(ids).logits.argmax(-1)
+    anchors, keep = sample_anchors(mask, 8, torch.Generator().manual_seed(0))
+    assert not keep[1].all()  # row 1 has three learnt positions: filler anchors
+    inputs = block_inputs(ids, mask, top, anchors, keep, 4, net.config.mask_token_id)
+    embed = window_embedder(target)
+
+    def run(width):
+        net.zero_grad()
+        hidden = net.forward_blocks(embed(inputs["window_ids"]), features, inputs["positions"], inputs["allowed"],
+                                    width=width)
+        (hidden * torch.linspace(-1, 1, hidden.shape[-1])).sum().backward()
+        return hidden.detach(), {name: p.grad.clone() for name, p in net.named_parameters() if p.grad is not None}
+
+    (dense, dense_grads), (blocks, block_grads) = run(None), run(4)
+    torch.testing.assert_close(blocks, dense, rtol=1e-4, atol=1e-5)
+    assert block_grads.keys() == dense_grads.keys() and any("self_attn.q_proj" in name for name in block_grads)
+    for name, want in dense_grads.items():
+        torch.testing.assert_close(block_grads[name], want, rtol=1e-3, atol=1e-5)
+    leaky = inputs["allowed"][:, None].clone()
+    s = ids.shape[1]
+    leaky[0, 0, 4, s] = True  # window 1's first query sees window 0's anchor
+    with pytest.raises(ValueError, match="another window's positions"):
+        WindowBlocks.from_mask(leaky, s, 4)
 
 
 def test_block_loss_raises_acceptance_and_drafts_exactly():

@@ -40,6 +40,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from ... import compat
 from ..eagle.model import DraftKVCache, SlotCache, attend
+from .blocks import WindowBlocks, attend_blocks
 from .config import DFlashConfig
 
 
@@ -100,6 +101,8 @@ class DFlashAttention(nn.Module):
             if cache.length:
                 k = torch.cat([cache.k[:, :, : cache.length], k[:, :, c:]], dim=2)  # [B, kvh, past + C + W, D]
                 v = torch.cat([cache.v[:, :, : cache.length], v[:, :, c:]], dim=2)
+        if isinstance(mask, WindowBlocks):  # training's windows (forward_blocks): the unmasked pairs only
+            return self.o_proj(attend_blocks(q, k, v, mask))
         return self.o_proj(attend(q, k, v, mask))
 
     def keys_values(self, kv_in: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
@@ -204,7 +207,7 @@ class DFlashDraftModel(nn.Module):
         return self.norm(window)
 
     def forward_blocks(self, windows: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                       allowed: torch.Tensor) -> torch.Tensor:
+                       allowed: torch.Tensor, width: int | None = None) -> torch.Tensor:
         """Training: many windows of one sequence in one forward, over its whole context (no cache).
 
         Args:
@@ -214,6 +217,8 @@ class DFlashDraftModel(nn.Module):
             allowed (`torch.Tensor` of shape `[B, Q, S + Q]`, bool): what each window query may see (True); the
                 caller's rule (a window sees the context before its anchor and its own window, as when drafting)
                 is combined with this drafter's own (causal, sliding). Every query row must allow some key.
+            width (`int`, *optional*): the windows' length, where no window sees another's positions (``allowed``'s
+                window part block-diagonal): attention then skips those pairs (``blocks.py``: the same result).
 
         Returns:
             `torch.Tensor` of shape `[B, Q, H]`: the windows' final hidden states (after ``norm``), what :meth:`forward`
@@ -226,6 +231,8 @@ class DFlashDraftModel(nn.Module):
         for window_size in {self.config.sliding(i) for i in range(len(self.layers))}:
             rule = self._mask(positions[:, s:], positions, None, window_size)  # [B, 1, Q, S + Q] or None
             masks[window_size] = allowed[:, None] if rule is None else rule & allowed[:, None]
+            if width is not None:
+                masks[window_size] = WindowBlocks.from_mask(masks[window_size], s, width)
         for i, layer in enumerate(self.layers):
             windows = layer(windows, context, rope, None, masks[self.config.sliding(i)])
         return self.norm(windows)
