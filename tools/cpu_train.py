@@ -8,7 +8,9 @@ counted a third to each).
 
 Every step is a ``hf-speculative`` command in ``--processes`` one-thread processes (``torchrun``: on a small target
 two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output
-in ``WORK/logs/STEP.log``. The same command goes on after an interruption: the features' pass and each trainer
+in ``WORK/logs/STEP.log``; the trainers under accelerate's bf16 autocast (``--mixed-precision``: this CPU's
+AVX-512 BF16 products run at twice fp32's rate, and a training step is mostly products), the weights, the losses and
+the features' pass in float32. The same command goes on after an interruption: the features' pass and each trainer
 resume from their files (a trainer's ``--max-minutes`` counts its time over resumes), and a finished step (recorded
 in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those of the GPU agenda
 (``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused low/mid/high features and
@@ -87,6 +89,8 @@ def settings_of(args: argparse.Namespace, agenda: Agenda, *, keep: bool = True) 
     """The run's data and sizes, fixed at its first start (the features and every trainer must see the same
     examples): the corpus's training answers then, or ``--max-examples``."""
     if "settings" in agenda.data:
+        # agendas from before the option: their trainers had not started (the features' pass came first)
+        agenda.data["settings"].setdefault("mixed_precision", args.mixed_precision)
         return agenda.data["settings"]
     if args.corpus is None:
         raise SystemExit("give --corpus DIR for a new --work folder")
@@ -97,7 +101,7 @@ def settings_of(args: argparse.Namespace, agenda: Agenda, *, keep: bool = True) 
     agenda.data["settings"] = {"data": str(data), "max_examples": examples, "max_length": args.max_length,
                                "processes": args.processes, "hours_per_drafter": args.hours_per_drafter,
                                "epochs": {"eagle": args.epochs, "dflash": args.epochs, "medusa": args.epochs},
-                               "target": args.target, "tiny": args.tiny,
+                               "target": args.target, "tiny": args.tiny, "mixed_precision": args.mixed_precision,
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if keep:
         agenda.save()
@@ -135,19 +139,24 @@ def launcher(processes: int) -> list[str]:
 def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: bool = False) -> int:
     """Run ``step`` (resuming its files), its wall time added to the agenda; returns its exit code."""
     argv = launcher(settings["processes"]) + command(step, settings, work, agenda)
+    # the trainers under accelerate's autocast (bf16 products: 1.6x the fp32 step on this CPU's AVX-512 BF16), the
+    # features' pass in float32 (the target's own states)
+    precision = settings.get("mixed_precision", "no") if step in DRAFTERS else "no"
+    shown = (f"ACCELERATE_MIXED_PRECISION={precision} " if precision != "no" else "") + shlex.join(argv)
     record = agenda.step(step)
     log = work / "logs" / f"{step}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[{time.strftime('%H:%M:%S')}] {step}: {shlex.join(argv)}", flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {step}: {shown}", flush=True)
     if dry_run:
         return 0
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               ACCELERATE_MIXED_PRECISION=precision)
     record["runs"] += 1
-    record["command"] = shlex.join(argv)
+    record["command"] = shown
     agenda.save()
     started = time.perf_counter()
     with open(log, "a", encoding="utf-8") as out:
-        out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shlex.join(argv)}\n")
+        out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n")
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         before = record["seconds"]
@@ -235,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                         "prompt and its 192-token answer whole)")
     parser.add_argument("--target", default=NAME, help="the target (default %(default)s, whose shipped EAGLE drafter "
                         "the EAGLE run continues)")
+    parser.add_argument("--mixed-precision", choices=("bf16", "no"), default="bf16", help="the trainers' autocast "
+                        "(accelerate's ACCELERATE_MIXED_PRECISION; default %(default)s: bf16 products, float32 "
+                        "weights and losses), fixed at the first start")
     parser.add_argument("--tiny", action="store_true", help="the tests' recipes: small vocabularies and blocks")
     parser.add_argument("--status", action="store_true", help="print where the agenda stands and stop")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

@@ -188,7 +188,8 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
             saved_net.set_draft_vocab(vocab)
             save_pretrained(saved_net, out)
             meta = {"train_config": cfg.to_dict(), "last_validation": record, "train_examples": len(train_idx),
-                    "val_examples": len(val_idx), "processes": processes}
+                    "val_examples": len(val_idx), "processes": processes,
+                    "mixed_precision": accelerator.mixed_precision}
             (out / TRAINING_FILE).write_text(json.dumps(meta, indent=2) + "\n")
             with open(out / LOG, "a") as f:
                 f.write(json.dumps(record) + "\n")

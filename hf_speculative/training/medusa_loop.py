@@ -116,7 +116,8 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
                 record["val_tau_chain"] = real_tau(trained, target, prompts, cfg.val_new_tokens, None)
             trained.train()
             meta = {"train_config": cfg.to_dict(), "last_validation": record, "train_examples": len(train_idx),
-                    "val_examples": len(val_idx), "processes": processes}
+                    "val_examples": len(val_idx), "processes": processes,
+                    "mixed_precision": accelerator.mixed_precision}
             save_pretrained(trained, out, metadata=meta)
             if tree is not None:
                 tree.save(out / TREE_FILE)

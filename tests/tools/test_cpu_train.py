@@ -43,6 +43,10 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     features_minutes = agenda["steps"]["features"]["seconds"] / 60
     assert f"--max-minutes {60 * 4.0 - features_minutes / 3:.1f}" in agenda["steps"]["eagle"]["command"]
     assert "--max-examples 20" in agenda["steps"]["eagle"]["command"]
+    # the trainers under bf16 autocast, the features' pass in float32
+    assert agenda["settings"]["mixed_precision"] == "bf16"
+    assert agenda["steps"]["eagle"]["command"].startswith("ACCELERATE_MIXED_PRECISION=bf16 ")
+    assert "MIXED_PRECISION" not in agenda["steps"]["features"]["command"]
 
     assert main(args) == 0  # the same command, all steps: the done ones skipped, the settings kept
     printed = capsys.readouterr().out
@@ -65,6 +69,7 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
         check_manifest(exported, full=True, required=True)
         meta = json.loads((exported / "training.json").read_text())
         assert meta["command"] == agenda["steps"][kind]["command"] and meta["stored_dtype"] == "float16"
+        assert json.loads((work / kind / "training.json").read_text())["mixed_precision"] == "bf16"
         assert meta["train_log"] and meta["device"]["device"] == "cpu"
         assert {tensor.dtype for tensor in load_file(exported / "model.safetensors").values()
                 if tensor.is_floating_point()} == {torch.float16}

@@ -59,13 +59,16 @@ def attend_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: Win
     k_c, v_c = k[:, :, None, :s], v[:, :, None, :s]  # [B, kvh, 1, S, D]
     k_o = k[:, :, None, s:].reshape(b, kvh, 1, n, w, d)
     v_o = v[:, :, None, s:].reshape(b, kvh, 1, n, w, d)
-    scores_c = (queries @ k_c.transpose(-1, -2)) * scale  # [B, kvh, g, Q, S]
+    # the softmax in float32 whatever the products' dtype (bf16 under autocast: its sums over a long context would
+    # lose the small weights)
+    scores_c = (queries @ k_c.transpose(-1, -2)).float() * scale  # [B, kvh, g, Q, S]
     scores_c = scores_c.masked_fill(~blocks.context[:, :, None], float("-inf"))
-    scores_o = (queries.reshape(b, kvh, g, n, w, d) @ k_o.transpose(-1, -2)) * scale  # [B, kvh, g, N, W, W]
+    scores_o = (queries.reshape(b, kvh, g, n, w, d) @ k_o.transpose(-1, -2)).float() * scale  # [B, kvh, g, N, W, W]
     scores_o = scores_o.masked_fill(~blocks.own[:, :, None], float("-inf"))
     top = torch.maximum(scores_c.amax(-1), scores_o.amax(-1).reshape(b, kvh, g, q_len)).detach()  # [B, kvh, g, Q]
     p_c = torch.exp(scores_c - top[..., None])
     p_o = torch.exp(scores_o - top.reshape(b, kvh, g, n, w)[..., None])
     total = p_c.sum(-1) + p_o.sum(-1).reshape(b, kvh, g, q_len)  # [B, kvh, g, Q]
+    v_c, v_o = v_c.to(p_c.dtype), v_o.to(p_o.dtype)  # float32 products unless autocast casts them (as SDPA's P V)
     out = (p_c @ v_c + (p_o @ v_o).reshape(b, kvh, g, q_len, d)) / total[..., None]  # [B, kvh, g, Q, D]
-    return out.reshape(b, nh, q_len, d).transpose(1, 2).reshape(b, q_len, nh * d)
+    return out.to(v.dtype).reshape(b, nh, q_len, d).transpose(1, 2).reshape(b, q_len, nh * d)
