@@ -219,6 +219,11 @@ def status(work: Path) -> str:
             continue
         lines.append(f"  {step:<8} {'done' if record['done'] else 'not finished'}, {record['seconds'] / 60:.1f} min "
                      f"over {record['runs']} run(s)")
+        progress = Path(work) / step / "checkpoint" / "progress.json"  # the trainers' resume point (STATE)
+        if progress.is_file():
+            saved = json.loads(progress.read_text())
+            lines.append(f"           checkpoint at optimizer step {saved['step']}, "
+                         f"{saved.get('train_seconds', 0.0) / 60:.1f} min trained")
         log = Path(work) / step / "train_log.jsonl"
         if log.is_file():
             rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
