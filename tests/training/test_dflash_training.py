@@ -147,12 +147,11 @@ def test_window_blocks_give_dense_attentions_outputs_and_gradients_on_a_padded_b
         WindowBlocks.from_mask(leaky, s, 4)
 
 
-def test_block_loss_raises_acceptance_and_drafts_exactly():
-    """A fresh drafter trained with the block loss on the target's greedy text: the loss falls, the top-1 of every
-    drafted position rises well above chance, and drafting with it keeps blocks (tau > 1.5) while the output stays
-    greedy's, as chains and as a tree."""
+def _greedy_text_setup(new_tokens: int):
+    """A tiny target's greedy text after the prompt, a fresh 1-layer drafter with blocks of 4, the target's features,
+    argmax and the answer's loss mask, the window embedder and the lm_head weight."""
     target = build_model("llama", layers=4, init=0.3).requires_grad_(False)
-    text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=48, eos_token_id=None)
+    text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=new_tokens, eos_token_id=None)
     cfg = DFlashTrainConfig(target="tiny", data=["x"], out="x", block_size=4, layers=1, target_layer_ids=[0, 2])
     net = new_network(cfg, target)
     features = tapped_features(target, net.config.target_layer_ids, text)
@@ -160,6 +159,14 @@ def test_block_loss_raises_acceptance_and_drafts_exactly():
     mask = torch.zeros_like(text)
     mask[:, len(PROMPT) - 1: -1] = 1
     embed, head = window_embedder(target), target.lm_head.weight
+    return target, text, cfg, net, features, top, mask, embed, head
+
+
+def test_block_loss_raises_acceptance_and_drafts_exactly():
+    """A fresh drafter trained with the block loss on the target's greedy text: the loss falls, the top-1 of every
+    drafted position rises well above chance, and drafting with it keeps blocks (tau > 1.5) while the output stays
+    greedy's, as chains and as a tree."""
+    target, text, cfg, net, features, top, mask, embed, head = _greedy_text_setup(48)
     torch.manual_seed(0)
     first, before = dflash_loss(net, embed, head, text, mask, features, top, 64, cfg.gamma)
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3)
@@ -188,15 +195,7 @@ def test_the_draft_vocabulary_loss_reads_its_rows_and_misses_what_it_cannot_prop
     """``loss_vocab='draft'``: the cross-entropy over the draft vocabulary's rows of the lm_head for the labels inside
     it; labels outside it are not learnt and count as misses. With every id in the vocabulary it is the whole
     vocabulary's loss."""
-    target = build_model("llama", layers=4, init=0.3).requires_grad_(False)
-    text = stock_generate(target, **prompt_inputs(), do_sample=False, max_new_tokens=24, eos_token_id=None)
-    cfg = DFlashTrainConfig(target="tiny", data=["x"], out="x", block_size=4, layers=1, target_layer_ids=[0, 2])
-    net = new_network(cfg, target)
-    features = tapped_features(target, net.config.target_layer_ids, text)
-    top = target(text).logits.argmax(-1)
-    mask = torch.zeros_like(text)
-    mask[:, len(PROMPT) - 1: -1] = 1
-    embed, head = window_embedder(target), target.lm_head.weight
+    _, text, cfg, net, features, top, mask, embed, head = _greedy_text_setup(24)
     vocab_size = head.shape[0]
 
     def loss_of(vocab):
