@@ -9,7 +9,9 @@ questions it did not: see stage 7 of benchmarks/training-history.md.)
 Every batch samples ``batch_size`` messages from the same pre-query text, with the random generator
 seeded from ``(seed, batch index)``, so a run is reproducible, and an interrupted one resumes by
 sampling its last batch again and writing only the rows it had not written: the file then equals an
-uninterrupted run's. Messages cut off by the length limit, shorter than ``min_words``,
+uninterrupted run's. A batch's messages depend on the seed and its index alone (:func:`sample_batch`), so other
+processes may sample some batches (``sampled=``) and the file is still one process's. Messages cut off by the
+length limit, shorter than ``min_words``,
 repeated, or sharing a run of ``shingle`` words with an excluded text (the benchmark's questions) are
 dropped.
 """
@@ -19,8 +21,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -60,6 +63,39 @@ def _batch_seed(seed: int, batch: int) -> int:
     return (seed * 1_000_003 + batch) % (2**63)
 
 
+def query_inputs(tokenizer: Any, batch_size: int) -> torch.LongTensor:
+    """The pre-query text's ids in every row of a batch, ``[batch_size, P]``."""
+    prefix = tokenizer(pre_query_text(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    return prefix.repeat(batch_size, 1)  # [B, P]: the same pre-query text in every row
+
+
+def pad_id_of(model: Any, tokenizer: Any) -> int:
+    """The id generate() pads finished rows with (the tokenizer's pad, else the smallest EOS id)."""
+    eos_ids = set(compat.eos_token_ids(model.generation_config))
+    if not eos_ids:
+        raise ValueError("the model's generation_config has no eos_token_id: cannot tell where a message ends")
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+
+
+@torch.no_grad()
+def sample_batch(model: Any, input_ids: torch.LongTensor, seed: int, batch: int, *, temperature: float,
+                 top_p: float, max_new_tokens: int, pad_id: int) -> list[list[int]]:
+    """Batch ``batch``'s sampled continuations of ``input_ids`` (:func:`query_inputs`), ``[B][<= max_new_tokens]``
+    token ids: a function of the seed and the batch's index (the same model, dtype and threads give the same ids in
+    any process)."""
+    torch.manual_seed(_batch_seed(seed, batch))
+    input_ids = input_ids.to(next(model.parameters()).device)
+    out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
+                         temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+                         pad_token_id=pad_id)
+    return out[:, input_ids.shape[1]:].tolist()
+
+
+def first_batch(rows: list[dict]) -> int:
+    """The batch a run resumes from: its file's last (sampled again, its written rows skipped), else 0."""
+    return max((row["batch"] for row in rows), default=0)
+
+
 @torch.no_grad()
 def sample_prompts(
     model: Any,
@@ -77,6 +113,7 @@ def sample_prompts(
     shingle: int = 8,
     max_batches: int | None = None,
     progress: bool = True,
+    sampled: Callable[[int], list[list[int]]] | None = None,
 ) -> Path:
     """Append ``{"id", "category": "self-written", "prompt", "batch"}`` rows to ``out_path`` until it holds
     ``count`` prompts.
@@ -91,6 +128,8 @@ def sample_prompts(
             any run of ``shingle`` words with one of them is dropped.
         max_batches (`int`, *optional*): give up with an error after this many batches in one call
             (default: enough for ``count`` prompts if one in ten is kept).
+        sampled (*optional*): ``sampled(batch)`` -> that batch's :func:`sample_batch` (e.g. from other processes,
+            each with its own copy of the model); default: sampled here.
     """
     if count < 1 or batch_size < 1 or min_words < 0 or shingle < 1:
         raise ValueError(f"sample_prompts(count={count}, batch_size={batch_size}, min_words={min_words}, "
@@ -105,14 +144,14 @@ def sample_prompts(
                          f"self-s{seed}-...): resume with the seed that wrote it, or write to a new file")
     seen = {" ".join(_words(row["prompt"])) for row in rows}
     banned = shingles(exclude, shingle)
-    batch = max((row["batch"] for row in rows), default=0)
-    prefix = tokenizer(pre_query_text(tokenizer), add_special_tokens=False, return_tensors="pt")["input_ids"]
-    device = next(model.parameters()).device
-    input_ids = prefix.to(device).repeat(batch_size, 1)  # [B, P]: the same pre-query text in every row
+    batch = first_batch(rows)
+    input_ids = query_inputs(tokenizer, batch_size)  # [B, P]
+    pad_id = pad_id_of(model, tokenizer)
     eos_ids = set(compat.eos_token_ids(model.generation_config))
-    if not eos_ids:
-        raise ValueError("the model's generation_config has no eos_token_id: cannot tell where a message ends")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    if sampled is None:
+        def sampled(b: int) -> list[list[int]]:
+            return sample_batch(model, input_ids, seed, b, temperature=temperature, top_p=top_p,
+                                max_new_tokens=max_new_tokens, pad_id=pad_id)
     limit = max_batches if max_batches is not None else 10 * -(-count // batch_size) + 10
     start, tried = time.perf_counter(), 0
     with open(out_path, "a", encoding="utf-8") as f:
@@ -121,11 +160,7 @@ def sample_prompts(
                 raise RuntimeError(f"only {len(rows)} of {count} prompts after {tried} batches of {batch_size}: the "
                                    "model's messages are mostly cut off, short or repeated (raise max_new_tokens, "
                                    "lower min_words, or use another prompt source)")
-            torch.manual_seed(_batch_seed(seed, batch))
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
-                                 temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
-                                 pad_token_id=pad_id)
-            for i, seq in enumerate(out[:, prefix.shape[1]:].tolist()):
+            for i, seq in enumerate(sampled(batch)):
                 row_id = f"self-s{seed}-b{batch:05d}-{i:03d}"
                 if row_id in written:
                     continue  # the last batch of an interrupted run, sampled again

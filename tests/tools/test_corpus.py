@@ -317,6 +317,36 @@ def test_processes_share_the_chunks_and_write_what_one_process_writes(env, tmp_p
         build(env["target"], two, answers=12, processes=0, **kw)
 
 
+def test_processes_sample_the_targets_messages_as_one_process_does(env, tmp_path, capfd):
+    """Two one-thread processes share the Magpie batches (the started one every other batch, through a part file):
+    the same messages file and prompts as one one-thread process, also when resumed; the part files are gone after.
+    A helper that fails is raised, naming it, and the messages written are kept."""
+    from tools.corpus.magpie_processes import part_path, sample_in_processes
+    from tools.corpus.sources import magpie_options
+
+    kw = {**KW, "mix": "magpie=1", "prompts_only": True}
+    one, two = tmp_path / "one", tmp_path / "two"
+    build(env["target"], one, answers=10, threads=1, **kw)
+    rows = read_rows(magpie_path(one))
+    assert max(r["batch"] for r in rows) >= 2  # batches from both processes
+    build(env["target"], two, answers=4, processes=2, **kw)
+    build(env["target"], two, answers=10, processes=2, **kw)  # grown: resumed from the file's last batch
+    assert magpie_path(two).read_bytes() == magpie_path(one).read_bytes()
+    assert corpus(two) == corpus(one)
+    assert not list(magpie_path(two).parent.glob("*.part*"))
+
+    load = {"target": str(tmp_path / "no-such-target"), "cpu_layout": "none", "device": "cpu", "dtype": None}
+    out = tmp_path / "three" / "magpie.jsonl"
+    from tools.corpus.answers import load_target
+
+    with pytest.raises(RuntimeError, match=r"magpie: helper process 1 stopped \(exit code 1\) before batch 1; .*"
+                                           "Run the same command again"):
+        sample_in_processes(out, 30, 2, load, lambda: load_target(env["target"], cpu_layout="none"), 0,
+                            magpie_options(**{**KW["magpie"], "progress": False}))
+    assert len(read_rows(out)) >= 1 and not part_path(out, 1).exists()  # batch 0's messages kept
+    capfd.readouterr()
+
+
 def test_questions_are_the_held_out_prompts_in_spec_bench_form(env, tmp_path, capsys):
     from hf_speculative.bench.spec_bench import load_prompts
 

@@ -9,7 +9,14 @@ import pytest
 from typer.testing import CliRunner
 
 from hf_speculative.cli.main import app
-from hf_speculative.training.magpie import pre_query_text, sample_prompts, shingles
+from hf_speculative.training.magpie import (
+    pad_id_of,
+    pre_query_text,
+    query_inputs,
+    sample_batch,
+    sample_prompts,
+    shingles,
+)
 from tests.conftest import make_chat_tokenizer
 
 # the tiny random model ends about one message in four within 40 tokens
@@ -51,6 +58,34 @@ def test_sampling_is_reproducible_and_resumes_like_one_run(tmp_path, chat_model,
     assert {r["prompt"] for r in other} != {r["prompt"] for r in whole}
     with pytest.raises(ValueError, match="holds rows that are not this run's .*resume with the seed that wrote it"):
         sample_prompts(chat_model, chat_tokenizer, tmp_path / "d.jsonl", 20, seed=0, **KW)
+
+
+def test_batches_sampled_elsewhere_make_the_same_file(tmp_path, chat_model, chat_tokenizer):
+    """A batch's messages depend on the seed and its index alone: sampled beforehand in reverse order by another copy
+    of the model (as other processes do, ``sampled=``), the file is the same as one run's, resumed or not."""
+    whole = rows_of(sample_prompts(chat_model, chat_tokenizer, tmp_path / "a.jsonl", 12, **KW))
+    copy = type(chat_model)(chat_model.config).eval()
+    copy.load_state_dict(chat_model.state_dict())
+    inputs, pad = query_inputs(chat_tokenizer, KW["batch_size"]), pad_id_of(copy, chat_tokenizer)
+    last = max(r["batch"] for r in whole)
+    made = {b: sample_batch(copy, inputs, 0, b, temperature=1.0, top_p=0.95, max_new_tokens=KW["max_new_tokens"],
+                            pad_id=pad) for b in reversed(range(last + 1))}
+    asked = []
+
+    def sampled(batch):
+        asked.append(batch)
+        return made[batch]
+
+    assert rows_of(sample_prompts(chat_model, chat_tokenizer, tmp_path / "b.jsonl", 12, sampled=sampled,
+                                  **KW)) == whole
+    assert asked == list(range(last + 1))  # in order, each once
+    sample_prompts(chat_model, chat_tokenizer, tmp_path / "c.jsonl", 5, sampled=made.__getitem__, **KW)
+    assert rows_of(sample_prompts(chat_model, chat_tokenizer, tmp_path / "c.jsonl", 12, sampled=made.__getitem__,
+                                  **KW)) == whole
+    # a source of other batches gives another file: the rows come from it
+    shifted = rows_of(sample_prompts(chat_model, chat_tokenizer, tmp_path / "d.jsonl", 4,
+                                     sampled=lambda b: made[(b + 1) % (last + 1)], **KW))
+    assert [r["prompt"] for r in shifted] != [r["prompt"] for r in whole[:4]]
 
 
 def test_messages_are_whole_decoded_turns(tmp_path, chat_model, chat_tokenizer):

@@ -45,9 +45,10 @@ def _build_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered together (16: decoding stays within "
                    "the rows hf_speculative's CPU kernel computes; default 16)")
     p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own choice)")
-    p.add_argument("--processes", type=int, default=1, help="one-thread processes answering side by side on the "
-                   "CPU, each with its own copy of the target and every N-th chunk of prompts (a small target's "
-                   "batched decoding is bound by each core's arithmetic: one process per core; default 1)")
+    p.add_argument("--processes", type=int, default=1, help="one-thread processes sampling the target's own "
+                   "messages and answering side by side on the CPU, each with its own copy of the target, every N-th "
+                   "batch of messages and chunk of prompts (a small target's batched decoding is bound by each "
+                   "core's arithmetic: one process per core; default 1)")
     p.add_argument("--device", default="cpu", help="where the target runs: cpu (default) or cuda; on a GPU give a "
                    "--batch-size and --magpie-batch-size in the hundreds")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"), help="the target's dtype (default: "

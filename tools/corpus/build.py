@@ -62,6 +62,10 @@ class Target:
                                                       device=self.device, dtype=self.dtype)
         return self.model, self._tokenizer
 
+    def load_args(self) -> dict:
+        """:func:`~tools.corpus.answers.load_target`'s arguments for another process's copy (its threads its own)."""
+        return {"target": self.name, "cpu_layout": self.cpu_layout, "device": self.device, "dtype": self.dtype}
+
 
 def _check_numbers(answers: int, held_out: float, max_new_tokens: int, max_prompt_tokens: int,
                    batch_size: int) -> None:
@@ -93,9 +97,9 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
     package's Spec-Bench); ``lists``: a folder of ``python -m tools.corpus lists`` (:mod:`tools.corpus.lists`) whose
     WordNet and built-in lists are read instead of built here; ``max_minutes``: no chunk of answers starts after this
     many minutes of the build (the same command resumes); ``sort_window``: prompts answered are sorted by length
-    within windows of this many (0: each chunk of answers whole); ``processes``: one-thread processes answering
-    side by side on the CPU, each with its own copy of the target
-    (:func:`~tools.corpus.answers.answer_in_processes`).
+    within windows of this many (0: each chunk of answers whole); ``processes``: one-thread processes sampling the
+    target's own messages and answering side by side on the CPU, each with its own copy of the target
+    (:mod:`tools.corpus.magpie_processes`, :func:`~tools.corpus.answers.answer_in_processes`).
 
     Raises:
         ValueError: ``out`` inside the repository, bad numbers or mix, settings other than the corpus's, a
@@ -170,8 +174,8 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
 
     sources = {"wordnet": lambda: listed("wordnet", wordnet_builder(seed, wordnet_dir, fortune_dir)),
                "builtin": lambda: listed("builtin", builtin_builder(seed)),
-               "magpie": lambda: MagpieSource(magpie_path(out), magpie_sampler(magpie_path(out), run.load, seed,
-                                                                                magpie))}
+               "magpie": lambda: MagpieSource(magpie_path(out), magpie_sampler(
+                   magpie_path(out), run.load, seed, magpie, processes=processes, load_args=run.load_args()))}
     rows, stats = build_prompt_list(out, answers, shares, {name: sources[name]() for name in shares},
                                     spec_bench=spec, length=prompt_length(run.tokenizer()),
                                     max_prompt_tokens=max_prompt_tokens)
@@ -186,8 +190,7 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
     answer = {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "max_prompt_tokens": max_prompt_tokens,
               "sort_window": sort_window, "progress": progress_output}
     if processes > 1:
-        load = {"target": run.name, "cpu_layout": run.cpu_layout, "device": run.device, "dtype": run.dtype}
-        complete = answer_in_processes(out, processes, load, answer, here=run.load, deadline=deadline,
+        complete = answer_in_processes(out, processes, run.load_args(), answer, here=run.load, deadline=deadline,
                                        after_chunk=lambda: _refresh(out, manifest))
     else:
         model, tokenizer = run.load()

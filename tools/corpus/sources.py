@@ -96,15 +96,23 @@ def builtin_builder(seed: int) -> Callable[[int], list[dict]]:
     return build
 
 
-def magpie_sampler(path: Path, load: Callable[[], tuple], seed: int, options: dict) -> Callable[[int], None]:
+def magpie_sampler(path: Path, load: Callable[[], tuple], seed: int, options: dict, *, processes: int = 1,
+                   load_args: dict | None = None) -> Callable[[int], None]:
     """``sample(count)``: the target (``load()`` -> ``(model, tokenizer)``, loaded on the first call) writes messages
     into ``path`` until it holds ``count``, with ``options`` (``batch_size``, ``max_new_tokens``, ``min_words``,
     ``temperature``, ``top_p``). Nothing is excluded there: the corpus drops Spec-Bench's questions itself, for
-    every source alike, and counts them."""
+    every source alike, and counts them. ``processes`` > 1: as many one-thread processes sample its batches
+    (:mod:`tools.corpus.magpie_processes`; the others load the target with ``load_args``), the same file as one
+    one-thread process."""
 
     def sample(count: int) -> None:
         from hf_speculative.training.magpie import sample_prompts
 
+        if processes > 1:
+            from .magpie_processes import sample_in_processes
+
+            sample_in_processes(path, count, processes, load_args or {}, load, seed, options)
+            return
         model, tokenizer = load()
         sample_prompts(model, tokenizer, path, count, seed=seed, exclude=(), **options)
 
