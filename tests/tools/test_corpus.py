@@ -202,6 +202,8 @@ def test_bad_out_dirs_and_settings_are_refused(env, tmp_path, capsys):
           wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"], **kw)
     for change, message in (({"seed": 1}, r"built with other settings \(seed: 0 there, 1 now\).* build into a new"),
                             ({"mix": "wordnet=1"}, r"other settings \(mix: .*python -m tools.corpus build --target"),
+                            ({"dtype": "bfloat16"}, (r"other settings \(dtype: 'float32' there, 'bfloat16' now\).*"
+                                                     r"--held-out 0.25 .*--dtype float32")),
                             ({"answers": 3}, (r"holds 4 prompts already, more than the 3 asked for: a corpus "
                                               r"only grows; ask for --answers 4 or more"))):
         args = {"answers": 4, "mix": "wordnet=1,builtin=1", **change}
@@ -210,6 +212,12 @@ def test_bad_out_dirs_and_settings_are_refused(env, tmp_path, capsys):
                   fortune_dir=env["fortune_dir"], **{**kw, **args})
     manifest = json.loads((out / "MANIFEST.json").read_text())  # the refused runs changed nothing
     assert len(manifest["runs"]) == 1 and manifest["answers_asked"] == 4 and manifest["settings"]["seed"] == 0
+    assert manifest["recreate"].endswith("--dtype float32")  # the target's dtype is part of the corpus
+    del manifest["settings"]["dtype"]  # a corpus from before the setting: resumed in the default dtype
+    (out / "MANIFEST.json").write_text(json.dumps(manifest))
+    build(env["target"], out, answers=4, mix="wordnet=1,builtin=1", prompts_only=True, wordnet_dir=env["wordnet_dir"],
+          fortune_dir=env["fortune_dir"], **kw)
+    assert json.loads((out / "MANIFEST.json").read_text())["settings"]["dtype"] == "float32"
     with open(out / ".lock", "a+") as held:  # another build at work on the folder
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(ValueError, match="another `python -m tools.corpus build` is writing .*let it finish"):

@@ -126,7 +126,9 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
                 "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
                 "magpie": {k: v for k, v in options.items() if k != "progress"} if "magpie" in shares else None,
                 "wordnet_dir": str(wordnet_dir) if wordnet_dir and "wordnet" in shares else None,
-                "fortune_dir": str(fortune_dir) if fortune_dir and "wordnet" in shares else None}
+                "fortune_dir": str(fortune_dir) if fortune_dir and "wordnet" in shares else None,
+                # the target's dtype shapes every message and answer: one corpus, one dtype
+                "dtype": dtype or ("float32" if device == "cpu" else "auto")}
     with sole_writer(out):
         check_settings(out, settings)
         check_growth(out, answers)

@@ -29,8 +29,9 @@ def check_settings(out: Path, settings: dict) -> None:
     old = read_manifest(out)
     if old is None:
         return
+    # (a setting a manifest predates is not compared: dtype came later, every corpus before it float32 on a CPU)
     changed = [f"{key}: {old['settings'].get(key)!r} there, {value!r} now" for key, value in settings.items()
-               if old["settings"].get(key) != value]
+               if key in old["settings"] and old["settings"][key] != value]
     if changed:
         raise ValueError(f"{out} holds a corpus built with other settings ({'; '.join(changed)}): give the settings "
                          f"of its manifest to grow or resume it (its command: {old['recreate']}), or build into a "
@@ -92,6 +93,8 @@ def recreate_command(settings: dict, out: Path, answers: int) -> str:
     for key in ("wordnet_dir", "fortune_dir"):
         if settings.get(key):
             args += [f"--{key.replace('_', '-')}", settings[key]]
+    if settings.get("dtype"):
+        args += ["--dtype", settings["dtype"]]
     return command_line(args)
 
 
