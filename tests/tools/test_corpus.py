@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
+import threading
+import time
 from fractions import Fraction
 from pathlib import Path
 
@@ -353,6 +356,32 @@ def test_processes_sample_the_targets_messages_as_one_process_does(env, tmp_path
                             magpie_options(**{**KW["magpie"], "progress": False}))
     assert len(read_rows(out)) >= 1 and not part_path(out, 1).exists()  # batch 0's messages kept
     capfd.readouterr()
+
+
+def test_a_magpie_helper_stops_when_its_parent_is_gone(env, tmp_path):
+    """A helper whose parent was killed outright (it is then another process's child) samples nothing and returns,
+    rather than polling for ever."""
+    import multiprocessing
+
+    from tools.corpus.magpie_processes import _helper, part_path
+    from tools.corpus.sources import magpie_options
+
+    load = {"target": env["target"], "cpu_layout": "none", "device": "cpu", "dtype": None}
+    context = multiprocessing.get_context("spawn")
+    path = tmp_path / "magpie.jsonl"
+    options = magpie_options(**{**KW["magpie"], "progress": False})
+    _helper(load, str(path), 1, 2, 0, 0, options, context.Value("q", 0), context.Event(), parent=-1)
+    assert part_path(path, 1).read_bytes() == b""
+    stop = context.Event()  # the control: its parent alive, it samples its first batch (1) until stopped
+
+    def stop_after_a_batch():
+        while not part_path(path, 1).read_bytes():
+            time.sleep(0.05)
+        stop.set()
+
+    threading.Thread(target=stop_after_a_batch, daemon=True).start()
+    _helper(load, str(path), 1, 2, 0, 0, options, context.Value("q", 0), stop, parent=os.getppid())
+    assert [r["batch"] for r in read_rows(part_path(path, 1))][:1] == [1]
 
 
 def test_questions_are_the_held_out_prompts_in_spec_bench_form(env, tmp_path, capsys):

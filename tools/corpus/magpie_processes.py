@@ -27,9 +27,10 @@ def part_path(path: Path, k: int) -> Path:
 
 
 def _helper(load: dict, path: str, k: int, processes: int, start: int, seed: int, options: dict, current: Any,
-            stop: Any) -> None:
+            stop: Any, parent: int) -> None:
     """Helper ``k``: batches ``b >= start`` with ``b % processes == k``, each at most ``AHEAD * processes`` past
-    ``current`` (the batch the main process filters), until ``stop`` is set."""
+    ``current`` (the batch the main process filters), until ``stop`` is set or process ``parent`` is gone (killed
+    outright, it stops nothing itself)."""
     import torch
 
     from hf_speculative.training.magpie import pad_id_of, query_inputs, sample_batch
@@ -41,7 +42,7 @@ def _helper(load: dict, path: str, k: int, processes: int, start: int, seed: int
     batch = start + (k - start) % processes
     fd = os.open(part_path(Path(path), k), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        while not stop.is_set():
+        while not stop.is_set() and os.getppid() == parent:
             if batch > current.value + AHEAD * processes:
                 time.sleep(POLL_S)
                 continue
@@ -129,7 +130,7 @@ def sample_in_processes(path: Path, count: int, processes: int, load: dict, here
     context = multiprocessing.get_context("spawn")  # no fork of a process holding a model and OpenMP threads
     current, stop = context.Value("q", start), context.Event()
     helpers = [context.Process(target=_helper, args=(load, str(path), k, processes, start, seed, options, current,
-                                                     stop), daemon=True) for k in range(1, processes)]
+                                                     stop, os.getpid()), daemon=True) for k in range(1, processes)]
     for helper in helpers:
         helper.start()
     try:
