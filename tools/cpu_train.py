@@ -1,14 +1,17 @@
-"""Issue 72's CPU agenda in one resumable command: the target's features over a corpus's training answers computed
-once (``hf-speculative cache-features``), then EAGLE-3, DFlash and Medusa trained on them (``--feature-cache``),
-each within its share of the issue's budget (about 4 hours of this CPU per drafter in all, the features' pass
-counted a third to each).
+"""Issue 72's CPU agenda in one resumable command: the corpus (``python -m tools.corpus build``, unless it is
+complete), the target's features over its training answers computed once (``hf-speculative cache-features``), then
+EAGLE-3, DFlash and Medusa trained on them (``--feature-cache``), each within its share of the issue's budget (about
+4 hours of this CPU per drafter in all, the features' pass counted a third to each).
 
     nice -n 19 python -m tools.cpu_train --corpus ~/corpora/smollm2-135m-instruct --work ~/training/smollm2 &
     python -m tools.cpu_train --work ~/training/smollm2 --status
 
 Every step is a ``hf-speculative`` command in ``--processes`` one-thread processes (``torchrun``: on a small target
 two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output
-in ``WORK/logs/STEP.log``; the trainers under accelerate's bf16 autocast (``--mixed-precision``: this CPU's
+in ``WORK/logs/STEP.log``. The corpus step builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2%
+held out, 192 new tokens, in bfloat16) into ``--corpus`` when nothing is there, resumes one whose manifest says it is
+unfinished with that manifest's own command, and takes a finished one (or answers made elsewhere, without a
+manifest) as it is; the trainers under accelerate's bf16 autocast (``--mixed-precision``: this CPU's
 AVX-512 BF16 products run at twice fp32's rate, and a training step is mostly products), the weights, the losses and
 the features' pass in float32. The same command goes on after an interruption: the features' pass and each trainer
 resume from their files (a trainer's ``--max-minutes`` counts its time over resumes), and a finished step (recorded
@@ -34,9 +37,14 @@ import sys
 import time
 from pathlib import Path
 
-from tools.gpu.train_drafters import DRAFTERS, NAME  # the GPU agenda's target and drafters (stdlib imports only)
+from tools.gpu.train_drafters import DRAFTERS, HELD_OUT, MIX, NAME, SEED  # the GPU agenda's (stdlib imports only)
 
-STEPS = ("features", *DRAFTERS, "export")
+STEPS = ("corpus", "features", *DRAFTERS, "export")
+# issue 72's corpus (tools/gpu/train_drafters.py's MIX, HELD_OUT and SEED); bfloat16 answers 1.4x faster on a CPU with
+# AVX-512 BF16 (the trainers' labels come from the float32 features' pass)
+CORPUS_RECIPE = ["--answers", "20000", "--mix", MIX, "--held-out", f"{HELD_OUT:g}", "--seed", str(SEED),
+                 "--max-new-tokens", "192", "--dtype", "bfloat16"]
+ROOT = Path(__file__).resolve().parents[1]  # the repository: tools.corpus runs from it
 VALIDATIONS = 8  # per training run, the last at its end
 SAVE_EVERY_S = 60.0  # how often a running step's wall time is written to the agenda
 RECIPES = {
@@ -85,6 +93,33 @@ class Agenda:
         return self.data["steps"].setdefault(name, {"seconds": 0.0, "done": False, "runs": 0})
 
 
+def corpus_state(corpus: Path) -> str:
+    """``"complete"`` (its manifest's answers all written, or answers made elsewhere, without a manifest),
+    ``"unfinished"`` (a manifest with answers still to write) or ``"missing"``."""
+    manifest = corpus / "MANIFEST.json"
+    if manifest.is_file():
+        data = json.loads(manifest.read_text())
+        done = (data.get("answers") or {}).get("done", 0)
+        return "complete" if done >= data.get("answers_asked", math.inf) else "unfinished"
+    return "complete" if (corpus / "answers" / "train.jsonl").is_file() else "missing"
+
+
+def corpus_command(corpus: Path, target: str, processes: int) -> list[str]:
+    """The issue's corpus built into ``corpus``, or resumed there (a corpus of other settings is refused by the
+    build, naming them), in ``processes`` one-thread processes."""
+    return [sys.executable, "-m", "tools.corpus", "build", "--target", target, "--out", str(corpus), *CORPUS_RECIPE,
+            "--processes", str(processes), "--threads", "1"]
+
+
+def corpus_folder(args: argparse.Namespace, agenda: Agenda) -> Path:
+    """``--corpus``, or the one the agenda's settings were fixed from."""
+    if "settings" in agenda.data:
+        return Path(agenda.data["settings"]["data"]).parent.parent
+    if args.corpus is None:
+        raise SystemExit("give --corpus DIR for a new --work folder")
+    return Path(args.corpus).expanduser().resolve()
+
+
 def settings_of(args: argparse.Namespace, agenda: Agenda, *, keep: bool = True) -> dict:
     """The run's data and sizes, fixed at its first start (the features and every trainer must see the same
     examples): the corpus's training answers then, or ``--max-examples``."""
@@ -92,11 +127,10 @@ def settings_of(args: argparse.Namespace, agenda: Agenda, *, keep: bool = True) 
         # agendas from before the option: their trainers had not started (the features' pass came first)
         agenda.data["settings"].setdefault("mixed_precision", args.mixed_precision)
         return agenda.data["settings"]
-    if args.corpus is None:
-        raise SystemExit("give --corpus DIR for a new --work folder")
-    data = Path(args.corpus).expanduser().resolve() / "answers" / "train.jsonl"
+    data = corpus_folder(args, agenda) / "answers" / "train.jsonl"
     if not data.is_file():
-        raise SystemExit(f"{data}: no training answers (build the corpus first: python -m tools.corpus build ...)")
+        raise SystemExit(f"{data}: no training answers (build the corpus first: the corpus step, or python -m "
+                         "tools.corpus build ...)")
     examples = min(_count_rows(data), args.max_examples or sys.maxsize)
     agenda.data["settings"] = {"data": str(data), "max_examples": examples, "max_length": args.max_length,
                                "processes": args.processes, "hours_per_drafter": args.hours_per_drafter,
@@ -142,6 +176,31 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
     # the trainers under accelerate's autocast (bf16 products: 1.6x the fp32 step on this CPU's AVX-512 BF16), the
     # features' pass in float32 (the target's own states)
     precision = settings.get("mixed_precision", "no") if step in DRAFTERS else "no"
+    return run_command(step, argv, work, agenda, precision=precision, dry_run=dry_run)
+
+
+def corpus_step(corpus: Path, target: str, processes: int, work: Path, agenda: Agenda, *,
+                dry_run: bool = False) -> int:
+    """The corpus step: a complete corpus is taken as it is; else the issue's is built or resumed (the agenda's other
+    steps wait for it). Returns an exit code."""
+    record, state = agenda.step("corpus"), corpus_state(corpus)
+    if state == "complete":
+        print(f"corpus: {corpus} is complete; taken as it is", flush=True)
+        if not dry_run:
+            record.update(done=True, folder=str(corpus))
+            agenda.save()
+        return 0
+    code = run_command("corpus", corpus_command(corpus, target, processes), work, agenda, dry_run=dry_run)
+    if not dry_run:
+        record.update(done=code == 0 and corpus_state(corpus) == "complete", folder=str(corpus))
+        agenda.save()
+    return code
+
+
+def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, precision: str = "no",
+                dry_run: bool = False) -> int:
+    """Run ``argv`` as ``step`` from the repository, its output in ``WORK/logs/STEP.log`` and its wall time added to
+    the agenda; returns its exit code."""
     shown = (f"ACCELERATE_MIXED_PRECISION={precision} " if precision != "no" else "") + shlex.join(argv)
     record = agenda.step(step)
     log = work / "logs" / f"{step}.log"
@@ -158,7 +217,7 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
     with open(log, "a", encoding="utf-8") as out:
         out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n")
         out.flush()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         before = record["seconds"]
         try:
             while True:  # the time so far saved every minute: a run killed outright (SIGKILL) keeps most of it
@@ -219,6 +278,11 @@ def status(work: Path) -> str:
             continue
         lines.append(f"  {step:<8} {'done' if record['done'] else 'not finished'}, {record['seconds'] / 60:.1f} min "
                      f"over {record['runs']} run(s)")
+        manifest = Path(record.get("folder", "")) / "MANIFEST.json"
+        if step == "corpus" and record.get("folder") and manifest.is_file():
+            data = json.loads(manifest.read_text())
+            lines.append(f"           {(data.get('answers') or {}).get('done', 0)}/{data.get('answers_asked')} answers "
+                         f"in {record['folder']}")
         progress = Path(work) / step / "checkpoint" / "progress.json"  # the trainers' resume point (STATE)
         if progress.is_file():
             saved = json.loads(progress.read_text())
@@ -237,8 +301,9 @@ def status(work: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.cpu_train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="folder of the features, the drafters and the logs")
-    parser.add_argument("--corpus", type=Path, help="the corpus (python -m tools.corpus build --out); its "
-                        "answers/train.jsonl is read as it is at the first start")
+    parser.add_argument("--corpus", type=Path, help="the corpus's folder (python -m tools.corpus build --out): built "
+                        "there by the corpus step when it is missing or unfinished; its answers/train.jsonl is read "
+                        "as it is once the corpus is complete")
     parser.add_argument("--steps", default=",".join(STEPS), help="steps to run, in order (default %(default)s)")
     parser.add_argument("--processes", type=int, default=2, help="one-thread processes per step (default 2)")
     parser.add_argument("--hours-per-drafter", type=float, default=4.0, help="each drafter's budget, the features' "
@@ -267,11 +332,21 @@ def main(argv: list[str] | None = None) -> int:
                      f"--hours-per-drafter {args.hours_per_drafter} and --epochs {args.epochs} (> 0)")
     work.mkdir(parents=True, exist_ok=True)
     agenda = Agenda(work)
-    settings = settings_of(args, agenda, keep=not args.dry_run)
+    corpus = corpus_folder(args, agenda)
+    settings = None
     for step in steps:
         if agenda.step(step)["done"]:
             print(f"{step}: done already ({agenda.step(step)['seconds'] / 60:.1f} min)", flush=True)
             continue
+        if step == "corpus":
+            if corpus_step(corpus, args.target, args.processes, work, agenda, dry_run=args.dry_run) != 0:
+                return 1
+            continue
+        if corpus_state(corpus) != "complete":
+            print(f"{step}: waits for the corpus ({corpus}: the corpus step)", flush=True)
+            return 0 if args.dry_run else 1
+        if settings is None:  # fixed at the first step after the corpus
+            settings = settings_of(args, agenda, keep=not args.dry_run)
         if step != "features" and not agenda.step("features")["done"] and not args.dry_run:
             print(f"{step}: waits for the features' pass", flush=True)
             return 1

@@ -221,6 +221,13 @@ def test_bad_out_dirs_and_settings_are_refused(env, tmp_path, capsys):
     build(env["target"], out, answers=4, mix="wordnet=1,builtin=1", prompts_only=True, wordnet_dir=env["wordnet_dir"],
           fortune_dir=env["fortune_dir"], **kw)
     assert json.loads((out / "MANIFEST.json").read_text())["settings"]["dtype"] == "float32"
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    del manifest["settings"]["dtype"]  # ... unless its runs were given one: then in that one only
+    manifest["runs"][-1]["dtype"] = "bfloat16"
+    (out / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"other settings \(dtype: 'bfloat16' there, 'float32' now\)"):
+        build(env["target"], out, answers=4, mix="wordnet=1,builtin=1", prompts_only=True,
+              wordnet_dir=env["wordnet_dir"], fortune_dir=env["fortune_dir"], **kw)
     with open(out / ".lock", "a+") as held:  # another build at work on the folder
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(ValueError, match="another `python -m tools.corpus build` is writing .*let it finish"):

@@ -35,8 +35,10 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     args = ["--work", str(work), "--target", str(deep_chat_checkpoint), "--tiny", "--processes", "1"]
     with pytest.raises(SystemExit, match="give --corpus DIR for a new --work folder"):
         main(args)
-    assert main([*args, "--corpus", str(corpus), "--steps", "features,eagle", "--max-examples", "20"]) == 0
+    assert main([*args, "--corpus", str(corpus), "--steps", "corpus,features,eagle", "--max-examples", "20"]) == 0
+    assert f"corpus: {corpus} is complete; taken as it is" in capsys.readouterr().out  # answers made elsewhere
     agenda = json.loads((work / "agenda.json").read_text())
+    assert agenda["steps"]["corpus"]["done"] and agenda["steps"]["corpus"]["runs"] == 0
     assert agenda["settings"]["max_examples"] == 20 and agenda["settings"]["data"].endswith("answers/train.jsonl")
     assert agenda["steps"]["features"]["done"] and agenda["steps"]["eagle"]["done"]
     assert (work / "features" / "index.json").is_file() and not (work / "eagle" / "cache").exists()
@@ -80,6 +82,53 @@ def test_planned_steps_are_the_trainers():
     assert planned_steps(20, 4, 1, 1.0) == 5  # 19 trained (one in 20 held out), 4 a step
     assert planned_steps(20_000, 4, 2, 1.0) == 2375
     assert planned_steps(20, 4, 2, 2.0) == 6
+
+
+def test_the_corpus_step_builds_or_resumes_the_issues_corpus_first(tmp_path, monkeypatch, capsys):
+    """With no corpus, or an unfinished one, the corpus step runs the issue's build (its recipe, one-thread
+    processes, from the repository) and the other steps wait for it; once its manifest says it is complete, the
+    settings are fixed from its training answers and the features' pass starts. A complete corpus is taken as it is."""
+    import sys
+
+    from tools import cpu_train
+
+    corpus, work = tmp_path / "corpus", tmp_path / "work"
+    args = ["--work", str(work), "--corpus", str(corpus), "--processes", "2"]
+    assert main([*args, "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    shown = (f"corpus: {sys.executable} -m tools.corpus build --target smollm2-135m-instruct --out {corpus} "
+             "--answers 20000 --mix wordnet=0.5,magpie=0.3,builtin=0.2 --held-out 0.02 --seed 0 --max-new-tokens 192 "
+             "--dtype bfloat16 --processes 2 --threads 1")
+    assert shown in printed and f"features: waits for the corpus ({corpus}: the corpus step)" in printed
+    assert cpu_train.corpus_state(corpus) == "missing" and not (work / "agenda.json").exists()
+
+    # the build stands in: it writes a manifest; the first run stops unfinished (3 of 4 answers), the second ends it
+    build = ("import json, pathlib, sys\n"
+             f"out = pathlib.Path({str(corpus)!r}); (out / 'answers').mkdir(parents=True, exist_ok=True)\n"
+             "runs = len(list(out.glob('run*')))\n"
+             "(out / f'run{runs}').touch()\n"
+             "rows = ''.join(json.dumps({'id': i, 'prompt_tokens': [1], 'response_tokens': [2]}) + '\\n' "
+             "for i in range(3 + runs))\n"
+             "(out / 'answers' / 'train.jsonl').write_text(rows)\n"
+             "(out / 'MANIFEST.json').write_text(json.dumps({'answers_asked': 4, 'answers': {'done': 3 + runs}}))\n"
+             "print('built', sys.argv[1:])\n")
+    monkeypatch.setattr(cpu_train, "corpus_command",
+                        lambda folder, target, processes: [sys.executable, "-c", build, str(folder), str(processes)])
+    started = []
+    monkeypatch.setattr(cpu_train, "run_step", lambda step, *a, **k: started.append(step) or 0)
+    assert main([*args, "--steps", "corpus,features"]) == 1  # unfinished: the features wait
+    assert cpu_train.corpus_state(corpus) == "unfinished" and not started
+    agenda = json.loads((work / "agenda.json").read_text())
+    assert not agenda["steps"]["corpus"]["done"] and "settings" not in agenda
+    assert "built" in (work / "logs" / "corpus.log").read_text()
+    assert main([*args, "--steps", "corpus,features"]) == 0  # resumed to the end; then the features' pass
+    agenda = json.loads((work / "agenda.json").read_text())
+    assert agenda["steps"]["corpus"]["done"] and agenda["steps"]["corpus"]["runs"] == 2 and started == ["features"]
+    assert agenda["settings"]["max_examples"] == 4 and agenda["settings"]["data"] == str(corpus / "answers" /
+                                                                                         "train.jsonl")
+    assert "4/4 answers in" in status(work)
+    assert main(["--work", str(work), "--steps", "corpus"]) == 0  # done: skipped, the corpus from the settings
+    assert "corpus: done already" in capsys.readouterr().out
 
 
 def test_a_running_step_writes_its_time_so_far(tmp_path, monkeypatch):

@@ -29,9 +29,14 @@ def check_settings(out: Path, settings: dict) -> None:
     old = read_manifest(out)
     if old is None:
         return
-    # (a setting a manifest predates is not compared: dtype came later, every corpus before it float32 on a CPU)
-    changed = [f"{key}: {old['settings'].get(key)!r} there, {value!r} now" for key, value in settings.items()
-               if key in old["settings"] and old["settings"][key] != value]
+    there = dict(old["settings"])
+    if "dtype" not in there:  # a manifest from before the setting: its runs' dtype, where one was given
+        given = [run["dtype"] for run in old.get("runs", []) if run.get("dtype")]
+        if given:
+            there["dtype"] = given[-1]
+    # (a setting a manifest predates is not compared otherwise: every corpus before dtype was float32 on a CPU)
+    changed = [f"{key}: {there.get(key)!r} there, {value!r} now" for key, value in settings.items()
+               if key in there and there[key] != value]
     if changed:
         raise ValueError(f"{out} holds a corpus built with other settings ({'; '.join(changed)}): give the settings "
                          f"of its manifest to grow or resume it (its command: {old['recreate']}), or build into a "
