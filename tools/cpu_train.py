@@ -190,9 +190,10 @@ def corpus_step(corpus: Path, target: str, processes: int, work: Path, agenda: A
             record.update(done=True, folder=str(corpus))
             agenda.save()
         return 0
+    record["folder"] = str(corpus)  # (--status reads its progress there while it runs)
     code = run_command("corpus", corpus_command(corpus, target, processes), work, agenda, dry_run=dry_run)
     if not dry_run:
-        record.update(done=code == 0 and corpus_state(corpus) == "complete", folder=str(corpus))
+        record["done"] = code == 0 and corpus_state(corpus) == "complete"
         agenda.save()
     return code
 

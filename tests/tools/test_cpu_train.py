@@ -120,7 +120,7 @@ def test_the_corpus_step_builds_or_resumes_the_issues_corpus_first(tmp_path, mon
     assert cpu_train.corpus_state(corpus) == "unfinished" and not started
     agenda = json.loads((work / "agenda.json").read_text())
     assert not agenda["steps"]["corpus"]["done"] and "settings" not in agenda
-    assert "built" in (work / "logs" / "corpus.log").read_text()
+    assert "built" in (work / "logs" / "corpus.log").read_text() and "3/4 answers in" in status(work)
     assert main([*args, "--steps", "corpus,features"]) == 0  # resumed to the end; then the features' pass
     agenda = json.loads((work / "agenda.json").read_text())
     assert agenda["steps"]["corpus"]["done"] and agenda["steps"]["corpus"]["runs"] == 2 and started == ["features"]
