@@ -10,8 +10,8 @@ Every step is a ``hf-speculative`` command in ``--processes`` one-thread process
 two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output
 in ``WORK/logs/STEP.log``. The corpus step builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2%
 held out, 192 new tokens, in bfloat16) into ``--corpus`` when nothing is there, resumes one whose manifest says it is
-unfinished with that manifest's own command, and takes a finished one (or answers made elsewhere, without a
-manifest) as it is; the trainers under accelerate's bf16 autocast (``--mixed-precision``: this CPU's
+unfinished with the same command (one of other settings is refused by the build, which names them), and takes a
+finished one (or answers made elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast (``--mixed-precision``: this CPU's
 AVX-512 BF16 products run at twice fp32's rate, and a training step is mostly products), the weights, the losses and
 the features' pass in float32. The same command goes on after an interruption: the features' pass and each trainer
 resume from their files (a trainer's ``--max-minutes`` counts its time over resumes), and a finished step (recorded
