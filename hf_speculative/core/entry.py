@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -150,6 +151,12 @@ def _batch(model: torch.nn.Module, call: Call, input_ids: torch.LongTensor, atte
         raise ValueError("Batched generation with an EOS token needs a pad_token_id for the rows that finish "
                          "first: pass pad_token_id= to generate() (e.g. tokenizer.pad_token_id).")
     processors, sampler = call.processors, call.sampler
+    given = call.model_kwargs.get(compat.cache_kwarg())
+    if call.cache is not None or given is not None and kv_cache.cache_length(given) > 0:
+        warnings.warn(f"A cache passed to generate() with a batch of {batch} rows is neither read nor filled: batched "
+                      "speculation keeps a cache of its own (with holes where drafts were rejected), so the prompts "
+                      "are computed again and the passed cache stays as it was. Pass no cache with a batch, or "
+                      "generate one prompt at a time to have it read and filled.", UserWarning, stacklevel=2)
 
     def row_processors(row: int, offset: int) -> LogitsProcessorList:
         items = [row_view(p, row, batch) for p in processors]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -407,6 +408,34 @@ def test_a_static_cache_is_refused_for_batches(llama):
     out = llama.generate(**inputs, max_new_tokens=4, return_dict_in_generate=True,
                          candidate_generator=hfs.PromptLookup())
     assert out.sequences.shape == (2, inputs["input_ids"].shape[1] + 4) and out.scores is None
+
+
+@pytest.mark.parametrize("prefilled", [0, 3])
+def test_a_cache_passed_with_a_batch_is_left_as_it_was_and_said_so(llama, prefilled):
+    """Batched speculation keeps its own cache (with holes): a cache the caller passes, empty or holding the prompts'
+    first tokens, is neither read nor filled, and a warning says so; the output is still batched greedy's."""
+    from transformers import DynamicCache
+
+    from hf_speculative import compat
+    from hf_speculative.core import kv_cache
+
+    inputs = left_padded(PROMPTS[:2])
+    ref = stock_generate(llama, **inputs, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    cache = DynamicCache()
+    if prefilled:
+        mask = inputs["attention_mask"][:, :prefilled]
+        with torch.no_grad():
+            llama(input_ids=inputs["input_ids"][:, :prefilled], attention_mask=mask,
+                  position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{compat.cache_kwarg(): cache})
+    with pytest.warns(UserWarning, match=r"A cache passed to generate\(\) with a batch of 2 rows is neither read nor "
+                                         r"filled: .*Pass no cache with a batch, or generate one prompt at a time"):
+        out = llama.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                             candidate_generator=hfs.PromptLookup(), **{compat.cache_kwarg(): cache})
+    assert out.tolist() == ref.tolist() and kv_cache.cache_length(cache) == prefilled
+    with warnings.catch_warnings():  # the control: no cache, no warning
+        warnings.simplefilter("error")
+        llama.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                       candidate_generator=hfs.PromptLookup())
 
 
 class Recording:
