@@ -269,6 +269,19 @@ def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dic
     return exported
 
 
+def features_done(folder: Path) -> int:
+    """Examples the features' pass in ``folder`` has finished: its index's finished prefix and runs, and what its
+    processes noted since (``finished.<rank>.json``)."""
+    meta = json.loads((folder / "index.json").read_text())
+    finished = {i for a, b in meta.get("finished", []) for i in range(a, b) if i >= meta["done"]}
+    for note in folder.glob("finished.*.json"):
+        try:
+            finished |= {i for a, b in json.loads(note.read_text()) for i in range(a, b) if i >= meta["done"]}
+        except (OSError, ValueError):  # replaced while read
+            continue
+    return meta["done"] + len(finished)
+
+
 def status(work: Path) -> str:
     agenda = Agenda(work)
     lines = [f"{work}: {json.dumps(agenda.data.get('settings', {}))}"]
@@ -284,6 +297,10 @@ def status(work: Path) -> str:
             data = json.loads(manifest.read_text())
             lines.append(f"           {(data.get('answers') or {}).get('done', 0)}/{data.get('answers_asked')} answers "
                          f"in {record['folder']}")
+        index = Path(work) / "features" / "index.json"
+        if step == "features" and index.is_file():  # examples finished: the index's prefix, its runs, the notes
+            lines.append(f"           {features_done(index.parent)}/{json.loads(index.read_text())['num_examples']} "
+                         "examples")
         progress = Path(work) / step / "checkpoint" / "progress.json"  # the trainers' resume point (STATE)
         if progress.is_file():
             saved = json.loads(progress.read_text())

@@ -58,6 +58,7 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     assert agenda["steps"]["features"]["runs"] == 1 and agenda["steps"]["dflash"]["runs"] == 1
     shown = status(work)
     assert "last validation: step" in shown and "checkpoint at optimizer step 5," in shown  # where a resume starts
+    assert "20/20 examples" in shown  # the features' pass
 
     model, tokenizer = hfs.load_model(str(deep_chat_checkpoint))
     hfs.enable(model)
@@ -76,6 +77,17 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
         assert meta["train_log"] and meta["device"]["device"] == "cpu"
         assert {tensor.dtype for tensor in load_file(exported / "model.safetensors").values()
                 if tensor.is_floating_point()} == {torch.float16}
+
+
+def test_the_status_counts_the_features_finished_by_every_process(tmp_path):
+    """A running pass: the index's finished prefix and runs, and the runs its processes noted since."""
+    from tools.cpu_train import features_done
+
+    (tmp_path / "index.json").write_text(json.dumps({"done": 3, "finished": [[5, 7]], "num_examples": 10}))
+    (tmp_path / "finished.1.json").write_text(json.dumps([[5, 6], [9, 10]]))
+    assert features_done(tmp_path) == 3 + 2 + 1  # 0-2, 5-6, 9 (5 counted once)
+    (tmp_path / "finished.0.json").write_text("[[3, 4")  # being replaced while read: skipped
+    assert features_done(tmp_path) == 6
 
 
 def test_planned_steps_are_the_trainers():
