@@ -5,8 +5,9 @@ the seed and the batch's index alone (``sample_batch``). With ``N`` processes, t
 ``0, N, 2N, ...`` (from the batch a run resumes at) and filters every batch in order as before; helper ``k`` (started
 here, its own copy of the target, one thread) samples batches ``k, k + N, ...`` into ``raw/magpie.part<k>.jsonl``
 (one ``{"batch", "sequences"}`` row a batch, one write each), at most ``AHEAD`` of its batches beyond the one this
-process is filtering, and is stopped once the file holds its messages. The messages kept, and the file, are the same as one one-thread process writes. The part files
-are scratch: removed before the helpers start and after they stop.
+process is filtering, and is stopped once the file holds its messages. The messages kept, and the file, are the
+same as one one-thread process writes. The part files are scratch: removed before the helpers start and after they
+stop.
 """
 
 from __future__ import annotations
