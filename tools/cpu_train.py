@@ -7,22 +7,23 @@ EAGLE-3, DFlash and Medusa trained on them (``--feature-cache``), each within it
     python -m tools.cpu_train --work ~/training/smollm2 --status
 
 Every step is a ``hf-speculative`` command in ``--processes`` one-thread processes (``torchrun``: on a small target
-two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output
-in ``WORK/logs/STEP.log``. The corpus step builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2%
-held out, 192 new tokens, in bfloat16) into ``--corpus`` when nothing is there, resumes one whose manifest says it is
+two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output in
+``WORK/logs/STEP.log``. The corpus step builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2% held
+out, 192 new tokens, in bfloat16) into ``--corpus`` when nothing is there, resumes one whose manifest says it is
 unfinished with the same command (one of other settings is refused by the build, which names them), and takes a
-finished one (or answers made elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast (``--mixed-precision``: this CPU's
-AVX-512 BF16 products run at twice fp32's rate, and a training step is mostly products), the weights, the losses and
-the features' pass in float32. The same command goes on after an interruption: the features' pass and each trainer
-resume from their files (a trainer's ``--max-minutes`` counts its time over resumes), and a finished step (recorded
-in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those of the GPU agenda
-(``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused low/mid/high features and
-a draft vocabulary chosen from the data (continued from the shipped drafter, ``--refresh-vocab``); DFlash blocks of
-10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary (here the loss reads only its rows,
-``--loss-vocab draft``, as EAGLE-3's does: the whole 49k vocabulary's product and cross-entropy were about half of
-a CPU training step); Medusa-1's 4 heads on the target's lm_head with a calibrated 16-node tree. The last step exports each trained drafter in the shipped format
-(``WORK/export/KIND``: float16 weights, ``training.json`` with the command, curve and corpus, ``sha256sums.json``;
-loaded back and checked), ready to be measured and copied into the package.
+finished one (or answers made elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast
+(``--mixed-precision``: this CPU's AVX-512 BF16 products run at twice fp32's rate, and a training step is mostly
+products), the weights, the losses and the features' pass in float32. The same command goes on after an interruption:
+the features' pass and each trainer resume from their files (a trainer's ``--max-minutes`` counts its time over
+resumes), and a finished step (recorded in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those
+of the GPU agenda (``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused
+low/mid/high features and a draft vocabulary chosen from the data (continued from the shipped drafter,
+``--refresh-vocab``); DFlash blocks of 10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary (here
+the loss reads only its rows, ``--loss-vocab draft``, as EAGLE-3's does: the whole 49k vocabulary's product and
+cross-entropy were about half of a CPU training step); Medusa-1's 4 heads on the target's lm_head with a calibrated
+16-node tree. The last step exports each trained drafter in the shipped format (``WORK/export/KIND``: float16 weights,
+``training.json`` with the command, curve and corpus, ``sha256sums.json``; loaded back and checked), ready to be
+measured and copied into the package.
 """
 
 from __future__ import annotations
