@@ -276,6 +276,26 @@ def replace_cache_tensors(cache: Any, fn: Any) -> None:
                 tensors[i] = fn(tensor)
 
 
+def borrowed_cache(cache: Any) -> Any:
+    """A dynamic cache over ``cache``'s tensors, not copies of them: its layer objects (the ``key_cache`` /
+    ``value_cache`` lists before 4.56) are its own, so an update, which replaces a layer's tensors (``torch.cat``),
+    a crop or a row selection changes it alone and ``cache`` stays as it was. Writes into the shared tensors
+    themselves would reach both: the batch verifier writes only into tensors its own updates made."""
+    import copy
+
+    borrowed = copy.copy(cache)
+    if hasattr(cache, "layers"):
+        borrowed.layers = [copy.copy(layer) for layer in cache.layers]
+    else:
+        borrowed.key_cache, borrowed.value_cache = list(cache.key_cache), list(cache.value_cache)
+    return borrowed
+
+
+def sliding_cache_layers(cache: Any) -> int:
+    """How many of a dynamic cache's layers keep a sliding window (they drop old positions; 4.56 on)."""
+    return sum(bool(getattr(layer, "is_sliding", False)) for layer in getattr(cache, "layers", None) or [])
+
+
 def cache_layer_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(keys, values)`` of every layer of a dynamic cache, each ``[B, H, T, D]`` (the tensors themselves, not
     copies): layer objects from 4.56, the ``key_cache`` / ``value_cache`` lists before (``hfs.MagicDec`` reads the

@@ -19,6 +19,13 @@ shorter rows' remaining node slots become holes. When a re-pack would cut a quar
 :meth:`BatchVerifier.compact` re-packs every row to the right (new left padding), and finished rows leave the batch
 (:meth:`BatchVerifier.select`, an ``index_select`` on the cache's batch axis).
 
+A cache the caller passed to ``generate()`` holding the prompts' first columns (as transformers' batched
+``generate`` would fill it from the same left-padded prompts: :func:`passed_prefix`) is read, not filled: the
+verifier's cache starts as a borrowed one over its tensors (``compat.borrowed_cache``), its slots the prompts'
+padding mask there, and the first forward runs the columns after them (under the 4-D masks). Every write after it
+lands in tensors of the verifier's own, so the caller's cache stays as it was and can start the next call too (one
+prefill of a shared long context, many generations).
+
 After the first forward the cache's layers write new slots in place (``kv_room.make_room``) instead of
 transformers' ``torch.cat`` of the whole cache per forward: at 8 rows of 4,096 tokens of SmolLM2-135M that copy was
 195 ms of a 337 ms step on this CPU (one thread, a random cache: 198 ms a step without it). A re-pack or a row
@@ -41,17 +48,48 @@ from .verify import _window, check_tree_attention
 _COMPACT_MIN_SLOTS = 8
 
 
+def passed_prefix(cache: Any, batch: int, length: int) -> int:
+    """The prompts' first columns a cache passed to ``generate()`` with a batch of ``batch`` rows of ``length``
+    columns holds (0: none, or an empty cache); raises, naming the fix, for one the batch cannot start from: as many
+    columns as the prompts or more, sliding-window layers (they drop old positions), or layers of other rows or
+    lengths than the batch's first columns."""
+    cached = kv_cache.cache_length(cache)
+    if cached == 0:
+        return 0
+    if cached >= length:
+        raise ValueError(f"The cache passed to generate() already holds {cached} tokens, as many as the prompts' "
+                         f"{length} columns (their left padding included) or more; pass a cache of the prompts' first "
+                         "columns at most.")
+    sliding = compat.sliding_cache_layers(cache)
+    if sliding:
+        raise ValueError(f"The cache passed to generate() has {sliding} sliding-window layers, which drop old "
+                         "positions; a batch needs full-attention layers: prefill a DynamicCache() made without the "
+                         "model's config, or pass no cache.")
+    for layer, (keys, values) in enumerate(compat.cache_layer_tensors(cache)):
+        for tensor in (keys, values):
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4 or tensor.shape[0] != batch or \
+                    tensor.shape[-2] != cached:
+                shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise ValueError(f"The cache passed to generate() holds {shape} in layer {layer}, not the batch's "
+                                 f"{batch} rows of the prompts' first {cached} columns: prefill it with the same "
+                                 f"left-padded input_ids[:, :{cached}] and attention_mask[:, :{cached}], or pass "
+                                 "no cache.")
+    return cached
+
+
 class BatchVerifier:
     """The target's dynamic cache for a batch of rows, and the forwards that verify their drafts.
 
     Args:
         model (`PreTrainedModel`): the target (eager or SDPA attention: a 4-D mask per row).
         batch_size (`int`): the rows of the first forward.
+        prefix (`tuple`, *optional*): ``(cache, mask)``: a cache the caller passed, holding the prompts' first
+            ``c`` columns (checked by :func:`passed_prefix`), and the padding mask of those columns ``[B, c]``.
     """
 
     budget = 64  # the most draft nodes a step verifies per row (as the one-row DynamicVerifier)
 
-    def __init__(self, model: torch.nn.Module, batch_size: int):
+    def __init__(self, model: torch.nn.Module, batch_size: int, prefix: tuple[Any, torch.Tensor] | None = None):
         check_tree_attention(model)
         self.model = model
         self.device = model.get_input_embeddings().weight.device
@@ -60,6 +98,15 @@ class BatchVerifier:
         self.slots = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)       # [B, S] real?
         self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)   # [B, S]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)        # [B] real tokens
+        self.cached = 0  # the prompts' columns the caller's cache held
+        if prefix is not None:
+            cache, mask = prefix
+            mask = mask.to(device=self.device, dtype=torch.bool)                            # [B, c]
+            self.cache, self.cached = compat.borrowed_cache(cache), mask.shape[1]
+            # positions as transformers' left-padded prefill gave them (padding's are never seen)
+            self.slots, self.positions = mask, (mask.long().cumsum(-1) - 1).clamp(min=0)
+            self.lengths = mask.long().sum(-1)
+        self._roomy = False  # the cache's layers write in place once a forward of ours made their tensors
         config = compat.text_config(model.config)
         kinds = getattr(config, "layer_types", None)
         if kinds and len(set(kinds)) > 1:
@@ -117,8 +164,9 @@ class BatchVerifier:
         else:
             out = self._forward(pending, pending_mask, tokens, ancestors, pending_pos, node_pos, position_ids)
         self.cache = compat.output_cache(out)
-        if s == 0:
+        if not self._roomy:
             make_room(self.cache)  # later forwards write their slots in place (the module docstring)
+            self._roomy = True
         self._before = (self.slots, self.positions, self.lengths)
         self.slots = torch.cat([self.slots, pending_mask, real_nodes], dim=-1)
         self.positions = torch.cat([self.positions, pending_pos, node_pos], dim=-1)

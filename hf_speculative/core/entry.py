@@ -29,7 +29,7 @@ from transformers import LogitsProcessorList
 from .. import compat
 from . import kv_cache
 from .batch_costs import batch_costs_for
-from .batch_verify import BatchVerifier
+from .batch_verify import BatchVerifier, passed_prefix
 from .call import Call, TargetView
 from .loop import Row, finish, ladder
 from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, left_padding, row_view
@@ -63,7 +63,8 @@ def generate(model: torch.nn.Module, input_ids: torch.LongTensor, logits_process
     if input_ids.shape[0] > 1:
         rows, verifier, mask, widths, cut_at_stop, fill = _batch(model, call, input_ids,
                                                                  model_kwargs.get("attention_mask"))
-        prompt, padding, stops, pending = input_ids, None, call.stopping_criteria, input_ids
+        prompt, padding, stops = input_ids, None, call.stopping_criteria
+        pending, mask = input_ids[:, verifier.cached:], mask[:, verifier.cached:]  # [B, m]: what its cache lacks
     else:
         rows, verifier, padding, stops = _one_row(model, call, input_ids, model_kwargs.get("attention_mask"),
                                                   max_length)
@@ -140,7 +141,8 @@ def _batch(model: torch.nn.Module, call: Call, input_ids: torch.LongTensor, atte
     """Each row with a drafter of its own opened from the call's strategy (its view of the call: its processors, its
     statistics, its columns of the forwards), the batch verifier, the cost model deciding the width, whether rows end
     at their stop (a call with an EOS criterion; else they decode on until the longest has stopped, as transformers'
-    batched loop does) and the id that fills finished rows."""
+    batched loop does) and the id that fills finished rows. A cache the caller passed holding the prompts' first
+    columns starts the verifier's (read, not filled: ``batch_verify.py``)."""
     batch, length = input_ids.shape
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     pads = left_padding(mask)
@@ -152,11 +154,12 @@ def _batch(model: torch.nn.Module, call: Call, input_ids: torch.LongTensor, atte
                          "first: pass pad_token_id= to generate() (e.g. tokenizer.pad_token_id).")
     processors, sampler = call.processors, call.sampler
     given = call.model_kwargs.get(compat.cache_kwarg())
-    if call.cache is not None or given is not None and kv_cache.cache_length(given) > 0:
-        warnings.warn(f"A cache passed to generate() with a batch of {batch} rows is neither read nor filled: batched "
-                      "speculation keeps a cache of its own (with holes where drafts were rejected), so the prompts "
-                      "are computed again and the passed cache stays as it was. Pass no cache with a batch, or "
-                      "generate one prompt at a time to have it read and filled.", UserWarning, stacklevel=2)
+    cached = passed_prefix(given, batch, length) if given is not None else 0
+    if call.cache is not None and cached == 0:
+        warnings.warn(f"An empty cache passed to generate() with a batch of {batch} rows is not filled: batched "
+                      "speculation keeps a cache of its own (with holes where drafts were rejected), and reads a "
+                      "passed cache only for the prompts' first tokens it holds. Pass no cache with a batch, or "
+                      "generate one prompt at a time to have it filled.", UserWarning, stacklevel=2)
 
     def row_processors(row: int, offset: int) -> LogitsProcessorList:
         items = [row_view(p, row, batch) for p in processors]
@@ -172,7 +175,7 @@ def _batch(model: torch.nn.Module, call: Call, input_ids: torch.LongTensor, atte
             row_call = call.for_row(row_processors(b, pads[b]), own, TargetView(), length - pads[b])
             rows.append(Row(input_ids[b:b + 1], pads[b], call.strategy.open(row_call), row_processors(b, 0),
                             row_call.view))
-        verifier = BatchVerifier(model, batch)
+        verifier = BatchVerifier(model, batch, (given, mask[:, :cached]) if cached else None)
     except BaseException:
         for row in rows:
             row.close()

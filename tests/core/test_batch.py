@@ -410,32 +410,118 @@ def test_a_static_cache_is_refused_for_batches(llama):
     assert out.sequences.shape == (2, inputs["input_ids"].shape[1] + 4) and out.scores is None
 
 
-@pytest.mark.parametrize("prefilled", [0, 3])
-def test_a_cache_passed_with_a_batch_is_left_as_it_was_and_said_so(llama, prefilled):
-    """Batched speculation keeps its own cache (with holes): a cache the caller passes, empty or holding the prompts'
-    first tokens, is neither read nor filled, and a warning says so; the output is still batched greedy's."""
+def prefilled_cache(model, inputs: dict, columns: int):
+    """A ``DynamicCache`` of the left-padded prompts' first ``columns``, as transformers' batched ``generate`` fills
+    it (positions from the padding mask)."""
     from transformers import DynamicCache
 
     from hf_speculative import compat
+
+    cache = DynamicCache()
+    mask = inputs["attention_mask"][:, :columns]
+    with torch.no_grad():
+        model(input_ids=inputs["input_ids"][:, :columns], attention_mask=mask,
+              position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{compat.cache_kwarg(): cache})
+    return cache
+
+
+def prefix_drafter(name: str, target):
+    """:func:`batch_drafter`, and the other drafters that take batches (MagicDec: its own tests)."""
+    if name == "dflash":
+        from hf_speculative.drafters.dflash.drafter import random_network
+
+        return hfs.DFlash(random_network(target), num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    if name == "mtp":
+        from hf_speculative.drafters.mtp.modules import random_modules
+
+        return hfs.MTP(random_modules(target, 2, scale=0.3), num_tokens=3, confidence_threshold=0.0, adaptive=False)
+    return batch_drafter(name, target)
+
+
+@pytest.mark.parametrize("columns", [3, 13])  # inside one row's padding; all but the last column
+@pytest.mark.parametrize("name", [*BATCH_DRAFTERS, "dflash", "mtp"])
+def test_a_cache_holding_the_prompts_start_is_read_not_filled(name, columns, cheap_batches):
+    """A cache the caller passes holding the left-padded prompts' first columns: the batch starts from it (the first
+    forward runs the columns after them), every row is batched greedy's, and the cache is left as it was, so that
+    the next call starts from it too (one prefill of a shared context, several calls)."""
+    from hf_speculative import compat
+
+    model = cheap_batches(hfs.enable(build_model("llama")))
+    inputs = left_padded(PROMPTS[:3])  # widths 14, 8 and 20: rows 0 and 1 padded
+    ref = stock_generate(model, **inputs, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    cache = prefilled_cache(model, inputs, columns)
+    before = [t.clone() for t in compat.cache_tensors(cache)]
+    widths = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    try:
+        for _ in range(2):
+            out = model.generate(**inputs, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                                 candidate_generator=prefix_drafter(name, model), **{compat.cache_kwarg(): cache})
+            assert out.tolist() == ref.tolist()
+            assert widths[0] == inputs["input_ids"].shape[1] - columns  # the prompts' columns after the cache's
+            widths.clear()
+    finally:
+        hook.remove()
+    assert all(torch.equal(a, b) for a, b in zip(compat.cache_tensors(cache), before))
+    assert kv_cache_length(cache) == columns
+    # EAGLE, DFlash and MTP read the target's states of every token they draft after, and the cache's tokens had
+    # their forward before the call: rows whose real tokens it held draft nothing (exact all the same), others go on
+    assert hfs.last_stats(model).drafted_tokens > 0 or (name in ("eagle", "eagle-tree", "dflash", "mtp")
+                                                        and columns > 12)
+
+
+def kv_cache_length(cache) -> int:
     from hf_speculative.core import kv_cache
+
+    return kv_cache.cache_length(cache)
+
+
+def test_an_empty_cache_passed_with_a_batch_is_not_filled_and_said_so(llama):
+    from transformers import DynamicCache
+
+    from hf_speculative import compat
 
     inputs = left_padded(PROMPTS[:2])
     ref = stock_generate(llama, **inputs, max_new_tokens=6, do_sample=False, pad_token_id=0)
     cache = DynamicCache()
-    if prefilled:
-        mask = inputs["attention_mask"][:, :prefilled]
-        with torch.no_grad():
-            llama(input_ids=inputs["input_ids"][:, :prefilled], attention_mask=mask,
-                  position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True, **{compat.cache_kwarg(): cache})
-    with pytest.warns(UserWarning, match=r"A cache passed to generate\(\) with a batch of 2 rows is neither read nor "
+    with pytest.warns(UserWarning, match=r"An empty cache passed to generate\(\) with a batch of 2 rows is not "
                                          r"filled: .*Pass no cache with a batch, or generate one prompt at a time"):
         out = llama.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0,
                              candidate_generator=hfs.PromptLookup(), **{compat.cache_kwarg(): cache})
-    assert out.tolist() == ref.tolist() and kv_cache.cache_length(cache) == prefilled
-    with warnings.catch_warnings():  # the control: no cache, no warning
+    assert out.tolist() == ref.tolist() and kv_cache_length(cache) == 0
+    with warnings.catch_warnings():  # the controls: no cache, or a prefilled one, no warning
         warnings.simplefilter("error")
         llama.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0,
                        candidate_generator=hfs.PromptLookup())
+        llama.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                       candidate_generator=hfs.PromptLookup(),
+                       **{compat.cache_kwarg(): prefilled_cache(llama, inputs, 4)})
+
+
+def test_a_cache_the_batch_cannot_start_from_is_refused_naming_the_fix(llama):
+    from transformers import DynamicCache
+
+    from hf_speculative import compat
+
+    inputs = left_padded(PROMPTS[:2])
+    width = inputs["input_ids"].shape[1]
+    kw = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0, "candidate_generator": hfs.PromptLookup()}
+    with pytest.raises(ValueError, match=rf"already holds {width} tokens, as many as the prompts' {width} columns "
+                                         r".*pass a cache of the prompts' first columns at most"):
+        llama.generate(**inputs, **kw, **{compat.cache_kwarg(): prefilled_cache(llama, inputs, width)})
+    other = prefilled_cache(llama, left_padded(PROMPTS[:3]), 4)  # three rows for a batch of two
+    with pytest.raises(ValueError, match=r"holds \(3, .*\) in layer 0, not the batch's 2 rows of the prompts' first 4 "
+                                         r"columns: prefill it with the same left-padded input_ids\[:, :4\]"):
+        llama.generate(**inputs, **kw, **{compat.cache_kwarg(): other})
+    gemma = build_model("gemma3")  # two sliding-window layers: a cache built from its config drops old positions
+    cache = DynamicCache(config=gemma.config)
+    with torch.no_grad():
+        gemma(input_ids=inputs["input_ids"][:, :5], attention_mask=inputs["attention_mask"][:, :5], use_cache=True,
+              **{compat.cache_kwarg(): cache})
+    with pytest.raises(ValueError, match=r"has 2 sliding-window layers, which drop old positions; .*prefill a "
+                                         r"DynamicCache\(\) made without the model's config"):
+        llama.generate(**inputs, **kw, **{compat.cache_kwarg(): cache})
 
 
 class Recording:

@@ -186,6 +186,8 @@ class DraftGroup:
         if take is None:
             return self._lose(state, "no keys and values were read from a verifying forward")
         before = columns.numel() - tree.size
+        if state.known == 0 and forwards[0].prefix:
+            self._read_prefix(state, forwards[0], view_row, before)
         path = torch.as_tensor(list(verdict.path), dtype=torch.long, device=columns.device)
         verified = torch.cat([columns[:before], columns[before + path]])  # [c]: the forward's columns, in order
         verified = verified[: max(sequence.shape[1] - 1 - state.known, 0)]  # (a stop inside the path cut the text)
@@ -199,6 +201,20 @@ class DraftGroup:
         if state.known != sequence.shape[1] - 1:
             self._lose(state, f"its keys and values cover {state.known} tokens of {sequence.shape[1] - 1} (a forward "
                               "it did not see: e.g. a cache passed to generate())")
+
+    def _read_prefix(self, state: RowState, forward: Forward, view_row: tuple[int, torch.Tensor] | None,
+                     pending: int) -> None:
+        """The prompt's tokens a cache passed to ``generate()`` held before the call's first forward: the last ``r``
+        of its ``prefix`` columns (left padding comes first), ``r`` the row's prompt less the ``pending`` tokens the
+        forward ran for it. They enter the row's compressed cache before the forward's own."""
+        held = (state.ctx.prompt_length or 0) - pending
+        if not 0 < held <= forward.prefix:
+            return  # out of step: the check after the forward's own columns says so
+        kept = self.cache.kept(0, held)  # [r]: the sinks and the window's worth, copied alone
+        columns = torch.arange(forward.prefix - held, forward.prefix)[kept].to(forward.device)
+        keys, values = forward.columns(0 if view_row is None else view_row[0], columns)  # [L, H, r', D] each
+        self.cache.write(state.index, keys, values, torch.arange(held)[kept])
+        state.known = held
 
     def _lose(self, state: RowState, why: str) -> None:
         state.lost = True  # it drafts nothing more in this call; the output is exact all the same

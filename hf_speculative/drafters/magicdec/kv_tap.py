@@ -40,12 +40,15 @@ class Forward:
             had no dynamic cache to read them from.
         batch (`int`), width (`int`): ``B`` and ``T``.
         seconds (`float`): its wall time.
+        prefix (`int`): the cache's positions before the call's first forward (a cache passed to ``generate()``
+            holding the prompt's first tokens): ``layers`` then starts with them, ``prefix + T`` columns.
     """
 
     layers: tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]] | None
     batch: int
     width: int
     seconds: float
+    prefix: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -60,8 +63,8 @@ class Forward:
         return sum(2 * k.shape[1] * k.shape[3] * k.element_size() for k, _ in self.layers)
 
     def columns(self, b: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row ``b``'s keys and values at the forward's columns ``index`` ``[n]``, every layer: ``[L, H, n, D]`` each
-        (a copy of those columns only)."""
+        """Row ``b``'s keys and values at the columns ``index`` ``[n]`` of :attr:`layers` (the forward's own are
+        ``prefix + i``), every layer: ``[L, H, n, D]`` each (a copy of those columns only)."""
         if isinstance(self.layers, tuple):
             return self.layers[0][:, b].index_select(2, index), self.layers[1][:, b].index_select(2, index)
         return (torch.stack([k[b].index_select(1, index) for k, _ in self.layers]),
@@ -80,6 +83,7 @@ class ForwardTap:
         self._thread = threading.get_ident()
         self._receive = receive
         self._started: float | None = None
+        self._prefix: int | None = None  # the cache's length before the first forward (then 0: read once)
         self._handles = [target.register_forward_pre_hook(self._before, with_kwargs=True),
                          target.register_forward_hook(self._after, with_kwargs=True)]
 
@@ -87,6 +91,10 @@ class ForwardTap:
     # between calls it without them, so the hooks take ``*rest`` and return early for any other thread
     def _before(self, module: torch.nn.Module, args: tuple, *rest: dict) -> None:
         if threading.get_ident() == self._thread:
+            if self._prefix is None:  # the call's first forward: what a cache passed to generate() holds already
+                kwargs = rest[0] if rest else {}
+                cache = kwargs.get(compat.cache_kwarg(), kwargs.get("past_key_values"))
+                self._prefix = int(cache.get_seq_length()) if hasattr(cache, "get_seq_length") else 0
             self._started = time.perf_counter()
 
     def _after(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
@@ -108,7 +116,8 @@ class ForwardTap:
         for holder, name in ((output, compat.cache_kwarg()), (output, "past_key_values"), (kwargs, None)):
             if cache is None:  # (never `or`: a cache with no layer yet is falsy)
                 cache = holder.get(compat.cache_kwarg()) if name is None else getattr(holder, name, None)
-        self._receive(Forward(self._last_positions(cache, width), batch, width, seconds))
+        prefix, self._prefix = self._prefix or 0, 0
+        self._receive(Forward(self._last_positions(cache, prefix + width), batch, width, seconds, prefix))
 
     @staticmethod
     def _last_positions(cache: Any, width: int) -> Any:
@@ -155,7 +164,7 @@ def row_columns(forwards: list[Forward], view_row: tuple[int, torch.Tensor] | No
         keys, values, offset = [], [], 0
         for forward, b in parts:
             here = pick[(pick >= offset) & (pick < offset + forward.width)] - offset  # (pick is ascending)
-            k, v = forward.columns(b, here)
+            k, v = forward.columns(b, here + forward.prefix)
             keys.append(k)
             values.append(v)
             offset += forward.width

@@ -58,6 +58,28 @@ def test_rows_equal_batched_greedy_and_alone(arch, magicdec_costs, count_draft_f
     assert len(count_draft_forwards) <= 4 * stats.target_forwards
 
 
+@pytest.mark.parametrize("columns", [10, 44])  # inside the shorter rows' padding; all but the last column
+def test_a_cache_holding_the_prompts_start_fills_the_compressed_caches(columns, magicdec_costs):
+    """A cache passed with the batch holding the prompts' first columns (one prefill of a long shared context, many
+    calls): each row's compressed cache starts from the keys and values it holds (the row's real columns of it), so
+    the rows draft from the first step, every check of the compressed caches against the target's own passes, and
+    the text is batched greedy's."""
+    from hf_speculative import compat
+    from tests.core.test_batch import prefilled_cache
+
+    model = cheap(hfs.enable(build_model("llama", max_positions=512)), magicdec_costs)
+    inputs = left_padded(RAGGED)
+    ref = stock_generate(model, **inputs, do_sample=False, max_new_tokens=30)
+    cache = prefilled_cache(model, inputs, columns)
+    strategy = CheckedMagicDec(window=6, sinks=2, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=strategy,
+                         **{compat.cache_kwarg(): cache})
+    assert out.tolist() == ref.tolist()
+    stats = hfs.last_stats(model)
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0 and "stopped" not in stats.extra["magicdec"], stats
+    assert min(strategy.checked) == min(len(p) for p in RAGGED) + 1  # from the first step on, every row
+
+
 def test_a_row_that_finishes_leaves_its_group(magicdec_costs):
     model = cheap(hfs.enable(build_model("llama")), magicdec_costs)
     token, row = _early_token(model, PROMPTS)

@@ -178,9 +178,11 @@ def test_its_spec_round_trips():
     assert (again.window, again.sinks, again.num_tokens, again.adaptive) == (256, 8, 3, False)
 
 
-def test_a_cache_that_already_holds_the_prompt_start_stops_the_drafts_not_the_call():
-    """A cache passed to generate() holding the prompt's first tokens: the drafter never saw their keys and values,
-    so it drafts nothing in that call, says why, and the text is greedy's."""
+def test_a_cache_that_already_holds_the_prompt_start_is_read_into_the_compressed_cache():
+    """A cache passed to generate() holding the prompt's first tokens: the drafter reads their keys and values from
+    it at the first forward (it never saw the forward that made them), so it drafts from the first step and its
+    compressed cache is the target's own after every step; the text is greedy's. A forward it did not see later on
+    (the control: the tap misses the second forward) stops its drafts, said why; the text is greedy's all the same."""
     from transformers import DynamicCache
 
     from hf_speculative import compat
@@ -190,8 +192,25 @@ def test_a_cache_that_already_holds_the_prompt_start_stops_the_drafts_not_the_ca
     cache = DynamicCache()
     with torch.no_grad():
         model(input_ids=torch.tensor([PROMPT[:5]]), use_cache=True, **{compat.cache_kwarg(): cache})
-    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=evicting(),
-                         **{compat.cache_kwarg(): cache})
+    strategy = CheckedMagicDec(window=6, sinks=2, num_tokens=4, confidence_threshold=0.0, adaptive=False)
+    out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=strategy, **{compat.cache_kwarg(): cache})
     assert out.tolist() == ref.tolist()
     stats = hfs.last_stats(model)
-    assert stats.drafted_tokens == 0 and "cover 9 tokens of 14" in stats.extra["magicdec"]["stopped"]
+    assert stats.drafted_tokens > 0 and "stopped" not in stats.extra["magicdec"]
+    assert strategy.checked[0] == len(PROMPT) + 1  # the first step's check: the prompt read whole
+
+    missed = {"count": 0}
+    original = group_module.DraftGroup._received
+
+    def missing_the_second(self, forward):  # the tap misses the second forward
+        missed["count"] += 1
+        if missed["count"] != 2:
+            original(self, forward)
+
+    group_module.DraftGroup._received = missing_the_second
+    try:
+        out = model.generate(**prompt_inputs(), **GREEDY, candidate_generator=evicting())
+    finally:
+        group_module.DraftGroup._received = original
+    assert out.tolist() == ref.tolist()
+    assert "no keys and values were read" in hfs.last_stats(model).extra["magicdec"]["stopped"]
