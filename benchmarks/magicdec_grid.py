@@ -21,8 +21,18 @@ against which the cost model is judged. Records (JSONL, one per
 cell, method and repeat): ``tokens_per_s``, ``speedup`` over greedy of the same repeat, ``tau``, drafted and accepted
 tokens, ``identical_to_greedy``, and for MagicDec the compressed caches' bound in bytes (``cache_bytes``).
 
-At long contexts the prompt's forward (the prefill, the same in every method) takes most of a call's time, so each
-record also times decoding alone: a streamer notes when the first new tokens come out (the prefill's token, or our
+At long contexts the prompt's forward (the prefill, the same in every method) takes most of a call's time: at 16
+rows of 8,000 tokens about ten minutes of this CPU, for every method and repeat. So by default a cell prefills its
+batch once (every column but the last, in chunks of at most ``--prefill-tokens`` tokens of the batch, so that no
+``[B, H, T, T]`` attention is ever held whole) into a ``DynamicCache`` that every call of the cell starts from:
+our batches read a passed cache without filling it (``docs/batching.md``), transformers' batched greedy fills its
+own deep copy (so does a one-row call of ours). Its records say ``shared_prefill`` and carry the prefill's seconds (``cell_prefill_s``); their
+``seconds`` and ``speedup`` are then the calls' own (the last column, then decoding), and ``speedup_with_prefill``
+adds the prefill to both sides (what the calls would have been had each prefilled). The repeats run inside the cell
+(the order of the methods alternating), so the prefill is paid once per cell. ``--no-shared-prefill``: each call
+prefills its prompts, as the records before this change did.
+
+Each record also times decoding alone: a streamer notes when the first new tokens come out (the prefill's token, or our
 loop's first step), and ``decode_tokens_per_s`` counts the tokens after those over the time after it;
 ``decode_speedup`` is that rate against greedy's of the same repeat. ``prefill_s`` is the time to the first new token.
 
@@ -119,10 +129,39 @@ class FirstTokens:
         pass
 
 
-def run_cell(model: Any, inputs: dict, methods: list[str], strategies: dict, max_new_tokens: int, pad: int) -> dict:
+def shared_prefill(model: Any, inputs: dict, tokens: int) -> tuple[Any, float]:
+    """A ``DynamicCache`` of every column of the left-padded batch but the last, as transformers' batched greedy
+    prefills it (positions from the padding mask), run in chunks of columns of at most ``tokens`` tokens of the
+    batch; and its seconds. Only the last position's logits are computed (a batch's whole logits would be
+    ``B x T x V`` floats: 25 GB at 16 x 8,000 x 49,152)."""
+    from transformers import DynamicCache
+
+    from hf_speculative import compat
+
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    rows, columns = ids.shape[0], ids.shape[1] - 1
+    chunk = max(1, tokens // rows)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    keep = compat.logits_to_keep_kwargs(model, 1)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for at in range(0, columns, chunk):
+            end = min(columns, at + chunk)
+            model(input_ids=ids[:, at:end], attention_mask=mask[:, :end], position_ids=positions[:, at:end],
+                  use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
+    return cache, time.perf_counter() - start
+
+
+def run_cell(model: Any, inputs: dict, methods: list[str], strategies: dict, max_new_tokens: int, pad: int,
+             cache: Any = None) -> dict:
     """Every method on one batch: ``{method: (new rows, seconds, stats, (prefill seconds, decode seconds, decoded
-    columns))}``."""
+    columns))}``. ``cache``: the batch's shared prefill (:func:`shared_prefill`), which every call starts from (greedy
+    and one-row calls from a deep copy: transformers' loop and our one-row calls fill the cache they are given)."""
+    import copy
+
     import hf_speculative as hfs
+    from hf_speculative import compat
     from hf_speculative.bench.batch import free_verification
 
     out = {}
@@ -132,12 +171,21 @@ def run_cell(model: Any, inputs: dict, methods: list[str], strategies: dict, max
         # magicdec-always: the batch loop's width too (its cost model told verification is free, as the bench's
         # "+always"): a fixed drafter budget alone still lets the batch cost model decline a step
         always = free_verification(model) if method == "magicdec-always" else contextlib.nullcontext()
+        given = {}
+        if cache is not None:
+            # (a one-row call fills the cache it is given, as transformers does: it gets a copy too)
+            filled = method == GREEDY or inputs["input_ids"].shape[0] == 1
+            given = {compat.cache_kwarg(): copy.deepcopy(cache) if filled else cache}
         with torch.inference_mode(), always:
             start = time.perf_counter()
             result = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
                                     min_new_tokens=max_new_tokens, pad_token_id=pad,
-                                    candidate_generator=strategies[method], streamer=first)
+                                    candidate_generator=strategies[method], streamer=first, **given)
             end = time.perf_counter()
+        del given
+        if cache is not None and cache.get_seq_length() != width - 1:
+            raise RuntimeError(f"{method} changed the shared prefill's cache ({cache.get_seq_length()} positions, "
+                               f"not {width - 1}): the next calls would not start from the same prompts")
         stats = hfs.last_stats(model) if strategies[method] is not None else None
         new = result[:, width:]
         decode = (first.at - start, end - first.at, new.shape[1] - first.columns) if first.at else (None, None, 0)
@@ -151,7 +199,9 @@ def decode_rate(decode: tuple, rows: int) -> float | None:
     return rows * columns / seconds if seconds and columns > 0 else None
 
 
-def records_of(cell: dict, base: dict, rows: int, strategies: dict, model: Any) -> list[dict]:
+def records_of(cell: dict, base: dict, rows: int, strategies: dict, model: Any, prefill_s: float | None = None
+               ) -> list[dict]:
+    """The cell's records; ``prefill_s``: the shared prefill's seconds (``None``: each call prefilled)."""
     greedy_rows, greedy_s, _, greedy_decode = cell[GREEDY]
     greedy_rate = decode_rate(greedy_decode, rows)
     out = []
@@ -162,7 +212,10 @@ def records_of(cell: dict, base: dict, rows: int, strategies: dict, model: Any) 
                   "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
                   "speedup": greedy_s / seconds if seconds > 0 else None, "identical_to_greedy": new == greedy_rows,
                   "prefill_s": decode[0], "decode_tokens_per_s": rate,
-                  "decode_speedup": rate / greedy_rate if rate and greedy_rate else None}
+                  "decode_speedup": rate / greedy_rate if rate and greedy_rate else None,
+                  "shared_prefill": prefill_s is not None}
+        if prefill_s is not None:
+            record.update(cell_prefill_s=prefill_s, speedup_with_prefill=(greedy_s + prefill_s) / (seconds + prefill_s))
         if stats is not None:
             record.update(target_forwards=stats.target_forwards, drafted=stats.drafted_tokens,
                           accepted=stats.accepted_tokens,
@@ -176,8 +229,10 @@ def records_of(cell: dict, base: dict, rows: int, strategies: dict, model: Any) 
 # -- the grid -----------------------------------------------------------------------------------------------
 def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[int], contexts: list[int],
              methods: list[str], options: dict, max_new_tokens: int, repeats: int, out: Path | None,
-             model_name: str) -> list[dict]:
-    """Every (context, batch size) cell ``repeats`` times; ``prompts_for(context, rows)`` gives the prompts."""
+             model_name: str, prefill_tokens: int | None = None) -> list[dict]:
+    """Every (context, batch size) cell ``repeats`` times; ``prompts_for(context, rows)`` gives the prompts.
+    ``prefill_tokens``: each cell prefills once (:func:`shared_prefill`, chunks of that many tokens), its repeats run
+    inside it; ``None``: every call prefills, the repeats outermost."""
     import hf_speculative as hfs
 
     hfs.enable(model)
@@ -185,28 +240,39 @@ def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[
     methods = [GREEDY, *[m for m in methods if m != GREEDY]]
     given = dict(options)  # (the builds cache loaded drafters in `options`, under "_" keys)
     strategies = {m: strategy_for(m, model, tokenizer, options) for m in methods}
-    run_cell(model, left_padded(prompts_for(min(contexts), 2), pad), methods, strategies, 8, pad)  # warm-up
+    warm = left_padded(prompts_for(min(contexts), 2), pad)
+    warm_cache = None if prefill_tokens is None else shared_prefill(model, warm, prefill_tokens)[0]
+    run_cell(model, warm, methods, strategies, 8, pad, warm_cache)  # warm-up
+    del warm_cache
     records: list[dict] = []
     commit = _commit()  # the code measured: records of several commits share a file
+    if prefill_tokens is None:
+        cells = [(repeat, context, rows, [repeat]) for repeat in range(repeats) for context in contexts
+                 for rows in (batch_sizes if repeat % 2 == 0 else batch_sizes[::-1])]
+    else:
+        cells = [(0, context, rows, list(range(repeats))) for context in contexts for rows in batch_sizes]
     with contextlib.ExitStack() as stack:
         handle = None if out is None else stack.enter_context(open(out, "a", encoding="utf-8"))
-        for repeat in range(repeats):
-            for context in contexts:
-                for rows in (batch_sizes if repeat % 2 == 0 else batch_sizes[::-1]):
-                    inputs = left_padded(prompts_for(context, rows), pad)
-                    order = methods if repeat % 2 == 0 else [GREEDY, *methods[:0:-1]]
-                    cell = run_cell(model, inputs, order, strategies, max_new_tokens, pad)
-                    base = {"model": model_name, "context": context, "prompt_tokens": inputs["input_ids"].shape[1],
-                            "batch_size": rows, "repeat": repeat, "max_new_tokens": max_new_tokens,
-                            "threads": torch.get_num_threads(), "options": given, "commit": commit}
-                    for record in records_of(cell, base, rows, strategies, model):
-                        records.append(record)
-                        if handle is not None:
-                            handle.write(json.dumps(record) + "\n")
-                            handle.flush()
-                    print(f"context {context}, batch {rows}, repeat {repeat}: "
-                          + ", ".join(f"{r['method']} identical={r['identical_to_greedy']}"
-                                      for r in records[-len(methods):]), flush=True)
+        for _, context, rows, cell_repeats in cells:
+            inputs = left_padded(prompts_for(context, rows), pad)
+            cache, prefill_s = (None, None) if prefill_tokens is None else shared_prefill(model, inputs,
+                                                                                           prefill_tokens)
+            for repeat in cell_repeats:
+                order = methods if repeat % 2 == 0 else [GREEDY, *methods[:0:-1]]
+                cell = run_cell(model, inputs, order, strategies, max_new_tokens, pad, cache)
+                base = {"model": model_name, "context": context, "prompt_tokens": inputs["input_ids"].shape[1],
+                        "batch_size": rows, "repeat": repeat, "max_new_tokens": max_new_tokens,
+                        "threads": torch.get_num_threads(), "options": given, "commit": commit}
+                for record in records_of(cell, base, rows, strategies, model, prefill_s):
+                    records.append(record)
+                    if handle is not None:
+                        handle.write(json.dumps(record) + "\n")
+                        handle.flush()
+                print(f"context {context}, batch {rows}, repeat {repeat}"
+                      + ("" if prefill_s is None else f" (shared prefill {prefill_s:.1f} s)") + ": "
+                      + ", ".join(f"{r['method']} identical={r['identical_to_greedy']}"
+                                  for r in records[-len(methods):]), flush=True)
+            del cache
     return records
 
 
@@ -234,8 +300,11 @@ def summarize(records: list[dict]) -> list[dict]:
         group = [r for r in group if r.get("commit") == latest]
         taus = [r["tau"] for r in group if r.get("tau") is not None]
         decode = [r["decode_speedup"] for r in group if r.get("decode_speedup") is not None]
+        with_prefill = [r["speedup_with_prefill"] for r in group if r.get("speedup_with_prefill") is not None]
         rows.append({"context": context, "batch_size": batch, "method": method,
                      "speedup": round(median(r["speedup"] for r in group), 3),
+                     "speedup_with_prefill": round(median(with_prefill), 3) if with_prefill else None,
+                     "shared_prefill": any(r.get("shared_prefill") for r in group),
                      "decode_speedup": round(median(decode), 3) if decode else None,
                      "tokens_per_s": round(median(r["tokens_per_s"] for r in group), 2),
                      "tau": round(median(taus), 3) if taus else None,
@@ -282,15 +351,20 @@ def dry_run() -> int:
     def prompts_for(context: int, rows: int) -> list[list[int]]:  # ragged: the rows differ in length by a few
         return [torch.randint(4, 96, (context - 2 * row,), generator=generator).tolist() for row in range(rows)]
 
-    records = run_grid(model, None, prompts_for, batch_sizes=[1, 3], contexts=[24, 48],
-                       methods=["magicdec", "magicdec-always", "prompt-lookup"], options={"window": 8, "sinks": 2},
-                       max_new_tokens=12, repeats=1, out=None, model_name="tiny-random-llama")
-    wrong = [(r["context"], r["batch_size"], r["method"]) for r in records if not r["identical_to_greedy"]]
-    drafted = sum(r.get("drafted", 0) for r in records if r["method"] == "magicdec-always")
-    untimed = [(r["context"], r["batch_size"], r["method"]) for r in records if not r["decode_tokens_per_s"]]
-    print(f"dry run: {len(records)} records, {len(wrong)} differ from greedy {wrong}; magicdec-always drafted "
-          f"{drafted} tokens; decoding not timed in {untimed}")
-    return 1 if wrong or not drafted or untimed else 0
+    failed = False
+    for prefill_tokens in (None, 40):  # each call prefilling; one shared prefill per cell, in chunks
+        records = run_grid(model, None, prompts_for, batch_sizes=[1, 3], contexts=[24, 48],
+                           methods=["magicdec", "magicdec-always", "prompt-lookup"], options={"window": 8, "sinks": 2},
+                           max_new_tokens=12, repeats=2 if prefill_tokens else 1, out=None,
+                           model_name="tiny-random-llama", prefill_tokens=prefill_tokens)
+        wrong = [(r["context"], r["batch_size"], r["method"]) for r in records if not r["identical_to_greedy"]]
+        drafted = sum(r.get("drafted", 0) for r in records if r["method"] == "magicdec-always")
+        untimed = [(r["context"], r["batch_size"], r["method"]) for r in records if not r["decode_tokens_per_s"]]
+        shared = {r["shared_prefill"] for r in records} == {prefill_tokens is not None}
+        print(f"dry run (shared prefill: {prefill_tokens is not None}): {len(records)} records, {len(wrong)} differ "
+              f"from greedy {wrong}; magicdec-always drafted {drafted} tokens; decoding not timed in {untimed}")
+        failed = failed or bool(wrong) or not drafted or bool(untimed) or not shared
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--prefill-tokens", type=int, default=4096,
+                        help="a cell's shared prefill runs in chunks of this many tokens of the batch")
+    parser.add_argument("--no-shared-prefill", action="store_true",
+                        help="every call prefills its prompts (the repeats outermost), as before the shared prefill")
     parser.add_argument("--no-optimize", action="store_true", help="leave the model as loaded (no optimize_for_cpu)")
     parser.add_argument("--out", default=None, help="JSONL file the records are appended to")
     parser.add_argument("--summary", default=None, help="summarise a JSONL file instead of running")
@@ -337,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
              batch_sizes=[int(b) for b in args.batch_sizes.split(",")], contexts=contexts,
              methods=args.methods.split(","), options={"window": args.window, "sinks": args.sinks},
              max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-             out=Path(args.out) if args.out else None, model_name=args.model)
+             out=Path(args.out) if args.out else None, model_name=args.model,
+             prefill_tokens=None if args.no_shared_prefill else args.prefill_tokens)
     return 0
 
 
