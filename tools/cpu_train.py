@@ -271,16 +271,10 @@ def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dic
 
 
 def features_done(folder: Path) -> int:
-    """Examples the features' pass in ``folder`` has finished: its index's finished prefix and runs, and what its
-    processes noted since (``finished.<rank>.json``)."""
-    meta = json.loads((folder / "index.json").read_text())
-    finished = {i for a, b in meta.get("finished", []) for i in range(a, b) if i >= meta["done"]}
-    for note in folder.glob("finished.*.json"):
-        try:
-            finished |= {i for a, b in json.loads(note.read_text()) for i in range(a, b) if i >= meta["done"]}
-        except (OSError, ValueError):  # replaced while read
-            continue
-    return meta["done"] + len(finished)
+    """Examples the features' pass in ``folder`` has finished (``hf_speculative.training.data.finished_examples``)."""
+    from hf_speculative.training.data import finished_examples
+
+    return finished_examples(folder)
 
 
 def status(work: Path) -> str:

@@ -354,6 +354,20 @@ def _expand(runs: list[list[int]]) -> Iterator[int]:
         yield from range(a, b)
 
 
+def finished_examples(directory: Path) -> int:
+    """Examples a features' pass in ``directory`` has finished so far, read without writing anything (a status,
+    while the pass runs): its index's finished prefix and runs, and what its processes noted since
+    (``finished.<rank>.json``; a note being replaced while read is skipped)."""
+    meta = json.loads((directory / INDEX).read_text())
+    finished = set(_expand(meta.get("finished", [])))
+    for note in directory.glob("finished.*.json"):
+        try:
+            finished |= set(_expand(json.loads(note.read_text())))
+        except (OSError, ValueError):
+            continue
+    return meta["done"] + sum(i >= meta["done"] for i in finished)
+
+
 def _count_finished(directory: Path, meta: dict, extra: Iterable[int] = ()) -> dict:
     """``meta`` with every finished example counted (its ``finished`` runs, the processes'
     ``finished.<rank>.json`` notes and ``extra``): ``done`` grows over the finished prefix, the rest stay

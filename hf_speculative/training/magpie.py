@@ -69,12 +69,17 @@ def query_inputs(tokenizer: Any, batch_size: int) -> torch.LongTensor:
     return prefix.repeat(batch_size, 1)  # [B, P]: the same pre-query text in every row
 
 
-def pad_id_of(model: Any, tokenizer: Any) -> int:
-    """The id generate() pads finished rows with (the tokenizer's pad, else the smallest EOS id)."""
+def eos_ids_of(model: Any) -> set[int]:
+    """The model's EOS ids (where a message ends); raises when its generation config has none."""
     eos_ids = set(compat.eos_token_ids(model.generation_config))
     if not eos_ids:
         raise ValueError("the model's generation_config has no eos_token_id: cannot tell where a message ends")
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+    return eos_ids
+
+
+def pad_id_of(model: Any, tokenizer: Any) -> int:
+    """The id generate() pads finished rows with (the tokenizer's pad, else the smallest EOS id)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids_of(model))
 
 
 @torch.no_grad()
@@ -89,6 +94,22 @@ def sample_batch(model: Any, input_ids: torch.LongTensor, seed: int, batch: int,
                          temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
                          pad_token_id=pad_id)
     return out[:, input_ids.shape[1]:].tolist()
+
+
+SAMPLING = ("batch_size", "temperature", "top_p", "max_new_tokens")  # sample_prompts' options that shape a batch
+
+
+def batch_sampler(model: Any, tokenizer: Any, seed: int, *, batch_size: int, temperature: float, top_p: float,
+                  max_new_tokens: int) -> Callable[[int], list[list[int]]]:
+    """``sampled(batch)`` -> :func:`sample_batch` of ``model`` for batch index ``batch``: what :func:`sample_prompts`
+    samples in this process (its options :data:`SAMPLING`)."""
+    input_ids, pad_id = query_inputs(tokenizer, batch_size), pad_id_of(model, tokenizer)  # [B, P]
+
+    def sampled(batch: int) -> list[list[int]]:
+        return sample_batch(model, input_ids, seed, batch, temperature=temperature, top_p=top_p,
+                            max_new_tokens=max_new_tokens, pad_id=pad_id)
+
+    return sampled
 
 
 def first_batch(rows: list[dict]) -> int:
@@ -145,13 +166,10 @@ def sample_prompts(
     seen = {" ".join(_words(row["prompt"])) for row in rows}
     banned = shingles(exclude, shingle)
     batch = first_batch(rows)
-    input_ids = query_inputs(tokenizer, batch_size)  # [B, P]
-    pad_id = pad_id_of(model, tokenizer)
-    eos_ids = set(compat.eos_token_ids(model.generation_config))
+    eos_ids = eos_ids_of(model)
     if sampled is None:
-        def sampled(b: int) -> list[list[int]]:
-            return sample_batch(model, input_ids, seed, b, temperature=temperature, top_p=top_p,
-                                max_new_tokens=max_new_tokens, pad_id=pad_id)
+        sampled = batch_sampler(model, tokenizer, seed, batch_size=batch_size, temperature=temperature, top_p=top_p,
+                                max_new_tokens=max_new_tokens)
     limit = max_batches if max_batches is not None else 10 * -(-count // batch_size) + 10
     start, tried = time.perf_counter(), 0
     with open(out_path, "a", encoding="utf-8") as f:

@@ -34,12 +34,12 @@ def _helper(load: dict, path: str, k: int, processes: int, start: int, seed: int
     outright, it stops nothing itself)."""
     import torch
 
-    from hf_speculative.training.magpie import pad_id_of, query_inputs, sample_batch
+    from hf_speculative.training.magpie import SAMPLING, batch_sampler
     from tools.corpus.answers import load_target
 
     torch.set_num_threads(1)
     model, tokenizer = load_target(**load, threads=1)
-    input_ids, pad_id = query_inputs(tokenizer, options["batch_size"]), pad_id_of(model, tokenizer)
+    sampled = batch_sampler(model, tokenizer, seed, **{key: options[key] for key in SAMPLING})
     batch = start + (k - start) % processes
     fd = os.open(part_path(Path(path), k), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -47,9 +47,7 @@ def _helper(load: dict, path: str, k: int, processes: int, start: int, seed: int
             if batch > current.value + AHEAD * processes:
                 time.sleep(POLL_S)
                 continue
-            sequences = sample_batch(model, input_ids, seed, batch, temperature=options["temperature"],
-                                     top_p=options["top_p"], max_new_tokens=options["max_new_tokens"], pad_id=pad_id)
-            data = (json.dumps({"batch": batch, "sequences": sequences}) + "\n").encode()
+            data = (json.dumps({"batch": batch, "sequences": sampled(batch)}) + "\n").encode()
             while data:  # one row a write; a short write goes on where it stopped
                 data = data[os.write(fd, data):]
             batch += processes
@@ -104,14 +102,7 @@ def sample_in_processes(path: Path, count: int, processes: int, load: dict, here
     -> ``(model, tokenizer)``, this process's target, run with one thread."""
     import torch
 
-    from hf_speculative.training.magpie import (
-        first_batch,
-        pad_id_of,
-        query_inputs,
-        read_jsonl,
-        sample_batch,
-        sample_prompts,
-    )
+    from hf_speculative.training.magpie import SAMPLING, batch_sampler, first_batch, read_jsonl, sample_prompts
 
     if processes < 2:
         raise ValueError(f"sample_in_processes(processes={processes}): use sample_prompts for one process")
@@ -120,12 +111,7 @@ def sample_in_processes(path: Path, count: int, processes: int, load: dict, here
     torch.set_num_threads(1)
     model, tokenizer = here()
     start = first_batch(read_jsonl(path) if path.exists() else [])
-    input_ids, pad_id = query_inputs(tokenizer, options["batch_size"]), pad_id_of(model, tokenizer)
-    sample_options = {key: options[key] for key in ("temperature", "top_p", "max_new_tokens")}
-
-    def mine(batch: int) -> list[list[int]]:
-        return sample_batch(model, input_ids, seed, batch, pad_id=pad_id, **sample_options)
-
+    mine = batch_sampler(model, tokenizer, seed, **{key: options[key] for key in SAMPLING})
     for k in range(1, processes):
         part_path(path, k).unlink(missing_ok=True)
     context = multiprocessing.get_context("spawn")  # no fork of a process holding a model and OpenMP threads
