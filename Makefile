@@ -123,6 +123,9 @@ fresh-check:
 # The issue-72 agenda on a lent GPU: `make gpu-check GPU_STEPS=train GPU_PARTS=/tmp/parts` (a corpus of 20,000 of
 # SmolLM2's own answers built there, EAGLE-3, DFlash and Medusa trained on it, brought back in parts of <= 15.5 MiB:
 # tools/gpu/train_drafters.py; dry run: `make gpu-check DEVICE=cpu TINY=1 GPU_STEPS=train`).
+# The issue-71 agenda on a lent GPU: `make gpu-check GPU_STEPS=magicdec GPU_PARTS=/tmp/parts` (MagicDec's grid, batch x
+# context, at the inflated Llama-3.1-8B shape: tools/gpu/long_context.py; dry run: `make gpu-check DEVICE=cpu TINY=1
+# GPU_STEPS=magicdec`).
 DEVICE ?= cuda
 TINY ?=
 GPU_CHECK_OUT ?= gpu-check

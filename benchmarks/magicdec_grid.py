@@ -93,10 +93,10 @@ def document_prompts(tokenizer: Any, text_ids: list[int], context: int, rows: in
     return prompts
 
 
-def left_padded(prompts: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
+def left_padded(prompts: list[list[int]], pad: int, device: Any = None) -> dict[str, torch.Tensor]:
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -138,7 +138,8 @@ def shared_prefill(model: Any, inputs: dict, tokens: int) -> tuple[Any, float]:
 
     from hf_speculative import compat
 
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    device = model.get_input_embeddings().weight.device
+    ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
     rows, columns = ids.shape[0], ids.shape[1] - 1
     chunk = max(1, tokens // rows)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -181,6 +182,8 @@ def run_cell(model: Any, inputs: dict, methods: list[str], strategies: dict, max
             result = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
                                     min_new_tokens=max_new_tokens, pad_token_id=pad,
                                     candidate_generator=strategies[method], streamer=first, **given)
+            if result.is_cuda:
+                torch.cuda.synchronize()
             end = time.perf_counter()
         del given
         if cache is not None and cache.get_seq_length() != width - 1:
@@ -229,18 +232,21 @@ def records_of(cell: dict, base: dict, rows: int, strategies: dict, model: Any, 
 # -- the grid -----------------------------------------------------------------------------------------------
 def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[int], contexts: list[int],
              methods: list[str], options: dict, max_new_tokens: int, repeats: int, out: Path | None,
-             model_name: str, prefill_tokens: int | None = None) -> list[dict]:
+             model_name: str, prefill_tokens: int | None = None, max_minutes: float | None = None) -> list[dict]:
     """Every (context, batch size) cell ``repeats`` times; ``prompts_for(context, rows)`` gives the prompts.
     ``prefill_tokens``: each cell prefills once (:func:`shared_prefill`, chunks of that many tokens), its repeats run
-    inside it; ``None``: every call prefills, the repeats outermost."""
+    inside it; ``None``: every call prefills, the repeats outermost. ``max_minutes``: start no cell after that
+    long (a lent GPU's call is bounded)."""
     import hf_speculative as hfs
 
+    began = time.perf_counter()
     hfs.enable(model)
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
     methods = [GREEDY, *[m for m in methods if m != GREEDY]]
     given = dict(options)  # (the builds cache loaded drafters in `options`, under "_" keys)
     strategies = {m: strategy_for(m, model, tokenizer, options) for m in methods}
-    warm = left_padded(prompts_for(min(contexts), 2), pad)
+    device = model.get_input_embeddings().weight.device
+    warm = left_padded(prompts_for(min(contexts), 2), pad, device)
     warm_cache = None if prefill_tokens is None else shared_prefill(model, warm, prefill_tokens)[0]
     run_cell(model, warm, methods, strategies, 8, pad, warm_cache)  # warm-up
     del warm_cache
@@ -253,8 +259,11 @@ def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[
         cells = [(0, context, rows, list(range(repeats))) for context in contexts for rows in batch_sizes]
     with contextlib.ExitStack() as stack:
         handle = None if out is None else stack.enter_context(open(out, "a", encoding="utf-8"))
-        for _, context, rows, cell_repeats in cells:
-            inputs = left_padded(prompts_for(context, rows), pad)
+        for done, (_, context, rows, cell_repeats) in enumerate(cells):
+            if max_minutes is not None and (time.perf_counter() - began) / 60 > max_minutes:
+                print(f"stopping after {done} of {len(cells)} cells: over {max_minutes} minutes", flush=True)
+                break
+            inputs = left_padded(prompts_for(context, rows), pad, device)
             cache, prefill_s = (None, None) if prefill_tokens is None else shared_prefill(model, inputs,
                                                                                            prefill_tokens)
             for repeat in cell_repeats:

@@ -30,6 +30,9 @@ Steps (``--steps``, default all), each writing under ``--out``:
 - ``train`` (only when asked for): issue 72's corpus of the target's own answers built on the device, EAGLE-3, DFlash
   and Medusa trained on it side by side within ``--train-minutes``, exported in the shipped format and cut into parts
   of at most 15.5 MiB in ``train/`` (``tools/gpu/train_drafters.py``; ``unpack`` there brings them back in).
+- ``magicdec`` (only when asked for): issue 71's grid, batch x context, MagicDec against batched greedy on
+  ``--real-model`` inflated to ``--inflate-shape`` in float32, one shared prefill per cell
+  (``tools/gpu/long_context.py``): ``magicdec.json`` and the records in ``magicdec_grid.jsonl``.
 
 Then ``summary.md`` gathers the figures. Nothing is fetched; a bare machine needs only torch, transformers and
 this package (``pip install --no-deps --no-build-isolation -e .``), and a clone of the repository (this runner and
@@ -53,9 +56,9 @@ from typing import Any, Callable
 
 import torch
 
-STEPS = ("tests", "profile", "e2e", "project", "real", "inflated", "train")
-# the inflated and train steps run when asked for (GPU_STEPS=inflated, GPU_STEPS=train)
-DEFAULT_STEPS = tuple(step for step in STEPS if step not in ("inflated", "train"))
+STEPS = ("tests", "profile", "e2e", "project", "real", "inflated", "train", "magicdec")
+# the inflated, train and magicdec steps run when asked for (GPU_STEPS=inflated, GPU_STEPS=train, GPU_STEPS=magicdec)
+DEFAULT_STEPS = tuple(step for step in STEPS if step not in ("inflated", "train", "magicdec"))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # --tiny's depth. The random EAGLE-3 drafter then reads target layers 1, 1 and 0 (distinct from 7 layers on): what
 # its features hold changes nothing checked here (verification keeps every output greedy's), and 8 layers cost
@@ -416,6 +419,10 @@ def write_summary(out: Path, report: dict[str, Any]) -> Path:
         from . import inflated_e2e
 
         lines += inflated_e2e.summary_lines(report["inflated"])
+    if "magicdec" in report:
+        from . import long_context
+
+        lines += long_context.summary_lines(report["magicdec"])
     if "train" in report:
         from . import train_drafters
 
@@ -447,6 +454,28 @@ def run_inflated_step(args: argparse.Namespace, report: dict[str, Any], save: Ca
         new_tokens=args.real_new_tokens or (6 if tiny else 128), repeats=args.real_repeats or 1,
         compile=compile_arg, fixed=not args.inflated_no_fixed, max_minutes=max_minutes or None,
         only=comma_list(args.inflated_arms) or None, on_prompt=saved))
+
+
+def run_magicdec_step(args: argparse.Namespace, report: dict[str, Any], save: Callable[[], None]) -> None:
+    """The ``magicdec`` step (issue 71's grid at the inflated shape), its report in ``magicdec.json``."""
+    from . import long_context
+
+    tiny = args.tiny
+    sizes = long_context.TINY if tiny else {}
+    # sized for one call of a lent H200 (at most 10 minutes): no cell begun after 7 minutes
+    max_minutes = args.magicdec_max_minutes if args.magicdec_max_minutes is not None else (None if tiny else 7.0)
+    result = long_context.run_long_context(
+        args.real_model or "smollm2-135m-instruct", args.device, DTYPES[args.magicdec_dtype], out=args.out,
+        shape=args.inflate_shape or ("smollm2-wide" if tiny else "llama-3.1-8b"),
+        batch_sizes=tuple(int(b) for b in comma_list(args.magicdec_batch_sizes) or [])
+        or sizes.get("batch_sizes", long_context.BATCH_SIZES),
+        contexts=tuple(int(c) for c in comma_list(args.magicdec_contexts) or [])
+        or sizes.get("contexts", long_context.CONTEXTS),
+        window=sizes.get("window", 512), sinks=sizes.get("sinks", 4), new_tokens=sizes.get("new_tokens", 64),
+        repeats=1 if tiny else 2, max_minutes=max_minutes or None)
+    report["magicdec"] = result
+    (args.out / "magicdec.json").write_text(json.dumps(result, indent=1) + "\n")
+    save()
 
 
 def run_train_step(args: argparse.Namespace, report: dict[str, Any], save: Callable[[], None]) -> None:
@@ -547,6 +576,13 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--train-precision", default="bf16", choices=("bf16", "fp16", "no"),
                        help="the trainers' autocast on a GPU (accelerate's mixed precision; default bf16)")
     train.add_argument("--train-no-corpus", action="store_true", help="bring the drafters back without the corpus")
+    magicdec = parser.add_argument_group("the magicdec step (issue 71: tools/gpu/long_context.py)")
+    magicdec.add_argument("--magicdec-contexts", default=None, help="default 2048,4096,8000 (--tiny: 96,160)")
+    magicdec.add_argument("--magicdec-batch-sizes", default=None, help="default 1,4,8,16 (--tiny: 1,3)")
+    magicdec.add_argument("--magicdec-dtype", default="float32", choices=sorted(DTYPES),
+                          help="float32 (default): every row must be greedy's; bfloat16 parts from it at near-ties")
+    magicdec.add_argument("--magicdec-max-minutes", type=float, default=None,
+                          help="begin no cell after this many minutes (default 7; --tiny: no limit)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here; use --device cpu (with --tiny for a quick run).")
@@ -613,8 +649,12 @@ def main(argv: list[str] | None = None) -> int:
         run_inflated_step(args, report, save)
     if "train" in steps:
         run_train_step(args, report, save)
+    if "magicdec" in steps:
+        run_magicdec_step(args, report, save)
     log("summary:", args.out / "summary.md")
     failed = [k for k, v in report.get("tests", {}).items() if v["returncode"] != 0]
+    if "magicdec" in steps and not report.get("magicdec", {}).get("identical", False):
+        failed.append("magicdec")  # a row that parted from batched greedy's
     if "train" in steps:  # a phase that failed (a drafter's run or export, the corpus) fails the command
         train = report.get("train", {})
         parts = [train, train.get("corpus", {}), *train.get("runs", {}).values()]
