@@ -45,6 +45,7 @@ STEPS = ("corpus", "features", *DRAFTERS, "export")
 # AVX-512 BF16 (the trainers' labels come from the float32 features' pass)
 CORPUS_RECIPE = ["--answers", "20000", "--mix", MIX, "--held-out", f"{HELD_OUT:g}", "--seed", str(SEED),
                  "--max-new-tokens", "192", "--dtype", "bfloat16"]
+HELD_OUT_QUESTIONS, HELD_OUT_PER_CATEGORY = "held_out.jsonl", 10  # the drafters' held-out benchmark (issue 72)
 ROOT = Path(__file__).resolve().parents[1]  # the repository: tools.corpus runs from it
 VALIDATIONS = 8  # per training run, the last at its end
 SAVE_EVERY_S = 60.0  # how often a running step's wall time is written to the agenda
@@ -183,20 +184,42 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
 def corpus_step(corpus: Path, target: str, processes: int, work: Path, agenda: Agenda, *,
                 dry_run: bool = False) -> int:
     """The corpus step: a complete corpus is taken as it is; else the issue's is built or resumed (the agenda's other
-    steps wait for it). Returns an exit code."""
+    steps wait for it). A complete one gets its held-out question file (:func:`held_out_questions`). Returns an exit
+    code."""
     record, state = agenda.step("corpus"), corpus_state(corpus)
     if state == "complete":
         print(f"corpus: {corpus} is complete; taken as it is", flush=True)
         if not dry_run:
             record.update(done=True, folder=str(corpus))
+            held_out_questions(corpus)
             agenda.save()
         return 0
     record["folder"] = str(corpus)  # (--status reads its progress there while it runs)
     code = run_command("corpus", corpus_command(corpus, target, processes), work, agenda, dry_run=dry_run)
     if not dry_run:
         record["done"] = code == 0 and corpus_state(corpus) == "complete"
+        if record["done"]:
+            held_out_questions(corpus)
         agenda.save()
     return code
+
+
+def held_out_questions(corpus: Path) -> Path | None:
+    """``corpus/held_out.jsonl``: the first :data:`HELD_OUT_PER_CATEGORY` held-out prompts of each category as a
+    Spec-Bench question file (``tools.corpus questions``), the trained drafters' held-out benchmark
+    (``--dataset``); written once. ``None`` for a corpus without a held-out split."""
+    to = corpus / HELD_OUT_QUESTIONS
+    if to.is_file():
+        return to
+    from tools.corpus.questions import write_questions
+
+    try:
+        counts = write_questions(corpus, to, "held_out", HELD_OUT_PER_CATEGORY)
+    except ValueError as why:  # no held-out prompt list (answers made elsewhere)
+        print(f"corpus: no held-out questions ({why})", flush=True)
+        return None
+    print(f"corpus: held-out questions in {to} ({', '.join(f'{c} {n}' for c, n in counts.items())})", flush=True)
+    return to
 
 
 def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, precision: str = "no",

@@ -173,3 +173,24 @@ def test_a_running_step_writes_its_time_so_far(tmp_path, monkeypatch):
         worker.join(60)
     record = json.loads((tmp_path / "agenda.json").read_text())["steps"]["features"]
     assert record["done"] and record["runs"] == 1 and record["seconds"] >= seen
+
+
+def test_a_complete_corpus_gets_its_held_out_question_file_once(tmp_path, capsys):
+    """The held-out prompts, the first ten of each category, as a Spec-Bench question file beside the corpus (the
+    trained drafters' held-out benchmark); written once; a corpus without a held-out list says so and goes on."""
+    from hf_speculative.bench.spec_bench import load_prompts
+    from tools.cpu_train import held_out_questions
+
+    corpus = tmp_path / "corpus"
+    (corpus / "prompts").mkdir(parents=True)
+    rows = [{"id": f"w{i}", "source": "wordnet", "category": "writing" if i % 3 else "qa", "prompt": f"Prompt {i}?"}
+            for i in range(40)]
+    (corpus / "prompts" / "held_out.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = held_out_questions(corpus)
+    assert path == corpus / "held_out.jsonl" and "(qa 10, writing 10)" in capsys.readouterr().out
+    prompts = load_prompts(path)
+    assert len(prompts) == 20 and {p.category for p in prompts} == {"writing", "qa"}
+    path.write_text(path.read_text().splitlines(keepends=True)[0])
+    assert held_out_questions(corpus) == path and len(load_prompts(path)) == 1  # written once: kept as it is
+    assert held_out_questions(tmp_path / "other") is None
+    assert "no held-out questions" in capsys.readouterr().out
