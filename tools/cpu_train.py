@@ -238,11 +238,11 @@ def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, preci
     record["runs"] += 1
     record["command"] = shown
     agenda.save()
-    started = time.perf_counter()
     with open(log, "a", encoding="utf-8") as out:
         out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n")
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        clock = RunClock()
         before = record["seconds"]
         try:
             while True:  # the time so far saved every minute: a run killed outright (SIGKILL) keeps most of it
@@ -250,12 +250,12 @@ def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, preci
                     code = proc.wait(timeout=SAVE_EVERY_S)
                     break
                 except subprocess.TimeoutExpired:
-                    record["seconds"] = before + time.perf_counter() - started
+                    record["seconds"] = before + clock.tick()
                     agenda.save()
         finally:  # an interrupted agenda keeps the time its step ran
             if proc.poll() is None:
                 proc.terminate()
-            record["seconds"] = before + time.perf_counter() - started
+            record["seconds"] = before + clock.tick()
             agenda.save()
     record["done"] = code == 0
     record["returncode"] = code
@@ -263,6 +263,23 @@ def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, preci
     print(f"[{time.strftime('%H:%M:%S')}] {step}: exit {code} after {record['seconds'] / 60:.1f} min in all "
           f"(log {log})", flush=True)
     return code
+
+
+class RunClock:
+    """A step's running time, its pauses left out: the agenda is paused for a timing by stopping its whole process
+    tree (``kill -STOP``, this process too), so a wait that returns far later than its timeout was a pause, and counts
+    as the timeout alone (the budgets are of the time the step ran, not of the time it was stopped)."""
+
+    def __init__(self, step: float = SAVE_EVERY_S):
+        self.step, self.counted = step, 0.0
+        self._last = time.perf_counter()
+
+    def tick(self) -> float:
+        """The running time so far, after counting the span since the last tick (at most ``1.5 x step``)."""
+        now = time.perf_counter()
+        self.counted += min(now - self._last, 1.5 * self.step)
+        self._last = now
+        return self.counted
 
 
 def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dict]:

@@ -194,3 +194,19 @@ def test_a_complete_corpus_gets_its_held_out_question_file_once(tmp_path, capsys
     assert held_out_questions(corpus) == path and len(load_prompts(path)) == 1  # written once: kept as it is
     assert held_out_questions(tmp_path / "other") is None
     assert "no held-out questions" in capsys.readouterr().out
+
+
+def test_a_paused_step_counts_the_time_it_ran(monkeypatch):
+    """A span between two ticks far longer than the wait (the agenda stopped with ``kill -STOP`` for a timing) counts
+    as one wait; ordinary spans count whole."""
+    from tools import cpu_train
+
+    now = [100.0]
+    monkeypatch.setattr(cpu_train.time, "perf_counter", lambda: now[0])
+    clock = cpu_train.RunClock(step=60.0)
+    now[0] += 61.0
+    assert clock.tick() == 61.0
+    now[0] += 4000.0  # stopped for an hour
+    assert clock.tick() == 61.0 + 90.0
+    now[0] += 30.0  # the last, short span (the run ended)
+    assert clock.tick() == 181.0
