@@ -26,8 +26,8 @@ rows of 8,000 tokens about ten minutes of this CPU, for every method and repeat.
 batch once (every column but the last, in chunks of at most ``--prefill-tokens`` tokens of the batch, so that no
 ``[B, H, T, T]`` attention is ever held whole) into a ``DynamicCache`` that every call of the cell starts from:
 our batches read a passed cache without filling it (``docs/batching.md``), transformers' batched greedy fills its
-own deep copy (so does a one-row call of ours). Its records say ``shared_prefill`` and carry the prefill's seconds (``cell_prefill_s``); their
-``seconds`` and ``speedup`` are then the calls' own (the last column, then decoding), and ``speedup_with_prefill``
+own deep copy (so does a one-row call of ours). Its records say ``shared_prefill`` and carry the prefill's seconds
+(``cell_prefill_s``); their ``seconds`` and ``speedup`` are then the calls' own (the last column, then decoding), and ``speedup_with_prefill``
 adds the prefill to both sides (what the calls would have been had each prefilled). The repeats run inside the cell
 (the order of the methods alternating), so the prefill is paid once per cell. ``--no-shared-prefill``: each call
 prefills its prompts, as the records before this change did.
@@ -252,14 +252,14 @@ def run_grid(model: Any, tokenizer: Any, prompts_for: Any, *, batch_sizes: list[
     del warm_cache
     records: list[dict] = []
     commit = _commit()  # the code measured: records of several commits share a file
-    if prefill_tokens is None:
-        cells = [(repeat, context, rows, [repeat]) for repeat in range(repeats) for context in contexts
+    if prefill_tokens is None:  # (context, rows, the repeats run on one prefill)
+        cells = [(context, rows, [repeat]) for repeat in range(repeats) for context in contexts
                  for rows in (batch_sizes if repeat % 2 == 0 else batch_sizes[::-1])]
     else:
-        cells = [(0, context, rows, list(range(repeats))) for context in contexts for rows in batch_sizes]
+        cells = [(context, rows, list(range(repeats))) for context in contexts for rows in batch_sizes]
     with contextlib.ExitStack() as stack:
         handle = None if out is None else stack.enter_context(open(out, "a", encoding="utf-8"))
-        for done, (_, context, rows, cell_repeats) in enumerate(cells):
+        for done, (context, rows, cell_repeats) in enumerate(cells):
             if max_minutes is not None and (time.perf_counter() - began) / 60 > max_minutes:
                 print(f"stopping after {done} of {len(cells)} cells: over {max_minutes} minutes", flush=True)
                 break

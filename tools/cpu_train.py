@@ -310,14 +310,9 @@ def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dic
     return exported
 
 
-def features_done(folder: Path) -> int:
-    """Examples the features' pass in ``folder`` has finished (``hf_speculative.training.data.finished_examples``)."""
+def status(work: Path) -> str:
     from hf_speculative.training.data import finished_examples
 
-    return finished_examples(folder)
-
-
-def status(work: Path) -> str:
     agenda = Agenda(work)
     lines = [f"{work}: {json.dumps(agenda.data.get('settings', {}))}"]
     for step in STEPS:
@@ -334,7 +329,7 @@ def status(work: Path) -> str:
                          f"in {record['folder']}")
         index = Path(work) / "features" / "index.json"
         if step == "features" and index.is_file():  # examples finished: the index's prefix, its runs, the notes
-            lines.append(f"           {features_done(index.parent)}/{json.loads(index.read_text())['num_examples']} "
+            lines.append(f"           {finished_examples(index.parent)}/{json.loads(index.read_text())['num_examples']} "
                          "examples")
         progress = Path(work) / step / "checkpoint" / "progress.json"  # the trainers' resume point (STATE)
         if progress.is_file():
