@@ -211,6 +211,33 @@ def recurring_token(model):
     raise AssertionError(f"no usable repetition in the greedy text {text}")
 
 
+def free_port() -> int:
+    """A localhost port free a moment ago (another process may take it before it is bound: see
+    :func:`launch_local`)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_local(demo, attempts: int = 3) -> tuple[str, int]:
+    """``(url, port)`` of ``demo`` launched on a free localhost port, not blocking. Tried again on another port when
+    the launch fails: in CI the test groups run side by side, so a port free a moment ago can be taken before gradio
+    binds it, and a loaded machine can answer gradio's own check of the page (a few seconds) too late. The last
+    failure is raised."""
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+            return url, port
+        except Exception as e:  # gradio: OSError for a taken port, ValueError / Exception for a page it could not reach
+            if isinstance(e, (TypeError, AttributeError)) or attempt == attempts - 1:  # a wrong call: no retry
+                raise
+            demo.close()
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param

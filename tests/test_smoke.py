@@ -98,18 +98,14 @@ def test_every_registered_method_equals_greedy(target, prompt_ids, greedy, draft
 
 def test_the_app_answers_one_request(target):
     """The app on the default model, one visitor's request through gradio_client (the CI script's client)."""
-    import socket
-
     from hf_speculative.app.cache import ModelCache
     from hf_speculative.app.ui import build_app
+    from tests.conftest import launch_local
     from tools.ci.first_request import main as first_request
 
     cache = ModelCache(device=torch.device("cpu"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     demo = build_app(cache)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     try:
         assert first_request([url, "--max-new-tokens", "12", "--timeout", "300"]) == 0
     finally:

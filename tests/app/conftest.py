@@ -7,7 +7,6 @@ cache and at the generation threads. No test downloads anything.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.conftest import CHAT_WORDS, make_chat_tokenizer
+from tests.conftest import CHAT_WORDS, launch_local, make_chat_tokenizer
 
 torch.set_num_threads(1)
 gr = pytest.importorskip("gradio", reason="the demo app needs the `app` extra: pip install -e '.[app]'")
@@ -52,12 +51,6 @@ def other_vocab_dir(tmp_path_factory) -> Path:
     return save_tiny_chat_model(tmp_path_factory.mktemp("app-models") / "other-vocab", words, seed=1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served_app(tiny_chat_dir):
     """``(url, demo, cache)``: the app with the tiny model as default, on a free localhost port."""
@@ -73,7 +66,7 @@ def served_app(tiny_chat_dir):
     # local folders allowed (tests pass the tiny models' folders); test_fuzz.py serves the app without the flag
     demo = build_app(cache, default_model=str(tiny_chat_dir), max_new_tokens_limit=256, default_max_new_tokens=24,
                      allow_local_paths=True)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     yield url, demo, cache
     demo.close()
 
@@ -126,7 +119,7 @@ def slow_app(model_dir: Path, seconds_per_forward: float = 0.02, max_queue: int 
     demo = build_app(ModelCache(loader, device=torch.device("cpu"), warmup=False), default_model=str(model_dir),
                      max_new_tokens_limit=512, default_max_new_tokens=400, default_methods=["hf-prompt-lookup"],
                      max_queue=max_queue, **options)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     try:
         yield url, forwards
     finally:

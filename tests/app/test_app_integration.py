@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hf_speculative.app.examples import EXAMPLES
-from tests.app.conftest import compare_args, free_port
+from tests.app.conftest import compare_args
+from tests.conftest import launch_local
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def test_default_model_prompt_lookup_matches_greedy_with_consistent_figures():
     # fixed (GPU-like) costs: the adaptive prompt lookup drafts whatever the load of the machine
     policy.verify_costs_for(cache.get(hfs.models.DEFAULT_MODEL).model, 32).fix([1.0 + 0.01 * k for k in range(33)])
     demo = build_app(cache)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     try:
         out = Client(url, verbose=False).predict(
             *compare_args(EXAMPLES["summarization"], hfs.models.DEFAULT_MODEL, ["prompt-lookup"], max_new_tokens=48),

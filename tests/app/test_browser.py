@@ -191,10 +191,10 @@ def test_default_model_in_the_browser(browser_page, tmp_path):
     from hf_speculative.app.cache import ModelCache
     from hf_speculative.app.examples import EXAMPLES
     from hf_speculative.app.ui import build_app
-    from tests.app.conftest import free_port
+    from tests.conftest import launch_local
 
     demo = build_app(ModelCache(), default_max_new_tokens=96)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     shots = {name: tmp_path / name for name in SHOTS}
     try:
         page = browser_page

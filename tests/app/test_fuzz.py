@@ -31,7 +31,8 @@ from hf_speculative.app.request import (
     option_slots,
     parse_request,
 )
-from tests.app.conftest import TINY_PROMPT, free_port, generation_threads, slow_app, wait_until
+from tests.app.conftest import TINY_PROMPT, generation_threads, slow_app, wait_until
+from tests.conftest import launch_local
 from tools.app_fuzz import FIXED, JUNK, NUMBERS, PATHS, HUB_IDS, api_name, form, hostile_cases, parameter_kinds
 
 MAX_NEW = 64
@@ -401,7 +402,7 @@ def restricted_app(tiny_chat_dir):
 
     cache = ModelCache(device=torch.device("cpu"), warmup=False)
     demo = build_app(cache, default_model=str(tiny_chat_dir), max_new_tokens_limit=MAX_NEW)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     yield Client(url, verbose=False), cache
     demo.close()
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from hf_speculative.app.limits import MAX_BODY_BYTES, BodyLimit, largest_valid_call_bytes
-from tests.app.conftest import compare_args, free_port
+from tests.app.conftest import compare_args
+from tests.conftest import launch_local
 
 MB = 1024 * 1024
 
@@ -126,8 +127,7 @@ def limited_app(tiny_chat_dir):
 
     demo = build_app(ModelCache(device=torch.device("cpu"), warmup=False), default_model=str(tiny_chat_dir),
                      max_new_tokens_limit=16, default_max_new_tokens=4)
-    port = free_port()
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    url, port = launch_local(demo)
     yield url, port
     demo.close()
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from hf_speculative.registry import models
-from tests.app.conftest import compare_args, free_port
+from tests.app.conftest import compare_args
+from tests.conftest import launch_local
 
 UNCACHED = ("gemma-3-270m", "qwen2.5-coder-1.5b-instruct")
 
@@ -67,7 +68,7 @@ def app_on_localhost(tiny_chat_dir, no_downloads):
 
     cache = ModelCache(device=torch.device("cpu"), warmup=False)
     demo = build_app(cache, default_model=str(tiny_chat_dir), max_new_tokens_limit=64, default_max_new_tokens=8)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
+    url, _ = launch_local(demo)
     try:
         yield Client(url, verbose=False), url, cache
     finally:
