@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .batches import CachedExamples, EpochOrder, pad_batch
+from .clock import TrainClock, budget_spent
 from .data import FeatureCache, training_examples
 from .evaluate import greedy_tau
 from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary_all_tokens, lr_factor, new_network,
@@ -161,15 +162,12 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
         saved = json.loads((state_dir / "progress.json").read_text())
         step, done_batches, seconds_before = saved["step"], saved["batches"], saved.get("train_seconds", 0.0)
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
-    train_started = time.perf_counter()
-
-    def train_seconds() -> float:
-        return seconds_before + time.perf_counter() - train_started
+    clock = TrainClock(seconds_before)
 
     def evaluate_and_save() -> dict:
         accelerator.wait_for_everyone()
         record: dict[str, Any] = {"step": step, "seconds": round(time.perf_counter() - started, 1),
-                                  "train_seconds": round(train_seconds(), 1)}
+                                  "train_seconds": round(clock.seconds, 1)}
         if accelerator.is_main_process:
             drafter = accelerator.unwrap_model(model).net.eval()
             record.update(teacher_forced(drafter, embed, head_weight, examples, source, val_idx[:64], cfg.anchors,
@@ -194,10 +192,11 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
             with open(out / LOG, "a") as f:
                 f.write(json.dumps(record) + "\n")
             accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+        clock.tick("validation")
         accelerator.save_state(str(state_dir))  # at the end too: a longer run (more --epochs) continues from here
         if accelerator.is_main_process:
             (state_dir / "progress.json").write_text(json.dumps(
-                {"step": step, "batches": done_batches, "train_seconds": train_seconds()}))
+                {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
         return record
 
     model.train()
@@ -224,6 +223,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
                 scheduler.step()
                 optimizer.zero_grad()
             done_batches += 1
+            clock.tick()
             acc = metrics.correct[0] / max(metrics.counts[0], 1)
             running = acc if running is None else 0.95 * running + 0.05 * acc
             if accelerator.sync_gradients:
@@ -231,7 +231,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics.loss:.3f}", acc1=f"{running:.3f}",
                                 lr=f"{scheduler.get_last_lr()[0]:.1e}")
-                out_of_time = cfg.max_minutes is not None and train_seconds() > 60 * cfg.max_minutes
+                out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 record = None
                 if step % cfg.eval_every == 0 and not out_of_time:
                     record = evaluate_and_save()

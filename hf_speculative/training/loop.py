@@ -27,6 +27,7 @@ import torch
 from .. import compat
 from ..drafters.eagle.config import EagleConfig
 from ..extras import require
+from .clock import TrainClock, budget_spent
 from .config import FEATURE, TrainConfig
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, training_examples
@@ -182,10 +183,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         step, earlier_tokens, done_batches = saved["step"], saved["tokens"], saved["batches"]
         seconds_before = saved.get("train_seconds", 0.0)  # absent in checkpoints written before --max-minutes
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
-    train_started = time.perf_counter()
-
-    def train_seconds() -> float:  # training time over every run of this --out (--max-minutes counts it)
-        return seconds_before + time.perf_counter() - train_started
+    clock = TrainClock(seconds_before)  # training time over every run of this --out (--max-minutes counts it)
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
@@ -205,11 +203,12 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
             with open(out / LOG, "a") as f:
                 f.write(json.dumps(record) + "\n")
             accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+        clock.tick("validation")
         if not final:
             accelerator.save_state(str(state_dir))
             if accelerator.is_main_process:
                 (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches,
-                                                                     "train_seconds": train_seconds()}))
+                                                                     "train_seconds": clock.seconds}))
         return record
 
     if cfg.init_from is not None and step == 0 and not (state_dir / "progress.json").exists():
@@ -240,17 +239,14 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 scheduler.step()
                 optimizer.zero_grad()
             done_batches += 1
+            clock.tick()
             seen_tokens += int(batch["tokens"])
             running = metrics.accuracy[0] if running is None else 0.98 * running + 0.02 * metrics.accuracy[0]
             if accelerator.sync_gradients:
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics.loss:.3f}", acc0=f"{running:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}")
-                if cfg.max_minutes is not None:
-                    late = train_seconds() > 60 * cfg.max_minutes
-                    if processes > 1:  # every process stops at the same step, or one would wait for the others
-                        late = bool(accelerator.reduce(torch.tensor(float(late), device=accelerator.device), "sum"))
-                    out_of_time = late
+                out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
     bar.close()

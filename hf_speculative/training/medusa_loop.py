@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .batches import CachedExamples, EpochOrder, pad_batch
+from .clock import TrainClock, budget_spent
 from .data import FeatureCache, training_examples
 from .loop import _Progress, float32_pieces, start_run
 from .medusa import LOG, STATE, MedusaTrainConfig, medusa_loss, new_heads, real_tau, validate
@@ -95,15 +96,12 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
         saved = json.loads((state_dir / "progress.json").read_text())
         step, done_batches, seconds_before = saved["step"], saved["batches"], saved.get("train_seconds", 0.0)
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
-    train_started = time.perf_counter()
-
-    def train_seconds() -> float:
-        return seconds_before + time.perf_counter() - train_started
+    clock = TrainClock(seconds_before)
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
         record: dict[str, Any] = {"step": step, "seconds": round(time.perf_counter() - started, 1),
-                                  "train_seconds": round(train_seconds(), 1)}
+                                  "train_seconds": round(clock.seconds, 1)}
         if accelerator.is_main_process:
             trained = accelerator.unwrap_model(model).heads.eval()
             metrics, paths = validate(trained, source, val_idx[:64], examples, head_weight)
@@ -125,11 +123,12 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
                 f.write(json.dumps(record) + "\n")
             accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items()
                                                            if k not in ("step", "tree")))
+        clock.tick("validation")
         if not final:
             accelerator.save_state(str(state_dir))
             if accelerator.is_main_process:
                 (state_dir / "progress.json").write_text(json.dumps(
-                    {"step": step, "batches": done_batches, "train_seconds": train_seconds()}))
+                    {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
         return record
 
     model.train()
@@ -152,13 +151,14 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
                 scheduler.step()
                 optimizer.zero_grad()
             done_batches += 1
+            clock.tick()
             acc = correct[0] / max(counts[0], 1)
             running = acc if running is None else 0.95 * running + 0.05 * acc
             if accelerator.sync_gradients:
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1_head0=f"{running:.3f}")
-                out_of_time = cfg.max_minutes is not None and train_seconds() > 60 * cfg.max_minutes
+                out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
     bar.close()
