@@ -12,14 +12,24 @@ dominates what a step reads (long contexts, large batches) ``t_d`` is a small fr
 contexts it is about the whole of it (the same weights, a cache about as long), and nothing pays.
 
 Both costs are timed here, on this call's forwards (``kv_tap.py`` times every verifying forward, the group its own
-draft steps), so they follow the call's batch and its growing context. Until a shape is timed twice:
-``t_f(B, 1 + n) / t_f(B, 1)`` comes from the target's shared cost models (the loop's ``BatchCostModel`` for a batch,
-the ``VerifyCostModel`` for one row), and ``t_d / t_f`` from the bytes each step reads (the weights, plus the
-bounded cache against the whole one), a prior from the model's shapes, not a constant tuned on one machine.
+draft steps), so they follow the call's batch and its growing context. ``t_f(B, 1 + n) / t_f(B, 1)`` is this call's
+once a plain step and a wider one are timed twice (a width not timed: linear between the timed ones, past the widest
+along the line from the plain step to it); before, it comes from the target's shared cost models (the loop's
+``BatchCostModel`` for a batch, the ``VerifyCostModel`` for one row), and ``t_d / t_f`` from the bytes each step
+reads (the weights, plus the bounded cache against the whole one), a prior from the model's shapes, not a constant
+tuned on one machine.
+
+The shared models are learned at the contexts other calls ran, and a verifying forward's cost over thousands of keys
+is not theirs: on a CPU, where attention over a long cache is compute-bound, ``t_f(B, 1 + n)`` grows with ``n``
+where the shared model (short contexts, memory-bound) says it barely does. So the group drafts nothing until this
+call has timed its plain step twice (:meth:`StepCosts.plain_timed`: two plain steps at the start, again when the
+batch shrinks); deciding on the shared ratio alone drafted at 8,000 tokens a row and decoded 22-34% slower, and a
+call drafting at every step never times a plain one to learn better.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -88,12 +98,29 @@ class StepCosts:
             return batch_costs_for(self.target).ratio(batch, n)
         return self.verify_costs.ratio(n)
 
+    def plain_timed(self, batch: int) -> bool:
+        """Whether a plain step of ``batch`` rows was timed twice in this call (what the cost rule waits for)."""
+        plain = self._full.get((batch, 1))
+        return plain is not None and plain.measured
+
     def ratio(self, batch: int, n: int) -> float:
-        """``t_f(batch, 1 + n) / t_f(batch, 1)``: timed in this call when both shapes are, else shared."""
-        plain, wide = self._full.get((batch, 1)), self._full.get((batch, 1 + n))
-        if n and plain is not None and wide is not None and plain.measured and wide.measured:
-            return max(wide.seconds / plain.seconds, 1.0)
-        return self.shared_ratio(batch, n)
+        """``t_f(batch, 1 + n) / t_f(batch, 1)``: this call's when its plain step and a wider one are timed (linear in
+        the width between timed widths, and past the widest along the line from the plain step to it), else shared."""
+        if not n:
+            return 1.0
+        if not self.plain_timed(batch):
+            return self.shared_ratio(batch, n)
+        timed = sorted((width, t.seconds) for (b, width), t in self._full.items() if b == batch and t.measured)
+        if len(timed) == 1:  # the plain step alone
+            return self.shared_ratio(batch, n)
+        width = 1 + n
+        (w0, t0), (w1, t1) = timed[0], timed[-1]  # beyond the widest: the plain step's line through it
+        for (a, ta), (b, tb) in itertools.pairwise(timed):
+            if a <= width <= b:
+                (w0, t0), (w1, t1) = (a, ta), (b, tb)
+                break
+        seconds = t0 + (t1 - t0) * (width - w0) / (w1 - w0)
+        return max(seconds / timed[0][1], 1.0)
 
     def plain(self, batch: int) -> float | None:
         """Seconds of a plain step of ``batch`` rows now: timed, or a timed wider forward over its ratio."""

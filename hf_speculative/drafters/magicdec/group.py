@@ -88,7 +88,8 @@ class DraftGroup:
         self.rows: dict[int, RowState] = {}
         self.assembling = True  # rows may join until the call's first forward
         self.info: dict[str, Any] = {"sinks": config.sinks, "window": config.window, "rows": 0, "cache_slots": 0,
-                                     "cache_bytes": 0, "draft_steps": 0, "declined_steps": 0, "uncompressed_steps": 0}
+                                     "cache_bytes": 0, "draft_steps": 0, "declined_steps": 0, "uncompressed_steps": 0,
+                                     "timing_steps": 0}
         self._next = 0
         self._forwards: list[Forward] = []  # the forwards since the rows last took their keys and values
         self._waiting: set[int] = set()     # rows that have not taken them yet
@@ -273,7 +274,10 @@ class DraftGroup:
         if decided is not None:
             return decided
         depth = min(depth, self.config.num_tokens)
-        if self.config.adaptive:
+        if self.config.adaptive and not self.costs.plain_timed(self._batch):
+            depth = 0  # a plain step of this batch timed first: the rule prices a draft against it (costs.py)
+            self.info["timing_steps"] += 1
+        elif self.config.adaptive:
             rows = self._eligible()
             price = self.info["price"] = round(self.price_now(), 4)
             depth = self.costs.best_depth([self.rows[r].estimate.rate for r in rows], depth, self._batch, price)

@@ -56,6 +56,37 @@ def test_verification_timed_in_the_call_replaces_the_shared_ratio(costs):
     assert costs.plain(1) == pytest.approx(0.010)
 
 
+def test_widths_not_timed_follow_the_call_s_timed_ones(costs):
+    """Once the plain step and a wider one are timed, an untimed width is read off them (linear between, along the
+    plain step's line past the widest), not off the shared models, which at long contexts misjudge it."""
+    assert not costs.plain_timed(8)
+    for width, seconds in ((1, 0.100), (2, 0.180), (4, 0.260)):
+        costs.observe_forward(8, width, seconds)
+        costs.observe_forward(8, width, seconds)
+    assert costs.plain_timed(8) and not costs.plain_timed(4)
+    assert costs.ratio(8, 0) == 1.0
+    assert costs.ratio(8, 1) == pytest.approx(1.8) and costs.ratio(8, 3) == pytest.approx(2.6)
+    assert costs.ratio(8, 2) == pytest.approx(2.2)  # between widths 2 and 4
+    assert costs.ratio(8, 5) == pytest.approx((0.100 + 5 * 0.160 / 3) / 0.100)  # past 4: (0.26 - 0.10) / 3 a token
+    assert costs.ratio(4, 3) == pytest.approx(batch_costs_for(costs.target).ratio(4, 3))  # another batch: shared
+
+
+def test_verification_that_grows_with_the_draft_declines_what_the_shared_ratio_would_draft(costs):
+    """The defect the grid found (8,000 tokens a row on a CPU): the shared ratio (memory-bound, from short contexts)
+    says verifying two tokens costs about one, so drafts accepted 90% of the time look worth it; this call's timings
+    say a token more costs 80% of a step, and the rule declines."""
+    costs.observe_forward(4, 1, 0.100)
+    costs.observe_forward(4, 1, 0.100)
+    costs.observe_draft(4, 0.020)
+    costs.observe_draft(4, 0.020)
+    price = costs.price(4, 4, context=8000)
+    assert costs.best_depth([0.9] * 4, 4, batch=4, price=price) > 0  # the shared ratio alone: drafts
+    costs.observe_forward(4, 2, 0.180)
+    costs.observe_forward(4, 2, 0.180)
+    assert costs.best_depth([0.9] * 4, 4, batch=4, price=price) == 0
+    assert costs.best_depth([0.9] * 4, 4, batch=4, price=price) == 0
+
+
 def test_the_plain_step_is_derived_from_a_timed_verification(costs):
     costs.observe_forward(1, 5, 0.012)
     costs.observe_forward(1, 5, 0.012)
@@ -96,6 +127,8 @@ def test_a_call_drafts_where_drafts_are_cheap(magicdec_costs):
     assert out.tolist() == ref.tolist()
     stats = hfs.last_stats(model)
     assert stats.drafted_tokens > 0 and stats.extra["magicdec"]["price"] == 0.01
+    # a plain step timed twice before the first draft (the price of a draft is in plain steps), and not again
+    assert stats.extra["magicdec"]["timing_steps"] == 2, stats.extra
 
 
 @pytest.mark.parametrize("rows", [1, 3])
