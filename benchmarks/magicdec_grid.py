@@ -130,27 +130,12 @@ class FirstTokens:
 
 
 def shared_prefill(model: Any, inputs: dict, tokens: int) -> tuple[Any, float]:
-    """A ``DynamicCache`` of every column of the left-padded batch but the last, as transformers' batched greedy
-    prefills it (positions from the padding mask), run in chunks of columns of at most ``tokens`` tokens of the
-    batch; and its seconds. Only the last position's logits are computed (a batch's whole logits would be
-    ``B x T x V`` floats: 25 GB at 16 x 8,000 x 49,152)."""
-    from transformers import DynamicCache
+    """``hfs.prefill`` of every column of the left-padded batch but the last, in chunks of at most ``tokens`` tokens of
+    the batch; and its seconds."""
+    import hf_speculative as hfs
 
-    from hf_speculative import compat
-
-    device = model.get_input_embeddings().weight.device
-    ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
-    rows, columns = ids.shape[0], ids.shape[1] - 1
-    chunk = max(1, tokens // rows)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    keep = compat.logits_to_keep_kwargs(model, 1)
     start = time.perf_counter()
-    with torch.inference_mode():
-        for at in range(0, columns, chunk):
-            end = min(columns, at + chunk)
-            model(input_ids=ids[:, at:end], attention_mask=mask[:, :end], position_ids=positions[:, at:end],
-                  use_cache=True, **{compat.cache_kwarg(): cache}, **keep)
+    cache = hfs.prefill(model, inputs, chunk_tokens=tokens)
     return cache, time.perf_counter() - start
 
 

@@ -43,6 +43,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "load_model": (".registry.models", "load_model"),
     "models": (".registry.models", None),
     "optimize_for_cpu": (".cpu.layout", "optimize_for_cpu"),
+    "prefill": (".hf.prefill", "prefill"),
     "use_profile": (".core.cost_profile", "use_profile"),
 }
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs (the dr
     from .core.cost_profile import use_profile
     from .cpu.layout import optimize_for_cpu
     from .hf.integration import disable, enable, is_enabled, last_stats, speculative_generate
+    from .hf.prefill import prefill
     from .registry.models import load_model
     from .core.state import forget
     from .core.stats import SpeculativeStats
