@@ -359,23 +359,30 @@ def finished_examples(directory: Path) -> int:
     while the pass runs): its index's finished prefix and runs, and what its processes noted since
     (``finished.<rank>.json``; a note being replaced while read is skipped)."""
     meta = json.loads((directory / INDEX).read_text())
-    finished = set(_expand(meta.get("finished", [])))
-    for note in directory.glob("finished.*.json"):
+    finished = set(_expand(meta.get("finished", []))) | _noted(directory, strict=False)[1]
+    return meta["done"] + sum(i >= meta["done"] for i in finished)
+
+
+def _noted(directory: Path, strict: bool) -> tuple[list[Path], set[int]]:
+    """The processes' ``finished.<rank>.json`` notes in ``directory`` and the examples they list. ``strict``: a note
+    that cannot be read raises (the main process counting them); else it is skipped (a status read while a process
+    replaces its note)."""
+    notes, finished = sorted(directory.glob("finished.*.json")), set()
+    for note in notes:
         try:
             finished |= set(_expand(json.loads(note.read_text())))
         except (OSError, ValueError):
-            continue
-    return meta["done"] + sum(i >= meta["done"] for i in finished)
+            if strict:
+                raise
+    return notes, finished
 
 
 def _count_finished(directory: Path, meta: dict, extra: Iterable[int] = ()) -> dict:
     """``meta`` with every finished example counted (its ``finished`` runs, the processes'
     ``finished.<rank>.json`` notes and ``extra``): ``done`` grows over the finished prefix, the rest stay
     runs. Writes the index, then removes the notes it read."""
-    notes = sorted(directory.glob("finished.*.json"))
-    finished = set(_expand(meta["finished"])) | set(extra)
-    for note in notes:
-        finished |= set(_expand(json.loads(note.read_text())))
+    notes, noted = _noted(directory, strict=True)
+    finished = set(_expand(meta["finished"])) | set(extra) | noted
     done = meta["done"]
     while done in finished:
         done += 1
