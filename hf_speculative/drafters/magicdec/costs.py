@@ -22,9 +22,9 @@ tuned on one machine.
 The shared models are learned at the contexts other calls ran, and a verifying forward's cost over thousands of keys
 is not theirs: on a CPU, where attention over a long cache is compute-bound, ``t_f(B, 1 + n)`` grows with ``n``
 where the shared model (short contexts, memory-bound) says it barely does. So the group drafts nothing until this
-call has timed its plain step twice (:meth:`StepCosts.plain_timed`: two plain steps at the start, again when the
-batch shrinks); deciding on the shared ratio alone drafted at 8,000 tokens a row and decoded 22-34% slower, and a
-call drafting at every step never times a plain one to learn better.
+call has timed its plain step twice (:meth:`StepCosts.plain_timed`: two plain steps at the start, again when
+finished rows have halved the batch). Deciding on the shared ratio alone drafted at 8,000 tokens a row and decoded
+22-34% slower, and a call drafting at every step never timed a plain one to learn better.
 """
 
 from __future__ import annotations
@@ -98,19 +98,29 @@ class StepCosts:
             return batch_costs_for(self.target).ratio(batch, n)
         return self.verify_costs.ratio(n)
 
+    def reference(self, batch: int) -> int | None:
+        """The batch whose timings stand for ``batch``'s: itself once its plain step is timed twice, else the timed one
+        nearest it within a factor of 2 (finished rows shrink a batch a row at a time, and a verification's cost over
+        the width changes little between neighbours; further apart it does, and the rule times again); ``None``:
+        none yet, and the rule waits (:meth:`plain_timed`)."""
+        timed = [b for (b, width), t in self._full.items() if width == 1 and t.measured and batch <= 2 * b <= 4 * batch]
+        return min(timed, key=lambda b: (abs(b - batch), -b)) if timed else None
+
     def plain_timed(self, batch: int) -> bool:
-        """Whether a plain step of ``batch`` rows was timed twice in this call (what the cost rule waits for)."""
-        plain = self._full.get((batch, 1))
-        return plain is not None and plain.measured
+        """Whether a plain step of ``batch`` rows, or of a batch standing for it (:meth:`reference`), was timed twice
+        in this call (what the cost rule waits for)."""
+        return self.reference(batch) is not None
 
     def ratio(self, batch: int, n: int) -> float:
-        """``t_f(batch, 1 + n) / t_f(batch, 1)``: this call's when its plain step and a wider one are timed (linear in
-        the width between timed widths, and past the widest along the line from the plain step to it), else shared."""
+        """``t_f(batch, 1 + n) / t_f(batch, 1)``: this call's when the plain step and a wider one of ``batch`` (or of
+        the batch standing for it) are timed (linear in the width between timed widths, and past the widest along the
+        line from the plain step to it), else shared."""
         if not n:
             return 1.0
-        if not self.plain_timed(batch):
+        ref = self.reference(batch)
+        if ref is None:
             return self.shared_ratio(batch, n)
-        timed = sorted((width, t.seconds) for (b, width), t in self._full.items() if b == batch and t.measured)
+        timed = sorted((width, t.seconds) for (b, width), t in self._full.items() if b == ref and t.measured)
         if len(timed) == 1:  # the plain step alone
             return self.shared_ratio(batch, n)
         width = 1 + n
@@ -128,7 +138,7 @@ class StepCosts:
         if not timings:
             return None
         width, timing = min(timings, key=lambda item: item[0])  # the plain step itself when it was timed
-        return timing.seconds / self.shared_ratio(batch, width - 1)
+        return timing.seconds / self.ratio(batch, width - 1)
 
     def price(self, batch: int, drafting: int, context: float) -> float:
         """One draft step of ``drafting`` rows, in plain steps of the ``batch`` rows at ``context`` tokens each:

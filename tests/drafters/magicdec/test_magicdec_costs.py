@@ -63,12 +63,30 @@ def test_widths_not_timed_follow_the_call_s_timed_ones(costs):
     for width, seconds in ((1, 0.100), (2, 0.180), (4, 0.260)):
         costs.observe_forward(8, width, seconds)
         costs.observe_forward(8, width, seconds)
-    assert costs.plain_timed(8) and not costs.plain_timed(4)
+    assert costs.plain_timed(8) and not costs.plain_timed(3)
     assert costs.ratio(8, 0) == 1.0
     assert costs.ratio(8, 1) == pytest.approx(1.8) and costs.ratio(8, 3) == pytest.approx(2.6)
     assert costs.ratio(8, 2) == pytest.approx(2.2)  # between widths 2 and 4
     assert costs.ratio(8, 5) == pytest.approx((0.100 + 5 * 0.160 / 3) / 0.100)  # past 4: (0.26 - 0.10) / 3 a token
-    assert costs.ratio(4, 3) == pytest.approx(batch_costs_for(costs.target).ratio(4, 3))  # another batch: shared
+    assert costs.ratio(3, 3) == pytest.approx(batch_costs_for(costs.target).ratio(3, 3))  # a far batch: shared
+
+
+def test_a_batch_that_lost_a_few_rows_reads_its_neighbour_s_timings(costs):
+    """Finished rows leave the batch a row at a time: the rule does not wait for a plain step of each new size, it
+    reads the nearest timed batch within a factor of 2 (and times again past that), a timed plain step of the batch
+    itself first."""
+    for width, seconds in ((1, 0.100), (3, 0.200)):
+        costs.observe_forward(8, width, seconds)
+        costs.observe_forward(8, width, seconds)
+    assert costs.reference(7) == costs.reference(4) == costs.reference(16) == 8
+    assert costs.plain_timed(7) and costs.plain_timed(4) and not costs.plain_timed(3) and not costs.plain_timed(17)
+    assert costs.ratio(7, 2) == pytest.approx(2.0) and costs.ratio(3, 2) == pytest.approx(costs.shared_ratio(3, 2))
+    costs.observe_forward(7, 3, 0.180)  # drafting at 7 rows: its plain step from 8 rows' curve, not the shared one
+    costs.observe_forward(7, 3, 0.180)
+    assert costs.plain(7) == pytest.approx(0.090)
+    costs.observe_forward(6, 1, 0.080)
+    costs.observe_forward(6, 1, 0.080)
+    assert costs.reference(7) == 8 and costs.reference(6) == 6 and costs.reference(5) == 6  # the nearest; a tie: larger
 
 
 def test_verification_that_grows_with_the_draft_declines_what_the_shared_ratio_would_draft(costs):
