@@ -242,20 +242,19 @@ def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, preci
         out.write(f"\n# {time.strftime('%Y-%m-%dT%H:%M:%S%z')}: {shown}\n")
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        clock = RunClock()
-        before = record["seconds"]
+        clock = step_clock(record["seconds"])
         try:
             while True:  # the time so far saved every minute: a run killed outright (SIGKILL) keeps most of it
                 try:
                     code = proc.wait(timeout=SAVE_EVERY_S)
                     break
                 except subprocess.TimeoutExpired:
-                    record["seconds"] = before + clock.tick()
+                    record["seconds"] = clock.tick()
                     agenda.save()
         finally:  # an interrupted agenda keeps the time its step ran
             if proc.poll() is None:
                 proc.terminate()
-            record["seconds"] = before + clock.tick()
+            record["seconds"] = clock.tick()
             agenda.save()
     record["done"] = code == 0
     record["returncode"] = code
@@ -265,21 +264,15 @@ def run_command(step: str, argv: list[str], work: Path, agenda: Agenda, *, preci
     return code
 
 
-class RunClock:
-    """A step's running time, its pauses left out: the agenda is paused for a timing by stopping its whole process
-    tree (``kill -STOP``, this process too), so a wait that returns far later than its timeout was a pause, and counts
-    as the timeout alone (the budgets are of the time the step ran, not of the time it was stopped)."""
+def step_clock(before: float = 0.0):
+    """A step's running time from ``before`` on, its pauses left out (``hf_speculative.training.clock.TrainClock``,
+    the trainers' own): the agenda is paused for a timing by stopping its whole process tree (``kill -STOP``, this
+    process too), so a wait that returns far later than its ``SAVE_EVERY_S`` timeout was a pause. This process only
+    waits (its CPU time in a span is ~0), so with ``slack=1`` every span counts at most ``1.5 x SAVE_EVERY_S``: the
+    budgets are of the time the step ran, not of the time it was stopped."""
+    from hf_speculative.training.clock import TrainClock
 
-    def __init__(self, step: float = SAVE_EVERY_S):
-        self.step, self.counted = step, 0.0
-        self._last = time.perf_counter()
-
-    def tick(self) -> float:
-        """The running time so far, after counting the span since the last tick (at most ``1.5 x step``)."""
-        now = time.perf_counter()
-        self.counted += min(now - self._last, 1.5 * self.step)
-        self._last = now
-        return self.counted
+    return TrainClock(before, floor=1.5 * SAVE_EVERY_S, slack=1.0)
 
 
 def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dict]:

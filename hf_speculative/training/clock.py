@@ -5,7 +5,7 @@ alone, a laptop's sleep), and a budget in wall time would lose that whole pause.
 :class:`TrainClock` after every batch and after every validation; a span far longer than its kind usually takes
 (``slack`` x its running mean, and at least ``floor`` seconds) counts only what the process computed in it (its CPU
 time): a stopped process computes nothing, a slow one (a validation of many prompts, a machine shared with other
-work) still counts what it ran.
+work) still counts what it ran. The CPU training agenda (``tools/cpu_train.py``) counts its steps with one too.
 """
 
 from __future__ import annotations

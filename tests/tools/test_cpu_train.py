@@ -203,10 +203,16 @@ def test_a_paused_step_counts_the_time_it_ran(monkeypatch):
 
     now = [100.0]
     monkeypatch.setattr(cpu_train.time, "perf_counter", lambda: now[0])
-    clock = cpu_train.RunClock(step=60.0)
+    assert cpu_train.SAVE_EVERY_S == 60.0
+    clock = cpu_train.step_clock()
     now[0] += 61.0
     assert clock.tick() == 61.0
     now[0] += 4000.0  # stopped for an hour
     assert clock.tick() == 61.0 + 90.0
     now[0] += 30.0  # the last, short span (the run ended)
     assert clock.tick() == 181.0
+    now[0] += 4000.0  # stopped again: the same cap, whatever the spans before
+    assert clock.tick() == 181.0 + 90.0
+    resumed = cpu_train.step_clock(271.0)  # the agenda's record of the runs before
+    now[0] += 30.0
+    assert resumed.tick() == 301.0
