@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import compat
+from ..core.rows import left_padding
 
 CHUNK_TOKENS = 8192  # tokens of the batch a chunk runs: a few hundred MB of activations for a 1-2B model in float32
 
@@ -91,7 +92,5 @@ def _checked(inputs: Mapping[str, Any], columns: int | None, chunk_tokens: int) 
                          f"{width - 1}.")
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
         raise ValueError(f"hfs.prefill(chunk_tokens={chunk_tokens!r}): a whole number of tokens >= 1, e.g. 8192.")
-    if (mask[:, -1] == 0).any():
-        raise ValueError("hfs.prefill: a row's last column is padding; a batch is padded on the left "
-                         "(tok.padding_side = 'left') so that every row ends at the last column.")
+    left_padding(mask)  # raises, naming the fix, for right padding, holes or a row of padding only
     return ids, mask

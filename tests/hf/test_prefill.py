@@ -80,7 +80,9 @@ RIGHT = {"input_ids": BATCH["input_ids"], "attention_mask": BATCH["attention_mas
     (BATCH, {"columns": 0}, ValueError, "a whole number from 1 to 19"),
     (BATCH, {"columns": 2.5}, ValueError, "a whole number from 1 to 19"),
     (BATCH, {"chunk_tokens": 0}, ValueError, "chunk_tokens=0"),
-    (RIGHT, {}, ValueError, "padded on the left"),
+    (RIGHT, {}, ValueError, "needs left-padded prompts.*padding_side = 'left'"),
+    ({**BATCH, "attention_mask": BATCH["attention_mask"] * torch.tensor([1, 0] * 10)}, {}, ValueError,
+     "needs left-padded prompts"),  # holes
 ])
 def test_bad_arguments_are_refused_before_any_forward(model, inputs, kwargs, error, message):
     forwards = []
