@@ -231,8 +231,10 @@ def launch_local(demo, attempts: int = 3) -> tuple[str, int]:
         try:
             _, url, _ = demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
             return url, port
-        except Exception as e:  # gradio: OSError for a taken port, ValueError / Exception for a page it could not reach
-            if isinstance(e, (TypeError, AttributeError)) or attempt == attempts - 1:  # a wrong call: no retry
+        except (TypeError, AttributeError):  # a wrong call: no retry
+            raise
+        except Exception:  # gradio: OSError for a taken port, ValueError / Exception for a page it could not reach
+            if attempt == attempts - 1:
                 raise
             demo.close()
     raise AssertionError("unreachable")

@@ -22,12 +22,7 @@ from hf_speculative.core.batch_costs import BatchCostModel, batch_costs_for, for
 from hf_speculative.core.batch_verify import BatchVerifier
 from hf_speculative.core import kv_room
 from tests.conftest import ARCHS, _plain_copy, build_model, char_tokenizer, sibling_model, stock_generate
-
-try:
-    from transformers.modeling_layers import MtpModel  # transformers 5.24+
-except ImportError:  # transformers 4.x: hfs.MTP refuses, naming the version
-    MtpModel = None
-needs_mtp_model = pytest.mark.skipif(MtpModel is None, reason="hfs.MTP drafts with transformers' MtpModel (5.24+)")
+from tests.drafters.mtp.conftest import needs_mtp  # transformers 4.x has no MtpModel: hfs.MTP refuses there
 
 PROMPTS = [
     [3, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],
@@ -445,7 +440,7 @@ def prefix_drafter(name: str, target):
 
 
 @pytest.mark.parametrize("columns", [3, 13])  # inside one row's padding; all but the last column
-@pytest.mark.parametrize("name", [*BATCH_DRAFTERS, "dflash", pytest.param("mtp", marks=needs_mtp_model)])
+@pytest.mark.parametrize("name", [*BATCH_DRAFTERS, "dflash", pytest.param("mtp", marks=needs_mtp)])
 def test_a_cache_holding_the_prompts_start_is_read_not_filled(name, columns, cheap_batches):
     """A cache the caller passes holding the left-padded prompts' first columns: the batch starts from it (the first
     forward runs the columns after them), every row is batched greedy's, and the cache is left as it was, so that

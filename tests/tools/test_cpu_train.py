@@ -81,13 +81,13 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
 
 def test_the_status_counts_the_features_finished_by_every_process(tmp_path):
     """A running pass: the index's finished prefix and runs, and the runs its processes noted since."""
-    from hf_speculative.training.data import finished_examples as features_done
+    from hf_speculative.training.data import finished_examples
 
     (tmp_path / "index.json").write_text(json.dumps({"done": 3, "finished": [[5, 7]], "num_examples": 10}))
     (tmp_path / "finished.1.json").write_text(json.dumps([[5, 6], [9, 10]]))
-    assert features_done(tmp_path) == 3 + 2 + 1  # 0-2, 5-6, 9 (5 counted once)
+    assert finished_examples(tmp_path) == 3 + 2 + 1  # 0-2, 5-6, 9 (5 counted once)
     (tmp_path / "finished.0.json").write_text("[[3, 4")  # being replaced while read: skipped
-    assert features_done(tmp_path) == 6
+    assert finished_examples(tmp_path) == 6
 
 
 def test_planned_steps_are_the_trainers():
