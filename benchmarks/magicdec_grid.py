@@ -24,13 +24,13 @@ tokens, ``identical_to_greedy``, and for MagicDec the compressed caches' bound i
 At long contexts the prompt's forward (the prefill, the same in every method) takes most of a call's time: at 16
 rows of 8,000 tokens about ten minutes of this CPU, for every method and repeat. So by default a cell prefills its
 batch once (every column but the last, in chunks of at most ``--prefill-tokens`` tokens of the batch, so that no
-``[B, H, T, T]`` attention is ever held whole) into a ``DynamicCache`` that every call of the cell starts from:
-our batches read a passed cache without filling it (``docs/batching.md``), transformers' batched greedy fills its
-own deep copy (so does a one-row call of ours). Its records say ``shared_prefill`` and carry the prefill's seconds
-(``cell_prefill_s``); their ``seconds`` and ``speedup`` are then the calls' own (the last column, then decoding), and ``speedup_with_prefill``
-adds the prefill to both sides (what the calls would have been had each prefilled). The repeats run inside the cell
-(the order of the methods alternating), so the prefill is paid once per cell. ``--no-shared-prefill``: each call
-prefills its prompts, as the records before this change did.
+``[B, H, T, T]`` attention is ever held whole) into a ``DynamicCache`` that every call of the cell starts from: our
+batches read a passed cache without filling it (``docs/batching.md``), transformers' batched greedy fills its own
+deep copy (so does a one-row call of ours). Its records say ``shared_prefill`` and carry the prefill's seconds
+(``cell_prefill_s``); their ``seconds`` and ``speedup`` are then the calls' own (the last column, then decoding),
+and ``speedup_with_prefill`` adds the prefill to both sides (what the calls would have been had each prefilled). The
+repeats run inside the cell (the order of the methods alternating), so the prefill is paid once per cell.
+``--no-shared-prefill``: each call prefills its prompts, as the records before this change did.
 
 Each record also times decoding alone: a streamer notes when the first new tokens come out (the prefill's token, or our
 loop's first step), and ``decode_tokens_per_s`` counts the tokens after those over the time after it;

@@ -4,16 +4,17 @@
     make gpu-check DEVICE=cpu TINY=1 GPU_STEPS=magicdec             # the dry run on this CPU (tests/tools)
 
 The target is the registry's SmolLM2-135M inflated to Llama-3.1-8B's shape (``inflate.py``: the small model's
-function, so its own acceptance, at the large shape's cost: every figure is labelled ``inflated (cost model)``),
-in float32 on the device (bfloat16 parts from batched greedy at near-ties, as the device battery allows; the grid
-asks every row to be greedy's). Memory at 16 rows of 8,000 tokens: the weights' 29 GB, the shared prefill's cache
-34 GB and one call's own as much again (greedy's deep copy, or our verifier's cache): about 100 GB of an H200's 139.
-The grid is ``benchmarks/magicdec_grid.py``'s: the long documents of its docstring as left-padded batches, one shared prefill per cell that every call starts from, transformers' batched greedy against
-``magicdec`` (the cost rule's choice), ``magicdec-always`` (drafting at every step) and ``prompt-lookup``, every row
-checked token for token against greedy's, decoding timed alone (``decode_speedup``). On a memory-bound device a
-verification of a few tokens a row costs about a plain step, so where the compressed cache is much smaller than the
-whole one, MagicDec's drafts should pay: the question this step answers, which this CPU cannot (its verification is
-compute-bound: docs/drafters/magicdec.md).
+function, so its own acceptance, at the large shape's cost: every figure is labelled ``inflated (cost model)``), in
+float32 on the device (bfloat16 parts from batched greedy at near-ties, as the device battery allows; the grid asks
+every row to be greedy's). Memory at 16 rows of 8,000 tokens: the weights' 29 GB, the shared prefill's cache 34 GB
+and one call's own as much again (greedy's deep copy, or our verifier's cache): about 100 GB of an H200's 139. The
+grid is ``benchmarks/magicdec_grid.py``'s: the long documents of its docstring as left-padded batches, one shared
+prefill per cell that every call starts from, transformers' batched greedy against ``magicdec`` (the cost rule's
+choice), ``magicdec-always`` (drafting at every step) and ``prompt-lookup``, every row checked token for token
+against greedy's, decoding timed alone (``decode_speedup``). On a memory-bound device a verification of a few tokens
+a row costs about a plain step, so where the compressed cache is much smaller than the whole one, MagicDec's drafts
+should pay: the question this step answers, which this CPU cannot (its verification is compute-bound:
+docs/drafters/magicdec.md).
 
 Sized for one call of a lent H200 (at most 10 minutes): the cells run smallest first and none starts after
 ``max_minutes``; the records are appended to ``magicdec_grid.jsonl`` as they come, and ``magicdec.json`` keeps the
