@@ -105,6 +105,9 @@ class Plan:
 
     Attributes:
         depth (`int`): the deepest draft the call has room for (>= 1); a chain is at most this long.
+        full_depth (`int`, *optional*): how deep a step away from the call's end may draft (``depth`` less what the
+            last steps lose to ``max_length``; default ``depth``): what a compiled region is sized by, so that those
+            last steps run the region of the others and keep ``depth`` of its draft instead of compiling their own.
         chain_only (`bool`): the loop verifies chains only this step (transformers' loop): draft a chain.
         members (`list[Plan]`): a composite drafter's members' plans.
         steps (`int`, *optional*): set by the drafter when its chain took other than one drafter step per token.
@@ -123,6 +126,10 @@ class Plan:
     nodes: int = 0             # the tree budget's answer (a size, 0, or CHAIN)
     key: Any = None          # the key of a "keyed" chain
     keys: tuple | None = None  # the per-token keys of a "keyed" chain sized by copy_length
+    full_depth: int = 0        # (0: ``depth``; set in __post_init__)
+
+    def __post_init__(self) -> None:
+        self.full_depth = max(self.full_depth, self.depth)
 
     # -- what a drafter asks ---------------------------------------------------------------------
     def tree_nodes(self) -> int:
@@ -149,22 +156,24 @@ class Plan:
         policy = self._budget.policy
         return True if policy is None else policy.catch_up_pays(cost, remaining, earlier_rate, generated)
 
-    def fixed_chain(self, limit: int) -> int | None:
+    def fixed_chain(self, limit: int, full: bool = False) -> int | None:
         """Under a fixed budget (``adaptive=False``), after :meth:`start_chain` said yes: the length the chain rule
         will let the chain reach, at most ``limit`` (every token is drafted whatever its confidence, so a drafter may
         draft them all on the device and report the confidences afterwards with :meth:`took`); ``None`` under the
-        cost rules, whose decision after each token needs that token's confidence on the host."""
+        cost rules, whose decision after each token needs that token's confidence on the host. ``full``: within
+        :attr:`full_depth` instead of :attr:`depth` (a compiled region's length; the draft keeps ``depth`` of it)."""
         policy = self._budget.policy
         if policy is None or policy.adaptive:
             return None
-        return max(min(limit, self.depth, policy.max_draft), 0)
+        return max(min(limit, self.full_depth if full else self.depth, policy.max_draft), 0)
 
-    def longest_chain(self, limit: int) -> int | None:
+    def longest_chain(self, limit: int, full: bool = False) -> int | None:
         """Under the cost rules too: the longest chain the chain rule could let through, at most ``limit`` (a drafter
         that drafts it all on the device replays the rule afterwards, :meth:`wants` and :meth:`took` on each token's
-        confidence in order, and keeps what the rule would have kept); ``None`` without a chain rule."""
+        confidence in order, and keeps what the rule would have kept); ``None`` without a chain rule. ``full``: as
+        :meth:`fixed_chain`'s."""
         policy = self._budget.policy
-        return None if policy is None else max(min(limit, self.depth, policy.max_draft), 0)
+        return None if policy is None else max(min(limit, self.full_depth if full else self.depth, policy.max_draft), 0)
 
     def wants(self, peak: float) -> bool:
         """Whether to draft the next token, given the peak of the drafter's distribution there (before choosing)."""
@@ -256,11 +265,12 @@ class DraftBudget:
             self.estimates[key] = estimate
         return estimate
 
-    def plan(self, depth: int, chain_only: bool = False) -> Plan:
-        """This step's plan, for a draft at most ``depth`` deep."""
+    def plan(self, depth: int, chain_only: bool = False, full_depth: int = 0) -> Plan:
+        """This step's plan, for a draft at most ``depth`` deep (``full_depth``: :attr:`Plan.full_depth`)."""
         if self.scored is not None:
             self.scored.predicted = 0.0
-        return Plan(depth, chain_only, [member.plan(depth, chain_only) for member in self.members], _budget=self)
+        return Plan(depth, chain_only, [member.plan(depth, chain_only, full_depth) for member in self.members],
+                    _budget=self, full_depth=full_depth)
 
     def verified(self, plan: Plan, tree: DraftTree, verdict: Verdict, seconds: float | None, own: bool = True) -> None:
         """Learn from a verifying forward: ``tree`` (what the drafter returned, as verified) got ``verdict``, in

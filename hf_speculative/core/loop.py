@@ -140,14 +140,17 @@ def stop_index(sequence: torch.LongTensor, start: int, stopping_criteria: Any,
 
 # -- the ladder ------------------------------------------------------------------------------------
 def draft_step(rows: list[Row], members: list[int], rooms: dict[int, int], width: int,
-               widths: Any) -> tuple[list[Plan], list[DraftTree]]:
+               widths: Any, max_depth: int | None = None) -> tuple[list[Plan], list[DraftTree]]:
     """Each row in the forward drafts within its plan, at most ``rooms[b]`` deep (the running rows' room before
-    ``max_length``) and ``width``; rows that finished, or have no room, draft nothing."""
+    ``max_length``) and ``width``; rows that finished, or have no room, draft nothing. ``max_depth``: the depth
+    away from the call's end (the plans' ``full_depth``, with ``width``; default: each row's room)."""
     plans, trees = [], []
     for b in members:
         row = rows[b]
         room = min(rooms.get(b, 0), width)
-        plans.append(row.budget.plan(max(room, 1)))
+        # a solo row's width is its room (no width of the step's own, ``cap`` None); a batch's is the step's own
+        full = 0 if max_depth is None else max_depth if widths.cap is None else min(max_depth, width)
+        plans.append(row.budget.plan(max(room, 1), full_depth=full))
         tree = row.drafter.draft(row.text, plans[-1]) if room > 0 else DraftTree.empty(row.ids.device)
         trees.append(tree if widths.cap is None else tree.first(widths.cap))  # a batch's width bounds nodes
     return plans, trees
@@ -185,7 +188,7 @@ def ladder(rows: list[Row], verifier: Any, pending: torch.Tensor, pending_mask: 
         running = [b for b in members if b in live]
         rooms = {b: min(max_depth, max_length - rows[b].ids.shape[1] - 1) for b in running}
         width = widths.width(running, max(rooms.values()), len(members), first)
-        plans, trees = draft_step(rows, members, rooms, width, widths)
+        plans, trees = draft_step(rows, members, rooms, width, widths, max_depth)
         stats.record_draft(sum(t.size for t in trees), time.perf_counter() - tick)
 
         tick = time.perf_counter()

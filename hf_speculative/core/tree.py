@@ -179,6 +179,25 @@ class DraftTree:
             return DraftTree.empty(self.tokens.device)
         return dataclasses.replace(DraftTree.chain(self.tokens[path]), q=None if self.q is None else self.q[path])
 
+    def within(self, depth: int) -> DraftTree:
+        """The nodes at most ``depth`` deep (1: the root's children), in their order: a tree drafted for a longer
+        room cut to this step's (a node's ancestors are shallower than it)."""
+        if depth <= 0:
+            return DraftTree.empty(self.tokens.device)
+        depths = [0] * self.size
+        for i, p in enumerate(self.parent_list()):
+            depths[i] = 1 if p == ROOT else depths[p] + 1
+        if max(depths, default=0) <= depth:
+            return self
+        keep = [i for i, d in enumerate(depths) if d <= depth]
+        index = {old: new for new, old in enumerate(keep)}
+        parents = [ROOT if p == ROOT else index[p] for p in (self.parent_list()[i] for i in keep)]
+        rows = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+        known = self.__dict__.get("_tokens")
+        tree = DraftTree._built(self.tokens[rows], torch.tensor(parents, dtype=torch.long, device=self.tokens.device),
+                                None if known is None else [known[i] for i in keep], parents)
+        return tree if self.q is None else dataclasses.replace(tree, q=self.q[rows])
+
     def first(self, n: int) -> DraftTree:
         """The first ``n`` nodes (every parent comes before its children, so they are a tree)."""
         if n >= self.size:

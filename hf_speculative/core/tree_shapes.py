@@ -480,16 +480,21 @@ def grow_dynamic_on_device(shape: DynamicTree, root_logits: torch.Tensor, expand
 
 
 def grow_dynamic_tensors(shape: DynamicTree, root_logits: torch.Tensor, expand, nodes: int,
-                         max_depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         max_depth: int, keep_levels: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`grow_dynamic_on_device` up to its read, with no read at all (what a captured draft step runs): the kept
     nodes' tokens `[m]`, their parents `[m]` (indices among the kept nodes, ``-1`` the root) and whether each has a
-    probability `[m]` (long), for :func:`tree_from_device`. ``nodes`` must be positive."""
+    probability `[m]` (long), for :func:`tree_from_device`. ``nodes`` must be positive. ``keep_levels``: a device
+    scalar below the levels grown (a call's last steps, whose room is shorter than the region's): the nodes are
+    chosen among the first ``keep_levels`` levels only, deeper ones scored ``-inf`` (and so dropped when the tree is
+    made), which is the tree grown to that depth (the frontiers of the first levels do not depend on the depth)."""
     device = root_logits.device
     budget = min(nodes, MAX_NODES)
     k = min(shape.top_k, root_logits.shape[-1])
     scores, tokens = _top_guesses(root_logits[None], k)  # [1, k] each
     tokens, scores = tokens.reshape(-1), scores.reshape(-1)  # [k]: the root's children
     parents = torch.full_like(tokens, ROOT)
+    levels = torch.zeros_like(tokens)  # [n] each node's level (0: the root's children)
     frontier = _best(scores, shape.top_k)  # [W]
     for level in range(1, device_tree_levels(shape, nodes, max_depth)):
         values, guesses = _top_guesses(expand(frontier, tokens[frontier], parents[frontier], level - 1), k)  # [W, k]
@@ -498,7 +503,10 @@ def grow_dynamic_tensors(shape: DynamicTree, root_logits: torch.Tensor, expand, 
         tokens = torch.cat([tokens, guesses.reshape(-1)])
         parents = torch.cat([parents, frontier.repeat_interleave(k, output_size=frontier.numel() * k)])
         scores = torch.cat([scores, new])
+        levels = torch.cat([levels, torch.full_like(new, level, dtype=torch.long)])
         frontier = first + _best(new, shape.top_k)
+    if keep_levels is not None:
+        scores = scores.masked_fill(levels >= keep_levels, float("-inf"))
     keep = _best(scores, budget)  # [m] ascending: drafting order is topological
     where = torch.full_like(tokens, ROOT)
     where[keep] = torch.arange(keep.numel(), device=device)

@@ -116,7 +116,7 @@ def check_network_once(target: torch.nn.Module, network: torch.nn.Module, check,
 class TreeOrChainCandidateGenerator(SpeculativeCandidateGenerator):
     """A per-call drafter that grows trees with ``tree=`` and whose own chain is one more option of the loop's tree
     budget (``Sizing(..., chain_option=True)``: EAGLE, draft models). Subclasses implement ``_tree(sequence, nodes,
-    max_depth)`` and ``_chain(sequence, plan)``; ``config.tree`` is the strategy's shape (``None``: chains)."""
+    plan)`` and ``_chain(sequence, plan)``; ``config.tree`` is the strategy's shape (``None``: chains)."""
 
     @torch.no_grad()
     def draft(self, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
@@ -125,7 +125,7 @@ class TreeOrChainCandidateGenerator(SpeculativeCandidateGenerator):
             if nodes == 0:
                 return DraftTree.empty(sequence.device)
             if nodes != CHAIN:
-                return self._tree(sequence, nodes, plan.depth)
+                return self._tree(sequence, nodes, plan)
         return self._chain(sequence, plan)
 
     def _size_tree_or_chain(self, ctx: CallContext, config: Any) -> int:

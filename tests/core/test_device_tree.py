@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import hf_speculative as hfs
-from hf_speculative.core.tree_shapes import DynamicTree, grow_dynamic_on_device, grow_paths, grow_paths_on_device
+from hf_speculative.core.tree_shapes import (DynamicTree, grow_dynamic_on_device, grow_dynamic_tensors, grow_paths,
+                                             grow_paths_on_device, tree_from_device)
 from hf_speculative.drafters.eagle import drafter as eagle_drafter
 from tests.conftest import build_model, prompt_inputs, random_eagle, stock_generate
 
@@ -42,6 +43,26 @@ def test_the_device_grows_the_tree_dynamic_tree_grow_grows(seed, nodes, depth, t
         device = grown(shape, logits, root, budget, max_depth, device=True)
         assert (device.tokens.tolist(), device.parents.tolist()) == (host.tokens.tolist(), host.parents.tolist())
         assert device.token_list() == host.token_list() and device.parent_list() == host.parent_list()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("nodes,depth,top_k", [(8, 4, 3), (32, 6, 8), (40, 5, 5)])
+def test_a_tree_grown_deeper_but_kept_to_fewer_levels_is_the_tree_grown_to_them(seed, nodes, depth, top_k):
+    """A compiled region grows the levels of a step away from the call's end; a last step, with less room, passes
+    the levels it keeps as a tensor (no new graph): its nodes are the ones a tree grown to that depth keeps."""
+    shape = DynamicTree(nodes=nodes, depth=depth, top_k=top_k)
+    logits, root = table(seed), torch.randn(V, generator=torch.Generator().manual_seed(200 + seed))
+    expand = lambda f, tokens, parents, level: logits[tokens]  # noqa: E731
+    cuts = []
+    for keep in range(1, depth + 1):
+        cut = tree_from_device(*grow_dynamic_tensors(shape, root, expand, nodes, depth, keep_levels=torch.tensor(keep)))
+        own = grown(shape, logits, root, nodes, keep, device=False)
+        assert (cut.token_list(), cut.parent_list()) == (own.token_list(), own.parent_list()), keep
+        assert max(cut.depths().tolist()) < keep
+        cuts.append((cut.token_list(), cut.parent_list()))
+    whole = grown(shape, logits, root, nodes, depth, device=True)
+    assert cuts[-1] == (whole.token_list(), whole.parent_list())
+    assert len(set(map(str, cuts))) > 1  # the levels kept changed the tree
 
 
 def test_nodes_with_no_probability_are_dropped_with_their_descendants():

@@ -12,7 +12,7 @@ import torch
 
 import hf_speculative as hfs
 from hf_speculative.core import static_cache
-from hf_speculative.core import regions
+from hf_speculative.core import budget, regions
 from hf_speculative.drafters.eagle import static_drafting
 from hf_speculative.core.state import forget, state_of
 from hf_speculative.core.tree_shapes import DynamicTree, StaticTree
@@ -237,6 +237,40 @@ def test_compiled_targets_feed_drafters_from_their_outputs(arch, monkeypatch):
         assert fed.drafted_tokens > 0, name
     hfs.enable(model, compile=False)
     forget(model)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_calls_last_steps_run_the_regions_of_its_others(arch, monkeypatch):
+    """Near ``max_new_tokens`` a step has less room than the others (``Plan.depth < Plan.full_depth``): it runs their
+    region and keeps what fits (a chain's first tokens, a tree's nodes within its levels) instead of a region of its
+    own, so a call makes one region of a kind, not one per room (each one a compile: on this CPU, minutes for
+    EAGLE's 8-level tree). The drafts are eager drafting's (each drafter's test_*_captured.py); here: greedy's text."""
+    made, rooms = [], []
+    monkeypatch.setattr(static_cache, "compiled_forward", lambda target, mode: target)
+    monkeypatch.setattr(regions, "compile_region", lambda module, mode: module)
+    get = regions.Regions.get
+
+    def recording(self, key, make):
+        if key not in self.runs:
+            made.append(key[0])  # a new region: its kind
+        return get(self, key, make)
+
+    monkeypatch.setattr(regions.Regions, "get", recording)
+    plan = budget.DraftBudget.plan
+    monkeypatch.setattr(budget.DraftBudget, "plan", lambda self, *a, **k: rooms.append(plan(self, *a, **k)) or rooms[-1])
+    model = hfs.enable(build_model(arch, layers=4))
+    try:
+        expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+        for name, strategy in feature_drafters(model).items():
+            made.clear(), rooms.clear()
+            hfs.enable(model, compile=True)
+            out = model.generate(**prompt_inputs(), do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+            assert out.tolist() == expected.tolist(), name
+            assert any(p.depth < p.full_depth for p in rooms), name  # the call reached steps with less room
+            assert made and len(made) == len(set(made)), (name, made)  # one region of each kind it drafts with
+    finally:
+        hfs.enable(model, compile=False)
+        forget(model)
 
 
 def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monkeypatch):

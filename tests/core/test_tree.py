@@ -69,6 +69,21 @@ def test_chain_is_a_tree_with_one_branch():
     assert DraftTree.empty().size == 0
 
 
+def test_within_keeps_the_nodes_as_deep_as_a_room_in_their_order():
+    #        a(0) ─ b(1) ─ c(3)        depths 1, 2, 1, 3, 2
+    #        d(2) ─ e(4)
+    tree = DraftTree(torch.tensor([10, 11, 12, 13, 14]), torch.tensor([ROOT, 0, ROOT, 1, 2]), q=torch.eye(5))
+    two = tree.within(2)
+    assert (two.token_list(), two.parent_list()) == ([10, 11, 12, 14], [ROOT, 0, ROOT, 2])
+    assert two.parents.tolist() == [ROOT, 0, ROOT, 2] and two.q.tolist() == torch.eye(5)[[0, 1, 2, 4]].tolist()
+    one = tree.within(1)
+    assert (one.token_list(), one.parent_list()) == ([10, 12], [ROOT, ROOT])
+    assert tree.within(3) is tree and tree.within(9) is tree
+    assert tree.within(0).size == 0
+    chain = DraftTree.from_tokens([4, 5, 6])
+    assert chain.within(2).token_list() == [4, 5] and chain.within(2).is_chain()
+
+
 def test_visibility_is_prefix_root_and_ancestors():
     tree = DraftTree(torch.arange(9), torch.tensor(PARENTS))
     seen = visibility(tree, prefix_length=4)

@@ -241,7 +241,7 @@ class AssistantCandidateGenerator(TreeOrChainCandidateGenerator):
 
         return draft_chain(plan, self.ctx, sequence, logits, min(plan.depth, self.config.num_tokens), step)
 
-    def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+    def _tree(self, sequence: torch.LongTensor, nodes: int, plan: Plan) -> DraftTree:
         """One step's tree of at most ``nodes`` nodes: one assistant forward per depth over the nodes expanded there."""
         started = self._start(sequence)
         if started is None:
@@ -255,7 +255,7 @@ class AssistantCandidateGenerator(TreeOrChainCandidateGenerator):
                 hidden_of[node] = out[i]
             return logits  # [k, V]: the grower processes and normalises them per branch
 
-        tree = grow_tree(self.config.tree, logits, expand, nodes, max_depth,
+        tree = grow_tree(self.config.tree, logits, expand, nodes, plan.depth,
                          DraftGuide(self.ctx.logits_processor, sequence))  # the call's processors per node
         return DraftTree(tree.tokens.to(sequence.device), tree.parents.to(sequence.device), tree.q)
 

@@ -91,7 +91,8 @@ class DynamicRegion(nn.Module):
         def expand(frontier: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, level: int) -> torch.Tensor:
             return logits[level + 1].expand(frontier.shape[0], -1)  # [W, V]
 
-        return grow_dynamic_tensors(self.shape, logits[0], expand, self.nodes, self.levels)
+        # scalars[2]: the levels this step keeps (a call's last steps, with less room, keep fewer)
+        return grow_dynamic_tensors(self.shape, logits[0], expand, self.nodes, self.levels, keep_levels=scalars[2])
 
 
 def region(static: Any, key: tuple[Hashable, ...], make: Callable[[], nn.Module]) -> Callable | None:
@@ -115,10 +116,11 @@ def dynamic_region(static: Any, shape: DynamicTree, nodes: int, levels: int) -> 
 
 
 def _replay(static: Any, run: Callable, anchor: torch.Tensor, pending: torch.Tensor | None, first: int,
-            keep: int = 1) -> list:
-    """``run`` on the step after ``pending`` from ``first``; its first ``keep`` outputs, those that outlive the read
-    after it (the draft's tensors), copied: a replay's are overwritten by the next one."""
-    out = static.regions.replay(run, *static.inputs(anchor, pending, first))
+            keep: int = 1, more: tuple[int, ...] = ()) -> list:
+    """``run`` on the step after ``pending`` from ``first`` (``more``: scalars after the step's own); its first
+    ``keep`` outputs, those that outlive the read after it (the draft's tensors), copied: a replay's are overwritten
+    by the next one."""
+    out = static.regions.replay(run, *static.inputs(anchor, pending, first, *more))
     out = out if isinstance(out, tuple) else (out,)
     return [t.clone() if i < keep else t for i, t in enumerate(out)]
 
@@ -133,29 +135,33 @@ def window_logits(static: Any, anchor: torch.Tensor, pending: torch.Tensor | Non
 
 
 def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, anchor: torch.Tensor,
-                   pending: torch.Tensor | None, first: int, length: int, ask: bool = False) -> DraftTree:
-    """A chain of ``length`` tokens drafted by ``run`` (:func:`chain_region`); ``ask``: the cost rules replayed on
-    it (``chain_from_read``)."""
+                   pending: torch.Tensor | None, first: int, length: int, ask: bool = False,
+                   keep: int | None = None) -> DraftTree:
+    """A chain of ``length`` tokens drafted by ``run`` (:func:`chain_region`), its first ``keep`` (default all)
+    offered to the chain rule; ``ask``: the cost rules replayed on it (``chain_from_read``)."""
     start = time.perf_counter()
+    keep = length if keep is None else min(keep, length)
     chain, readout = _replay(static, run, anchor, pending, first)
-    tree = chain_from_read(plan, chain, *readout.tolist(), length, ask)  # the read
+    ids, probs = readout[:, :keep].tolist()  # the read
+    tree = chain_from_read(plan, chain[:keep], ids, probs, keep, ask)
     record_draft_step(net, time.perf_counter() - start)
     return tree
 
 
 def captured_paths(static: Any, run: Callable, net: nn.Module, paths: list[RankPath], anchor: torch.Tensor,
-                   pending: torch.Tensor | None, first: int) -> DraftTree:
-    """A static tree of the kept rank ``paths`` drafted by ``run`` (:func:`paths_region`)."""
+                   pending: torch.Tensor | None, first: int, depth: int | None = None) -> DraftTree:
+    """A static tree of the kept rank ``paths`` drafted by ``run`` (:func:`paths_region`), cut to ``depth`` (a
+    call's last steps: the paths of the others, drafted by their region, kept as deep as this step's room)."""
     start = time.perf_counter()
     tree = tree_from_paths(paths, *_replay(static, run, anchor, pending, first))  # the read
     record_draft_step(net, time.perf_counter() - start)
-    return tree
+    return tree if depth is None else tree.within(depth)
 
 
 def captured_dynamic(static: Any, run: Callable, net: nn.Module, anchor: torch.Tensor,
-                     pending: torch.Tensor | None, first: int) -> DraftTree:
-    """A dynamic tree drafted by ``run`` (:func:`dynamic_region`)."""
+                     pending: torch.Tensor | None, first: int, levels: int) -> DraftTree:
+    """A dynamic tree drafted by ``run`` (:func:`dynamic_region`), its nodes chosen among its first ``levels``."""
     start = time.perf_counter()
-    tree = tree_from_device(*_replay(static, run, anchor, pending, first, keep=2))  # the read
+    tree = tree_from_device(*_replay(static, run, anchor, pending, first, keep=2, more=(levels,)))  # the read
     record_draft_step(net, time.perf_counter() - start)
     return tree

@@ -260,11 +260,13 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
             return False, None
         return True, pending
 
-    def window_logits(self, sequence: torch.LongTensor, depth: int | None = None) -> torch.Tensor | None:
+    def window_logits(self, sequence: torch.LongTensor, depth: int | None = None,
+                      full: int | None = None) -> torch.Tensor | None:
         """One drafter forward after ``sequence`` `[1, L]`: the logits of positions ``L .. L + D - 1`` over the
         target's vocabulary, `[D, V]` (float32), ``D = depth`` (default: all ``B - 1``); ``None`` when the features
         are not in step. The target's lm_head over a position costs more than the drafter's layers over the whole
-        window, so only the positions a step can use go through it, in one call."""
+        window, so only the positions a step can use go through it, in one call. ``full``: on the fixed-shape step,
+        the depth of a step away from the call's end, whose region a last step runs (and keeps ``D`` rows of)."""
         length = sequence.shape[1]
         ok, pending = self._pending(sequence)  # [1, P, F]: positions n_ctx .. L - 2
         if not ok:
@@ -273,7 +275,8 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         device = sequence.device
         depth = self.drafted if depth is None else max(1, min(depth, self.drafted))
         if self.static is not None:  # the fixed-shape step (the host chooses this step's tokens)
-            logits = captured.window_logits(self.static, sequence[0, -1:], pending, self.n_ctx, depth)  # [D, V]
+            widest = depth if full is None else max(depth, min(full, self.drafted))
+            logits = captured.window_logits(self.static, sequence[0, -1:], pending, self.n_ctx, widest)[:depth]  # [D, V]
         else:
             mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
             window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
@@ -308,10 +311,10 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         # 49k-row lm_head is read from memory once per call, so row by row costs as many passes as rows)
         length = min(plan.depth, self.sizing.tokens, self.drafted)
         if self.static is not None:
-            tree = self._static_chain(sequence, plan, length)
+            tree = self._static_chain(sequence, plan, length, min(plan.full_depth, self.sizing.tokens, self.drafted))
             if tree is not None:
                 return tree
-        logits = self.window_logits(sequence, length)
+        logits = self.window_logits(sequence, length, min(plan.full_depth, self.sizing.tokens))
         if logits is None:
             return DraftTree.empty(sequence.device)
         depth = iter(range(1, length))
@@ -319,43 +322,46 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         return draft_chain(plan, self.ctx, sequence, logits[0], length, lambda token: logits[next(depth)],
                            on_device=True)
 
-    def _static_chain(self, sequence: torch.LongTensor, plan: Plan, length: int) -> DraftTree | None:
+    def _static_chain(self, sequence: torch.LongTensor, plan: Plan, length: int, full: int) -> DraftTree | None:
         """The chain in one captured region where its length is fixed, or under the cost rules on a device where a
         region's extra positions cost less than a read per token (its longest length, the rules replayed after the
-        read, as EAGLE's ``_static_chain``); ``None``: drafted from the window's logits on the host."""
+        read, as EAGLE's ``_static_chain``); ``None``: drafted from the window's logits on the host. The region is
+        sized by ``full`` (``length`` away from the call's end), the chain kept within ``length``."""
         chain = device_chain_length(plan, self.ctx, length)
         ask = chain is None and regions.replays_longest_chain(self.static.device)
         if ask:
             chain = plan.longest_chain(length)
-        run = captured.chain_region(self.static, chain) if chain else None
+        widest = (plan.longest_chain if ask else plan.fixed_chain)(full, full=True) if chain else 0
+        run = captured.chain_region(self.static, widest) if chain else None
         if run is None:
             return None
         return self._captured(sequence, lambda anchor, pending, first: captured.captured_chain(
-            self.static, run, self.net, plan, anchor, pending, first, chain, ask))
+            self.static, run, self.net, plan, anchor, pending, first, widest, ask, keep=chain))
 
-    def _static_tree(self, sequence: torch.LongTensor, nodes: int, depth: int) -> DraftTree | None:
-        """The tree in one captured region (``captured``); ``None`` where no region drafts it (past
-        ``MAX_REGIONS`` shapes, or no rank path within ``depth``)."""
+    def _static_tree(self, sequence: torch.LongTensor, nodes: int, depth: int, full: int) -> DraftTree | None:
+        """The tree in one captured region (``captured``) of the shape of a step away from the call's end (``full``
+        deep), kept ``depth`` deep; ``None`` where no region drafts it (past ``MAX_REGIONS`` shapes, or no rank path
+        within ``full``)."""
         shape = self.config.tree
         if isinstance(shape, StaticTree):
-            paths = kept_paths(shape.paths, depth)
+            paths = kept_paths(shape.paths, full)
             run = captured.paths_region(self.static, paths) if paths else None
             draft = (lambda anchor, pending, first: captured.captured_paths(
-                self.static, run, self.net, paths, anchor, pending, first))
+                self.static, run, self.net, paths, anchor, pending, first, depth if depth < full else None))
         else:
-            run = captured.dynamic_region(self.static, shape, nodes, device_tree_levels(shape, nodes, depth))
+            run = captured.dynamic_region(self.static, shape, nodes, device_tree_levels(shape, nodes, full))
             draft = (lambda anchor, pending, first: captured.captured_dynamic(
-                self.static, run, self.net, anchor, pending, first))
+                self.static, run, self.net, anchor, pending, first, device_tree_levels(shape, nodes, depth)))
         return None if run is None else self._captured(sequence, draft)
 
-    def _tree(self, sequence: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+    def _tree(self, sequence: torch.LongTensor, nodes: int, plan: Plan) -> DraftTree:
         """Each depth's guesses under every node of the level above (one forward for the whole tree)."""
-        depth = min(max_depth, self.drafted)
+        depth = min(plan.depth, self.drafted)
         if self.static is not None:
-            tree = self._static_tree(sequence, nodes, depth)
+            tree = self._static_tree(sequence, nodes, depth, min(plan.full_depth, self.drafted))
             if tree is not None:
                 return tree
-        logits = self.window_logits(sequence, depth)
+        logits = self.window_logits(sequence, depth, plan.full_depth)
         if logits is None:
             return DraftTree.empty(sequence.device)
         logits = logits.float()  # [D, V]

@@ -185,12 +185,12 @@ class StaticDFlash:
         self.regions = regions.Regions(mode, self.device, runs=step.regions)
         self._release = release
 
-    def inputs(self, anchor: torch.Tensor, pending: torch.Tensor | None, first: int) -> tuple:
+    def inputs(self, anchor: torch.Tensor, pending: torch.Tensor | None, first: int, *more: int) -> tuple:
         """A region's inputs for the step after the pending features ``pending`` `[1, P', F]` (or ``None``) from
         position ``first``: a backlog longer than ``P`` is fed first, but for its last ``P`` rows
         (:meth:`DFlashStep.feed`); ``anchor`` `[1]` the newest token. Returns ``(anchor [1], features [P, F],
-        scalars [2])``, each of the same strides at every step (a view of a `[1, L]` sequence's last column would
-        not be: a new graph)."""
+        scalars [2 + len(more)])`` (``first``, the real rows, then ``more``), each of the same strides at every step
+        (a view of a `[1, L]` sequence's last column would not be: a new graph)."""
         if pending is None:
             pending = self.step.keys.new_zeros(1, 0, self.step.net.fc.in_features)  # [1, 0, F]
         extra = pending.shape[1] - self.catch_width
@@ -202,7 +202,7 @@ class StaticDFlash:
             raise_full(self.step.capacity, first + self.catch_width + self.step.block)
         features = F.pad(pending[0], (0, 0, 0, self.catch_width - rows))  # [P, F]
         self.step.refresh()
-        return anchor, features, torch.tensor([first, rows], device=self.device)
+        return anchor, features, torch.tensor([first, rows, *more], device=self.device)
 
     def close(self) -> None:
         if self._release is not None:

@@ -266,7 +266,7 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         return draft_chain(plan, self.ctx, sequence, logits, plan.depth,
                            lambda token: self._forward([token], sequence.device))
 
-    def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+    def _tree(self, input_ids: torch.LongTensor, nodes: int, plan: Plan) -> DraftTree:
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         common = self._rollback(input_ids)
@@ -274,7 +274,7 @@ class DraftModelCandidateGenerator(TreeOrChainCandidateGenerator):
         self._synced = input_ids.shape[1]
         expand, crop = model_tree_expander(self.drafter, self.cache, self._to_target_vocab)
         try:
-            tree = grow_tree(self.config.tree, root, expand, nodes, max_depth,
+            tree = grow_tree(self.config.tree, root, expand, nodes, plan.depth,
                              DraftGuide(self.ctx.logits_processor, input_ids))  # the call's processors per node
         finally:
             crop()  # the cache keeps verified tokens only (self.fed, the sequence up to the root)

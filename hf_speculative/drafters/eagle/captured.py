@@ -81,8 +81,9 @@ class ChainRegion(nn.Module):
 class TreeRegion(nn.Module):
     """The catch-up and a dynamic tree of ``levels`` drafter forwards (``grow_dynamic_tensors``: ``shape``,
     ``nodes``).
-    ``forward(tokens [1, P], features [1, P, F], scalars [2] = (first, rows))`` returns the kept nodes' tokens,
-    parents and finiteness `[m]` each (``tree_from_device``)."""
+    ``forward(tokens [1, P], features [1, P, F], scalars [3] = (first, rows, keep))`` returns the kept nodes' tokens,
+    parents and finiteness `[m]` each (``tree_from_device``), chosen among the first ``keep`` levels (a call's last
+    steps keep fewer than the region grows)."""
 
     def __init__(self, step: nn.Module, shape: DynamicTree, nodes: int, levels: int, capacity: int):
         super().__init__()
@@ -93,7 +94,7 @@ class TreeRegion(nn.Module):
         first, rows = scalars[0], scalars[1]
         hidden, logits = _catch_up(self.step, self.columns, tokens, features, first, rows)
         expand = self._expander(first + rows, hidden)
-        return grow_dynamic_tensors(self.shape, logits, expand, self.nodes, self.levels)
+        return grow_dynamic_tensors(self.shape, logits, expand, self.nodes, self.levels, keep_levels=scalars[2])
 
     def _expander(self, n: torch.Tensor, root_hidden: torch.Tensor):
         """``expand(frontier [W], tokens [W], parents [W], level) -> [W, V]`` over the step's cache: level ``d``
@@ -127,22 +128,23 @@ class TreeRegion(nn.Module):
 
 def chain_region(static: Any, length: int) -> Callable | None:
     """The step's region drafting a chain of ``length`` tokens (``length >= 1``), made (and compiled where the
-    step is) on first use; ``None`` past ``core.regions.MAX_REGIONS`` shapes."""
+    step is) on first use; ``None`` past ``core.regions.MAX_REGIONS`` shapes. (A call's last steps, with less room,
+    keep the start of the chain of the others: ``captured_chain``'s ``keep``.)"""
     return static.regions.get(("chain", length), lambda: ChainRegion(static.step, length))
 
 
 def tree_region(static: Any, shape: DynamicTree, nodes: int, levels: int, capacity: int) -> Callable | None:
     """The step's region drafting a dynamic tree of ``nodes`` nodes (``nodes >= 1``) over ``levels`` drafter
-    forwards, at most ``capacity`` nodes drafted, as :func:`chain_region`. (Keyed by the levels, not a call's
-    ``max_depth``: its last steps shorten ``max_depth``, and a tree shallower than it is the same tree.)"""
+    forwards, at most ``capacity`` nodes drafted, as :func:`chain_region`. (Keyed by the levels of a step away from
+    the call's end: its last steps, with less room, choose their nodes among fewer levels of the same region.)"""
     return static.regions.get(("tree", shape.top_k, nodes, levels),
                               lambda: TreeRegion(static.step, shape, nodes, levels, capacity))
 
 
-def _inputs(static: Any, tokens: torch.Tensor, features: torch.Tensor, first: int):
+def _inputs(static: Any, tokens: torch.Tensor, features: torch.Tensor, first: int, *more: int):
     """The region's inputs for the verified pairs ``tokens`` `[P']`, ``features`` `[P', F]` from ``first``: a backlog
     longer than the region's ``P`` (the prompt's) is fed first, but for its last ``P`` pairs, at its own width,
-    eagerly (``StaticDrafting.catch_up``)."""
+    eagerly (``StaticDrafting.catch_up``). ``more``: scalars after ``(first, rows)``."""
     extra = tokens.shape[0] - static.catch_width
     if extra > 0:
         static.catch_up(tokens[:extra], features[:extra], first)
@@ -151,28 +153,33 @@ def _inputs(static: Any, tokens: torch.Tensor, features: torch.Tensor, first: in
     rows, pad = tokens.shape[0], static.catch_width - tokens.shape[0]
     tokens = torch.nn.functional.pad(tokens, (0, pad))[None]  # [1, P]
     features = torch.nn.functional.pad(features, (0, 0, 0, pad))[None]  # [1, P, F]
-    return (tokens, features, torch.tensor([first, rows], device=static.device)), first + rows
+    return (tokens, features, torch.tensor([first, rows, *more], device=static.device)), first + rows
 
 
 def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, tokens: torch.Tensor,
-                   features: torch.Tensor, first: int, length: int, ask: bool = False) -> DraftTree:
+                   features: torch.Tensor, first: int, length: int, ask: bool = False,
+                   keep: int | None = None) -> DraftTree:
     """A chain of ``length`` tokens drafted by ``run`` (:func:`chain_region`) after the catch-up on ``tokens``
-    `[P']`, ``features`` `[P', F]` from ``first``; ``ask``: the cost rules replayed on it (``chain_from_read``)."""
+    `[P']`, ``features`` `[P', F]` from ``first``, its first ``keep`` (default all) offered to the chain rule;
+    ``ask``: the cost rules replayed on it (``chain_from_read``)."""
     start = time.perf_counter()
+    keep = length if keep is None else min(keep, length)
     inputs, root = _inputs(static, tokens, features, first)
     chain, readout = static.regions.replay(run, *inputs)
     static.length = root + length - 1
-    tree = chain_from_read(plan, chain.clone(), *readout.tolist(), length, ask)  # the read (a replay's outputs: copied)
+    ids, probs = readout[:, :keep].tolist()  # the read (a replay's outputs: copied below)
+    tree = chain_from_read(plan, chain[:keep].clone(), ids, probs, keep, ask)
     record_draft_step(net, (time.perf_counter() - start) / length)
     return tree
 
 
 def captured_tree(static: Any, run: Callable, net: nn.Module, tokens: torch.Tensor, features: torch.Tensor,
-                  first: int, levels: int, width: int) -> DraftTree:
+                  first: int, levels: int, width: int, keep: int | None = None) -> DraftTree:
     """A dynamic tree drafted by ``run`` (:func:`tree_region`; ``levels`` forwards, ``width`` rows a level after the
-    first) after the catch-up, as :func:`captured_chain`."""
+    first) after the catch-up, its nodes chosen among the first ``keep`` levels (default all), as
+    :func:`captured_chain`."""
     start = time.perf_counter()
-    inputs, root = _inputs(static, tokens, features, first)
+    inputs, root = _inputs(static, tokens, features, first, levels if keep is None else keep)
     kept = [t.clone() for t in static.regions.replay(run, *inputs)]  # a replay's outputs: copied before the next
     static.length = root + (levels - 1) * width
     tree = tree_from_device(*kept)  # the read

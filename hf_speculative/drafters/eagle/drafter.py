@@ -295,16 +295,18 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         """The chain on the fixed-shape path: one captured region where its length is fixed (``captured``), or under
         the cost rules on a device where a region's extra forwards cost less than a read per token (its longest
         length, the rules replayed after the read); else ``graphs.chain_step`` per token, with logits over the
-        target's vocabulary."""
+        target's vocabulary. The region is as long as a step away from the call's end drafts (``plan.full_depth``),
+        so that the last steps, with less room, keep the start of its chain instead of compiling a shorter one."""
         length = device_chain_length(plan, self.ctx, plan.depth)
         ask = (length is None and not host_chooses(self.ctx)
                and regions.replays_longest_chain(self.graphs.device))  # the cost rules, replayed
         if ask:
             length = plan.longest_chain(plan.depth)
-        run = chain_region(self.graphs, length) if length else None
+        full = (plan.longest_chain if ask else plan.fixed_chain)(plan.full_depth, full=True) if length else 0
+        run = chain_region(self.graphs, full) if length else None
         if run is not None:
             return self._captured(input_ids, lambda tokens, features, first: captured_chain(
-                self.graphs, run, self.net, plan, tokens, features, first, length, ask))
+                self.graphs, run, self.net, plan, tokens, features, first, full, ask, keep=length))
         hidden, logits = self._catch_up(input_ids)  # [H], [V]
         position = input_ids.shape[1] - 1
 
@@ -323,17 +325,20 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
         nothing that reads the host's branches (the call's processors, a sampler)."""
         return self.graphs is None and isinstance(self.config.tree, DynamicTree) and not host_chooses(self.ctx)
 
-    def _tree(self, input_ids: torch.LongTensor, nodes: int, max_depth: int) -> DraftTree:
+    def _tree(self, input_ids: torch.LongTensor, nodes: int, plan: Plan) -> DraftTree:
         """One step's draft tree of at most ``nodes`` nodes (the ``tree=`` shape grown from the drafter's beliefs)."""
         start = time.perf_counter()
         shape = self.config.tree
+        max_depth = plan.depth
         if self.graphs is not None and isinstance(shape, DynamicTree) and not host_chooses(self.ctx) and nodes > 0:
-            levels = device_tree_levels(shape, nodes, max_depth)
-            run = tree_region(self.graphs, shape, nodes, levels, device_tree_capacity(shape, nodes, max_depth))
+            # the region of a step away from the call's end; a last step keeps its own levels of it
+            levels, keep = (device_tree_levels(shape, nodes, depth) for depth in (plan.full_depth, max_depth))
+            run = tree_region(self.graphs, shape, nodes, levels,
+                              device_tree_capacity(shape, nodes, plan.full_depth))
             if run is not None:
                 return self._captured(input_ids, lambda tokens, features, first: captured_tree(
                     self.graphs, run, self.net, tokens, features, first, levels,
-                    min(shape.top_k, self.ctx.vocab_size)))
+                    min(shape.top_k, self.ctx.vocab_size), keep=keep))
         hidden, logits = self._catch_up(input_ids)  # [H], [V]: what predicts the root's children
         if self._device_tree_ok():
             expand = device_tree_expander(

@@ -87,14 +87,15 @@ class HeadsRegions:
         device = next(heads.parameters()).device
         self.regions = Regions(mode if self._release is not None else None, device, runs)
 
-    def chain(self, last: torch.Tensor, plan: Any, length: int, ask: bool) -> DraftTree | None:
-        """A chain of ``length`` heads' guesses (``ask``: the cost rules replayed on it, ``chain_from_read``);
-        ``None`` past the regions' shapes (draft as before)."""
+    def chain(self, last: torch.Tensor, plan: Any, length: int, ask: bool, keep: int | None = None) -> DraftTree | None:
+        """A chain of ``length`` heads' guesses, its first ``keep`` (default all) offered to the chain rule (``ask``:
+        the cost rules replayed on it, ``chain_from_read``); ``None`` past the regions' shapes (draft as before)."""
         run = self.regions.get(("chain", length), lambda: ChainRegion(self.heads, self.head, self.vocab_size, length))
         if run is None:
             return None
+        keep = length if keep is None else min(keep, length)
         return self._timed(run, last, length, lambda chain, readout: chain_from_read(
-            plan, chain.clone(), *readout.tolist(), length, ask))  # the read
+            plan, chain[:keep].clone(), *readout[:, :keep].tolist(), keep, ask))  # the read
 
     def tree(self, last: torch.Tensor, paths: list[RankPath]) -> DraftTree | None:
         """The static tree of rank ``paths`` (non-empty, parents first), as :meth:`chain`."""

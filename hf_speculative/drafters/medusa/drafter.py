@@ -269,7 +269,9 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
             length, ask = plan.longest_chain(limit), True
         if not length:
             return None
-        return self.captured.chain(self.last, plan, length, ask)
+        # the region of a step away from the call's end (a last step, with less room, keeps the start of its chain)
+        widest = (plan.longest_chain if ask else plan.fixed_chain)(min(plan.full_depth, self.num_heads), full=True)
+        return self.captured.chain(self.last, plan, widest, ask, keep=length)
 
     def _tree(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:
         """One step's draft tree: the first ``nodes`` rank paths of the static tree (parents come first, so
@@ -282,9 +284,12 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         if not paths:
             return DraftTree.empty(input_ids.device)
         if self.captured is not None:
-            tree = self.captured.tree(self.last, paths)  # every head and guess in one region, one read
+            # every head and guess in one region, one read: the region of a step away from the call's end, whose
+            # paths a last step, with less room, keeps as deep as it can
+            full = kept_paths(self.config.tree.paths[:nodes], min(plan.full_depth, self.num_heads))
+            tree = self.captured.tree(self.last, full)
             if tree is not None:
-                return tree
+                return tree.within(depth)
         if not host_chooses(self.ctx):  # no processors: every node's guess at once on the device, one read
             logits = torch.stack([self._head_logits(d) for d in range(max(len(p) for p in paths))])  # [D, V]
             tree = grow_paths_on_device(paths, logits, depth)

@@ -151,16 +151,18 @@ class StaticMtp:
             self.fed[k] = self.length - 1 - k
 
     # -- a step's draft ------------------------------------------------------------------------------------------
-    def chain(self, plan: Any, inputs: tuple, length: int, ask: bool, timed: Any) -> DraftTree | None:
-        """A chain of ``length`` in one region (``None`` past ``MAX_REGIONS`` shapes); ``ask``: the cost rules
-        replayed on what it drafted."""
+    def chain(self, plan: Any, inputs: tuple, length: int, ask: bool, timed: Any,
+              keep: int | None = None) -> DraftTree | None:
+        """A chain of ``length`` in one region (``None`` past ``MAX_REGIONS`` shapes), its first ``keep`` (default
+        all) offered to the chain rule; ``ask``: the cost rules replayed on what it drafted."""
         run = self.regions.get(("chain", length), lambda: ChainRegion(self.step, length))
         if run is None:
             return None
+        keep = length if keep is None else min(keep, length)
         start = time.perf_counter()
         chain, readout = self.regions.replay(run, *inputs)
         self.drafted(length)
-        tree = chain_from_read(plan, chain.clone(), *readout.tolist(), length, ask)  # the read (outputs copied)
+        tree = chain_from_read(plan, chain[:keep].clone(), *readout[:, :keep].tolist(), keep, ask)  # the read
         record_draft_step(timed, (time.perf_counter() - start) / length)
         return tree
 
@@ -226,6 +228,8 @@ def static_draft(gen: Any, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
     as its eager ``draft``, the forwards on the fixed-shape step, in one region where the shape allows."""
     empty = DraftTree.empty(sequence.device)
     static, shape, depth = gen.static, gen.config.tree, min(plan.depth, gen._depth(sequence))
+    # a region is the shape of a step away from the call's end: a last step, with less room, keeps what fits of it
+    full = min(plan.full_depth, gen._depth(sequence))
     if shape is not None and not plan.chain_only:
         nodes = plan.tree_nodes()
         if nodes == 0:
@@ -235,8 +239,9 @@ def static_draft(gen: Any, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
             inputs = _inputs(gen, sequence) if paths else None
             if inputs is None:
                 return empty
-            tree = None if host_chooses(gen.ctx) else static.tree(paths, inputs, gen.modules)
-            return tree if tree is not None else _host_tree(gen, sequence, paths, inputs)
+            tree = None if host_chooses(gen.ctx) else static.tree(
+                [p for p in shape.paths[:nodes] if len(p) <= full], inputs, gen.modules)
+            return tree.within(depth) if tree is not None else _host_tree(gen, sequence, paths, inputs)
     if not plan.start_chain():
         return empty
     inputs = _inputs(gen, sequence)
@@ -246,7 +251,8 @@ def static_draft(gen: Any, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
     ask = length is None and not host_chooses(gen.ctx) and regions.replays_longest_chain(static.step.device)
     if ask:
         length = plan.longest_chain(depth)
-    tree = static.chain(plan, inputs, length, ask, gen.modules) if length else None
+    widest = (plan.longest_chain if ask else plan.fixed_chain)(full, full=True) if length else 0
+    tree = static.chain(plan, inputs, widest, ask, gen.modules, keep=length) if length else None
     if tree is not None:
         return tree
     logits, step = static.stepper(inputs, gen.modules)

@@ -50,8 +50,8 @@ class VocabOracle(DFlashCandidateGenerator):
     the draft vocabulary, placed at their target ids by the library's own mapping: what a drafter that always guesses
     right within its vocabulary drafts."""
 
-    def window_logits(self, sequence, depth=None):
-        logits = super().window_logits(sequence, depth)
+    def window_logits(self, sequence, depth=None, full=None):
+        logits = super().window_logits(sequence, depth, full)
         if logits is None:
             return None
         text, length, ids = self.config.text, sequence.shape[1], self.net.draft_vocab
@@ -76,8 +76,8 @@ def test_identical_to_greedy_and_only_vocabulary_ids_are_drafted(arch, tree, mon
     drafted = []
     original = DFlashCandidateGenerator.window_logits
 
-    def watched(self, sequence, depth=None):
-        logits = original(self, sequence, depth)
+    def watched(self, sequence, *args):
+        logits = original(self, sequence, *args)
         if logits is not None:
             drafted.append(torch.isfinite(logits).nonzero()[:, 1].unique())
         return logits

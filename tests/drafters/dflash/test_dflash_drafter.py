@@ -22,8 +22,8 @@ SHAPES = {"chain": None, "tree": TREE, "dynamic": hfs.DynamicTree(nodes=8, depth
 class OracleGenerator(DFlashCandidateGenerator):
     """The real drafter's forward (its cache kept in step), its logits replaced by the known greedy text's."""
 
-    def window_logits(self, sequence, depth=None):
-        logits = super().window_logits(sequence, depth)
+    def window_logits(self, sequence, depth=None, full=None):
+        logits = super().window_logits(sequence, depth, full)
         if logits is None:
             return None
         text, length = self.config.text, sequence.shape[1]
@@ -128,8 +128,8 @@ def test_lm_head_runs_over_the_positions_a_step_uses():
     rows = []
     original = DFlashCandidateGenerator.window_logits
 
-    def spy(self, sequence, depth=None):
-        out = original(self, sequence, depth)
+    def spy(self, sequence, depth=None, full=None):
+        out = original(self, sequence, depth, full)
         rows.append(None if out is None else out.shape[0])
         return out
 
@@ -153,8 +153,8 @@ def test_context_is_the_accepted_path_s_features():
     seen = []
     original = DFlashCandidateGenerator.window_logits
 
-    def spy(self, sequence, depth=None):
-        out = original(self, sequence, depth)
+    def spy(self, sequence, depth=None, full=None):
+        out = original(self, sequence, depth, full)
         seen.append((sequence.clone(), [layer.k[:, :, : layer.length].clone() for layer in self.cache.layers]))
         return out
 
