@@ -154,7 +154,8 @@ def chain_readout(chain: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 def chain_from_read(plan: Plan, chain: torch.Tensor, ids: list[float], probs: list[float], length: int,
                     ask: bool = False) -> DraftTree:
     """The chain ``chain`` `[k]` (on the device) as far as the chain rule keeps it, from the tokens ``ids`` and their
-    confidences ``probs`` read from it (:func:`chain_readout`): ``plan.took`` sees each confidence as
+    confidences ``probs`` read from it (:func:`chain_readout`; those of its first tokens only, when a call's last
+    step keeps fewer than its region drafted): ``plan.took`` sees each confidence as
     :func:`draft_chain` would have shown it; a token with no probability (NaN) ends the chain before it. ``ask``:
     under the cost rules, ``plan.wants`` is asked before each token too, as :func:`draft_chain` asks it (a greedy
     token's confidence is its distribution's peak), so the chain kept is the one the host would have drafted."""

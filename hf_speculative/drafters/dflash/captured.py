@@ -142,8 +142,8 @@ def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, anchor
     start = time.perf_counter()
     keep = length if keep is None else min(keep, length)
     chain, readout = _replay(static, run, anchor, pending, first)
-    ids, probs = readout[:, :keep].tolist()  # the read
-    tree = chain_from_read(plan, chain[:keep], ids, probs, keep, ask)
+    ids, probs = readout.tolist()  # the read; kept tokens cut on the host (a slice of the tensors is an op a step)
+    tree = chain_from_read(plan, chain, ids[:keep], probs[:keep], keep, ask)
     record_draft_step(net, time.perf_counter() - start)
     return tree
 

@@ -167,8 +167,8 @@ def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, tokens
     inputs, root = _inputs(static, tokens, features, first)
     chain, readout = static.regions.replay(run, *inputs)
     static.length = root + length - 1
-    ids, probs = readout[:, :keep].tolist()  # the read (a replay's outputs: copied below)
-    tree = chain_from_read(plan, chain[:keep].clone(), ids, probs, keep, ask)
+    ids, probs = readout.tolist()  # the read; kept tokens cut on the host (a slice of the tensors is an op a step)
+    tree = chain_from_read(plan, chain.clone(), ids[:keep], probs[:keep], keep, ask)  # a replay's outputs: copied
     record_draft_step(net, (time.perf_counter() - start) / length)
     return tree
 

@@ -95,7 +95,7 @@ class HeadsRegions:
             return None
         keep = length if keep is None else min(keep, length)
         return self._timed(run, last, length, lambda chain, readout: chain_from_read(
-            plan, chain[:keep].clone(), *readout[:, :keep].tolist(), keep, ask))  # the read
+            plan, chain.clone(), *(row[:keep] for row in readout.tolist()), keep, ask))  # the read
 
     def tree(self, last: torch.Tensor, paths: list[RankPath]) -> DraftTree | None:
         """The static tree of rank ``paths`` (non-empty, parents first), as :meth:`chain`."""

@@ -162,7 +162,8 @@ class StaticMtp:
         start = time.perf_counter()
         chain, readout = self.regions.replay(run, *inputs)
         self.drafted(length)
-        tree = chain_from_read(plan, chain[:keep].clone(), *readout[:, :keep].tolist(), keep, ask)  # the read
+        ids, probs = readout.tolist()  # the read; kept tokens cut on the host (a tensor slice is an op a step)
+        tree = chain_from_read(plan, chain.clone(), ids[:keep], probs[:keep], keep, ask)
         record_draft_step(timed, (time.perf_counter() - start) / length)
         return tree
 
