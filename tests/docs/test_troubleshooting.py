@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
@@ -192,10 +193,21 @@ def page_entries(page: Path = PAGE) -> list[Entry]:
     return [e for e in entries if e.headings]
 
 
-def _matches(quote: str, template: str) -> bool:
+@functools.lru_cache(maxsize=None)
+def _quote_pattern(quote: str) -> re.Pattern | None:
+    # compiled once per quote: every quote meets every message site (hundreds by hundreds), past re's own cache
     pieces = [_normalise(p) for p in quote.split("…") if p.strip()]
-    pattern = ".*?".join(re.escape(p) for p in pieces)
-    return bool(pieces) and re.search(pattern, _normalise(template), re.S) is not None
+    return re.compile(".*?".join(re.escape(p) for p in pieces), re.S) if pieces else None
+
+
+@functools.lru_cache(maxsize=None)
+def _normalised(template: str) -> str:
+    return _normalise(template)
+
+
+def _matches(quote: str, template: str) -> bool:
+    pattern = _quote_pattern(quote)
+    return pattern is not None and pattern.search(_normalised(template)) is not None
 
 
 def test_every_message_is_explained():
