@@ -9,11 +9,13 @@ EAGLE-3, DFlash and Medusa trained on them (``--feature-cache``), each within it
 Every step is a ``hf-speculative`` command in ``--processes`` one-thread processes (``torchrun``: on a small target
 two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output in
 ``WORK/logs/STEP.log``. The corpus step builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2% held
-out, 192 new tokens, in bfloat16) into ``--corpus`` when nothing is there, resumes one whose manifest says it is
-unfinished with the same command (one of other settings is refused by the build, which names them), and takes a
-finished one (or answers made elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast
-(``--mixed-precision``: this CPU's AVX-512 BF16 products run at twice fp32's rate, and a training step is mostly
-products), the weights, the losses and the features' pass in float32. The same command goes on after an interruption:
+out, 192 new tokens, in bfloat16 where the CPU multiplies it natively, else float32: ``native_bf16``) into
+``--corpus`` when nothing is there, resumes one whose manifest says it is unfinished with the same command (in its own
+dtype; one of other settings is refused by the build, which names them), and takes a finished one (or answers made
+elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast where the CPU has native bf16
+products (``--mixed-precision``: AVX-512 BF16 products ran at twice fp32's rate, and a training step is mostly
+products; on an AVX2 CPU bf16 is emulated, 5-7x slower, so there they run in float32), the weights, the losses and
+the features' pass in float32. The same command goes on after an interruption:
 the features' pass and each trainer resume from their files (a trainer's ``--max-minutes`` counts its time over
 resumes), and a finished step (recorded in ``WORK/agenda.json`` with its wall time) is skipped. The recipes are those
 of the GPU agenda (``tools/gpu/train_drafters.py``): EAGLE-3 with training-time test (``--unroll 7``), fused
@@ -41,10 +43,10 @@ from pathlib import Path
 from tools.gpu.train_drafters import DRAFTERS, HELD_OUT, MIX, NAME, SEED  # the GPU agenda's (stdlib imports only)
 
 STEPS = ("corpus", "features", *DRAFTERS, "export")
-# issue 72's corpus (tools/gpu/train_drafters.py's MIX, HELD_OUT and SEED); bfloat16 answers 1.4x faster on a CPU with
-# AVX-512 BF16 (the trainers' labels come from the float32 features' pass)
+# issue 72's corpus (tools/gpu/train_drafters.py's MIX, HELD_OUT and SEED), in --dtype corpus_dtype()'s
 CORPUS_RECIPE = ["--answers", "20000", "--mix", MIX, "--held-out", f"{HELD_OUT:g}", "--seed", str(SEED),
-                 "--max-new-tokens", "192", "--dtype", "bfloat16"]
+                 "--max-new-tokens", "192"]
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's flags of native bfloat16 products
 HELD_OUT_QUESTIONS, HELD_OUT_PER_CATEGORY = "held_out.jsonl", 10  # the drafters' held-out benchmark (issue 72)
 ROOT = Path(__file__).resolve().parents[1]  # the repository: tools.corpus runs from it
 VALIDATIONS = 8  # per training run, the last at its end
@@ -106,11 +108,36 @@ def corpus_state(corpus: Path) -> str:
     return "complete" if (corpus / "answers" / "train.jsonl").is_file() else "missing"
 
 
+def native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX: there bfloat16 answers came 1.4x faster
+    than float32 and a bf16-autocast training step about 2x); elsewhere (AVX2: an AMD EPYC here) PyTorch's bfloat16
+    products are emulated, 5-7x slower than float32's. ``cpuinfo``: ``/proc/cpuinfo``'s text (read when ``None``;
+    no file: ``False``)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()}
+    return any(flag in flags for flag in BF16_FLAGS)
+
+
+def corpus_dtype(corpus: Path) -> str:
+    """The answers' dtype: an unfinished corpus's own (its manifest's: a build refuses another, and one corpus has
+    one dtype), else ``bfloat16`` where the CPU multiplies it natively, ``float32`` elsewhere (:func:`native_bf16`)."""
+    manifest = corpus / "MANIFEST.json"
+    if manifest.is_file():
+        dtype = (json.loads(manifest.read_text()).get("settings") or {}).get("dtype")
+        if dtype:
+            return dtype
+    return "bfloat16" if native_bf16() else "float32"
+
+
 def corpus_command(corpus: Path, target: str, processes: int) -> list[str]:
     """The issue's corpus built into ``corpus``, or resumed there (a corpus of other settings is refused by the
-    build, naming them), in ``processes`` one-thread processes."""
+    build, naming them), in ``processes`` one-thread processes, in :func:`corpus_dtype`."""
     return [sys.executable, "-m", "tools.corpus", "build", "--target", target, "--out", str(corpus), *CORPUS_RECIPE,
-            "--processes", str(processes), "--threads", "1"]
+            "--dtype", corpus_dtype(corpus), "--processes", str(processes), "--threads", "1"]
 
 
 def corpus_folder(args: argparse.Namespace, agenda: Agenda) -> Path:
@@ -355,13 +382,16 @@ def main(argv: list[str] | None = None) -> int:
                         "prompt and its 192-token answer whole)")
     parser.add_argument("--target", default=NAME, help="the target (default %(default)s, whose shipped EAGLE drafter "
                         "the EAGLE run continues)")
-    parser.add_argument("--mixed-precision", choices=("bf16", "no"), default="bf16", help="the trainers' autocast "
-                        "(accelerate's ACCELERATE_MIXED_PRECISION; default %(default)s: bf16 products, float32 "
-                        "weights and losses), fixed at the first start")
+    parser.add_argument("--mixed-precision", choices=("bf16", "no"), help="the trainers' autocast (accelerate's "
+                        "ACCELERATE_MIXED_PRECISION; bf16: bf16 products, float32 weights and losses; default bf16 "
+                        "where the CPU multiplies bfloat16 natively, AVX-512 BF16 or AMX, else no), fixed at the "
+                        "first start")
     parser.add_argument("--tiny", action="store_true", help="the tests' recipes: small vocabularies and blocks")
     parser.add_argument("--status", action="store_true", help="print where the agenda stands and stop")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
+    if args.mixed_precision is None:
+        args.mixed_precision = "bf16" if native_bf16() else "no"
     work = args.work.expanduser().resolve()
     if args.status:
         print(status(work))

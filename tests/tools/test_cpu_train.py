@@ -16,7 +16,7 @@ from hf_speculative.drafters.checkpoints import check_manifest
 from hf_speculative.training.selfdistill import generate_responses
 from tests.training.conftest import assert_drafts_exactly, write_prompts
 from tests.training.test_dflash_training import deep_chat_checkpoint  # noqa: F401 (a fixture)
-from tools.cpu_train import main, planned_steps, status
+from tools.cpu_train import corpus_dtype, main, native_bf16, planned_steps, status
 
 
 @pytest.fixture
@@ -45,9 +45,11 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     features_minutes = agenda["steps"]["features"]["seconds"] / 60
     assert f"--max-minutes {60 * 4.0 - features_minutes / 3:.1f}" in agenda["steps"]["eagle"]["command"]
     assert "--max-examples 20" in agenda["steps"]["eagle"]["command"]
-    # the trainers under bf16 autocast, the features' pass in float32
-    assert agenda["settings"]["mixed_precision"] == "bf16"
-    assert agenda["steps"]["eagle"]["command"].startswith("ACCELERATE_MIXED_PRECISION=bf16 ")
+    # the trainers under bf16 autocast where the CPU multiplies bfloat16 natively (else float32), the features'
+    # pass in float32
+    precision = "bf16" if native_bf16() else "no"
+    assert agenda["settings"]["mixed_precision"] == precision
+    assert agenda["steps"]["eagle"]["command"].startswith("ACCELERATE_MIXED_PRECISION=bf16 ") == (precision == "bf16")
     assert "MIXED_PRECISION" not in agenda["steps"]["features"]["command"]
 
     assert main(args) == 0  # the same command, all steps: the done ones skipped, the settings kept
@@ -73,7 +75,7 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
         check_manifest(exported, full=True, required=True)
         meta = json.loads((exported / "training.json").read_text())
         assert meta["command"] == agenda["steps"][kind]["command"] and meta["stored_dtype"] == "float16"
-        assert json.loads((work / kind / "training.json").read_text())["mixed_precision"] == "bf16"
+        assert json.loads((work / kind / "training.json").read_text())["mixed_precision"] == precision
         assert meta["train_log"] and meta["device"]["device"] == "cpu"
         assert {tensor.dtype for tensor in load_file(exported / "model.safetensors").values()
                 if tensor.is_floating_point()} == {torch.float16}
@@ -106,6 +108,7 @@ def test_the_corpus_step_builds_or_resumes_the_issues_corpus_first(tmp_path, mon
 
     corpus, work = tmp_path / "corpus", tmp_path / "work"
     args = ["--work", str(work), "--corpus", str(corpus), "--processes", "2"]
+    monkeypatch.setattr(cpu_train, "native_bf16", lambda cpuinfo=None: True)  # as on an AVX-512 BF16 CPU
     assert main([*args, "--dry-run"]) == 0
     printed = capsys.readouterr().out
     shown = (f"corpus: {sys.executable} -m tools.corpus build --target smollm2-135m-instruct --out {corpus} "
@@ -216,3 +219,24 @@ def test_a_paused_step_counts_the_time_it_ran(monkeypatch):
     resumed = cpu_train.step_clock(271.0)  # the agenda's record of the runs before
     now[0] += 30.0
     assert resumed.tick() == 301.0
+
+
+def test_bfloat16_only_where_the_cpu_multiplies_it_and_a_corpus_keeps_its_own(tmp_path, monkeypatch):
+    """The corpus's dtype and the trainers' autocast follow the CPU's native bf16 products (AVX-512 BF16, AMX):
+    elsewhere bf16 is emulated, several times slower than float32; an unfinished corpus is resumed in its own."""
+    from tools import cpu_train
+
+    intel = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n"
+    amd = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma sha_ni\n"
+    assert native_bf16(intel) and native_bf16(intel.replace("avx512_bf16", "amx_bf16"))
+    assert not native_bf16(amd) and not native_bf16("") and not native_bf16(intel.replace("flags", "bugs"))
+    for native, dtype in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(cpu_train, "native_bf16", lambda cpuinfo=None, native=native: native)
+        assert corpus_dtype(tmp_path / "new") == dtype
+        assert f"--dtype {dtype} " in " ".join(cpu_train.corpus_command(tmp_path / "new", "m", 2))
+        assert main(["--work", str(tmp_path / f"w{native}"), "--corpus", str(tmp_path / "new"), "--dry-run"]) == 0
+        assert not (tmp_path / f"w{native}" / "agenda.json").exists()
+    started = tmp_path / "started"  # begun in bfloat16 on another CPU: resumed in bfloat16 here
+    started.mkdir()
+    (started / "MANIFEST.json").write_text(json.dumps({"settings": {"dtype": "bfloat16"}, "answers_asked": 4}))
+    assert corpus_dtype(started) == "bfloat16"
