@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -138,6 +139,12 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, n
 
 
 def imports(package: Path = PACKAGE) -> list[Import]:
+    return list(_imports(package))
+
+
+@functools.lru_cache(maxsize=4)
+def _imports(package: Path) -> tuple[Import, ...]:
+    # read once per session: walking every node of the package's source took about 10 s, and five tests ask
     names = module_names(package)
     found = []
     for module, path in names.items():
@@ -146,7 +153,7 @@ def imports(package: Path = PACKAGE) -> list[Import]:
             for target in _targets(node, module, path.name == "__init__.py", names):
                 if target != module:
                     found.append(Import(module, target, node.lineno, kind))
-    return found
+    return tuple(found)
 
 
 def unit(module: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from pathlib import Path
 
 import pytest
@@ -108,9 +109,15 @@ def _is_probe(call: ast.Call, in_drafter: bool, in_per_call: bool) -> bool:
     return _holds_a_drafter(call.args[0], in_drafter, in_per_call) or probed in DECLARED
 
 
+@functools.lru_cache(maxsize=4)
+def parsed(package: Path) -> dict[str, ast.Module]:
+    """Every module of ``package`` parsed, by its path inside it: once a session (both tests read the package's)."""
+    return {path.relative_to(package).as_posix(): ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for path in sorted(package.rglob("*.py"))}
+
+
 def probes(package: Path = PACKAGE) -> list[Probe]:
-    trees = {path.relative_to(package).as_posix(): ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-             for path in sorted(package.rglob("*.py"))}
+    trees = parsed(package)
     drafters, per_call = drafter_classes(trees)
     found: list[Probe] = []
 
@@ -137,8 +144,7 @@ def test_no_probe_on_a_strategy_or_a_drafter_but_the_listed_ones():
 
 
 def test_the_reader_sees_the_drafter_classes():
-    trees = {p.as_posix(): ast.parse(p.read_text(encoding="utf-8")) for p in PACKAGE.rglob("*.py")}
-    drafters, per_call = drafter_classes(trees)
+    drafters, per_call = drafter_classes(parsed(PACKAGE))
     assert {"PromptLookup", "Eagle", "Hybrid", "EarlyExit", "LayerSkip", "_SelfSpeculative"} <= drafters
     assert {"PromptLookupCandidateGenerator", "EagleCandidateGenerator", "ExternalCandidateGenerator"} <= per_call
     assert "PromptLookup" not in per_call
