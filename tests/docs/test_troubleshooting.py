@@ -193,14 +193,14 @@ def page_entries(page: Path = PAGE) -> list[Entry]:
     return [e for e in entries if e.headings]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _quote_pattern(quote: str) -> re.Pattern | None:
     # compiled once per quote: every quote meets every message site (hundreds by hundreds), past re's own cache
     pieces = [_normalise(p) for p in quote.split("…") if p.strip()]
     return re.compile(".*?".join(re.escape(p) for p in pieces), re.S) if pieces else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _normalised(template: str) -> str:
     return _normalise(template)
 
