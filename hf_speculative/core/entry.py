@@ -24,7 +24,6 @@ import warnings
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
 
 from .. import compat
 from . import kv_cache
@@ -32,6 +31,7 @@ from .batch_costs import batch_costs_for
 from .batch_verify import BatchVerifier, passed_prefix
 from .call import Call, TargetView
 from .loop import Row, finish, ladder
+from .processor_list import ProcessorList
 from .rows import BatchWidth, Outputs, RowSampler, SoloWidth, left_padding, row_view
 from .sampling import RejectionSampler
 from .static_cache import verifier_for
@@ -161,11 +161,11 @@ def _batch(model: torch.nn.Module, call: Call, input_ids: torch.LongTensor, atte
                       "passed cache only for the prompts' first tokens it holds. Pass no cache with a batch, or "
                       "generate one prompt at a time to have it filled.", UserWarning, stacklevel=2)
 
-    def row_processors(row: int, offset: int) -> LogitsProcessorList:
+    def row_processors(row: int, offset: int) -> ProcessorList:
         items = [row_view(p, row, batch) for p in processors]
         if isinstance(sampler, RejectionSampler):  # one generator: each row's draws its own, in turn
-            return LogitsProcessorList([*items, sampler])
-        return LogitsProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
+            return ProcessorList([*items, sampler])
+        return ProcessorList(items if sampler is None else [*items, RowSampler(sampler.seed, row, offset)])
 
     rows = []
     try:

@@ -35,6 +35,8 @@ from typing import NoReturn
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from .processor_list import ProcessorList, processor_list
+
 MAX_SEED = 2**64 - 1
 _MASK64 = 2**64 - 1
 
@@ -176,8 +178,8 @@ def split_sampler(processors) -> tuple[LogitsProcessorList, SeededSampler | Reje
     seeded rule) or a :class:`RejectionSampler` (the rejection rule)."""
     items = list(processors or [])
     if items and isinstance(items[-1], (SeededSampler, RejectionSampler)):
-        return LogitsProcessorList(items[:-1]), items[-1]
-    return LogitsProcessorList(items), None
+        return ProcessorList(items[:-1]), items[-1]
+    return ProcessorList(items), None
 
 
 def rejection_sampler(processors) -> RejectionSampler | None:
@@ -217,7 +219,7 @@ def seeded_processors(processors, generation_config, seed: int | None, mode: str
 
     Returns ``(processors, sampler)``: the call's sampling rule (the sampler ending the list; ``None``: greedy, or a
     loop of transformers' that draws by its own rule), which the caller keeps as the call's field."""
-    processors = processors if isinstance(processors, LogitsProcessorList) else LogitsProcessorList(processors or [])
+    processors = processor_list(processors)  # transformers' list, each processor's signature read once
     if not getattr(generation_config, "do_sample", False):
         return processors, (split_sampler(processors)[1] if processors else None)
     if (getattr(generation_config, "num_beams", None) or 1) > 1:

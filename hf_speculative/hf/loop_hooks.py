@@ -33,7 +33,6 @@ from types import MethodType
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
 
 from .. import compat
 from ..core.call import Call
@@ -41,6 +40,7 @@ from ..drafters.strategy import DraftStrategy
 from ..drafters.generator import ExternalStrategy
 from ..drafters.registry import name_of
 from .checks import drafts_trees
+from ..core.processor_list import ProcessorList
 from ..core.sampling import RejectionSampler, seeded_processors
 from ..core.state import state_of
 from ..core.stats import SpeculativeStats
@@ -66,7 +66,7 @@ def _get_candidate_generator(self: torch.nn.Module, *args: Any, **kwargs: Any):
     processors = call.logits_processor if call.logits_processor is not None else named.get("logits_processor")
     if call.sampling == "rejection" and getattr(named["generation_config"], "do_sample", False):
         # transformers samples by its rejection rule: the drafter draws from its q and hands q over as its logits
-        processors = LogitsProcessorList([*(processors or []), RejectionSampler()])
+        processors = ProcessorList([*(processors or []), RejectionSampler()])
     call.handed_over(named["generation_config"], processors, call.stopping_criteria, named.get("model_kwargs"))
     call.generator = call.strategy.open(call)
     return call.generator
