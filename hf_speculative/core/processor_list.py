@@ -42,9 +42,3 @@ class ProcessorList(LogitsProcessorList):
         for processor in self:
             scores = processor(input_ids, scores)
         return scores
-
-
-def processor_list(processors: Any) -> ProcessorList:
-    """``processors`` (a list, a ``LogitsProcessorList`` or ``None``) as a :class:`ProcessorList` of the same
-    processors in the same order."""
-    return processors if isinstance(processors, ProcessorList) else ProcessorList(processors or [])

@@ -35,7 +35,7 @@ from typing import NoReturn
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from .processor_list import ProcessorList, processor_list
+from .processor_list import ProcessorList
 
 MAX_SEED = 2**64 - 1
 _MASK64 = 2**64 - 1
@@ -219,7 +219,8 @@ def seeded_processors(processors, generation_config, seed: int | None, mode: str
 
     Returns ``(processors, sampler)``: the call's sampling rule (the sampler ending the list; ``None``: greedy, or a
     loop of transformers' that draws by its own rule), which the caller keeps as the call's field."""
-    processors = processor_list(processors)  # transformers' list, each processor's signature read once
+    # transformers' list, each processor's signature read once (not a helper's call: tests/hf/test_entry_shape.py)
+    processors = processors if isinstance(processors, ProcessorList) else ProcessorList(processors or [])
     if not getattr(generation_config, "do_sample", False):
         return processors, (split_sampler(processors)[1] if processors else None)
     if (getattr(generation_config, "num_beams", None) or 1) > 1:

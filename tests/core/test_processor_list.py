@@ -19,7 +19,7 @@ from transformers import (
 
 import hf_speculative as hfs
 from hf_speculative.core import processor_list as module
-from hf_speculative.core.processor_list import ProcessorList, processor_list
+from hf_speculative.core.processor_list import ProcessorList
 from hf_speculative.core.sampling import SeededSampler, seeded_processors, split_sampler
 from tests.conftest import build_model, prompt_inputs
 
@@ -84,7 +84,8 @@ def test_the_call_s_lists_are_processor_lists():
     assert isinstance(prepared, ProcessorList) and isinstance(sampler, SeededSampler) and prepared[-1] is sampler
     before, rule = split_sampler(prepared)
     assert isinstance(before, ProcessorList) and list(before) == list(prepared)[:-1] and rule is sampler
-    assert processor_list(prepared) is prepared and processor_list(None) == []
+    again, _ = seeded_processors(prepared, config, seed=3)
+    assert again is prepared and isinstance(seeded_processors(None, GenerationConfig(), seed=None)[0], ProcessorList)
 
 
 def test_a_sampled_tree_call_under_processors_keeps_its_text():
