@@ -88,7 +88,7 @@ demo: install-demo
 # The whole suite runs in groups, one pytest process each, so that the real models and apps a group holds are
 # freed before the next (one process over everything grew past 12 GB of this machine's 24); "+" joins paths.
 # Every group runs; the target fails if any did. PYTEST_ARGS given: one pytest with them, no groups. TEST_MARK
-# selects within every group (CI's 4.x run: TEST_MARK="not single_version").
+# selects within every group (CI's 4.x run: TEST_MARK="not single_version and not slow").
 TEST_GROUPS ?= tests/app tests/bench+tests/docs+tests/tools+tests/training tests/drafters tests/security \
 	tests/core tests/hf+tests/cpu+tests/registry+tests/tooling+tests/cli "tests/test_*.py"
 test: install

@@ -65,7 +65,8 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     assert sorted(call.split("TEST_GROUPS=")[1] for call in calls) == sorted(
         f'"{job.split(":", 1)[1]}"' for job in jobs)
     tf4 = [call for call in calls if "VENV=.venv-tf4" in call and "TEST_GROUPS" in call]
-    assert len(tf4) == 2 and all("TEST_MARK=not single_version and not timing" in call for call in tf4)
+    assert len(tf4) == 2 and all("TEST_MARK=not single_version and not slow and not timing" in call
+                                  for call in tf4)
     assert all("TEST_MARK=not timing" in call for call in calls if "VENV=.venv-tf4" not in call)
     queue = (logs / "queue.txt").read_text().splitlines()
     assert len(queue) == len(jobs) and sum(line.startswith("FAIL") for line in queue) == 1
