@@ -242,11 +242,13 @@ def _step_times(stats: Any) -> dict[str, float]:
 
 def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_tokens: int, new_tokens: int,
             acceptance: float, num_tokens: int, repeats: int, compile_mode: str, only: list[str] | None = None,
-            on_method: Callable[[dict[str, Any]], None] | None = None, layers: int | None = None) -> dict[str, Any]:
+            on_method: Callable[[dict[str, Any]], None] | None = None, layers: int | None = None,
+            tree_depth: int = 8) -> dict[str, Any]:
     """Every method of the table below timed in one run. ``only``: parts of method labels to keep (both
     transformers greedy rows always run: the reference and the compiled baseline); ``on_method`` gets the results
     so far after each method, so that a call cut off at a lent machine's limit keeps what it measured; ``layers``:
-    the config built with that many decoder layers (:func:`config_model`)."""
+    the config built with that many decoder layers (:func:`config_model`); ``tree_depth``: the levels of the
+    32-node trees (the CPU dry run's 4: an EAGLE tree region's compile grows with its levels, 96 s of its run at 8)."""
     import hf_speculative as hfs
 
     from .synthetic import SyntheticDrafter
@@ -263,7 +265,7 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
     reference = model.generate(**base)
     synthetic = SyntheticDrafter(reference[0], num_tokens=num_tokens, acceptance=acceptance, vocab_size=vocab)
     hfs.enable(model)
-    tree = hfs.DynamicTree(nodes=32, depth=8, top_k=4)
+    tree = hfs.DynamicTree(nodes=32, depth=tree_depth, top_k=4)
     drafter = _random_eagle(model)  # the machinery's cost: it drafts at random, the whole tree or chain every step
     eagle = hfs.Eagle(drafter, tree=tree, adaptive=False)
     eagle_chain = hfs.Eagle(drafter, num_tokens=num_tokens, adaptive=False, confidence_threshold=0.0)
@@ -291,6 +293,7 @@ def run_e2e(out: Path, device: str, dtype: torch.dtype, config: str, prompt_toke
     results: dict[str, Any] = {"config": config_label(config, layers), "dtype": str(dtype).replace("torch.", ""),
                                "prompt_tokens": prompt_tokens,
                                "new_tokens": new_tokens, "acceptance": acceptance, "num_tokens": num_tokens,
+                               "tree_depth": tree_depth,
                                "repeats": repeats, "compile": compile_mode, "methods": {}}
     for label, fn in methods.items():
         try:
@@ -625,8 +628,8 @@ def main(argv: list[str] | None = None) -> int:
         only = comma_list(args.e2e_methods) or None
         e2e_saved(run_e2e(args.out, args.device, dtype, args.e2e_config or configs[0],
                           prompt_tokens=64 if tiny else 512, new_tokens=12 if tiny else 128, acceptance=0.7,
-                          num_tokens=8, repeats=1 if tiny else 3, compile_mode=compile_mode, only=only,
-                          on_method=e2e_saved, layers=layers))
+                          num_tokens=4 if tiny else 8, repeats=1 if tiny else 3, compile_mode=compile_mode,
+                          only=only, on_method=e2e_saved, layers=layers, tree_depth=4 if tiny else 8))
     if "project" in steps and args.bench:
         report["drafting_measured"] = measured_drafting(report.get("e2e", {}))
         report["project"] = run_projections(args.out, args.bench, report["drafting_measured"])
