@@ -175,6 +175,13 @@ class Plan:
         policy = self._budget.policy
         return None if policy is None else max(min(limit, self.full_depth if full else self.depth, policy.max_draft), 0)
 
+    def region_chain(self, limit: int, ask: bool) -> int | None:
+        """The length of a chain drafted in one compiled region: a step away from the call's end's (within
+        :attr:`full_depth`, at most ``limit``), so that the last steps run the same region and keep :attr:`depth` of
+        it. ``ask``: the cost rules are replayed on the region's chain (:meth:`longest_chain`), else the budget is
+        fixed (:meth:`fixed_chain`)."""
+        return (self.longest_chain if ask else self.fixed_chain)(limit, full=True)
+
     def wants(self, peak: float) -> bool:
         """Whether to draft the next token, given the peak of the drafter's distribution there (before choosing)."""
         return self._budget.policy.wants(peak)

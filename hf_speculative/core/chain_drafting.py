@@ -151,14 +151,25 @@ def chain_readout(chain: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return torch.stack([chain.double(), confidences.double()])
 
 
+def kept_read(read: list[list[float]], length: int, keep: int | None) -> tuple[list[float], list[float], int]:
+    """``(ids, probs, length)`` of a region's chain as this step keeps it, from its read (:func:`chain_readout`'s
+    rows as lists): the first ``keep`` of its ``length`` tokens (``None``: all), for :func:`chain_from_read`. A
+    call's last steps, with less room, run the region of the others; their cut is made here, on the host (a slice
+    of the tensors would be an operation every step)."""
+    ids, probs = read
+    if keep is None or keep >= length:
+        return ids, probs, length
+    return ids[:keep], probs[:keep], keep
+
+
 def chain_from_read(plan: Plan, chain: torch.Tensor, ids: list[float], probs: list[float], length: int,
                     ask: bool = False) -> DraftTree:
     """The chain ``chain`` `[k]` (on the device) as far as the chain rule keeps it, from the tokens ``ids`` and their
-    confidences ``probs`` read from it (:func:`chain_readout`; those of its first tokens only, when a call's last
-    step keeps fewer than its region drafted): ``plan.took`` sees each confidence as
+    confidences ``probs`` read from it (:func:`chain_readout`): ``plan.took`` sees each confidence as
     :func:`draft_chain` would have shown it; a token with no probability (NaN) ends the chain before it. ``ask``:
     under the cost rules, ``plan.wants`` is asked before each token too, as :func:`draft_chain` asks it (a greedy
-    token's confidence is its distribution's peak), so the chain kept is the one the host would have drafted."""
+    token's confidence is its distribution's peak), so the chain kept is the one the host would have drafted.
+    ``ids`` and ``probs`` may be fewer than the chain's tokens (:func:`kept_read`)."""
     kept = 0
     for confidence in probs:
         if math.isnan(confidence) or (ask and not plan.wants(confidence)):

@@ -145,11 +145,11 @@ def draft_step(rows: list[Row], members: list[int], rooms: dict[int, int], width
     ``max_length``) and ``width``; rows that finished, or have no room, draft nothing. ``max_depth``: the depth
     away from the call's end (the plans' ``full_depth``, with ``width``; default: each row's room)."""
     plans, trees = [], []
+    # a solo row's width is its room (no width of the step's own, ``cap`` None); a batch's is the step's own
+    full = 0 if max_depth is None else max_depth if widths.cap is None else min(max_depth, width)
     for b in members:
         row = rows[b]
         room = min(rooms.get(b, 0), width)
-        # a solo row's width is its room (no width of the step's own, ``cap`` None); a batch's is the step's own
-        full = 0 if max_depth is None else max_depth if widths.cap is None else min(max_depth, width)
         plans.append(row.budget.plan(max(room, 1), full_depth=full))
         tree = row.drafter.draft(row.text, plans[-1]) if room > 0 else DraftTree.empty(row.ids.device)
         trees.append(tree if widths.cap is None else tree.first(widths.cap))  # a batch's width bounds nodes

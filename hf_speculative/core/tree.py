@@ -137,12 +137,16 @@ class DraftTree:
     def is_chain(self) -> bool:
         return self.parent_list() == list(range(-1, self.size - 1))
 
-    def depths(self) -> torch.Tensor:
-        """``[n]`` the depth of each node (0 for the root's children)."""
+    def depth_list(self) -> list[int]:
+        """The depth of each node (0 for the root's children), as python ints (parents come before children)."""
         depth = [0] * self.size
         for i, p in enumerate(self.parent_list()):
             depth[i] = 0 if p == ROOT else depth[p] + 1
-        return torch.tensor(depth, dtype=torch.long, device=self.tokens.device)
+        return depth
+
+    def depths(self) -> torch.Tensor:
+        """``[n]`` the depth of each node (0 for the root's children)."""
+        return torch.tensor(self.depth_list(), dtype=torch.long, device=self.tokens.device)
 
     def ancestors(self) -> torch.Tensor:
         """``[n, n]`` bool: ``[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors."""
@@ -184,14 +188,13 @@ class DraftTree:
         room cut to this step's (a node's ancestors are shallower than it)."""
         if depth <= 0:
             return DraftTree.empty(self.tokens.device)
-        depths = [0] * self.size
-        for i, p in enumerate(self.parent_list()):
-            depths[i] = 1 if p == ROOT else depths[p] + 1
-        if max(depths, default=0) <= depth:
+        depths = self.depth_list()  # 0: the root's children, so a node is kept below ``depth``
+        if max(depths, default=0) < depth:
             return self
-        keep = [i for i, d in enumerate(depths) if d <= depth]
+        keep = [i for i, d in enumerate(depths) if d < depth]
         index = {old: new for new, old in enumerate(keep)}
-        parents = [ROOT if p == ROOT else index[p] for p in (self.parent_list()[i] for i in keep)]
+        parent_list = self.parent_list()
+        parents = [ROOT if parent_list[i] == ROOT else index[parent_list[i]] for i in keep]
         rows = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
         known = self.__dict__.get("_tokens")
         tree = DraftTree._built(self.tokens[rows], torch.tensor(parents, dtype=torch.long, device=self.tokens.device),

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.chain_drafting import chain_from_read, chain_readout
+from ...core.chain_drafting import chain_from_read, chain_readout, kept_read
 from ...core.costs import record_draft_step
 from ...core.tree import DraftTree
 from ...core.tree_shapes import (
@@ -140,10 +140,8 @@ def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, anchor
     """A chain of ``length`` tokens drafted by ``run`` (:func:`chain_region`), its first ``keep`` (default all)
     offered to the chain rule; ``ask``: the cost rules replayed on it (``chain_from_read``)."""
     start = time.perf_counter()
-    keep = length if keep is None else min(keep, length)
     chain, readout = _replay(static, run, anchor, pending, first)
-    ids, probs = readout.tolist()  # the read; kept tokens cut on the host (a slice of the tensors is an op a step)
-    tree = chain_from_read(plan, chain, ids[:keep], probs[:keep], keep, ask)
+    tree = chain_from_read(plan, chain, *kept_read(readout.tolist(), length, keep), ask)  # the read
     record_draft_step(net, time.perf_counter() - start)
     return tree
 

@@ -276,7 +276,8 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         depth = self.drafted if depth is None else max(1, min(depth, self.drafted))
         if self.static is not None:  # the fixed-shape step (the host chooses this step's tokens)
             widest = depth if full is None else max(depth, min(full, self.drafted))
-            logits = captured.window_logits(self.static, sequence[0, -1:], pending, self.n_ctx, widest)[:depth]  # [D, V]
+            logits = captured.window_logits(self.static, sequence[0, -1:], pending, self.n_ctx, widest)  # [D', V]
+            logits = logits if widest == depth else logits[:depth]  # a last step's rows (no op a step otherwise)
         else:
             mask = torch.full((1, self.drafted), self.net.config.mask_token_id, dtype=torch.long, device=device)
             window = self._embed(torch.cat([sequence[:, -1:], mask], dim=1))  # [1, B, H]
@@ -331,7 +332,7 @@ class DFlashCandidateGenerator(TreeOrChainCandidateGenerator):
         ask = chain is None and regions.replays_longest_chain(self.static.device)
         if ask:
             chain = plan.longest_chain(length)
-        widest = (plan.longest_chain if ask else plan.fixed_chain)(full, full=True) if chain else 0
+        widest = plan.region_chain(full, ask) if chain else 0
         run = captured.chain_region(self.static, widest) if chain else None
         if run is None:
             return None

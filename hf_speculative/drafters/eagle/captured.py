@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.chain_drafting import chain_from_read, chain_readout
+from ...core.chain_drafting import chain_from_read, chain_readout, kept_read
 from ...core.costs import record_draft_step
 from ...core.tree import DraftTree
 from ...core.tree_shapes import DynamicTree, grow_dynamic_tensors, tree_from_device
@@ -163,12 +163,11 @@ def captured_chain(static: Any, run: Callable, net: nn.Module, plan: Any, tokens
     `[P']`, ``features`` `[P', F]` from ``first``, its first ``keep`` (default all) offered to the chain rule;
     ``ask``: the cost rules replayed on it (``chain_from_read``)."""
     start = time.perf_counter()
-    keep = length if keep is None else min(keep, length)
     inputs, root = _inputs(static, tokens, features, first)
     chain, readout = static.regions.replay(run, *inputs)
     static.length = root + length - 1
-    ids, probs = readout.tolist()  # the read; kept tokens cut on the host (a slice of the tensors is an op a step)
-    tree = chain_from_read(plan, chain.clone(), ids[:keep], probs[:keep], keep, ask)  # a replay's outputs: copied
+    # the read; a replay's outputs copied (the next replay overwrites them)
+    tree = chain_from_read(plan, chain.clone(), *kept_read(readout.tolist(), length, keep), ask)
     record_draft_step(net, (time.perf_counter() - start) / length)
     return tree
 

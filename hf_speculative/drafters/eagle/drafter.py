@@ -302,7 +302,7 @@ class EagleCandidateGenerator(TreeOrChainCandidateGenerator):
                and regions.replays_longest_chain(self.graphs.device))  # the cost rules, replayed
         if ask:
             length = plan.longest_chain(plan.depth)
-        full = (plan.longest_chain if ask else plan.fixed_chain)(plan.full_depth, full=True) if length else 0
+        full = plan.region_chain(plan.full_depth, ask) if length else 0
         run = chain_region(self.graphs, full) if length else None
         if run is not None:
             return self._captured(input_ids, lambda tokens, features, first: captured_chain(

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.chain_drafting import chain_from_read, chain_readout
+from ...core.chain_drafting import chain_from_read, chain_readout, kept_read
 from ...core.costs import record_draft_step
 from ...core.regions import Regions
 from ...core.state import borrow
@@ -93,9 +93,8 @@ class HeadsRegions:
         run = self.regions.get(("chain", length), lambda: ChainRegion(self.heads, self.head, self.vocab_size, length))
         if run is None:
             return None
-        keep = length if keep is None else min(keep, length)
         return self._timed(run, last, length, lambda chain, readout: chain_from_read(
-            plan, chain.clone(), *(row[:keep] for row in readout.tolist()), keep, ask))  # the read
+            plan, chain.clone(), *kept_read(readout.tolist(), length, keep), ask))  # the read
 
     def tree(self, last: torch.Tensor, paths: list[RankPath]) -> DraftTree | None:
         """The static tree of rank ``paths`` (non-empty, parents first), as :meth:`chain`."""

@@ -270,7 +270,7 @@ class MedusaCandidateGenerator(SpeculativeCandidateGenerator):
         if not length:
             return None
         # the region of a step away from the call's end (a last step, with less room, keeps the start of its chain)
-        widest = (plan.longest_chain if ask else plan.fixed_chain)(min(plan.full_depth, self.num_heads), full=True)
+        widest = plan.region_chain(min(plan.full_depth, self.num_heads), ask)
         return self.captured.chain(self.last, plan, widest, ask, keep=length)
 
     def _tree(self, input_ids: torch.LongTensor, plan: Plan) -> DraftTree:

@@ -32,7 +32,14 @@ from torch import nn
 
 from ...core import regions
 from ...core.budget import CHAIN, Plan
-from ...core.chain_drafting import chain_from_read, chain_readout, device_chain_length, draft_chain, host_chooses
+from ...core.chain_drafting import (
+    chain_from_read,
+    chain_readout,
+    device_chain_length,
+    draft_chain,
+    host_chooses,
+    kept_read,
+)
 from ...core.costs import record_draft_step
 from ...core.draft_guide import DraftGuide, first_guess
 from ...core.state import borrow
@@ -158,12 +165,10 @@ class StaticMtp:
         run = self.regions.get(("chain", length), lambda: ChainRegion(self.step, length))
         if run is None:
             return None
-        keep = length if keep is None else min(keep, length)
         start = time.perf_counter()
         chain, readout = self.regions.replay(run, *inputs)
         self.drafted(length)
-        ids, probs = readout.tolist()  # the read; kept tokens cut on the host (a tensor slice is an op a step)
-        tree = chain_from_read(plan, chain.clone(), ids[:keep], probs[:keep], keep, ask)
+        tree = chain_from_read(plan, chain.clone(), *kept_read(readout.tolist(), length, keep), ask)  # the read
         record_draft_step(timed, (time.perf_counter() - start) / length)
         return tree
 
@@ -252,7 +257,7 @@ def static_draft(gen: Any, sequence: torch.LongTensor, plan: Plan) -> DraftTree:
     ask = length is None and not host_chooses(gen.ctx) and regions.replays_longest_chain(static.step.device)
     if ask:
         length = plan.longest_chain(depth)
-    widest = (plan.longest_chain if ask else plan.fixed_chain)(full, full=True) if length else 0
+    widest = plan.region_chain(full, ask) if length else 0
     tree = static.chain(plan, inputs, widest, ask, gen.modules, keep=length) if length else None
     if tree is not None:
         return tree
