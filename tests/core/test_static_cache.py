@@ -290,13 +290,18 @@ def test_compiled_targets_refuse_drafters_of_the_last_layer_before_its_norm(monk
 def test_compiled_verification_equals_greedy(arch, monkeypatch):
     """torch.compile on the CPU (inductor): one graph for the padded step, reused by the next call; EAGLE drafts
     with its fixed-shape step compiled (tests/drafters/eagle/test_static_drafting.py), and every feature drafter's
-    whole steps are compiled regions (the drafters' test_*_captured.py run them uncompiled against eager drafting)."""
+    whole steps are compiled regions (the drafters' test_*_captured.py run them uncompiled against eager drafting).
+    Every call pads its steps to one ``static_budget`` (a server's one graph for all its drafters), so that the target
+    compiles a step graph once, and once more with its hidden states for the feature drafters, rather than once per
+    strategy (each strategy's own width is the uncompiled static-cache tests' and test_device.py's); plain greedy runs
+    eagerly, the reference the compiled calls are held to."""
     compiled_kinds, compile_step = [], regions.compile_region
     monkeypatch.setattr(regions, "compile_region", lambda module, mode: compiled_kinds.append(
         f"{type(module).__module__.split('.')[-2]}.{type(module).__name__}") or compile_step(module, mode))
-    model = hfs.enable(build_model(arch, layers=4), compile=True)
+    model = hfs.enable(build_model(arch, layers=4))
     try:
         expected = stock_generate(model, **prompt_inputs(), do_sample=False, max_new_tokens=30)
+        hfs.enable(model, compile=True, static_budget=16)
         strategies = [hfs.PromptLookup(tree=TREE, adaptive=False), hfs.PromptLookup(tree=TREE, adaptive=False),
                       hfs.Hybrid(hfs.PromptLookup(num_tokens=8, adaptive=False),
                                  make_drafter("draft-model", model, expected)),

@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def makefile_groups() -> list[str]:
+def makefile_groups(name: str = "TEST_GROUPS") -> list[str]:
     text = (ROOT / "Makefile").read_text(encoding="utf-8")
-    match = re.search(r"^TEST_GROUPS \?= (.*?)\n(?=\S)", text, re.S | re.M)
+    match = re.search(rf"^{name} \?= (.*?)\n(?=\S)", text, re.S | re.M)
     return shlex.split(match.group(1).replace("\\\n", " "))
 
 
@@ -35,12 +35,29 @@ def test_every_test_folder_is_in_a_makefile_group():
     assert folders | {"tests/test_*.py"} == set(paths(makefile_groups()))
 
 
-def test_ci_runs_every_makefile_group_once_on_each_version():
+def test_ci_runs_every_makefile_group_once_on_5x_and_the_version_groups_on_4x():
+    """5.x runs every group of the Makefile once; 4.x runs ``make test-4x``'s VERSION_GROUPS once, which hold the
+    folders that drive the library through transformers (its models, caches, generate and training)."""
     jobs = ci_jobs()
-    for version in ("4", "5"):
-        groups = [job.split(":", 1)[1] for job in jobs if job.split(":", 1)[0] == version]
-        assert paths(groups) == paths(makefile_groups()), version
+    on = {version: [job.split(":", 1)[1] for job in jobs if job.split(":", 1)[0] == version] for version in "45"}
+    assert paths(on["5"]) == paths(makefile_groups())
+    assert paths(on["4"]) == paths(makefile_groups("VERSION_GROUPS"))
+    assert {"tests/hf", "tests/core", "tests/drafters", "tests/training", "tests/cpu"} <= set(paths(on["4"]))
+    assert set(paths(on["4"])) < set(paths(on["5"]))
     assert {job.split(":", 1)[0] for job in jobs} == {"4", "5"}
+
+
+def test_make_test_4x_is_cis_4x_run():
+    """``make test-4x`` (the README's 4.x command) runs VERSION_GROUPS in .venv-tf4 with the queue's 4.x marks."""
+    done = subprocess.run(["make", "-n", "test-4x"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    queue = (ROOT / "tools" / "ci" / "test_queue.sh").read_text(encoding="utf-8")
+    mark = re.search(r'TF4=\(VENV=\.venv-tf4 TRANSFORMERS_SPEC="(\S+)" TEST_MARK="([^"]+)"\)', queue)
+    assert mark, "tools/ci/test_queue.sh's TF4 line"
+    line = done.stdout.replace("\\\n", " ").splitlines()[0]  # the recipe's first command, its lines joined
+    assert "VENV=.venv-tf4" in line and f'TRANSFORMERS_SPEC="{mark.group(1)}"' in line
+    assert f'TEST_MARK="{mark.group(2)}"' in line
+    assert shlex.split(line.split("TEST_GROUPS=", 1)[1]) == [" ".join(makefile_groups("VERSION_GROUPS"))]
 
 
 def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
