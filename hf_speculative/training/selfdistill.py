@@ -2,9 +2,10 @@
 
 An EAGLE drafter predicts the target's next features and tokens, so the best training text is what
 the target itself writes. Answers are generated in batches (left padding, prompts sorted by length
-so that batches pad little) and appended to a JSONL file as they finish, so an interrupted run
-resumes where it stopped. Prompts are sorted within windows of the list, not across all of it, so
-that a run stopped early holds a fair sample of the list instead of its shortest prompts only.
+so that batches pad little, each row run only until it ends: :mod:`~hf_speculative.training.batch_greedy`) and
+appended to a JSONL file as they finish, so an interrupted run resumes where it stopped. Prompts are sorted
+within windows of the list, not across all of it, so that a run stopped early holds a fair sample of the list
+instead of its shortest prompts only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from .. import compat
+from .batch_greedy import greedy_rows, plain_greedy
 from .data import numbered_rows
 
 
@@ -93,6 +95,7 @@ def generate_responses(
         done, out_path = done | mine, target
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = set(compat.eos_token_ids(model.generation_config))
+    scored = plain_greedy(model.generation_config)
     device = next(model.parameters()).device
     start, written = time.perf_counter(), 0
     if count > 1:
@@ -106,12 +109,17 @@ def generate_responses(
             for i, (_, ids) in enumerate(batch):
                 input_ids[i, width - len(ids) :] = torch.tensor(ids)
                 mask[i, width - len(ids) :] = 1
-            out = model.generate(
-                input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-            )
+            if scored:  # the generation config changes greedy's scores: transformers' own loop applies it
+                out = model.generate(
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                    max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                )
+                answers = out[:, width:].tolist()
+            else:  # the same tokens, each row run only until it ends
+                answers = greedy_rows(model, input_ids.to(device), mask.to(device), max_new_tokens=max_new_tokens,
+                                      eos_ids=eos_ids)
             lines = []
-            for (row, ids), seq in zip(batch, out[:, width:].tolist()):
+            for (row, ids), seq in zip(batch, answers):
                 response = []
                 for token in seq:
                     response.append(token)
