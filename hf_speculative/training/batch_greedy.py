@@ -5,7 +5,8 @@ costing its arithmetic, fed padding, for the rest of the batch. On a CPU a decod
 few rows (SmolLM2-135M, one thread, AVX2, float32, context 200: 25 ms a step plus 6.1 ms a row), and answers of up
 to 192 tokens averaging 139 leave about a quarter of a 16-row batch's row-steps to rows that had ended.
 :func:`greedy_rows` drops a row from the batch (its cache rows with ``DynamicCache.batch_select_indices``, its mask
-and position) at the step it ends, so each step runs only the rows still writing.
+and position) at the step it ends (a large batch, once a 16th of its rows have), so each step runs only the rows
+still writing.
 
 Each row's tokens are ``generate(do_sample=False)``'s: the prefill and every step are the forwards transformers'
 batched greedy runs (left padding, positions counted from the mask, the last position's logits, their argmax),
@@ -22,6 +23,10 @@ from typing import Any
 import torch
 
 from .. import compat
+
+# rows are dropped once a 16th of the batch has ended (at once below 32 rows): each drop copies the cache, which
+# transformers' DynamicCache copies every step anyway (torch.cat), so a large batch on a GPU drops them in groups
+DROP_EVERY = 16
 
 # generation-config fields under which transformers' greedy generate() changes the scores before its argmax
 # (GenerationMixin._get_logits_processor), each with the test of a value that does
@@ -76,23 +81,24 @@ def greedy_rows(model: Any, input_ids: torch.LongTensor, attention_mask: torch.L
     cache = DynamicCache()
     forward = {compat.cache_kwarg(): cache, "use_cache": True, **compat.logits_to_keep_kwargs(model, 1)}
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, **forward).logits[:, -1]
-    rows = list(range(input_ids.shape[0]))  # the batch rows still writing, in the order the cache holds them
+    rows = list(range(input_ids.shape[0]))  # the batch rows in the cache, in its order
+    ended = [False] * len(rows)  # rows that ended but are still in the cache (fed, their logits unread)
     written: list[list[int]] = [[] for _ in rows]
     step_positions = positions[:, -1:] + 1  # [b, 1]
     while True:
         tokens = logits.float().argmax(-1)  # [b]
-        live = []
         for i, (row, token) in enumerate(zip(rows, tokens.tolist())):
-            written[row].append(token)
-            if token not in eos_ids and len(written[row]) < max_new_tokens:
-                live.append(i)
-        if not live:
+            if not ended[i]:
+                written[row].append(token)
+                ended[i] = token in eos_ids or len(written[row]) == max_new_tokens
+        if all(ended):
             return written
-        if len(live) < len(rows):  # drop the rows that ended: their cache rows, mask and positions
+        if sum(ended) >= max(1, len(rows) // DROP_EVERY):  # drop the rows that ended: cache rows, mask, positions
+            live = [i for i, done in enumerate(ended) if not done]
             keep = torch.tensor(live, device=tokens.device)
             cache.batch_select_indices(keep)
             mask, step_positions, tokens = mask[keep], step_positions[keep], tokens[keep]
-            rows = [rows[i] for i in live]
+            rows, ended = [rows[i] for i in live], [False] * len(live)
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=-1)  # [b, W + t]
         logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=step_positions,
                        **forward).logits[:, -1]

@@ -114,3 +114,33 @@ def test_self_distill_leaves_a_scored_config_to_generate(tmp_path, chat_model, c
     finally:
         chat_model.generation_config.repetition_penalty = before
     assert plain.read_text() != scored.read_text()  # the penalty matters here: a plain argmax would have missed it
+
+
+def test_a_large_batch_drops_its_ended_rows_in_groups():
+    """40 rows: rows are dropped once a 16th of those in the batch have ended (2 of 32 to 47 rows; below 32, each at
+    once); a single ended row of a large batch keeps being fed, its logits unread. Every row's tokens are still
+    generate()'s."""
+    model = build_model("llama", eos=None)
+    width = 12
+    ids = torch.full((40, width), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row in range(40):
+        n = 2 + row % 11
+        ids[row, width - n:] = torch.tensor([3 + (row * 11 + j * 3) % (VOCAB - 3) for j in range(n)])
+        mask[row, width - n:] = 1
+    new = 10
+    free = generated(model, ids, mask, new, set())
+    eos = {free[0][1], free[7][4]}
+    expected = generated(model, ids, mask, new, eos)
+    lengths = [len(row) for row in expected]
+    assert len(set(lengths)) >= 3, lengths
+    sizes, handle = rows_per_forward(model)
+    try:
+        assert greedy_rows(model, ids, mask, max_new_tokens=new, eos_ids=eos) == expected
+    finally:
+        handle.remove()
+    steps = sizes[1:]
+    assert steps[-1] < 40 and steps == sorted(steps, reverse=True)
+    drops = [(before, before - after) for before, after in zip([40, *steps], steps) if before != after]
+    assert all(dropped >= max(1, before // 16) for before, dropped in drops), steps
+    assert any(before >= 32 for before, _ in drops)  # a group drop happened (2 rows at least)
