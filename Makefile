@@ -92,11 +92,12 @@ demo: install-demo
 TEST_GROUPS ?= tests/app tests/bench+tests/docs+tests/tools+tests/training tests/drafters tests/security \
 	tests/core tests/hf+tests/cpu+tests/registry+tests/tooling+tests/cli "tests/test_*.py"
 # What the second transformers version runs (CI's 4.x run): the folders whose tests drive the library through
-# transformers (its models, caches, generate(), the assisted loop, training on its hidden states), less the tests
-# marked single_version and slow. The docs' examples, the app, the team's tools and the top-level tests run on
-# 5.x only: they reach the library through the entry points these folders check on both versions.
+# transformers (its models, caches, generate(), the assisted loop, training on its hidden states) and the docs
+# (there the README's and getting started's examples: the other pages are single_version), less the tests marked
+# single_version and slow. The app, the team's tools and the top-level tests run on 5.x only: they reach the library
+# through the entry points these folders check on both versions.
 VERSION_GROUPS ?= tests/hf+tests/cpu+tests/registry+tests/tooling+tests/cli tests/core tests/drafters tests/training \
-	tests/bench tests/security
+	tests/bench+tests/docs tests/security
 TF4_SPEC ?= transformers==4.57.6
 test: install
 	$(PY) -m hf_speculative models fetch $(MODEL)
