@@ -110,12 +110,12 @@ else
 	$(PY) -m pytest $(PYTEST_ARGS)
 endif
 
-# The smoke suite: every registered method, the app and the command line once each (tests/test_smoke.py).
 # CI's run on the newest transformers 4.x, in its own venv (.ci/run queues the same groups and marks)
 test-4x:
 	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS_SPEC="$(TF4_SPEC)" TEST_MARK="not single_version and not slow and not timing" \
 		TEST_GROUPS='$(VERSION_GROUPS)'
 
+# The smoke suite: every registered method, the app and the command line once each (tests/test_smoke.py).
 test-fast: install
 	$(PY) -m hf_speculative models fetch $(MODEL)
 	$(PY) -m pytest -m smoke $(PYTEST_ARGS)

@@ -1,46 +1,92 @@
-"""A/B: transformers' batched greedy generate() against training/batch_greedy.greedy_rows (each row dropped at its end):
-2 batches of 16 prompts (`python -m tools.prompts wordnet 32 --seed 7 --out wn32.jsonl`), 192 new tokens, one thread,
-the two alternating over 2 rounds; prints both times, their ratio and how many answers are identical.
+"""A/B: transformers' batched greedy ``generate()`` against ``training/batch_greedy.greedy_rows`` (each row dropped at
+the step it ends), on the target's answers to a prompt file, batched as ``self-distill`` batches them (sorted by
+length, left-padded), one thread, the two alternating round by round; prints each run's seconds, the medians, their
+ratio and how many answers are token-identical.
 
-    python benchmarks/self_distill_rows_ab.py wn32.jsonl
+    python -m tools.prompts wordnet 32 --seed 7 --out wn32.jsonl
+    python benchmarks/self_distill_rows_ab.py wn32.jsonl          # 2 batches of 16, 192 new tokens, 2 rounds
 """
-import json, sys, time, torch
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-torch.set_num_threads(1)
-from tools.corpus.answers import load_target
-from hf_speculative.training.selfdistill import chat_text
-from hf_speculative.training.batch_greedy import greedy_rows
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ (the team's, outside the package)
+
 from hf_speculative import compat
-m, tok = load_target("smollm2-135m-instruct", threads=1)
-rows = [json.loads(l) for l in open(sys.argv[1] if len(sys.argv) > 1 else "wn32.jsonl")]
-eos = set(compat.eos_token_ids(m.generation_config))
-pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
-enc = [tok(chat_text(tok, r["prompt"]), add_special_tokens=False)["input_ids"] for r in rows]
-enc.sort(key=len)
-batches = []
-for b in range(0, len(enc), 16):
-    part = enc[b:b+16]; w = max(map(len, part))
-    ids = torch.full((len(part), w), pad); mask = torch.zeros_like(ids)
-    for i, e in enumerate(part):
-        ids[i, w-len(e):] = torch.tensor(e); mask[i, w-len(e):] = 1
-    batches.append((ids, mask))
-def gen(ids, mask):
-    out = m.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=192, pad_token_id=pad)
-    res = []
-    for s in out[:, ids.shape[1]:].tolist():
-        e = next((j for j, t in enumerate(s) if t in eos), len(s) - 1); res.append(s[:e+1])
-    return res
-def rows_(ids, mask):
-    return greedy_rows(m, ids, mask, max_new_tokens=192, eos_ids=eos)
-times = {"generate": [], "greedy_rows": []}
-outs = {}
-for rnd in range(2):
-    for name, fn in (("generate", gen), ("greedy_rows", rows_)) if rnd % 2 == 0 else (("greedy_rows", rows_), ("generate", gen)):
-        t0 = time.perf_counter(); o = [fn(i, k) for i, k in batches]; times[name].append(time.perf_counter() - t0)
-        outs.setdefault(name, o)
-        print(name, round(times[name][-1], 2), flush=True)
-same = sum(a == b for x, y in zip(outs["generate"], outs["greedy_rows"]) for a, b in zip(x, y))
-lens = [len(r) for b in outs["generate"] for r in b]
-print("identical rows", same, "/", len(lens), "mean answer", sum(lens)/len(lens), "at limit", sum(l == 192 for l in lens))
-g, r = sorted(times["generate"]), sorted(times["greedy_rows"])
-print("median generate", sum(g)/2, "greedy_rows", sum(r)/2, "ratio", (sum(g)/2)/(sum(r)/2))
+from hf_speculative.training.batch_greedy import greedy_rows
+from hf_speculative.training.selfdistill import chat_text
+from tools.corpus.answers import load_target
+
+
+def left_padded(prompts: list[list[int]], size: int, pad: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The prompts' ids sorted by length in batches of ``size``: ``(input_ids, attention_mask)``, each `[B, W]`."""
+    prompts = sorted(prompts, key=len)
+    batches = []
+    for b in range(0, len(prompts), size):
+        part = prompts[b: b + size]
+        width = max(map(len, part))
+        ids = torch.full((len(part), width), pad, dtype=torch.long)  # [B, W]
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(part):
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
+        batches.append((ids, mask))
+    return batches
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("prompts", help="a JSONL file of {'prompt': ...} rows")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, tok = load_target(args.model, threads=1)
+    eos = set(compat.eos_token_ids(model.generation_config))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+    with open(args.prompts, encoding="utf-8") as f:
+        texts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    batches = left_padded([tok(chat_text(tok, t), add_special_tokens=False)["input_ids"] for t in texts],
+                          args.batch_size, pad)
+
+    def with_generate(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=args.max_new_tokens,
+                             pad_token_id=pad)
+        rows = []
+        for seq in out[:, ids.shape[1]:].tolist():  # each row cut after its first EOS
+            end = next((j for j, token in enumerate(seq) if token in eos), len(seq) - 1)
+            rows.append(seq[: end + 1])
+        return rows
+
+    def with_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+        return greedy_rows(model, ids, mask, max_new_tokens=args.max_new_tokens, eos_ids=eos)
+
+    arms = {"generate": with_generate, "greedy_rows": with_rows}
+    seconds, answers = {name: [] for name in arms}, {}
+    for round_ in range(args.rounds):
+        for name in (list(arms) if round_ % 2 == 0 else list(arms)[::-1]):  # alternating which goes first
+            start = time.perf_counter()
+            answers[name] = [row for ids, mask in batches for row in arms[name](ids, mask)]
+            seconds[name].append(time.perf_counter() - start)
+            print(name, round(seconds[name][-1], 2), flush=True)
+    same = sum(a == b for a, b in zip(answers["generate"], answers["greedy_rows"]))
+    lengths = [len(row) for row in answers["generate"]]
+    print("identical answers", same, "/", len(lengths), "mean answer", sum(lengths) / len(lengths), "at the limit",
+          sum(n == args.max_new_tokens for n in lengths))
+    medians = {name: statistics.median(s) for name, s in seconds.items()}
+    print("median generate", medians["generate"], "greedy_rows", medians["greedy_rows"], "ratio",
+          medians["generate"] / medians["greedy_rows"])
+
+
+if __name__ == "__main__":
+    main()
