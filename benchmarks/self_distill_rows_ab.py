@@ -22,24 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ (the team
 
 from hf_speculative import compat
 from hf_speculative.training.batch_greedy import greedy_rows
-from hf_speculative.training.selfdistill import chat_text
+from hf_speculative.training.selfdistill import chat_text, left_padded
 from tools.corpus.answers import load_target
 
 
-def left_padded(prompts: list[list[int]], size: int, pad: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The prompts' ids sorted by length in batches of ``size``: ``(input_ids, attention_mask)``, each `[B, W]`."""
+def sorted_batches(prompts: list[list[int]], size: int, pad: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The prompts' ids sorted by length in batches of ``size``, as ``self-distill`` left-pads them."""
     prompts = sorted(prompts, key=len)
-    batches = []
-    for b in range(0, len(prompts), size):
-        part = prompts[b: b + size]
-        width = max(map(len, part))
-        ids = torch.full((len(part), width), pad, dtype=torch.long)  # [B, W]
-        mask = torch.zeros_like(ids)
-        for i, row in enumerate(part):
-            ids[i, width - len(row):] = torch.tensor(row)
-            mask[i, width - len(row):] = 1
-        batches.append((ids, mask))
-    return batches
+    return [left_padded(prompts[b: b + size], pad) for b in range(0, len(prompts), size)]
 
 
 def main() -> None:
@@ -56,7 +46,7 @@ def main() -> None:
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     with open(args.prompts, encoding="utf-8") as f:
         texts = [json.loads(line)["prompt"] for line in f if line.strip()]
-    batches = left_padded([tok(chat_text(tok, t), add_special_tokens=False)["input_ids"] for t in texts],
+    batches = sorted_batches([tok(chat_text(tok, t), add_special_tokens=False)["input_ids"] for t in texts],
                           args.batch_size, pad)
 
     def with_generate(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

@@ -103,12 +103,8 @@ def generate_responses(
     with open(out_path, "ab", buffering=0) as f:
         for b in range(0, len(todo), batch_size):
             batch = todo[b : b + batch_size]
-            width = max(len(ids) for _, ids in batch)
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [B, T] left-padded
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (_, ids) in enumerate(batch):
-                input_ids[i, width - len(ids) :] = torch.tensor(ids)
-                mask[i, width - len(ids) :] = 1
+            input_ids, mask = left_padded([ids for _, ids in batch], pad_id)
+            width = input_ids.shape[1]
             if scored:  # the generation config changes greedy's scores: transformers' own loop applies it
                 out = model.generate(
                     input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=False,
@@ -136,6 +132,18 @@ def generate_responses(
                 print(f"self-distill{label}: {len(done) + written}/{len(done) + len(todo)} answers ({rate:.2f}/s)",
                       flush=True)
     return out_path
+
+
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """The prompts' ids as one batch: ``input_ids`` padded on the left with ``pad_id`` and its ``attention_mask``,
+    both `[B, T]` (``T`` the longest prompt)."""
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, T] left-padded
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, ids in enumerate(prompts):
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        mask[i, width - len(ids) :] = 1
+    return input_ids, mask
 
 
 def _append(fd: int, data: bytes) -> None:
