@@ -49,7 +49,10 @@ def test_ci_runs_every_makefile_group_once_on_5x_and_the_version_groups_on_4x():
 
 def test_make_test_4x_is_cis_4x_run():
     """``make test-4x`` (the README's 4.x command) runs VERSION_GROUPS in .venv-tf4 with the queue's 4.x marks."""
-    done = subprocess.run(["make", "-n", "test-4x"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    # CI calls this from inside a make: without its MAKEFLAGS/MAKELEVEL a nested make prints no "Entering directory"
+    env = {key: value for key, value in os.environ.items() if key not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    done = subprocess.run(["make", "--no-print-directory", "-n", "test-4x"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     queue = (ROOT / "tools" / "ci" / "test_queue.sh").read_text(encoding="utf-8")
     mark = re.search(r'TF4=\(VENV=\.venv-tf4 TRANSFORMERS_SPEC="(\S+)" TEST_MARK="([^"]+)"\)', queue)
