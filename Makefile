@@ -111,9 +111,9 @@ else
 endif
 
 # CI's run on the newest transformers 4.x, in its own venv (.ci/run queues the same groups and marks)
+TF4_MARK := not single_version and not slow and not timing and not arch_rotated
 test-4x:
-	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS_SPEC="$(TF4_SPEC)" TEST_MARK="not single_version and not slow and not timing" \
-		TEST_GROUPS='$(VERSION_GROUPS)'
+	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS_SPEC="$(TF4_SPEC)" TEST_MARK="$(TF4_MARK)" TEST_GROUPS='$(VERSION_GROUPS)'
 
 # The smoke suite: every registered method, the app and the command line once each (tests/test_smoke.py).
 test-fast: install

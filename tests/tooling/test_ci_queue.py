@@ -60,6 +60,8 @@ def test_make_test_4x_is_cis_4x_run():
     line = done.stdout.replace("\\\n", " ").splitlines()[0]  # the recipe's first command, its lines joined
     assert "VENV=.venv-tf4" in line and f'TRANSFORMERS_SPEC="{mark.group(1)}"' in line
     assert f'TEST_MARK="{mark.group(2)}"' in line
+    five = re.search(r'TF5=\(TEST_MARK="([^"]+)"\)', queue)
+    assert five and "arch_rotated" not in five.group(1), "5.x runs the whole edge-case matrix (tests/hf/conftest.py)"
     assert shlex.split(line.split("TEST_GROUPS=", 1)[1]) == [" ".join(makefile_groups("VERSION_GROUPS"))]
 
 
