@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +30,8 @@ def collected(tmp_path) -> list[dict]:
     out = tmp_path / "items.json"
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "rotation_dump",
                            "-p", "no:cacheprovider", "tests/hf/test_integration.py"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**__import__("os").environ, "ROTATION_DUMP": str(out),
-                                                       "PYTHONPATH": f"{tmp_path}:{ROOT}"})
+                          text=True, timeout=300, check=False,
+                          env={**os.environ, "ROTATION_DUMP": str(out), "PYTHONPATH": f"{tmp_path}:{ROOT}"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads(out.read_text())
 
