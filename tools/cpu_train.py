@@ -23,9 +23,11 @@ low/mid/high features and a draft vocabulary chosen from the data (continued fro
 ``--refresh-vocab``); DFlash blocks of 10 reading 5 target layers, 512 anchors, an 8192-token draft vocabulary (here
 the loss reads only its rows, ``--loss-vocab draft``, as EAGLE-3's does: the whole 49k vocabulary's product and
 cross-entropy were about half of a CPU training step); Medusa-1's 4 heads on the target's lm_head with a calibrated
-16-node tree. The last step exports each trained drafter in the shipped format (``WORK/export/KIND``: float16 weights,
-``training.json`` with the command, curve and corpus, ``sha256sums.json``; loaded back and checked), ready to be
-measured and copied into the package.
+16-node tree. The export step writes each trained drafter in the shipped format (``WORK/export/KIND``: float16
+weights, ``training.json`` with the command, curve and corpus, ``sha256sums.json``; loaded back and checked), ready to
+be copied into the package; the last step measures each one's τ against the shipped drafter of its kind at the issue's
+budgets, on Spec-Bench and on the held-out prompts (:mod:`tools.cpu_tau`: ``WORK/tau``; fixed budgets, so the figures
+do not depend on the machine's load; speeds are for a quiet run).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from tools.gpu.train_drafters import DRAFTERS, HELD_OUT, MIX, NAME, SEED  # the GPU agenda's (stdlib imports only)
 
-STEPS = ("corpus", "features", *DRAFTERS, "export")
+STEPS = ("corpus", "features", *DRAFTERS, "export", "tau")
 # issue 72's corpus (tools/gpu/train_drafters.py's MIX, HELD_OUT and SEED), in --dtype corpus_dtype()'s
 CORPUS_RECIPE = ["--answers", "20000", "--mix", MIX, "--held-out", f"{HELD_OUT:g}", "--seed", str(SEED),
                  "--max-new-tokens", "192"]
@@ -330,6 +332,28 @@ def export_drafters(settings: dict, work: Path, agenda: Agenda) -> dict[str, dic
     return exported
 
 
+def tau_step(settings: dict, work: Path, corpus: Path, agenda: Agenda, *, dry_run: bool = False) -> int:
+    """The τ runs of the exported drafters (:mod:`tools.cpu_tau`), one after the other, each logged as the ``tau``
+    step; done once the export is and every run ended with every output equal to greedy's. Returns an exit code."""
+    from tools.cpu_tau import differing, summary, tau_runs
+
+    runs = tau_runs(settings["target"], work, corpus, tiny=bool(settings.get("tiny")))
+    (work / "tau").mkdir(exist_ok=True)
+    codes = [run_command("tau", argv, work, agenda, dry_run=dry_run) for _, argv in runs]
+    if dry_run:
+        return 0
+    wrong = sum(differing(out) for out, _ in runs if out.is_file())
+    record = agenda.step("tau")
+    record["done"] = bool(runs) and agenda.step("export")["done"] and not any(codes) and wrong == 0
+    agenda.save()
+    for line in summary(work):
+        print(f"tau: {line}", flush=True)
+    if wrong:
+        print(f"tau: {wrong} prompt(s) gave a text other than greedy's: a drafter or the loop is wrong "
+              f"({work / 'tau'})", flush=True)
+    return 1 if any(codes) or wrong else 0
+
+
 def status(work: Path) -> str:
     from hf_speculative.training.data import finished_examples
 
@@ -351,6 +375,10 @@ def status(work: Path) -> str:
         if step == "features" and index.is_file():  # examples finished: the index's prefix, its runs, the notes
             lines.append(f"           {finished_examples(index.parent)}/{json.loads(index.read_text())['num_examples']} "
                          "examples")
+        if step == "tau":
+            from tools.cpu_tau import summary
+
+            lines.extend(f"           {line}" for line in summary(Path(work)))
         progress = Path(work) / step / "checkpoint" / "progress.json"  # the trainers' resume point (STATE)
         if progress.is_file():
             saved = json.loads(progress.read_text())
@@ -424,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         if step == "export":  # in this process: no trainer runs
             if not args.dry_run:
                 export_drafters(settings, work, agenda)
+            continue
+        if step == "tau":
+            if tau_step(settings, work, corpus, agenda, dry_run=args.dry_run) != 0:
+                return 1
             continue
         if run_step(step, settings, work, agenda, dry_run=args.dry_run) != 0:
             return 1

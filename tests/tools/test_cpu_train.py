@@ -16,6 +16,7 @@ from hf_speculative.drafters.checkpoints import check_manifest
 from hf_speculative.training.selfdistill import generate_responses
 from tests.training.conftest import assert_drafts_exactly, write_prompts
 from tests.training.test_dflash_training import deep_chat_checkpoint  # noqa: F401 (a fixture)
+from tools.cpu_tau import differing, summary, tau_runs
 from tools.cpu_train import corpus_dtype, main, native_bf16, planned_steps, status
 
 
@@ -56,7 +57,7 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     printed = capsys.readouterr().out
     assert "features: done already" in printed and "eagle: done already" in printed
     agenda = json.loads((work / "agenda.json").read_text())
-    assert all(agenda["steps"][step]["done"] for step in ("features", "eagle", "dflash", "medusa", "export"))
+    assert all(agenda["steps"][step]["done"] for step in ("features", "eagle", "dflash", "medusa", "export", "tau"))
     assert agenda["steps"]["features"]["runs"] == 1 and agenda["steps"]["dflash"]["runs"] == 1
     shown = status(work)
     assert "last validation: step" in shown and "checkpoint at optimizer step 5," in shown  # where a resume starts
@@ -79,6 +80,15 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
         assert meta["train_log"] and meta["device"]["device"] == "cpu"
         assert {tensor.dtype for tensor in load_file(exported / "model.safetensors").values()
                 if tensor.is_floating_point()} == {torch.float16}
+    # the last step: each exported drafter's tau at the issue's budgets (the tiny sizes), every text greedy's
+    for kind, budgets in (("eagle", ["chain5", "32"]), ("dflash", ["dflash-chain5", "dflash32"]),
+                          ("medusa", ["medusa16"])):
+        rows = [json.loads(line) for line in (work / "tau" / f"trained-{kind}-spec_bench.jsonl").read_text().splitlines()]
+        assert sorted(row["category"] for row in rows) == ["mt-bench", "qa"]
+        assert all(row[b]["identical"] and row[b]["tau"] >= 1.0 for row in rows for b in budgets)
+    assert sorted(path.name for path in (work / "tau").glob("*.jsonl")) == [
+        f"trained-{kind}-spec_bench.jsonl" for kind in ("dflash", "eagle", "medusa")]  # a tiny target ships none
+    assert "trained-eagle-spec_bench: 2 prompts, chain5 τ" in status(work)
 
 
 def test_the_status_counts_the_features_finished_by_every_process(tmp_path):
@@ -240,3 +250,39 @@ def test_bfloat16_only_where_the_cpu_multiplies_it_and_a_corpus_keeps_its_own(tm
     started.mkdir()
     (started / "MANIFEST.json").write_text(json.dumps({"settings": {"dtype": "bfloat16"}, "answers_asked": 4}))
     assert corpus_dtype(started) == "bfloat16"
+
+
+def test_the_tau_runs_compare_each_trained_drafter_with_the_shipped_one(tmp_path):
+    """For the registry's target: each exported kind, trained and shipped, on Spec-Bench and the held-out prompts
+    (their own categories), at the issue's budgets and sizes; kinds not exported are left out."""
+    work, corpus = tmp_path / "work", tmp_path / "corpus"
+    for kind in ("eagle", "medusa"):
+        (work / "export" / kind).mkdir(parents=True)
+    corpus.mkdir()
+    (corpus / "held_out.jsonl").write_text("".join(json.dumps({"question_id": i, "category": c, "turns": ["q"]}) + "\n"
+                                                   for i, c in enumerate(["wordnet", "magpie", "wordnet", "builtin"])))
+    runs = {out.name: argv for out, argv in tau_runs("smollm2-135m-instruct", work, corpus)}
+    assert sorted(runs) == sorted(f"{source}-{kind}-{data}.jsonl" for source in ("trained", "shipped")
+                                  for kind in ("eagle", "medusa") for data in ("spec_bench", "held_out"))
+    eagle = runs["trained-eagle-held_out.jsonl"]
+    assert eagle[eagle.index("--drafter") + 1] == str(work / "export" / "eagle")
+    assert eagle[eagle.index("--categories") + 1] == "wordnet,magpie,builtin"
+    assert eagle[eagle.index("--dataset") + 1] == str(corpus / "held_out.jsonl")
+    assert eagle[eagle.index("--budgets") + 1] == "chain5,32" and "--resume" in eagle
+    assert [eagle[eagle.index(flag) + 1] for flag in ("--per-category", "--max-new-tokens")] == ["10", "64"]
+    medusa = runs["trained-medusa-spec_bench.jsonl"]
+    assert medusa[medusa.index("--medusa") + 1] == str(work / "export" / "medusa") and "--dataset" not in medusa
+    assert medusa[medusa.index("--budgets") + 1] == "medusa16"
+    shipped = runs["shipped-medusa-spec_bench.jsonl"]
+    assert "--medusa" not in shipped and "--drafter" not in shipped  # tree_tau's defaults: the shipped drafters
+
+
+def test_a_tau_file_with_a_text_other_than_greedys_is_counted(tmp_path):
+    (tmp_path / "tau").mkdir()
+    rows = [{"category": "qa", "question_id": i, "new_tokens": 60,
+             "chain5": {"tau": 2.0, "identical": True}, "32": {"tau": 3.0, "identical": i != 1}} for i in range(3)]
+    out = tmp_path / "tau" / "trained-eagle-spec_bench.jsonl"
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert differing(out) == 1
+    line = "trained-eagle-spec_bench: 3 prompts, chain5 τ 2.00, 32 τ 3.00; 2/3 identical to greedy"
+    assert summary(tmp_path) == [line]
