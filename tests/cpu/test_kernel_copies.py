@@ -142,3 +142,26 @@ def test_draft_model_on_a_target_without_the_kernel_keeps_its_layers():
     strategy = hfs.DraftModel(draft, adaptive=False)
     target.generate(**prompt_inputs(), do_sample=False, max_new_tokens=8, candidate_generator=strategy)
     assert not any(type(m) is KernelLinear for m in draft.modules())
+
+
+@needs_kernel
+def test_an_eagle_drafters_copies_follow_its_option_and_output_is_greedy():
+    """``Eagle(kernel_weights="int8")``: its network's kernel copies int8 (a drafter forward reads a quarter of the
+    bytes), the target's exact, the text greedy's; the same network with ``"exact"`` again takes exact copies back."""
+    from tests.conftest import random_eagle
+
+    target = hfs.enable(build_model("llama", seed=0))
+    hfs.optimize_for_cpu(target, kernel=True)
+    inputs = prompt_inputs()
+    reference = stock_generate(target, **inputs, do_sample=False, max_new_tokens=30)
+    net = random_eagle(target)
+    for weights in ("int8", "exact"):
+        strategy = hfs.Eagle(net, kernel_weights=weights, adaptive=False, confidence_threshold=0.0, num_tokens=4)
+        out = target.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+        assert out.tolist() == reference.tolist()
+        assert hfs.last_stats(target).drafted_tokens > 0
+        copies = {type(m._hfs_blocked) for m in net.modules() if type(m) is KernelLinear}
+        assert copies == {Int8Weight if weights == "int8" else BlockedWeight}
+        assert {type(m._hfs_blocked) for m in target.modules() if type(m) is KernelLinear} == {BlockedWeight}
+    with pytest.raises(ValueError, match=r"Eagle\(kernel_weights='int4'\): use one of"):
+        hfs.Eagle(net, kernel_weights="int4")

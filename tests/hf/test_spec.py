@@ -96,7 +96,7 @@ def test_a_trained_drafter_is_saved_beside_the_model(tmp_path):
     written = saved_spec(tmp_path)
     assert written["path"] == "eagle"
     assert written["options"] == {"num_tokens": 5, "confidence_threshold": 0.05, "adaptive": True, "draft_cost": None,
-                                  "tree": None}
+                                  "tree": None, "kernel_weights": "int8"}
     assert set(written["sha256"]) == {"config.json", "model.safetensors"}
     for name, digest in written["sha256"].items():
         assert spec.file_sha256(tmp_path / "eagle" / name) == digest
