@@ -45,6 +45,7 @@ installation of the same torch release, ``build.py``). x86-64 CPUs with AVX2 and
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -270,6 +271,9 @@ def _onednn_takes(input: torch.Tensor, weight: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and onednn_linear() is not None)
 
 
+_COPIES = itertools.count()
+
+
 class WeightCopy:
     """A copy of a weight in another layout, tied to the weight it was made from (storage and
     version): made again on use after the weight changed in place (``load_state_dict``, an
@@ -278,6 +282,7 @@ class WeightCopy:
     def __init__(self) -> None:
         self.tensor = None  # what make() returned (a tensor, or a tuple of them)
         self.source: tuple[int, int] = (0, -1)
+        self.serial = next(_COPIES)  # which copy this is (id() may come back for a later one): plans key on it
 
     def make(self, weight: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -295,6 +300,9 @@ class WeightCopy:
 
     def __getstate__(self) -> dict:
         return {"tensor": None, "source": (0, -1)}
+
+    def __setstate__(self, state: dict) -> None:  # an unpickled copy is a new one
+        self.__dict__.update(state, serial=next(_COPIES))
 
 
 WEIGHTS = ("exact", "int8")  # what KernelLinear's copy holds: the weight's own values, or int8 ones with scales

@@ -140,7 +140,8 @@ class Plan:
             return None
         params = [lin._parameters["weight"] for lin in linears]
         params += [n._parameters["weight"] for n in norms if n is not None]
-        stamp = tuple((p.data_ptr(), p._version) for p in params)
+        # the weights as they are now, and their copies (another copy after optimize_for_cpu's weights= changed)
+        stamp = tuple((p.data_ptr(), p._version) for p in params) + tuple(lin._hfs_blocked.serial for lin in linears)
         if (self.native is not None and stamp == self.stamp and self.modules[0] is attn and self.modules[1] is mlp
                 and all(x is y for x, y in zip(self.modules[2] + self.modules[3], norms + linears))):
             return self.native

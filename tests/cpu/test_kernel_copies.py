@@ -165,3 +165,22 @@ def test_an_eagle_drafters_copies_follow_its_option_and_output_is_greedy():
         assert {type(m._hfs_blocked) for m in target.modules() if type(m) is KernelLinear} == {BlockedWeight}
     with pytest.raises(ValueError, match=r"Eagle\(kernel_weights='int4'\): use one of"):
         hfs.Eagle(net, kernel_weights="int4")
+
+
+@needs_kernel
+def test_a_native_layers_plan_follows_its_copies_when_weights_change():
+    """A model laid out with int8 copies and then exact ones again runs its native decoder layers on the exact copies:
+    the layer plans are made again for the new copies (the weights themselves did not change)."""
+    inputs = prompt_inputs()
+    fresh = build_model("llama", seed=0)
+    hfs.optimize_for_cpu(fresh, kernel=True, weights="exact")
+    with torch.no_grad():
+        exact = fresh(**inputs).logits
+    model = build_model("llama", seed=0)
+    hfs.optimize_for_cpu(model, kernel=True, weights="int8")
+    with torch.no_grad():
+        int8 = model(**inputs).logits
+        hfs.optimize_for_cpu(model, kernel=True, weights="exact")
+        again = model(**inputs).logits
+    assert not torch.equal(int8, exact)  # the int8 copies do change the products
+    assert torch.equal(again, exact)
