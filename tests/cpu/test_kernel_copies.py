@@ -184,3 +184,27 @@ def test_a_native_layers_plan_follows_its_copies_when_weights_change():
         again = model(**inputs).logits
     assert not torch.equal(int8, exact)  # the int8 copies do change the products
     assert torch.equal(again, exact)
+
+
+@needs_kernel
+def test_a_dflash_networks_products_follow_the_target_onto_the_kernel_and_output_is_greedy():
+    """``DFlash(kernel_weights=...)``: on a target laid out for the kernel, the network's linears take the kernel with
+    int8 (default) or exact copies; the text stays greedy's; the target's copies stay exact."""
+    from hf_speculative.drafters.dflash.drafter import random_network
+
+    target = hfs.enable(build_model("llama", seed=0))
+    hfs.optimize_for_cpu(target, kernel=True)
+    inputs = prompt_inputs()
+    reference = stock_generate(target, **inputs, do_sample=False, max_new_tokens=30)
+    net = random_network(target)
+    for weights in ("int8", "exact"):
+        strategy = hfs.DFlash(net, kernel_weights=weights, adaptive=False, confidence_threshold=0.0, num_tokens=3)
+        assert strategy.kernel_weights == weights and hfs.DFlash(net).kernel_weights == "int8"
+        out = target.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=strategy)
+        assert out.tolist() == reference.tolist()
+        assert hfs.last_stats(target).drafted_tokens > 0
+        copies = {type(m._hfs_blocked) for m in net.modules() if type(m) is KernelLinear}
+        assert copies == {Int8Weight if weights == "int8" else BlockedWeight}
+        assert {type(m._hfs_blocked) for m in target.modules() if type(m) is KernelLinear} == {BlockedWeight}
+    with pytest.raises(ValueError, match=r"DFlash\(kernel_weights='int4'\): use one of"):
+        hfs.DFlash(net, kernel_weights="int4")
