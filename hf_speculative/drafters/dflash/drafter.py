@@ -84,9 +84,9 @@ class DFlash(CheckedOnAssignment, DraftStrategy, method="dflash",
             (``hfs.optimize_for_cpu(target)``), the network's products run there too, its kernel copies holding
             `"int8"` weights with one scale per output column (a quarter of the fp32 bytes; the drafts may change a
             little, the output not at all) or `"exact"` ones. SmolLM2's shipped drafter on an AVX2 CPU, 8 Spec-Bench
-            prompts, blocks of 8: a median 14.6 ms a draft (int8) and 15.8 (exact) against 19.8 on PyTorch's
-            products, τ 1.248 / 1.251 / 1.251. Elsewhere it does nothing. The network is shared: the last call's
-            setting holds for it.
+            prompts, blocks of 8 (``benchmarks/dflash_kernel_weights.py``): a median 16.9 ms a draft (int8) and 17.2
+            (exact) against 23.1 on PyTorch's products, τ 1.248 / 1.251 / 1.251. Elsewhere it does nothing. The
+            network is shared: the last call's setting holds for it.
     """
 
     network: DFlashDraftModel = dataclasses.field(repr=False)
