@@ -16,11 +16,12 @@ import json
 import sys
 from pathlib import Path
 
+from hf_speculative.bench.spec_bench import SPEC_BENCH_CATEGORIES  # (imports neither torch nor transformers)
 from tools.gpu.train_drafters import DRAFTERS  # the GPU agenda's (stdlib imports only)
 
 BUDGETS = {"eagle": "chain5,32", "dflash": "dflash-chain5,dflash32", "medusa": "medusa16"}
 FLAGS = {"eagle": "--drafter", "dflash": "--dflash", "medusa": "--medusa"}  # tree_tau's option for a kind's folder
-SPEC_BENCH = "mt-bench,translation,summarization,qa,math_reasoning,rag"
+SPEC_BENCH = ",".join(SPEC_BENCH_CATEGORIES)
 HELD_OUT = "held_out.jsonl"  # tools.cpu_train's held-out question file in the corpus
 SIZES = {False: {"per_category": 10, "new_tokens": 64}, True: {"per_category": 1, "new_tokens": 8}}  # --tiny's: True
 TINY_SPEC_BENCH = "mt-bench,qa"  # short prompts for the tests' tiny target
@@ -82,10 +83,13 @@ def read(out: Path) -> tuple[list[str], list[dict]]:
     return BUDGETS[kind].split(","), rows
 
 
+def _differing(budgets: list[str], rows: list[dict]) -> int:
+    return sum(not all(row[b]["identical"] for b in budgets if b in row) for row in rows)
+
+
 def differing(out: Path) -> int:
     """How many prompts of a τ file gave a text other than greedy's under some budget (0 for a correct drafter)."""
-    budgets, rows = read(out)
-    return sum(not all(row[b]["identical"] for b in budgets if b in row) for row in rows)
+    return _differing(*read(out))
 
 
 def summary(work: Path) -> list[str]:
@@ -94,6 +98,6 @@ def summary(work: Path) -> list[str]:
     for out in sorted((work / "tau").glob("*.jsonl")):
         budgets, rows = read(out)
         taus = ", ".join(f"{b} τ {pooled([r for r in rows if b in r], b):.2f}" for b in budgets)
-        lines.append(f"{out.stem}: {len(rows)} prompts, {taus}; {len(rows) - differing(out)}/{len(rows)} identical "
-                     "to greedy")
+        lines.append(f"{out.stem}: {len(rows)} prompts, {taus}; {len(rows) - _differing(budgets, rows)}/{len(rows)} "
+                     "identical to greedy")
     return lines

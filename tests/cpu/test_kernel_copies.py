@@ -145,29 +145,6 @@ def test_draft_model_on_a_target_without_the_kernel_keeps_its_layers():
 
 
 @needs_kernel
-def test_an_eagle_drafters_copies_follow_its_option_and_output_is_greedy():
-    """``Eagle(kernel_weights="int8")``: its network's kernel copies int8 (a drafter forward reads a quarter of the
-    bytes), the target's exact, the text greedy's; the same network with ``"exact"`` again takes exact copies back."""
-    from tests.conftest import random_eagle
-
-    target = hfs.enable(build_model("llama", seed=0))
-    hfs.optimize_for_cpu(target, kernel=True)
-    inputs = prompt_inputs()
-    reference = stock_generate(target, **inputs, do_sample=False, max_new_tokens=30)
-    net = random_eagle(target)
-    for weights in ("int8", "exact"):
-        strategy = hfs.Eagle(net, kernel_weights=weights, adaptive=False, confidence_threshold=0.0, num_tokens=4)
-        out = target.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=strategy)
-        assert out.tolist() == reference.tolist()
-        assert hfs.last_stats(target).drafted_tokens > 0
-        copies = {type(m._hfs_blocked) for m in net.modules() if type(m) is KernelLinear}
-        assert copies == {Int8Weight if weights == "int8" else BlockedWeight}
-        assert {type(m._hfs_blocked) for m in target.modules() if type(m) is KernelLinear} == {BlockedWeight}
-    with pytest.raises(ValueError, match=r"Eagle\(kernel_weights='int4'\): use one of"):
-        hfs.Eagle(net, kernel_weights="int4")
-
-
-@needs_kernel
 def test_a_native_layers_plan_follows_its_copies_when_weights_change():
     """A model laid out with int8 copies and then exact ones again runs its native decoder layers on the exact copies:
     the layer plans are made again for the new copies (the weights themselves did not change)."""
@@ -186,25 +163,33 @@ def test_a_native_layers_plan_follows_its_copies_when_weights_change():
     assert torch.equal(again, exact)
 
 
-@needs_kernel
-def test_a_dflash_networks_products_follow_the_target_onto_the_kernel_and_output_is_greedy():
-    """``DFlash(kernel_weights=...)``: on a target laid out for the kernel, the network's linears take the kernel with
-    int8 (default) or exact copies; the text stays greedy's; the target's copies stay exact."""
+def _network(kind: str, target):
     from hf_speculative.drafters.dflash.drafter import random_network
+    from tests.conftest import random_eagle
 
+    return random_eagle(target) if kind == "Eagle" else random_network(target)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Eagle", "DFlash"])
+def test_a_drafter_networks_copies_follow_its_option_and_output_is_greedy(kind):
+    """``Eagle`` / ``DFlash(kernel_weights=...)``: on a target laid out for the kernel, the network's linears take the
+    kernel with int8 (the default: a drafter forward reads a quarter of the bytes) or exact copies, the same network
+    switching between them; the text stays greedy's; the target's copies stay exact."""
+    strategy_class = getattr(hfs, kind)
     target = hfs.enable(build_model("llama", seed=0))
     hfs.optimize_for_cpu(target, kernel=True)
     inputs = prompt_inputs()
     reference = stock_generate(target, **inputs, do_sample=False, max_new_tokens=30)
-    net = random_network(target)
+    net = _network(kind, target)
+    assert strategy_class(net).kernel_weights == "int8"
     for weights in ("int8", "exact"):
-        strategy = hfs.DFlash(net, kernel_weights=weights, adaptive=False, confidence_threshold=0.0, num_tokens=3)
-        assert strategy.kernel_weights == weights and hfs.DFlash(net).kernel_weights == "int8"
+        strategy = strategy_class(net, kernel_weights=weights, adaptive=False, confidence_threshold=0.0, num_tokens=3)
         out = target.generate(**inputs, do_sample=False, max_new_tokens=30, candidate_generator=strategy)
         assert out.tolist() == reference.tolist()
         assert hfs.last_stats(target).drafted_tokens > 0
         copies = {type(m._hfs_blocked) for m in net.modules() if type(m) is KernelLinear}
         assert copies == {Int8Weight if weights == "int8" else BlockedWeight}
         assert {type(m._hfs_blocked) for m in target.modules() if type(m) is KernelLinear} == {BlockedWeight}
-    with pytest.raises(ValueError, match=r"DFlash\(kernel_weights='int4'\): use one of"):
-        hfs.DFlash(net, kernel_weights="int4")
+    with pytest.raises(ValueError, match=rf"{kind}\(kernel_weights='int4'\): use one of"):
+        strategy_class(net, kernel_weights="int4")

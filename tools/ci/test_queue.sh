@@ -7,8 +7,8 @@
 #
 # GROUP is one of the Makefile's TEST_GROUPS ("+" joins paths). Jobs are claimed in the order given (put the longest
 # first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log; on 4.x with
-# TEST_MARK="not single_version and not slow and not arch_rotated" (.ci/run gives 4.x the Makefile's VERSION_GROUPS only, as `make test-4x`
-# does; tooling whose outcome does not depend on transformers' version runs on
+# TEST_MARK="not single_version and not slow and not arch_rotated" (.ci/run gives 4.x the Makefile's VERSION_GROUPS
+# only, as `make test-4x` does; tooling whose outcome does not depend on transformers' version runs on
 # 5.x only: pyproject.toml's markers; and the slow tests, end-to-end versions of what fast tests check on both, run on
 # 5.x only: on the AVX2 machine of 2026-12-01 they were ~650 s of the 4.x run's ~4,000, compiling, sampling thousands
 # of calls, the real model in batches; and the edge-case matrix's cells that other architectures cover there,
