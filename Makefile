@@ -16,7 +16,7 @@ STAMP := $(VENV)/.hf_speculative-installed
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: install install-demo install-openvino install-vllm demo test test-4x test-fast fresh-check compare bench clean docs docs-serve gpu-check
+.PHONY: install install-demo install-openvino install-vllm demo test test-4x test-slow test-all test-fast fresh-check compare bench clean docs docs-serve gpu-check
 
 # The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
 $(VENV_STAMP):
@@ -99,6 +99,10 @@ TEST_GROUPS ?= tests/app tests/bench+tests/docs+tests/tools+tests/training tests
 VERSION_GROUPS ?= tests/hf+tests/cpu+tests/registry+tests/tooling+tests/cli tests/core tests/drafters tests/training \
 	tests/bench+tests/docs tests/security
 TF4_SPEC ?= transformers==4.57.6
+# The default leaves out the tests marked slow (pyproject.toml: end-to-end versions of what fast tests check: real
+# compiles, thousands of sampled calls, the real model in batches, the team's GPU agendas dry-run on the CPU), as CI
+# does: `make test-slow` runs them, `make test-all` everything. TEST_MARK= (empty) selects nothing out.
+TEST_MARK ?= not slow
 test: install
 	$(PY) -m hf_speculative models fetch $(MODEL)
 ifeq ($(strip $(PYTEST_ARGS)),)
@@ -114,6 +118,12 @@ endif
 TF4_MARK := not single_version and not slow and not timing and not arch_rotated
 test-4x:
 	$(MAKE) test VENV=.venv-tf4 TRANSFORMERS_SPEC="$(TF4_SPEC)" TEST_MARK="$(TF4_MARK)" TEST_GROUPS='$(VERSION_GROUPS)'
+
+# The slow tests alone (every group, newest 5.x), and the whole suite, slow tests included.
+test-slow:
+	$(MAKE) test TEST_MARK="slow"
+test-all:
+	$(MAKE) test TEST_MARK=
 
 # The smoke suite: every registered method, the app and the command line once each (tests/test_smoke.py).
 test-fast: install

@@ -250,8 +250,9 @@ def test_saved_in_a_generation_config(tmp_path):
     assert restored == strategy
 
 
-@pytest.mark.slow
-def test_sampling_keeps_the_target_distribution():
+# 300 calls in the fast suite (~18 s), 1,200 in the slow one: the chi-square and its negative control either way
+@pytest.mark.parametrize("seeds", [300, pytest.param(1200, marks=pytest.mark.slow)])
+def test_sampling_keeps_the_target_distribution(seeds):
     # ten new tokens: the window needs a few forwards before its n-grams, and the pool, draft the sampled text
-    accepted = tree_battery.check_sampling_distribution(fixed, seeds=1200, new=10)
-    assert accepted > 200
+    accepted = tree_battery.check_sampling_distribution(fixed, seeds=seeds, new=10)
+    assert accepted > seeds // 6

@@ -31,7 +31,7 @@ from hf_speculative.app.limits import MAX_BODY_BYTES
 from hf_speculative.app.queue_share import DEFAULT_PER_SESSION, default_per_address, queued_events
 from tests.app.conftest import compare_args, save_tiny_chat_model
 from tests.conftest import CHAT_WORDS
-from tests.security.test_hostile_folder import BUDGET_MB, Case, _measure, case_registry, run
+from tests.security.test_hostile_folder import BUDGET_MB, Case, _measure, case_registry, frozen_heap, run
 
 MB = 1 << 20
 HOSTILE_BYTES = 200 * MB  # one of the posts whose bursts left ~1 GB behind per burst before the limit
@@ -231,7 +231,8 @@ def _(w):
 @pytest.fixture(scope="module")
 def app_world(tmp_path_factory):
     world = AppWorld(tmp_path_factory.mktemp("hostile-app"))
-    yield world
+    with frozen_heap():
+        yield world
     world.loop.close()
 
 

@@ -32,7 +32,7 @@ from hf_speculative.drafters.registry import example
 from hf_speculative.hf import spec
 from hf_speculative.registry import models
 from tests.conftest import build_model, char_tokenizer, prompt_inputs, random_eagle, random_exit_adapter, stock_generate
-from tests.security.test_hostile_folder import Case, World, model_cache_at, run, save_medusa_heads
+from tests.security.test_hostile_folder import Case, World, frozen_heap, model_cache_at, run, save_medusa_heads
 
 CASES: list[Case] = []
 
@@ -323,7 +323,8 @@ def folders(tmp_path_factory):
         world = Folders(root)
         models.load_model(str(world.template))  # warm: the first load imports the model's classes
         hfs.enable(build_model("llama"))
-        yield world
+        with frozen_heap():
+            yield world
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

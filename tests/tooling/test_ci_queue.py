@@ -65,6 +65,30 @@ def test_make_test_4x_is_cis_4x_run():
     assert shlex.split(line.split("TEST_GROUPS=", 1)[1]) == [" ".join(makefile_groups("VERSION_GROUPS"))]
 
 
+def _dry_run(*args: str) -> list[str]:
+    """The pytest commands ``make -n ARGS`` would run, one per test group."""
+    env = {key: value for key, value in os.environ.items() if key not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    done = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if "-m pytest" in line]
+
+
+def test_make_test_leaves_out_the_slow_tests_as_ci_does():
+    """The README's command (``make test``) runs the fast default, ``-m "not slow"``, CI's 5.x selection but for the
+    timing tests it runs alone; ``make test-slow`` runs the slow ones, ``make test-all`` everything."""
+    queue = (ROOT / "tools" / "ci" / "test_queue.sh").read_text(encoding="utf-8")
+    five = re.search(r'TF5=\(TEST_MARK="([^"]+)"\)', queue).group(1)
+    default = _dry_run("test")
+    assert default and all('-m "not slow"' in line for line in default)
+    assert five == "not slow and not timing"
+    assert all('-m "slow"' in line for line in _dry_run("test", "TEST_MARK=slow"))
+    assert all('-m "' not in line for line in _dry_run("test", "TEST_MARK="))
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r'^test-slow:\n\t\$\(MAKE\) test TEST_MARK="slow"$', text, re.M)
+    assert re.search(r"^test-all:\n\t\$\(MAKE\) test TEST_MARK=$", text, re.M)
+
+
 def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     """A fake ``make`` records its arguments; one group fails: every job still runs once, the queue exits 1."""
     fake = tmp_path / "bin"
@@ -89,7 +113,7 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     tf4 = [call for call in calls if "VENV=.venv-tf4" in call and "TEST_GROUPS" in call]
     assert len(tf4) == 2 and all("TEST_MARK=not single_version and not slow and not timing" in call
                                   for call in tf4)
-    assert all("TEST_MARK=not timing" in call for call in calls if "VENV=.venv-tf4" not in call)
+    assert all("TEST_MARK=not slow and not timing" in call for call in calls if "VENV=.venv-tf4" not in call)
     queue = (logs / "queue.txt").read_text().splitlines()
     assert len(queue) == len(jobs) and sum(line.startswith("FAIL") for line in queue) == 1
     assert len(list(logs.glob("*-tf*.log"))) == len(jobs)

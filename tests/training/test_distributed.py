@@ -84,9 +84,11 @@ def outcome(folder: Path) -> tuple[dict, dict, list[dict]]:
 # features' runs stop and resume mid-epoch; the uneven one runs once through. EAGLE-3 only: the processes' split of the
 # data, gradients and checkpoints does not depend on the drafter's kind (EAGLE-1's features are
 # tests/training/test_online.py's and test_train_cli.py's, in one process).
-@pytest.mark.parametrize("options,per_epoch,resumed", [(["--eagle3"], 11, True),
-                                                       (["--eagle3", "--batch-size", 3, "--max-examples", 19], 3, False),
-                                                       (["--eagle3", "--features", "online"], 11, True)])
+# (online features in two processes, ~100 s: slow; the cached features' run, resumed, and the uneven one stay fast)
+@pytest.mark.parametrize("options,per_epoch,resumed", [
+    (["--eagle3"], 11, True),
+    (["--eagle3", "--batch-size", 3, "--max-examples", 19], 3, False),
+    pytest.param(["--eagle3", "--features", "online"], 11, True, marks=pytest.mark.slow)])
 def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_path, setup, options, per_epoch, resumed):
     one, two = tmp_path / "one", tmp_path / "two"
     for epochs in (1.5, 2.5) if resumed else (2.5,):  # the second run resumes the first one's checkpoint, mid-epoch

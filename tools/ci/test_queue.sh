@@ -6,15 +6,14 @@
 #   tools/ci/test_queue.sh LOGDIR JOB [JOB ...]        JOB = "5:GROUP" (.venv) or "4:GROUP" (.venv-tf4)
 #
 # GROUP is one of the Makefile's TEST_GROUPS ("+" joins paths). Jobs are claimed in the order given (put the longest
-# first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log; on 4.x with
-# TEST_MARK="not single_version and not slow and not arch_rotated" (.ci/run gives 4.x the Makefile's VERSION_GROUPS
-# only, as `make test-4x` does; tooling whose outcome does not depend on transformers' version runs on
-# 5.x only: pyproject.toml's markers; and the slow tests, end-to-end versions of what fast tests check on both, run on
-# 5.x only: on the AVX2 machine of 2026-12-01 they were ~650 s of the 4.x run's ~4,000, compiling, sampling thousands
-# of calls, the real model in batches; and the edge-case matrix's cells that other architectures cover there,
-# tests/hf/conftest.py); on both without the `timing` tests, which compare measured times and so run alone
-# after the queue (.ci/run). Both venvs are installed first, one after the other (two `make install` at once into one
-# venv collide). Exits 1 if any group failed, after all ran.
+# first); each runs `make test TEST_GROUPS=GROUP` in its venv, its output in LOGDIR/NN-VERSION-GROUP.log. Neither
+# version runs the `slow` tests (`make test`'s default: end-to-end versions of what fast tests check, `make test-slow`
+# runs them; in CI's run of 2026-12-01 they were ~1,300 s of its 8,756 s of groups) nor the `timing` ones, which
+# compare measured times and so run alone after the queue (.ci/run). 4.x (.ci/run gives it the Makefile's
+# VERSION_GROUPS only, as `make test-4x` does) leaves out the `single_version` tests too (tooling whose outcome does not
+# depend on transformers' version: pyproject.toml's markers) and the edge-case matrix's cells that other architectures
+# cover there (`arch_rotated`, tests/hf/conftest.py). Both venvs are installed first, one after the other (two `make
+# install` at once into one venv collide). Exits 1 if any group failed, after all ran.
 set -uo pipefail
 logdir=$1
 shift
@@ -22,7 +21,7 @@ jobs=("$@")
 workers=${WORKERS:-2}
 claims=$(mktemp -d)
 TF4=(VENV=.venv-tf4 TRANSFORMERS_SPEC="transformers==4.57.6" TEST_MARK="not single_version and not slow and not timing and not arch_rotated")
-TF5=(TEST_MARK="not timing")  # the timing tests run alone after the queue (.ci/run)
+TF5=(TEST_MARK="not slow and not timing")  # `make test`'s default; the timing tests run alone after the queue (.ci/run)
 make install >/dev/null || exit 1
 make install "${TF4[@]}" >/dev/null || exit 1
 

@@ -232,7 +232,9 @@ def test_rejection_sampling_runs_and_accepts(runs, shape):
     assert accepted > 0
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
+# (the tree, ~28 s: slow; the tree's recorded q is the assistant's own in the fast test above, and the tree rule's
+# statistics are tests/core/test_tree_sampling.py's)
+@pytest.mark.parametrize("shape", ["chain", pytest.param("tree", marks=pytest.mark.slow)])
 def test_rejection_sampling_keeps_the_target_distribution(shape):
     """Chi-square of the first two sampled tokens under the rejection rule (the second is the first a draft decides:
     the assistant reads the prefill's hidden state) against the target's distributions (tree_battery)."""

@@ -269,6 +269,7 @@ def test_every_compiled_call_starts_a_fresh_cuda_graph_replay(trained, monkeypat
     assert len(replays) == len(calls) and {"target", "drafter"} <= set(replays)
 
 
+@pytest.mark.single_version  # torch's recompile limit, on random networks: the same torch in both venvs
 def test_more_regions_of_a_kind_than_torchs_recompile_limit_all_compile(monkeypatch):
     """Regions of one kind share one code object: past torch's default of 8 compiles of it, torch would run the later
     shapes eagerly. Each region compiles its own graph (here with the eager backend: dynamo's tracing, no inductor),
