@@ -148,3 +148,12 @@ def test_cis_venvs_skip_pips_compiling_and_the_fresh_machine_check_does_not():
                                           "VLLM_VENV=/nonexistent-vllm", "PIP_FLAGS=--quiet --no-compile")
                 if " -m pip install " in line]
         assert pips and all("--no-compile" in line for line in pips), (target, pips)
+
+
+def test_the_fresh_machine_check_starts_before_cis_installs():
+    """The fresh-machine check (its own clone, venvs and model caches) starts first, beside CI's installs, which run
+    one at a time on one core; it is waited for before the timing tests."""
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    started = text.index("tools/ci/fresh_machine.sh both) >")
+    assert started < text.index('make install "${PIP[@]}"') < text.index("tools/ci/test_queue.sh \"$logs\"")
+    assert text.index('wait "$fresh_pid"') < text.index('make test PYTEST_ARGS="-m timing tests/bench"')
