@@ -62,9 +62,12 @@ def test_make_test_4x_is_cis_4x_run():
 
 
 def _dry_run(*args: str) -> list[str]:
-    """The lines ``make -n ARGS`` prints, without the caller's make variables (CI calls this from inside a make, whose
-    nested makes would print "Entering directory" first)."""
-    env = {key: value for key, value in os.environ.items() if key not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    """The lines ``make -n ARGS`` prints, without the caller's make: CI runs this test inside ``make test VENV=...
+    TEST_MARK=...``, whose nested makes would print "Entering directory" first, and whose command-line variables are
+    in the environment, where the Makefile's ``?=`` would take them."""
+    defaults = set(re.findall(r"^(\w+) \?=", (ROOT / "Makefile").read_text(encoding="utf-8"), re.MULTILINE))
+    caller = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"} | defaults
+    env = {key: value for key, value in os.environ.items() if key not in caller}
     done = subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
