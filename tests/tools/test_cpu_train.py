@@ -6,6 +6,10 @@ time."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ from hf_speculative.training.selfdistill import generate_responses
 from tests.training.conftest import assert_drafts_exactly, write_prompts
 from tests.training.test_dflash_training import deep_chat_checkpoint  # noqa: F401 (a fixture)
 from tools.cpu_tau import differing, summary, tau_runs
-from tools.cpu_train import corpus_dtype, main, native_bf16, planned_steps, status
+from tools.cpu_train import corpus_dtype, main, native_bf16, planned_steps, status, yield_to_foreground
 
 
 @pytest.fixture
@@ -286,3 +290,30 @@ def test_a_tau_file_with_a_text_other_than_greedys_is_counted(tmp_path):
     assert differing(out) == 1
     line = "trained-eagle-spec_bench: 3 prompts, chain5 τ 2.00, 32 τ 3.00; 2/3 identical to greedy"
     assert summary(tmp_path) == [line]
+
+
+def test_a_niced_agenda_gives_its_niceness_to_a_session_of_its_own(tmp_path, monkeypatch):
+    """Under autogroup scheduling a niced process only yields inside its session: the agenda starts its own and
+    writes its niceness to the session's group; not niced, it touches nothing."""
+    group = tmp_path / "autogroup"
+    group.write_text("/autogroup-7 nice 0\n")
+    sessions = []
+    monkeypatch.setattr(os, "setsid", lambda: sessions.append(1))
+    monkeypatch.setattr(os, "nice", lambda increment: 0)
+    assert "nothing to do" in yield_to_foreground(group) and not sessions
+    assert group.read_text() == "/autogroup-7 nice 0\n"
+    monkeypatch.setattr(os, "nice", lambda increment: 19)
+    assert "niced to 19" in yield_to_foreground(group) and sessions == [1]
+    assert group.read_text() == "19"
+    assert "nothing to do" in yield_to_foreground(tmp_path / "no-such-file")  # no autogroup scheduling
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling (Linux only)")
+def test_on_linux_the_session_and_its_group_are_new_and_niced():
+    """A niced process that calls it (as the command line does) is in another autogroup than its parent, niced."""
+    code = "from tools.cpu_train import yield_to_foreground as y; print(y()); print(open('/proc/self/autogroup').read())"
+    done = subprocess.run(["nice", "-n", "19", sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True, cwd=Path(__file__).resolve().parents[2])
+    told, group = done.stdout.splitlines()[:2]
+    assert "niced to 19" in told and group.endswith("nice 19"), done.stdout
+    assert group.split()[0] != Path("/proc/self/autogroup").read_text().split()[0]  # not this process's group
