@@ -315,5 +315,7 @@ def test_on_linux_the_session_and_its_group_are_new_and_niced():
     done = subprocess.run(["nice", "-n", "19", sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           check=True, cwd=Path(__file__).resolve().parents[2])
     told, group = done.stdout.splitlines()[:2]
+    if told.startswith("could not set"):  # a container that does not let a process set its group's niceness
+        pytest.skip(told)
     assert "niced to 19" in told and group.endswith("nice 19"), done.stdout
     assert group.split()[0] != Path("/proc/self/autogroup").read_text().split()[0]  # not this process's group
