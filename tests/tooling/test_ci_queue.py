@@ -155,8 +155,7 @@ def test_cis_venvs_skip_pips_compiling_and_the_fresh_machine_check_does_not():
 
 def test_the_fresh_machine_check_starts_before_cis_installs():
     """The fresh-machine check (its own clone, venvs and model caches) starts first, beside CI's installs, which run
-    one at a time on one core; it is waited for before the timing tests."""
+    one at a time on one core. (That it ends before the timing tests: ``test_timing_tests_run_alone_after_...``.)"""
     text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     started = text.index("tools/ci/fresh_machine.sh both) >")
     assert started < text.index('make install "${PIP[@]}"') < text.index("tools/ci/test_queue.sh \"$logs\"")
-    assert text.index('wait "$fresh_pid"') < text.index('make test PYTEST_ARGS="-m timing tests/bench"')
