@@ -412,7 +412,9 @@ def yield_to_foreground(autogroup: Path = Path("/proc/self/autogroup")) -> str:
         autogroup.write_text(str(niceness))
     except OSError as error:
         return f"could not set the session's niceness ({error}): other sessions share the CPU with it equally"
-    return f"its session's CPU share niced to {niceness} ({autogroup.read_text().strip()})"
+    # empty where a cgroup's CPU controller, not the autogroup, schedules the process
+    shown = autogroup.read_text().strip() or "scheduled by its cgroup, not an autogroup"
+    return f"its session's CPU share niced to {niceness} ({shown})"
 
 
 def main(argv: list[str] | None = None, *, own_session: bool = False) -> int:
