@@ -99,6 +99,7 @@ def test_the_rule_keeps_the_target_distribution(kind):
     assert len(second) > N * 0.3  # drafts were accepted often enough to test the second position
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 def test_a_chain_from_q_is_accepted_at_one_minus_tv():
     """One drafted token x ~ q is kept with probability sum_x min(p(x), q(x)) = 1 - TV(p, q)."""
     generator = torch.Generator().manual_seed(3)
@@ -130,6 +131,7 @@ def _not_renormalised(p, q, x):  # the next sibling is weighed against an unnorm
     return residual
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 @pytest.mark.parametrize("broken, kind", [(_ignores_q, "tree"), (_keeps_the_rejected, "repeat"),
                                           (_not_renormalised, "tree"), (None, "tree-without-as-with")],
                          ids=["q-ignored", "sibling-tried-twice", "not-renormalised", "drawn-without-as-with"])
@@ -285,6 +287,7 @@ def test_the_mode_is_the_model_s_default_from_its_generation_config(target, clos
         del target.generation_config.speculative_sampling
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 def test_a_dynamic_tree_keeps_its_top_guess_then_draws_the_others():
     """Under the rejection rule a DynamicTree's first guess at a node is the drafter's top one (a point mass: a
     one-hot q), the next ones draws without replacement from the rest (each with the q it was drawn from), and every
@@ -328,6 +331,7 @@ def test_a_draft_model_tree_accepts_at_least_as_much_as_under_the_seeded_rule(ta
     assert rejection["accepted"] / rejection["drafted"] > seeded["accepted"] / seeded["drafted"], (rejection, seeded)
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 def test_guesses_are_drawn_from_the_drafters_likeliest_tokens_and_q_says_so(monkeypatch):
     """A dynamic tree's draws come from the drafter's ``PROPOSAL_TOKENS`` likeliest tokens, renormalised, and each
     node's ``q`` is exactly that distribution (less the siblings drawn before it): what the rule must be told."""

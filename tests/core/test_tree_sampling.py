@@ -74,6 +74,7 @@ def run_rule(kind: str) -> tuple[list[int], list[int]]:
     return first, second
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 @pytest.mark.parametrize("kind", ["fixed", "coupled"])
 def test_tree_rule_keeps_the_target_distribution(kind):
     first, second = run_rule(kind)
@@ -82,12 +83,14 @@ def test_tree_rule_keeps_the_target_distribution(kind):
     assert len(second) > N * 0.3  # drafts were accepted often enough to test the second position
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 def test_coupled_drafts_are_accepted_more_often_than_fixed_ones():
     """The drafter's noise is the target's: its top guesses under that noise hit the target's draw more often."""
     fixed, coupled = len(run_rule("fixed")[1]), len(run_rule("coupled")[1])
     assert coupled > fixed
 
 
+@pytest.mark.single_version  # the rule on synthetic distributions: no transformers in it
 def test_negative_control_uniform_noise_is_caught(monkeypatch):
     def uniform(self, row, position, vocab, device="cpu"):
         return torch.rand(vocab, generator=torch.Generator().manual_seed(self.seed * 1000 + position))
