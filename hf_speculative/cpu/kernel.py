@@ -18,12 +18,13 @@ same computed alone or with the rows of a draft. The copy costs one more copy of
 memory (as ``pack=True``), except where it is the only one (:func:`one_copy`).
 
 Where the CPU has AVX-512F the same blocked copy is read with 16-lane registers, up to 16 rows per pass
-(``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal. There the
-kernel also takes products of 17-192 rows (:func:`kernel_gemm`: a cache-blocked product on the same copy, each output
-the same FMA chain again), so larger trees and copies and short prompts run every row as plain decoding does, faster
-than oneDNN's product (``benchmarks/results/issue66_kernel_gemm.txt``); longer products (prefill) run on oneDNN from
-the column-major copy, or on the kernel from the blocked copy where that is the only copy in memory (:func:`one_copy`:
-a weight left a view of a memory-mapped checkpoint).
+(``kernel_isa()``); each output's FMA chain is the same, so AVX2 and AVX-512 results are bitwise equal. The kernel
+also takes products of more rows (:func:`kernel_gemm`: a cache-blocked product on the same copy, each output the same
+FMA chain again; 17-192 rows with AVX-512, 17-64 with AVX2: :func:`gemm_rows`), so larger trees and copies and short
+prompts run every row as plain decoding does, faster than oneDNN's product (``benchmarks/results/
+issue66_kernel_gemm.txt``; AVX2: :data:`MAX_GEMM_ROWS_AVX2`); longer products (prefill) run on oneDNN from the
+column-major copy, or, with AVX-512, on the kernel from the blocked copy where that is the only copy in memory
+(:func:`one_copy`: a weight left a view of a memory-mapped checkpoint).
 
 The copy is made in fewer bytes where that changes nothing: a weight whose every value is a bf16 number (a
 checkpoint saved in bf16, loaded in fp32: Qwen2.5's) is copied in bf16 and widened to fp32 in registers, exactly, so
@@ -61,6 +62,12 @@ MAX_ROWS = 16  # rows a pass of the few-row code; more: its cache-blocked produc
 # here (SmolLM2-135M's decoder products, one thread: 17 rows 40 against 57 ms, 63 rows 136 against 144, 192 rows 389
 # against 391), a little slower past it (767 rows 1,541 against 1,510), where prefill keeps oneDNN
 MAX_GEMM_ROWS = 192
+# AVX2's cache-blocked product (gemm2: tiles of 6 rows over panels of blocks in L2) up to here: faster than oneDNN's at
+# SmolLM2-135M's shapes (one thread, AMD EPYC Zen 3, AVX2; benchmarks/results/issue72_avx2_gemm.txt: the 210 decoder
+# products of 17 / 32 / 64 rows 103 / 186 / 300 ms against oneDNN's 178 / 227 / 346; verifications of 17 / 24 / 32 / 64
+# rows after 700 tokens 182 / 198 / 309 / 535 ms against 342 / 376 / 508 / 699), not past it (forced on, a prefill of
+# 128 tokens 687 ms against 568): longer products stay on oneDNN, and there the blocked copy is never the only one
+MAX_GEMM_ROWS_AVX2 = 64
 # a bf16 model's products on the kernel (in passes of 16 rows): every verification a CPU runs (a draft model's chains
 # reach 16 drafts, 17 rows; trees of up to 63 nodes) computes each row as plain decoding does
 MAX_ROWS_BF16 = CPU_ROWWISE_TOKENS
@@ -174,14 +181,27 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def kernel_gemm() -> bool:
-    """Whether the kernel's fp32 products take more than :data:`MAX_ROWS` rows here (up to :data:`MAX_GEMM_ROWS`):
-    its cache-blocked product on the same blocked copy, each output the same FMA chain as a few-row product's, so a
-    row of a 40-node tree's verification (or of a short prefill) is bitwise the row plain decoding computes. It needs
-    AVX-512F (``kernel_isa() == "avx512"``, decided once per process); AVX2 CPUs keep more rows on oneDNN / BLAS, as
-    ``HFS_KERNEL_GEMM=0`` does (to compare)."""
+    """Whether the kernel's fp32 products take more than :data:`MAX_ROWS` rows here (up to :func:`gemm_rows`): its
+    cache-blocked product on the same blocked copy, each output the same FMA chain as a few-row product's, so a row
+    of a 40-node tree's verification (or of a short prefill) is bitwise the row plain decoding computes. Both
+    instruction sets have one (``gemm512`` and AVX2's ``gemm2``); ``HFS_KERNEL_GEMM=0`` keeps more rows on oneDNN /
+    BLAS (to compare)."""
     if not _GEMM:
-        _GEMM.append(os.environ.get("HFS_KERNEL_GEMM", "1") != "0" and (_KERNEL or load_kernel()).isa() == "avx512")
+        _GEMM.append(os.environ.get("HFS_KERNEL_GEMM", "1") != "0")
     return _GEMM[0]
+
+
+def gemm_rows() -> int:
+    """The most rows of an fp32 product the kernel's cache-blocked product takes here from a weight that also has a
+    column-major copy: :data:`MAX_GEMM_ROWS` with AVX-512, :data:`MAX_GEMM_ROWS_AVX2` with AVX2 (:func:`kernel_isa`)."""
+    return MAX_GEMM_ROWS if kernel_isa() == "avx512" else MAX_GEMM_ROWS_AVX2
+
+
+def one_copy_applies() -> bool:
+    """Whether ``optimize_for_cpu`` may leave fp32 weights as views of a memory-mapped checkpoint (:func:`one_copy`):
+    where the kernel then serves every row count faster than or as fast as oneDNN would from a second copy, AVX-512's
+    product; on AVX2 CPUs past :data:`MAX_GEMM_ROWS_AVX2` rows oneDNN's is faster, so the column-major copy stays."""
+    return one_copy() and kernel_gemm() and kernel_isa() == "avx512"
 
 
 _GEMM: list = []  # [kernel_gemm()], once known
@@ -342,14 +362,14 @@ class Int8Weight(BlockedWeight):
 
 def _row_limit(rows: int, weight: torch.Tensor) -> int:
     """The most rows a product with ``weight`` runs on the kernel: 64 for bf16 weights; 16 for fp32 ones, up to
-    :data:`MAX_GEMM_ROWS` where :func:`kernel_gemm` (past it oneDNN's product on a column-major weight is as fast),
-    and any count for a weight left row-major (:func:`one_copy`: the blocked copy is then the only one in memory, and
-    a long prefill on ``F.linear`` would read the file's pages back)."""
+    :func:`gemm_rows` where :func:`kernel_gemm` (past it oneDNN's product on a column-major weight is as fast or
+    faster), and any count for a weight left row-major (:func:`one_copy`: the blocked copy is then the only one in
+    memory, and a long prefill on ``F.linear`` would read the file's pages back)."""
     if weight.dtype == torch.bfloat16:
         return MAX_ROWS_BF16
     if rows <= MAX_ROWS or not kernel_gemm():
         return MAX_ROWS
-    return MAX_GEMM_ROWS if column_major(weight) else rows
+    return gemm_rows() if column_major(weight) else rows
 
 
 def one_copy() -> bool:

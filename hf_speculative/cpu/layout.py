@@ -44,9 +44,8 @@ from .kernel import (
     bf16_dot_supported,
     column_major,
     cpu_supports_kernel,
-    kernel_gemm,
     load_kernel,
-    one_copy,
+    one_copy_applies,
 )
 from .layers import use_native_layers
 from .mapped import copy_off_files, file_backed_ranges, in_files, page_out, page_out_files
@@ -152,7 +151,7 @@ def optimize_for_cpu(model: torch.nn.Module, enable: bool = True, *, layers: str
     bf16 = not enable or (kernel and bf16_dot_supported())
     wanted = (PackedLinear if pack else KernelLinear if kernel else torch.nn.Linear) if enable else torch.nn.Linear
     # fp32 weights the kernel serves at every row count stay views of a memory-mapped checkpoint (mapped.py)
-    files = file_backed_ranges() if enable and kernel and weights == "exact" and one_copy() and kernel_gemm() else []
+    files = file_backed_ranges() if enable and kernel and weights == "exact" and one_copy_applies() else []
     changed, seen, kept = 0, set(), set()
     with torch.no_grad():
         for module in _modules(model, layers):

@@ -64,17 +64,22 @@ def test_kernel_equals_linear(shape, with_bias):
 
 
 @needs_kernel
-def test_a_rows_product_does_not_depend_on_the_other_rows():
-    weight, bias = torch.randn(1100, 72), torch.randn(1100)  # 68 full blocks and one of 12 columns
-    blocked = cpu_kernel.block_weight(weight)
+@pytest.mark.parametrize("copy", ["fp32", "bf16", "int8"])
+def test_a_rows_product_does_not_depend_on_the_other_rows(copy):
+    """Up to 8 rows a pass, more in tiles of 6 over panels of blocks (AVX2), or passes of 16 and tiles (AVX-512): each
+    row is bitwise its product alone, for each kind of copy, on one thread or two."""
+    weight, bias = torch.randn(1100, 72), torch.randn(1100)  # 68 full blocks and one of 12 columns (2 AVX2 panels)
+    blocked, scale = {"fp32": lambda: (cpu_kernel.block_weight(weight), None),
+                      "bf16": lambda: (cpu_kernel.block_weight(weight.bfloat16().float(), torch.bfloat16), None),
+                      "int8": lambda: cpu_kernel.quantize_int8(weight)}[copy]()
     x = torch.randn(17, 72)
-    alone = torch.cat([cpu_kernel.skinny_linear(x[i : i + 1], blocked, bias, 1100) for i in range(17)])
+    alone = torch.cat([cpu_kernel.skinny_linear(x[i : i + 1], blocked, bias, 1100, scale) for i in range(17)])
     for rows in range(2, 18):
-        assert torch.equal(cpu_kernel.skinny_linear(x[:rows], blocked, bias, 1100), alone[:rows]), rows
+        assert torch.equal(cpu_kernel.skinny_linear(x[:rows], blocked, bias, 1100, scale), alone[:rows]), rows
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert torch.equal(cpu_kernel.skinny_linear(x, blocked, bias, 1100), alone)
+        assert torch.equal(cpu_kernel.skinny_linear(x, blocked, bias, 1100, scale), alone)
     finally:
         torch.set_num_threads(threads)
 
@@ -176,7 +181,7 @@ def test_kernel_layers_keep_parameters_state_dict_and_outputs(arch, monkeypatch)
         assert len(calls) == len(_linears(model)) and set(calls) == {1}  # decoding too
         calls.clear()
         torch.testing.assert_close(model(ids[:, :28]).logits, some, rtol=1e-5, atol=1e-5)
-        # more rows than a pass: the kernel's cache-blocked product where the CPU has it (AVX-512), else BLAS
+        # more rows than a pass: the kernel's cache-blocked product (unless HFS_KERNEL_GEMM=0: then BLAS)
         assert set(calls) == ({28} if cpu_kernel.kernel_gemm() else set())
         calls.clear()
         assert ids.shape[1] > MAX_GEMM_ROWS

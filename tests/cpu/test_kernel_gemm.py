@@ -1,6 +1,7 @@
-"""The kernel's products of more than 16 rows (``csrc/skinny_linear.cpp: gemm512``, AVX-512): a cache-blocked product
-on the same blocked copy whose every output is the few-row code's FMA chain, so each row is bitwise the row computed
-alone (plain decoding's), for fp32, bf16-exact and int8 copies, any shape, any thread count."""
+"""The kernel's products of more than 16 rows (``csrc/skinny_linear.cpp``: ``gemm512`` with AVX-512, ``gemm2`` with
+AVX2, which takes them from 9): a cache-blocked product on the same blocked copy whose every output is the few-row
+code's FMA chain, so each row is bitwise the row computed alone (plain decoding's), for fp32, bf16-exact and int8
+copies, any shape, any thread count."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from hf_speculative.cpu import kernel as cpu_kernel
-from hf_speculative.cpu.kernel import MAX_GEMM_ROWS, MAX_ROWS, KernelLinear, block_weight, quantize_int8, skinny_linear
+from hf_speculative.cpu.kernel import (
+    MAX_GEMM_ROWS,
+    MAX_GEMM_ROWS_AVX2,
+    MAX_ROWS,
+    KernelLinear,
+    block_weight,
+    quantize_int8,
+    skinny_linear,
+)
 from tests.cpu.test_cpu_kernel import _Counting
 
 pytestmark = pytest.mark.skipif(not cpu_kernel.cpu_supports_kernel(), reason="the kernel needs AVX2 and FMA")
@@ -59,17 +68,20 @@ def test_rows_stay_apart_and_threads_change_nothing():
 
 @pytest.mark.parametrize("layout", ["column-major", "row-major"])
 def test_a_kernel_linear_sends_its_rows_to_the_kernel_up_to_the_limit(monkeypatch, layout):
-    """A column-major weight (two copies) sends more than MAX_GEMM_ROWS rows to oneDNN, which reads it as fast; a
-    row-major one (one copy: kernel.one_copy) keeps every row count on the kernel."""
+    """A column-major weight (two copies) sends more than gemm_rows() rows (192 with AVX-512, 64 with AVX2) to oneDNN,
+    which reads them as fast or faster; a row-major one (one copy: kernel.one_copy) keeps every row count on the
+    kernel."""
     if not cpu_kernel.kernel_gemm():
-        pytest.skip("more than 16 rows run on the kernel on AVX-512 CPUs only")
+        pytest.skip("HFS_KERNEL_GEMM=0: more than 16 rows on oneDNN")
     layer = torch.nn.Linear(32, 48)
     if layout == "column-major":
         layer.weight.data = layer.weight.data.t().contiguous().t()
     layer.__class__ = KernelLinear
     seen: list = []
     monkeypatch.setattr(cpu_kernel, "_KERNEL", _Counting(cpu_kernel.load_kernel(), seen))
-    counts = (MAX_ROWS, MAX_ROWS + 1, MAX_GEMM_ROWS, MAX_GEMM_ROWS + 1, 3 * MAX_GEMM_ROWS)
+    limit = cpu_kernel.gemm_rows()
+    assert limit == (MAX_GEMM_ROWS if cpu_kernel.kernel_isa() == "avx512" else MAX_GEMM_ROWS_AVX2)
+    counts = (MAX_ROWS, MAX_ROWS + 1, limit, limit + 1, 3 * limit)
     with torch.no_grad():
         for rows in counts:
             x = torch.randn(rows, 32)

@@ -46,10 +46,16 @@ def _linears(model) -> list[torch.nn.Linear]:
 
 
 @pytest.fixture
-def saved(tmp_path):
-    """A Llama of a few MB saved as safetensors: its folder, and a loader that maps it."""
-    if not cpu_kernel.kernel_gemm():
+def saved(checkpoint):
+    """:func:`checkpoint` where one copy applies (AVX-512)."""
+    if not cpu_kernel.one_copy_applies():
         pytest.skip("one copy needs the kernel's products at every row count (AVX-512)")
+    return checkpoint
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A Llama of a few MB saved as safetensors: its folder, and a loader that maps it."""
     build_model("llama", hidden=256, layers=2, vocab_size=2048).save_pretrained(tmp_path)
     os.sync()  # clean pages, as a checkpoint's are: dirty ones would be written back before they could go
 
@@ -77,6 +83,20 @@ def test_the_weights_stay_in_the_file_and_its_pages_leave(saved):
     with torch.no_grad():  # (not stock_generate: its reference cache reads every weight to key it)
         assert torch.equal(type(model).generate(model, **prompt_inputs(), **GREEDY), want)
     assert _resident_kib(folder / "model.safetensors") < resident / 4  # decoding reads the blocked copies
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_with_avx2_the_column_major_copy_stays(checkpoint, monkeypatch, isa):
+    """AVX2's product takes up to 64 rows (kernel.gemm_rows), so a longer prefill wants oneDNN's column-major copy:
+    one copy is AVX-512's alone (the instruction set as the kernel would report it; only the layout is looked at)."""
+    _, load = checkpoint
+    monkeypatch.setattr(cpu_kernel, "kernel_isa", lambda: isa)
+    monkeypatch.delenv("HFS_KERNEL_ONE_COPY", raising=False)
+    model = load()
+    hfs.optimize_for_cpu(model)
+    assert cpu_kernel.gemm_rows() == (64 if isa == "avx2" else MAX_GEMM_ROWS)
+    kept = [in_files(m.weight) and not column_major(m.weight) for m in _linears(model)]
+    assert all(kept) if isa == "avx512" and cpu_kernel.kernel_gemm() else not any(kept), kept
 
 
 def test_negative_control_two_copies(saved, monkeypatch):

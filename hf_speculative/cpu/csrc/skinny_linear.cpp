@@ -18,9 +18,9 @@
 //   approximation, for drafters only (the target verifies whatever they propose), from a quarter of the bytes.
 //
 // Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for fp32 copies from 4 rows, for bf16 and int8
-// copies from one: run()): AVX2 (a block is two 8-lane registers, up to 8 rows a pass) and, where the CPU has it,
-// AVX-512F (a block is one 16-lane register; 32 registers hold the sums of up to 16 rows a pass, or of more
-// streams). Each lane computes the same FMA chain in both, so their results are bitwise equal: the choice changes
+// copies from one: run()): AVX2 (a block is two 8-lane registers, up to 8 rows a pass, more in tiles: gemm2) and,
+// where the CPU has it, AVX-512F (a block is one 16-lane register; 32 registers hold the sums of up to 16 rows a pass,
+// or of more streams). Each lane computes the same FMA chain in both, so their results are bitwise equal: the choice changes
 // speed, never a token. HFS_KERNEL_ISA=avx2 forces the AVX2 code.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -38,7 +38,7 @@
 namespace {
 
 constexpr int64_t BLOCK = 16;     // output columns per block: two AVX2 registers
-constexpr int64_t MAX_ROWS = 8;   // rows per pass over the weight (2 x 8 accumulators: a few spill)
+constexpr int64_t MAX_ROWS = 8;   // rows per pass over the weight (2 x 8 accumulators: a few spill); more: gemm2
 constexpr int64_t AHEAD_BYTES = 2048;  // one stream (4+ rows): prefetch 2 KiB ahead of it
 // AVX-512, 8+ rows: compute-bound with the weight coming from memory, every stream is prefetched into L2 8 KiB ahead
 // (2 KiB into L1 was too late for 13-16 rows: SmolLM2's weights for 13 rows 40.4 -> 36.7 ms, 16 rows 44.3 -> 43.7)
@@ -154,6 +154,88 @@ using RowsFn = void (*)(const Args&);
 template <typename W>
 constexpr RowsFn ROWS[MAX_ROWS] = {rows<W, 1>, rows<W, 2>, rows<W, 3>, rows<W, 4>,
                                    rows<W, 5>, rows<W, 6>, rows<W, 7>, rows<W, 8>};
+
+// ---- AVX2, more rows than a pass holds (9+: batches, trees of 9-16 nodes): a cache-blocked product --------------------
+// Passes of 8 rows read the whole weight once per pass: 16 rows read it twice, the second time from L3 at best (a
+// SmolLM2 MLP weight, 3.5 MB) and from memory for an output layer of 113 MB. Here the rows are packed input-major in
+// tiles of up to 6 (xp [tiles][in][6]: a tile's broadcasts read one sequential stream) and the blocks are taken in
+// panels of about PANEL2_BYTES that stay in L2 while every tile passes over them, the next panel prefetched into L2
+// meanwhile: the weight comes from memory once. A tile's 6 rows x 2 registers of sums, the block's 2 and the broadcast
+// fill 15 of the 16 registers (the 8-row passes spill). Every output is the few-row code's FMA chain (zero, then
+// fmadd(x[m, i], w[i]) in input order, then the scale and bias in store()), so a row's result is bitwise what a pass
+// of 8 rows, or plain decoding's one row, gives it.
+constexpr int GEMM2_ROWS = 6;
+constexpr int64_t PANEL2_BYTES = 192 * 1024;
+
+template <typename W, int R>
+void tile2(const float* xp, const W* r, int64_t in, float* sums, const char* next, int64_t next_lines) {
+  __m256 lo[R], hi[R];
+#pragma GCC unroll 8
+  for (int m = 0; m < R; ++m) lo[m] = hi[m] = _mm256_setzero_ps();
+  const int64_t per = (next_lines + in - 1) / in, ahead = AHEAD_BYTES / sizeof(W);  // next panel's lines per input
+  for (int64_t i = 0; i < in; ++i) {
+    for (int64_t l = i * per; l < std::min(next_lines, i * per + per); ++l) _mm_prefetch(next + l * 64, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(r + i * BLOCK + ahead), _MM_HINT_T0);  // from L2, 2 KiB ahead
+    __m256 w0, w1;
+    load2(r + i * BLOCK, w0, w1);
+#pragma GCC unroll 8
+    for (int m = 0; m < R; ++m) {
+      const __m256 xm = _mm256_broadcast_ss(xp + i * GEMM2_ROWS + m);
+      lo[m] = _mm256_fmadd_ps(xm, w0, lo[m]);
+      hi[m] = _mm256_fmadd_ps(xm, w1, hi[m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < R; ++m) {
+    _mm256_store_ps(sums + m * BLOCK, lo[m]);
+    _mm256_store_ps(sums + m * BLOCK + 8, hi[m]);
+  }
+}
+
+template <typename W>
+using TileFn = void (*)(const float*, const W*, int64_t, float*, const char*, int64_t);
+template <typename W>
+constexpr TileFn<W> TILES2[GEMM2_ROWS] = {tile2<W, 1>, tile2<W, 2>, tile2<W, 3>, tile2<W, 4>, tile2<W, 5>, tile2<W, 6>};
+
+template <typename W>
+void gemm2(const Args& a, int64_t m_total) {
+  constexpr int R = GEMM2_ROWS;
+  const W* wb = static_cast<const W*>(a.wb);
+  const int64_t in = a.in, blocks = (a.out + BLOCK - 1) / BLOCK, tiles = (m_total + R - 1) / R;
+  std::vector<float> packed(tiles * in * R);
+  float* xp = packed.data();
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t m = 0; m < R; ++m) {
+      const int64_t row = t * R + m;
+      if (row >= m_total) break;  // the last tile's missing rows are never read (its tile2 takes fewer)
+      float* dst = xp + t * in * R + m;
+      const float* src = a.x + row * in;
+      for (int64_t i = 0; i < in; ++i) dst[i * R] = src[i];
+    }
+  const int64_t block_bytes = in * BLOCK * static_cast<int64_t>(sizeof(W));
+  const int64_t panel = std::max<int64_t>(1, PANEL2_BYTES / block_bytes);  // blocks per panel
+  at::parallel_for(0, (blocks + panel - 1) / panel, 1, [&](int64_t p0, int64_t p1) {
+    alignas(32) float sums[R * BLOCK];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t jb = p * panel, je = std::min(blocks, jb + panel);
+      // this thread's next panel, a share of its lines in each of this panel's tile passes
+      const int64_t next_blocks = p + 1 < p1 ? std::min(blocks, je + panel) - je : 0;
+      const char* next = reinterpret_cast<const char*>(wb + je * in * BLOCK);
+      const int64_t lines = next_blocks * block_bytes / 64, passes = tiles * (je - jb);
+      const int64_t share = (lines + passes - 1) / passes;
+      int64_t pass = 0;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int rows = static_cast<int>(std::min<int64_t>(R, m_total - t * R));
+        for (int64_t j = jb; j < je; ++j, ++pass) {
+          const int64_t from = std::min(lines, pass * share);
+          TILES2<W>[rows - 1](xp + t * in * R, wb + j * in * BLOCK, in, sums, next + from * 64,
+                              std::min(lines, from + share) - from);
+          store(sums, rows, a.scale, a.b, a.y + t * R * a.out, a.out, j);
+        }
+      }
+    }
+  });
+}
 
 // ---- AVX-512F: one register per block and row ---------------------------------------------------------------
 constexpr int64_t MAX_ROWS_512 = 16;  // rows per pass: 16 sums + the weight in 32 registers
@@ -312,6 +394,15 @@ bool use_avx512() {
   return isa == 1;
 }
 
+// HFS_KERNEL_TILES=0: AVX2 products of 9+ rows in passes of 8 rows over the weight, as before gemm2 (to compare)
+bool avx2_tiles() {
+  static const bool yes = [] {
+    const char* value = std::getenv("HFS_KERNEL_TILES");
+    return !(value && std::strcmp(value, "0") == 0);
+  }();
+  return yes;
+}
+
 template <typename W>
 void run(Args a, int64_t m_total) {
   // fp32 copies: AVX-512 from 4 rows, since fewer rows are bound by memory either way and read it faster with the
@@ -320,7 +411,8 @@ void run(Args a, int64_t m_total) {
   // benchmarks/kernel_copies.py, two runs: bf16 one row 97-111 ms AVX-512, 106-116 AVX2, two rows 102-115 and
   // 133-152; int8 one row 62-67 and 98-100; fp32 186-207 either way)
   const bool wide = use_avx512() && (sizeof(W) < sizeof(float) || m_total >= 4);
-  if (wide && m_total > MAX_ROWS_512) return gemm512<W>(a, m_total);  // AVX2: passes of 8 rows, as ever
+  if (wide && m_total > MAX_ROWS_512) return gemm512<W>(a, m_total);
+  if (!wide && m_total > MAX_ROWS && avx2_tiles()) return gemm2<W>(a, m_total);  // the weight read once, not per 8 rows
   const int64_t group = wide ? MAX_ROWS_512 : MAX_ROWS;
   const float* x = a.x;
   float* y = a.y;

@@ -24,7 +24,7 @@ from ...core.policy import check_input_ids
 
 
 # The default longest draft of a copy under way: a verification of more than 16 rows leaves the CPU kernel's few-row
-# code (cpu/kernel.py's MAX_ROWS: on AVX2 CPUs for oneDNN, on AVX-512 for its cache-blocked product, where each row
+# code (cpu/kernel.py's MAX_ROWS) for its cache-blocked product (or oneDNN under HFS_KERNEL_GEMM=0), where each row
 # costs a row's arithmetic: 17-32 rows 3.7 ms a row more at SmolLM2's shapes), and those timings, learned into the
 # target's shared cost model, move every drafter's decisions on that model (early exit and Medusa stopped drafting
 # after long copies). Copies of 32 or 64 tokens did not shorten the app's "answer from a context" (7-8 forwards as
