@@ -20,8 +20,8 @@
 // Two instruction sets, chosen at run time (the CPU's, once; AVX-512 for fp32 copies from 4 rows, for bf16 and int8
 // copies from one: run()): AVX2 (a block is two 8-lane registers, up to 8 rows a pass, more in tiles: gemm2) and,
 // where the CPU has it, AVX-512F (a block is one 16-lane register; 32 registers hold the sums of up to 16 rows a pass,
-// or of more streams). Each lane computes the same FMA chain in both, so their results are bitwise equal: the choice changes
-// speed, never a token. HFS_KERNEL_ISA=avx2 forces the AVX2 code.
+// or of more streams). Each lane computes the same FMA chain in both, so their results are bitwise equal: the choice
+// changes speed, never a token. HFS_KERNEL_ISA=avx2 forces the AVX2 code.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -155,7 +155,7 @@ template <typename W>
 constexpr RowsFn ROWS[MAX_ROWS] = {rows<W, 1>, rows<W, 2>, rows<W, 3>, rows<W, 4>,
                                    rows<W, 5>, rows<W, 6>, rows<W, 7>, rows<W, 8>};
 
-// ---- AVX2, more rows than a pass holds (9+: batches, trees of 9-16 nodes): a cache-blocked product --------------------
+// ---- AVX2, more rows than a pass holds (9+: batches, trees of 9-63 nodes): a cache-blocked product ---------------
 // Passes of 8 rows read the whole weight once per pass: 16 rows read it twice, the second time from L3 at best (a
 // SmolLM2 MLP weight, 3.5 MB) and from memory for an output layer of 113 MB. Here the rows are packed input-major in
 // tiles of up to 6 (xp [tiles][in][6]: a tile's broadcasts read one sequential stream) and the blocks are taken in
