@@ -155,6 +155,19 @@ template <typename W>
 constexpr RowsFn ROWS[MAX_ROWS] = {rows<W, 1>, rows<W, 2>, rows<W, 3>, rows<W, 4>,
                                    rows<W, 5>, rows<W, 6>, rows<W, 7>, rows<W, 8>};
 
+// The rows x [m_total, in] packed input-major in tiles of r rows (both cache-blocked products below):
+// xp [tiles][in][r], xp[t][i][m] = x[t * r + m][i], zero past m_total: a tile's broadcasts read one sequential stream.
+std::vector<float> pack_tiles(const float* x, int64_t m_total, int64_t in, int64_t r) {
+  const int64_t tiles = (m_total + r - 1) / r;
+  std::vector<float> packed(tiles * in * r);  // zeros
+  for (int64_t row = 0; row < m_total; ++row) {
+    float* dst = packed.data() + (row / r) * in * r + row % r;
+    const float* src = x + row * in;
+    for (int64_t i = 0; i < in; ++i) dst[i * r] = src[i];
+  }
+  return packed;
+}
+
 // ---- AVX2, more rows than a pass holds (9+: batches, trees of 9-63 nodes): a cache-blocked product ---------------
 // Passes of 8 rows read the whole weight once per pass: 16 rows read it twice, the second time from L3 at best (a
 // SmolLM2 MLP weight, 3.5 MB) and from memory for an output layer of 113 MB. Here the rows are packed input-major in
@@ -202,16 +215,8 @@ void gemm2(const Args& a, int64_t m_total) {
   constexpr int R = GEMM2_ROWS;
   const W* wb = static_cast<const W*>(a.wb);
   const int64_t in = a.in, blocks = (a.out + BLOCK - 1) / BLOCK, tiles = (m_total + R - 1) / R;
-  std::vector<float> packed(tiles * in * R);
-  float* xp = packed.data();
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t m = 0; m < R; ++m) {
-      const int64_t row = t * R + m;
-      if (row >= m_total) break;  // the last tile's missing rows are never read (its tile2 takes fewer)
-      float* dst = xp + t * in * R + m;
-      const float* src = a.x + row * in;
-      for (int64_t i = 0; i < in; ++i) dst[i * R] = src[i];
-    }
+  const std::vector<float> packed = pack_tiles(a.x, m_total, in, R);  // (the last tile's zero rows are not read)
+  const float* xp = packed.data();
   const int64_t block_bytes = in * BLOCK * static_cast<int64_t>(sizeof(W));
   const int64_t panel = std::max<int64_t>(1, PANEL2_BYTES / block_bytes);  // blocks per panel
   at::parallel_for(0, (blocks + panel - 1) / panel, 1, [&](int64_t p0, int64_t p1) {
@@ -337,15 +342,8 @@ void gemm512(const Args& a, int64_t m_total) {
   constexpr int R = GEMM_ROWS, S = GEMM_STREAMS;
   const W* wb = static_cast<const W*>(a.wb);
   const int64_t in = a.in, blocks = (a.out + BLOCK - 1) / BLOCK, tiles = (m_total + R - 1) / R;
-  std::vector<float> packed(tiles * in * R);
-  float* xp = packed.data();
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t m = 0; m < R; ++m) {
-      const int64_t row = t * R + m;
-      float* dst = xp + t * in * R + m;
-      const float* src = a.x + row * in;
-      for (int64_t i = 0; i < in; ++i) dst[i * R] = row < m_total ? src[i] : 0.f;
-    }
+  const std::vector<float> packed = pack_tiles(a.x, m_total, in, R);
+  const float* xp = packed.data();
   const int64_t block_bytes = in * BLOCK * static_cast<int64_t>(sizeof(W));
   const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / block_bytes / S) * S;  // blocks per panel
   at::parallel_for(0, (blocks + panel - 1) / panel, 1, [&](int64_t p0, int64_t p1) {
