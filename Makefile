@@ -106,11 +106,13 @@ TF4_SPEC ?= transformers==4.57.6
 # compiles, thousands of sampled calls, the real model in batches, the team's GPU agendas dry-run on the CPU), as CI
 # does: `make test-slow` runs them, `make test-all` everything. TEST_MARK= (empty) selects nothing out.
 TEST_MARK ?= not slow
+# more pytest options for every group (CI: a JUnit report of each group's test times, kept with its log)
+PYTEST_OPTS ?=
 test: install
 	$(PY) -m hf_speculative models fetch $(MODEL)
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; for group in $(TEST_GROUPS); do \
-		echo "===== pytest $$group"; $(PY) -m pytest $(if $(TEST_MARK),-m "$(TEST_MARK)") $$(echo $$group | tr + ' ') \
+		echo "===== pytest $$group"; $(PY) -m pytest $(if $(TEST_MARK),-m "$(TEST_MARK)") $(PYTEST_OPTS) $$(echo $$group | tr + ' ') \
 			|| status=1; \
 	done; exit $$status
 else

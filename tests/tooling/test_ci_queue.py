@@ -113,7 +113,7 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     assert [call.startswith("install") for call in calls[:2]] == [True, True]  # both venvs first, in turn
     calls = calls[2:]
     assert len(calls) == len(jobs)
-    assert sorted(call.split("TEST_GROUPS=")[1] for call in calls) == sorted(
+    assert sorted(call.split("TEST_GROUPS=")[1].split(" PYTEST_OPTS=")[0] for call in calls) == sorted(
         f'"{job.split(":", 1)[1]}"' for job in jobs)
     tf4 = [call for call in calls if "VENV=.venv-tf4" in call and "TEST_GROUPS" in call]
     assert len(tf4) == 2 and all("TEST_MARK=not single_version and not slow and not timing" in call
@@ -122,6 +122,22 @@ def test_the_queue_runs_each_job_once_and_fails_after_all_ran(tmp_path):
     queue = (logs / "queue.txt").read_text().splitlines()
     assert len(queue) == len(jobs) and sum(line.startswith("FAIL") for line in queue) == 1
     assert len(list(logs.glob("*-tf*.log"))) == len(jobs)
+    # each group's JUnit report of its tests' times beside its log (python -m tools.ci.test_times LOGDIR)
+    reports = sorted(call.split("PYTEST_OPTS=--junitxml=")[1].split()[0] for call in calls)
+    assert reports == sorted(str(log.with_suffix(".xml")) for log in logs.glob("*-tf*.log"))
+
+
+def test_each_group_passes_pytest_opts_to_its_pytest():
+    lines = _pytest_lines("test", "PYTEST_OPTS=--junitxml=/tmp/x.xml")
+    assert lines and all("--junitxml=/tmp/x.xml" in line for line in lines)
+
+
+def test_ci_logs_what_shares_the_cores_and_stops_logging_when_it_ends():
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    sampler = text.index('top -b -n 1 -o %CPU')
+    assert text.index("logs=$(mktemp -d)") < sampler < text.index("fresh=$(mktemp -d)")  # from the start
+    assert ">/dev/null 2>&1 &" in text[sampler:sampler + 300]  # CI's output is not held open by it
+    assert "trap 'kill \"$top_pid\" 2>/dev/null' EXIT" in text
 
 
 def test_timing_tests_run_alone_after_everything_else():

@@ -32,7 +32,9 @@ run_job() {  # index, "VERSION:GROUP"
     local args=("${TF5[@]}")
     [ "$version" = 4 ] && args=("${TF4[@]}")
     local start=$SECONDS
-    if make test "${args[@]}" TEST_GROUPS="\"$group\"" >"$logdir/$name.log" 2>&1; then
+    # each test's time in LOGDIR/NAME.xml (JUnit): the log's --durations shows the slowest 25 only
+    if make test "${args[@]}" TEST_GROUPS="\"$group\"" PYTEST_OPTS="--junitxml=$logdir/$name.xml" \
+        >"$logdir/$name.log" 2>&1; then
         echo "ok   $name $((SECONDS - start)) s" >>"$logdir/queue.txt"
     else
         echo "FAIL $name $((SECONDS - start)) s" >>"$logdir/queue.txt"
