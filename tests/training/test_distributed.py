@@ -37,6 +37,19 @@ def launch(*args, processes: int = 1, cpu_flag: bool = True) -> subprocess.Compl
                           capture_output=True, text=True, timeout=600)
 
 
+def run_here(*args) -> str:
+    """The command in this process: the one-process runs the two-process ones are compared with (a process of their
+    own would only add its start, ~10 s of imports here)."""
+    from typer.testing import CliRunner
+
+    from hf_speculative.cli.main import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args],
+                                env={"COLUMNS": "200", "NO_COLOR": "1", "ACCELERATE_USE_CPU": "1"})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
 def ok(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
@@ -92,7 +105,7 @@ def outcome(folder: Path) -> tuple[dict, dict, list[dict]]:
 def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_path, setup, options, per_epoch, resumed):
     one, two = tmp_path / "one", tmp_path / "two"
     for epochs in (1.5, 2.5) if resumed else (2.5,):  # the second run resumes the first one's checkpoint, mid-epoch
-        ok(launch(*train_args(setup, one, *options, "--grad-accum", 2, "--epochs", epochs)))
+        run_here(*train_args(setup, one, *options, "--grad-accum", 2, "--epochs", epochs))
         out = ok(launch(*train_args(setup, two, *options, "--grad-accum", 1, "--epochs", epochs), processes=2))
         assert out.count("drafter saved in") == 1  # the main process speaks for the run
         if resumed and epochs == 2.5:
@@ -121,7 +134,7 @@ def test_the_processes_share_the_answers(tmp_path, setup):
     ``train-eagle --prompts``, whose answers each appear once."""
     common = ["self-distill", "--target", setup / "target", "--prompts", setup / "prompts.jsonl", "--max-new-tokens", 16,
               "--batch-size", 3, "--threads", 1]
-    ok(launch(*common, "--out", tmp_path / "one.jsonl"))
+    run_here(*common, "--out", tmp_path / "one.jsonl")
     ok(launch(*common, "--out", tmp_path / "two.jsonl", processes=2))
     assert (tmp_path / "two.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
     assert not list(tmp_path.glob("*.part*"))
