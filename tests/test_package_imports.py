@@ -118,6 +118,17 @@ def test_the_cli_imports_neither_the_app_nor_the_heavy_parts():
     assert not [m for m in modules if m.startswith(unwanted)]
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["models", "list"], ["methods"]])
+def test_the_command_lines_printing_commands_start_without_torch(argv):
+    """Commands that only print load neither torch nor transformers (~4 s of this CPU's imports before their first
+    line): torch loads where a command runs a model."""
+    modules = _modules_after("import contextlib, sys\nfrom hf_speculative.cli.main import main\n"
+                             f"sys.argv = ['hf-speculative', *{argv!r}]\n"
+                             "with contextlib.suppress(SystemExit):\n    main()")
+    heavy = [m for m in modules if m.split(".")[0] in ("torch", "transformers")]
+    assert not heavy, f"hf-speculative {' '.join(argv)} imported {heavy[:5]}"
+
+
 def test_the_app_imports_neither_the_cli_nor_the_benchmark():
     app = ROOT / "hf_speculative" / "app"
     light = [f"hf_speculative.app.{p.stem}" for p in sorted(app.glob("*.py"))

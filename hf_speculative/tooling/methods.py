@@ -38,15 +38,15 @@ import importlib
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from ..drafters import registry
 from ..options import MAX_DRAFT_TOKENS, MAX_LAYERS, MAX_NGRAM, check_int
 
 MethodKind = Literal["baseline", "hfs", "transformers"]
 BuildFn = Callable[[Any, Any, dict], dict]
+if TYPE_CHECKING:  # torch loads on a method's first run: `hf-speculative --help` and `models ...` start without it
+    import torch
 
 _REGISTRY: dict[str, "MethodSpec"] = {}
 _SOURCES: dict[str, "TrainedSource"] = {}  # option naming a trained drafter -> what it names (the folders declare it)
@@ -214,6 +214,8 @@ def resolve_draft_model(spec: MethodSpec, options: dict, target: Any = None) -> 
     if draft is None:
         raise ValueError(f"method {spec.name!r} needs a draft model (option draft_model / --draft-model)")
     if isinstance(draft, str):
+        import torch
+
         from ..registry.models import load_model
 
         device = getattr(target, "device", None)
@@ -284,6 +286,8 @@ def run_method(
         < 5.14 may accept a verified block past the budget; the excess is dropped so that every method is
         compared on the same budget).
     """
+    import torch
+
     import hf_speculative as hfs
 
     spec = get_method(spec) if isinstance(spec, str) else spec
