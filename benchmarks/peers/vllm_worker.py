@@ -22,8 +22,10 @@ vllm`` writes it), each drafting ``--num-speculative-tokens``; prints ``{"ready"
 
 ``run`` (the tests: every drafter kind in one process, one ``LLM`` at a time, each freed before the next) reads a JSON
 file ``{"prompts": [[ids], ...], "max_new_tokens": N, "runs": [{"name": ..., "speculative_config": {...} or null},
-...]}`` and prints one JSON line ``{"versions": ..., "runs": {name: {"outputs": [[ids], ...], "metrics": [...]}}}``
-(a run that fails to start gets ``{"error": ...}`` instead, and the others still run).
+...]}`` and prints one JSON line ``{"versions": ..., "runs": {name: {"outputs": [[ids], ...], "metrics": [...],
+"load_seconds": ..., "generate_seconds": ...}}, "seconds": {"import": ..., "all": ...}}`` (a run that fails to start
+gets ``{"error": ..., "load_seconds": ...}`` instead, and the others still run): the engines' starts against their
+requests, where CI's check spends its minutes.
 
 Only the protocol's lines go to stdout (vLLM's logs are sent to stderr). Nothing here imports vLLM at module level,
 so the protocol is tested with a fake ``LLM`` in the main venv (tests/bench/test_peers_vllm.py).
@@ -223,20 +225,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     set_environment(args.threads, args.kv_cache_gib)
     with open(args.requests, encoding="utf-8") as f:
         job = json.load(f)
-    generate = vllm_generate()
+    started = time.perf_counter()
+    generate = vllm_generate()  # vLLM's import
+    seconds = {"import": round(time.perf_counter() - started, 1)}
     results: dict[str, Any] = {}
     for run in job["runs"]:
+        loading = time.perf_counter()
         try:
             llm = load_llm(args.model, run.get("speculative_config"), threads=args.threads,
                            max_model_len=args.max_model_len)
         except Exception as err:  # noqa: BLE001 - reported with the run; the other runs go on
-            results[run["name"]] = {"error": f"{type(err).__name__}: {err}"}
+            results[run["name"]] = {"error": f"{type(err).__name__}: {err}",
+                                    "load_seconds": round(time.perf_counter() - loading, 1)}
             continue
+        loaded = time.perf_counter() - loading
         done = [generate(llm, ids, int(job["max_new_tokens"])) for ids in job["prompts"]]
-        results[run["name"]] = {"outputs": [d["output_ids"] for d in done], "metrics": [d["metrics"] for d in done]}
+        # where a run's time goes: an engine's start (model, drafter, KV cache) against its requests
+        results[run["name"]] = {"outputs": [d["output_ids"] for d in done], "metrics": [d["metrics"] for d in done],
+                                "load_seconds": round(loaded, 1),
+                                "generate_seconds": round(sum(d["seconds"] for d in done), 1)}
         del llm
         gc.collect()
-    out.write(json.dumps({"versions": versions(), "runs": results}) + "\n")
+    seconds["all"] = round(time.perf_counter() - started, 1)
+    out.write(json.dumps({"versions": versions(), "runs": results, "seconds": seconds}) + "\n")
     out.flush()
     return 0
 

@@ -114,3 +114,34 @@ def test_preload_and_a_missing_venv(tmp_path):
     (tmp_path / "venv" / "lib" / "libiomp5.so").write_bytes(b"")
     assert vllm_engine.preload(python, "auto") == str(tmp_path / "venv" / "lib" / "libiomp5.so")
     assert vllm_engine.vllm_problem(python) == f"no {python} (make install-vllm)"
+
+
+def test_run_reports_each_engines_start_and_requests_apart(tmp_path, monkeypatch):
+    """``run`` (the -m vllm tests' worker): every run's outputs and counters, its engine's start and its requests'
+    seconds apart; a run whose engine fails to start reports its error and the others still run."""
+    clock = iter(range(0, 1000, 2))  # every reading 2 s after the last
+    monkeypatch.setattr(worker, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    out = io.StringIO()
+    monkeypatch.setattr(worker, "_protocol_stdout", lambda: out)
+    monkeypatch.setattr(worker, "set_environment", lambda threads, kv_cache_gib: None)
+
+    def load_llm(model, spec, *, threads, max_model_len):
+        if spec and spec.get("method") == "broken":
+            raise ValueError("draft_id_to_target_id is missing")
+        return FakeLLM(drafts=2 if spec else 0, accepted=1 if spec else 0)
+
+    monkeypatch.setattr(worker, "load_llm", load_llm)
+    monkeypatch.setattr(worker, "vllm_generate", lambda: lambda llm, ids, n: worker.generate_one(
+        llm, ids, n, lambda p: p, lambda k: k, clock=lambda: next(clock)))
+    requests = tmp_path / "requests.json"
+    requests.write_text(json.dumps({"prompts": [[5], [7, 8]], "max_new_tokens": 3, "runs": [
+        {"name": "plain", "speculative_config": None}, {"name": "bad", "speculative_config": {"method": "broken"}},
+        {"name": "eagle3", "speculative_config": {"method": "eagle3"}}]}))
+    assert worker.main(["run", "--model", "m", "--requests", str(requests)]) == 0
+    reply = json.loads(out.getvalue().splitlines()[-1])
+    runs = reply["runs"]
+    assert runs["plain"]["outputs"] == runs["eagle3"]["outputs"] == [[6, 7, 8], [9, 10, 11]]
+    assert runs["eagle3"]["metrics"][0]["drafts"] == 2 and runs["plain"]["metrics"][0]["drafts"] == 0
+    assert runs["bad"] == {"error": "ValueError: draft_id_to_target_id is missing", "load_seconds": 2}
+    assert runs["plain"]["load_seconds"] == 2 and runs["plain"]["generate_seconds"] == 4  # two requests, 2 s each
+    assert reply["seconds"] == {"import": 2, "all": reply["seconds"]["all"]} and reply["seconds"]["all"] > 10

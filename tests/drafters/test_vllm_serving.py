@@ -22,6 +22,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,7 +140,12 @@ def served(worker, mine):
     """vLLM's outputs and counters of every run, from the one worker process (after our side has run)."""
     out, err = worker.communicate(timeout=1500)
     assert worker.returncode == 0 and out.strip(), err[-5000:]
-    return json.loads(out.strip().splitlines()[-1])["runs"]
+    reply = json.loads(out.strip().splitlines()[-1])
+    # where the check's minutes go (CI's log shows it: .ci/run passes -rP): each engine's start and its requests
+    print(f"vLLM worker: {reply['seconds']} s; per run (start, requests): "
+          + ", ".join(f"{name} ({run.get('load_seconds')}, {run.get('generate_seconds')})"
+                      for name, run in reply["runs"].items()))
+    return reply["runs"]
 
 
 def mean_acceptance_length(metrics: list[dict]) -> float:
@@ -178,9 +184,12 @@ def mine(worker, folders, prompts):
     """Our side of every kind, ``{kind: (outputs, mean acceptance length)}``, computed while vLLM's worker runs."""
     import hf_speculative as hfs
 
+    started = time.perf_counter()
     model, _ = hfs.load_model(MODEL)
     hfs.enable(model)
-    return {kind: ours(kind, model, folders, prompts) for kind in KINDS}
+    done = {kind: ours(kind, model, folders, prompts) for kind in KINDS}
+    print(f"our side: {time.perf_counter() - started:.1f} s for {len(KINDS)} drafters")
+    return done
 
 
 @pytest.mark.parametrize("kind", KINDS)
