@@ -369,8 +369,13 @@ def status(work: Path) -> str:
         manifest = Path(record.get("folder", "")) / "MANIFEST.json"
         if step == "corpus" and record.get("folder") and manifest.is_file():
             data = json.loads(manifest.read_text())
-            lines.append(f"           {(data.get('answers') or {}).get('done', 0)}/{data.get('answers_asked')} answers "
-                         f"in {record['folder']}")
+            done = written = (data.get("answers") or {}).get("done", 0)
+            if not record["done"]:  # the manifest counts the chunks finished; the files hold every answer written
+                from tools.corpus.answers import progress
+
+                written = progress(Path(record["folder"]))["done"]
+            lines.append(f"           {written}/{data.get('answers_asked')} answers in {record['folder']}"
+                         + (f" ({done} in finished chunks)" if written != done else ""))
         index = Path(work) / "features" / "index.json"
         if step == "features" and index.is_file():  # examples finished: the index's prefix, its runs, the notes
             lines.append(f"           {finished_examples(index.parent)}/{json.loads(index.read_text())['num_examples']} "

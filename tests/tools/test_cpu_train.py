@@ -150,6 +150,9 @@ def test_the_corpus_step_builds_or_resumes_the_issues_corpus_first(tmp_path, mon
     agenda = json.loads((work / "agenda.json").read_text())
     assert not agenda["steps"]["corpus"]["done"] and "settings" not in agenda
     assert "built" in (work / "logs" / "corpus.log").read_text() and "3/4 answers in" in status(work)
+    with open(corpus / "answers" / "train.jsonl", "a") as f:  # written since the manifest's last count (a chunk on)
+        f.write(json.dumps({"id": 9, "prompt_tokens": [1], "response_tokens": [2]}) + "\n")
+    assert f"4/4 answers in {corpus} (3 in finished chunks)" in status(work)
     assert main([*args, "--steps", "corpus,features"]) == 0  # resumed to the end; then the features' pass
     agenda = json.loads((work / "agenda.json").read_text())
     assert agenda["steps"]["corpus"]["done"] and agenda["steps"]["corpus"]["runs"] == 2 and started == ["features"]
