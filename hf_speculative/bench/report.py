@@ -130,6 +130,8 @@ def format_report(records: list[dict], reference: str | None = None) -> str:
     """The full markdown report: per run, a table per category and one overall (if several categories)."""
     if not records:
         return "No benchmark records.\n"
+    from .bandwidth import describe as describe_bandwidth  # torch: the command line's printing commands load none
+
     parts = ["# Speculative decoding benchmark"]
     for run_id in _ordered(r.get("run_id", "") for r in records):
         run = [r for r in records if r.get("run_id", "") == run_id]
@@ -152,7 +154,7 @@ def format_report(records: list[dict], reference: str | None = None) -> str:
             rows = summarize(subset, reference)
             parts.append(markdown_table(rows, reference))
             greedy = next((row for row in rows if row["method"] == BASELINE and row["tokens_per_s"]), None)
-            line = greedy and _describe_bandwidth(first, tokens_per_s=greedy["tokens_per_s"],
+            line = greedy and describe_bandwidth(first, tokens_per_s=greedy["tokens_per_s"],
                                                  threads=first.get("threads", 1))
             if line:
                 parts.append(f"{BASELINE} (plain decoding): {line}")
@@ -177,10 +179,3 @@ def write_report(path: str | os.PathLike, reference: str | None = None,
     md_path.write_text(text, encoding="utf-8")
     return text, md_path
 
-
-def _describe_bandwidth(run: dict, **measured: Any) -> str | None:
-    """:func:`~hf_speculative.bench.bandwidth.describe`, imported on use: it needs torch, which the command line's
-    commands that only print (``--help``, ``models list``) never load."""
-    from .bandwidth import describe
-
-    return describe(run, **measured)

@@ -10,6 +10,20 @@ import pytest
 import hf_speculative as hfs
 from tests.conftest import CHAT_WORDS
 
+CLI_ENV = {"COLUMNS": "200", "NO_COLOR": "1"}  # rich's output wide and plain, so that tests can read it
+
+
+def run_cli(*args, **env):
+    """``hf-speculative ARGS`` in this process (typer's ``CliRunner``), asserted to exit 0; ``env`` adds to its
+    environment. Returns the ``Result``."""
+    from typer.testing import CliRunner
+
+    from hf_speculative.cli.main import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args], env={**CLI_ENV, **env})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
 
 def write_prompts(path: Path) -> Path:
     """24 six-word prompts of the chat words (``{"id", "prompt"}`` rows) written to ``path`` as JSON lines."""

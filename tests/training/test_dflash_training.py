@@ -25,15 +25,9 @@ from hf_speculative.training.dflash import (
     window_embedder,
 )
 from tests.conftest import PROMPT, build_model, prompt_inputs, stock_generate
+from tests.training.conftest import CLI_ENV as ENV
 from tests.training.conftest import assert_drafts_exactly
-
-ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
-
-
-def run(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return result
+from tests.training.conftest import run_cli as run
 
 
 def refused(*args) -> str:

@@ -20,34 +20,23 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import CHAT_WORDS
+from tests.training.conftest import run_cli
 
 pytestmark = pytest.mark.single_version  # two processes through torch.distributed: CI runs it on 5.x only
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def launch(*args, processes: int = 1, cpu_flag: bool = True) -> subprocess.CompletedProcess:
+def launch(*args, processes: int = 2, cpu_flag: bool = True) -> subprocess.CompletedProcess:
+    """``hf-speculative ARGS`` in ``processes`` processes under torchrun (the one-process references run in the
+    test's own process: ``run_cli``, ~10 s of imports less each)."""
     env = {k: v for k, v in os.environ.items() if k not in ("ACCELERATE_USE_CPU", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", COLUMNS="200", NO_COLOR="1")
     if cpu_flag:
         env["ACCELERATE_USE_CPU"] = "1"
-    runner = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-              if processes > 1 else [sys.executable])
+    runner = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     return subprocess.run([*runner, "-m", "hf_speculative", *map(str, args)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
-
-
-def run_here(*args) -> str:
-    """The command in this process: the one-process runs the two-process ones are compared with (a process of their
-    own would only add its start, ~10 s of imports here)."""
-    from typer.testing import CliRunner
-
-    from hf_speculative.cli.main import app
-
-    result = CliRunner().invoke(app, [str(a) for a in args],
-                                env={"COLUMNS": "200", "NO_COLOR": "1", "ACCELERATE_USE_CPU": "1"})
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return result.output
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
@@ -105,7 +94,7 @@ def outcome(folder: Path) -> tuple[dict, dict, list[dict]]:
 def test_two_processes_train_what_one_trains_with_twice_the_accumulation(tmp_path, setup, options, per_epoch, resumed):
     one, two = tmp_path / "one", tmp_path / "two"
     for epochs in (1.5, 2.5) if resumed else (2.5,):  # the second run resumes the first one's checkpoint, mid-epoch
-        run_here(*train_args(setup, one, *options, "--grad-accum", 2, "--epochs", epochs))
+        run_cli(*train_args(setup, one, *options, "--grad-accum", 2, "--epochs", epochs), ACCELERATE_USE_CPU="1")
         out = ok(launch(*train_args(setup, two, *options, "--grad-accum", 1, "--epochs", epochs), processes=2))
         assert out.count("drafter saved in") == 1  # the main process speaks for the run
         if resumed and epochs == 2.5:
@@ -134,7 +123,7 @@ def test_the_processes_share_the_answers(tmp_path, setup):
     ``train-eagle --prompts``, whose answers each appear once."""
     common = ["self-distill", "--target", setup / "target", "--prompts", setup / "prompts.jsonl", "--max-new-tokens", 16,
               "--batch-size", 3, "--threads", 1]
-    run_here(*common, "--out", tmp_path / "one.jsonl")
+    run_cli(*common, "--out", tmp_path / "one.jsonl", ACCELERATE_USE_CPU="1")
     ok(launch(*common, "--out", tmp_path / "two.jsonl", processes=2))
     assert (tmp_path / "two.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
     assert not list(tmp_path.glob("*.part*"))

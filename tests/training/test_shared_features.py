@@ -18,20 +18,14 @@ from hf_speculative.training.cache_cli import default_layers
 from hf_speculative.training.config import TrainConfig
 from hf_speculative.training.data import FeatureCache, read_examples
 from hf_speculative.training.selfdistill import generate_responses
+from tests.training.conftest import CLI_ENV as ENV
+from tests.training.conftest import run_cli as run
 from tests.training.conftest import write_prompts
 from tests.training.test_dflash_training import deep_chat_checkpoint  # noqa: F401 (a fixture)
-
-ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 
 def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args], env=ENV)
-
-
-def run(*args):
-    result = invoke(*args)
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return result
 
 
 @pytest.fixture

@@ -13,15 +13,9 @@ from typer.testing import CliRunner
 
 import hf_speculative as hfs
 from hf_speculative.cli.main import app
+from tests.training.conftest import CLI_ENV as ENV
 from tests.training.conftest import assert_drafts_exactly
-
-ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
-
-
-def run(*args):
-    result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return result
+from tests.training.conftest import run_cli as run
 
 
 @pytest.mark.parametrize("version", ["--eagle3", "--eagle1"])
@@ -179,9 +173,9 @@ def test_train_eagle_refresh_vocab(tmp_path, chat_checkpoint, prompts):
     """``--init-from D --refresh-vocab``: the draft vocabulary is chosen again from the run's data at
     ``--draft-vocab-size`` (bigger here); rows of tokens the drafter had keep their trained weights,
     new tokens start from the target's lm_head rows; the result trains, saves, reloads and is exact."""
+    from hf_speculative import compat
     from hf_speculative.drafters.eagle import checkpoints
     from hf_speculative.training.config import TrainConfig
-    from hf_speculative import compat
     from hf_speculative.training.data import draft_vocabulary, read_examples
     from hf_speculative.training.start import initial_network
 

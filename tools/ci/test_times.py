@@ -34,10 +34,10 @@ def summarize(logdir: Path, top: int = 30, by: str = "file") -> str:
     for report in reports:
         rows = case_times(report)
         lines.append(f"{report.stem:<70} {sum(t for _, _, t in rows):8.1f} s  {len(rows):5d} tests")
+        parts = report.stem.split("-")  # NN-tfV-GROUP: the version, tf4 or tf5
+        version = f"{parts[1]} " if len(parts) > 2 and parts[1].startswith("tf") else ""
         for path, name, seconds in rows:
-            key = path if by == "file" else f"{path}::{name}"
-            parts = report.stem.split("-")  # NN-tfV-GROUP: the version, tf4 or tf5
-            key = f"{parts[1]} {key}" if len(parts) > 2 and parts[1].startswith("tf") else key
+            key = version + (path if by == "file" else f"{path}::{name}")
             totals[key] += seconds
             counts[key] += 1
     everything = sum(totals.values())
