@@ -96,6 +96,10 @@ def test_every_registered_method_equals_greedy(target, prompt_ids, greedy, draft
         assert run.target_forwards < NEW_TOKENS or run.accepted == 0, run
 
 
+# in `make test-fast` (-m smoke), out of the default: CI's fresh-machine check sends this request through the same
+# client to the app served from `make demo` and from the Spaces files, and tests/app/test_browser.py runs the page on
+# the default model
+@pytest.mark.slow
 def test_the_app_answers_one_request(target):
     """The app on the default model, one visitor's request through gradio_client (the CI script's client)."""
     from hf_speculative.app.cache import ModelCache

@@ -524,6 +524,7 @@ def test_showcase_runs_compare_on_its_own_prompt(cli, chat_checkpoint):
 
 
 @pytest.mark.integration
+@pytest.mark.single_version  # the default model's acceptance; the command on both versions: the test above
 def test_showcase_pays_off_on_the_default_model(cli, monkeypatch):
     """The showcase's point: the default model copies the list, so prompt lookup's drafts are accepted (tau well
     above 1; the getting-started's "Copy this sentence" prompt gave 1.0, the model did not copy). Acceptance is the

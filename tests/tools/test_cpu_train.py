@@ -33,6 +33,9 @@ def corpus(tmp_path, deep_chat_checkpoint):  # noqa: F811
     return tmp_path / "corpus"
 
 
+# the whole agenda end to end (184 s in CI's run of 2026-12-02): slow; its commands, budgets, status and resumption are the
+# fast tests below, each trainer's run end to end is tests/training's
+@pytest.mark.slow
 @pytest.mark.single_version  # the agenda's order, budgets and resumption; each trainer runs on both versions already
 def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, deep_chat_checkpoint, corpus,  # noqa: F811
                                                                    capsys):
@@ -93,6 +96,34 @@ def test_the_agenda_trains_three_drafters_and_goes_on_after_a_stop(tmp_path, dee
     assert sorted(path.name for path in (work / "tau").glob("*.jsonl")) == [
         f"trained-{kind}-spec_bench.jsonl" for kind in ("dflash", "eagle", "medusa")]  # a tiny target ships none
     assert "trained-eagle-spec_bench: 2 prompts, chain5 τ" in status(work)
+
+
+@pytest.mark.parametrize("target, precision", [("smollm2-135m-instruct", "bf16"), ("some/other-model", "no")])
+def test_each_trainers_command_gets_its_budget_less_a_third_of_the_features_pass(tmp_path, capsys, target, precision):
+    """What the slow end-to-end run above checks of the commands, without running them: the agenda's settings, each
+    trainer's budget (4 hours less a third of the features' pass), its data and cache, the shipped drafter continued on
+    the default target only, and accelerate's mixed precision for the trainers alone."""
+    work, corpus = tmp_path / "work", tmp_path / "corpus"
+    (corpus / "answers").mkdir(parents=True)
+    (corpus / "answers" / "train.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(90)))
+    work.mkdir()
+    agenda = {"steps": {"corpus": {"seconds": 0.0, "done": True, "runs": 0},
+                        "features": {"seconds": 1800.0, "done": True, "runs": 1}}}
+    (work / "agenda.json").write_text(json.dumps(agenda))
+    args = ["--work", str(work), "--corpus", str(corpus), "--target", target, "--max-examples", "60",
+            "--mixed-precision", precision, "--steps", "eagle,dflash,medusa", "--dry-run"]
+    assert main(args) == 0
+    lines = {line.split("] ", 1)[1].split(":", 1)[0]: line.split(": ", 1)[1]
+             for line in capsys.readouterr().out.splitlines() if line.startswith("[")}
+    assert sorted(lines) == ["dflash", "eagle", "medusa"]
+    for step, shown in lines.items():
+        assert shown.startswith("ACCELERATE_MIXED_PRECISION=bf16 ") == (precision == "bf16"), shown
+        assert f"train-{step} --target {target} " in shown and "--max-examples 60 " in shown
+        assert f"--data {corpus / 'answers' / 'train.jsonl'} " in shown
+        assert f"--feature-cache {work / 'features'} " in shown and f"--out {work / step} " in shown
+        assert "--max-minutes 230.0 " in shown  # 240 less 30 / 3
+    assert ("--init-from smollm2-135m-instruct --refresh-vocab" in lines["eagle"]) == (target != "some/other-model")
+    assert not json.loads((work / "agenda.json").read_text()).get("settings")  # a dry run keeps nothing
 
 
 def test_the_status_counts_the_features_finished_by_every_process(tmp_path):

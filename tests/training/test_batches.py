@@ -98,6 +98,8 @@ def test_batches_group_similar_lengths_in_a_seeded_order():
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 
 
+# resumption is accelerate's and ours: the target's forward that it trains on is test_train_cli's on both versions
+@pytest.mark.single_version
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, chat_checkpoint, chat_answers, batch):
     """Running the finished command again resumes from its last checkpoint, before the end, and
@@ -118,6 +120,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, chat_check
         torch.testing.assert_close(value, weights[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.single_version  # our checkpoint's key names, whatever transformers' version
 def test_a_checkpoint_of_the_older_layout_resumes(tmp_path, chat_checkpoint, chat_answers):
     """Before the loss ran inside the module accelerate wraps, checkpoints held the drafter's weights
     without the wrapper's ``net.`` prefix; such a checkpoint resumes to the same weights."""

@@ -55,6 +55,9 @@ TRAINERS = {
 }
 
 
+# the cache's columns read as each trainer's own; the target's forward that fills it is tests/training/test_data.py's on
+# both versions
+@pytest.mark.single_version
 def test_every_trainer_reads_the_shared_cache_as_its_own(tmp_path, deep_chat_checkpoint, answers):  # noqa: F811
     shared = tmp_path / "shared"
     result = run("cache-features", "--target", deep_chat_checkpoint, "--data", answers, "--out", shared,
