@@ -29,6 +29,14 @@ def paths(groups: list[str]) -> list[str]:
     return sorted(path for group in groups for path in group.split("+"))
 
 
+def test_cis_shell_scripts_parse():
+    """``bash -n`` over CI's scripts: a comment line that lost its ``#`` (one did, with an unmatched quote) stops
+    .ci/run with a syntax error where no test here executes it."""
+    for script in [ROOT / ".ci" / "run", *sorted((ROOT / "tools" / "ci").glob("*.sh"))]:
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{script}: {done.stderr}"
+
+
 def test_every_test_folder_is_in_a_makefile_group():
     folders = {f"tests/{p.parent.relative_to(ROOT / 'tests').parts[0]}" for p in (ROOT / "tests").rglob("test_*.py")
                if p.parent != ROOT / "tests"}
