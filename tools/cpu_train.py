@@ -8,7 +8,9 @@ EAGLE-3, DFlash and Medusa trained on them (``--feature-cache``), each within it
 
 Every step is a ``hf-speculative`` command in ``--processes`` one-thread processes (``torchrun``: on a small target
 two such processes train 1.19x faster than one with two threads, ``benchmarks/training-history.md``), its output in
-``WORK/logs/STEP.log``. The corpus step builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2% held
+``WORK/logs/STEP.log``. The corpus step first restores a missing ``--corpus`` from the committed parts in
+``data/snapshots/corpus-TARGET`` where there are any (``python -m tools.corpus snapshot``: a lost machine took the
+corpus with it three times), then builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2% held
 out, 192 new tokens, in bfloat16 where the CPU multiplies it natively, else float32: ``native_bf16``) into
 ``--corpus`` when nothing is there, resumes one whose manifest says it is unfinished with the same command (in its own
 dtype; one of other settings is refused by the build, which names them), and takes a finished one (or answers made
@@ -51,6 +53,7 @@ CORPUS_RECIPE = ["--answers", "20000", "--mix", MIX, "--held-out", f"{HELD_OUT:g
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's flags of native bfloat16 products
 HELD_OUT_QUESTIONS, HELD_OUT_PER_CATEGORY = "held_out.jsonl", 10  # the drafters' held-out benchmark (issue 72)
 ROOT = Path(__file__).resolve().parents[1]  # the repository: tools.corpus runs from it
+SNAPSHOTS = ROOT / "data" / "snapshots"  # committed corpus checkpoints (tools/corpus/snapshot.py): corpus-TARGET
 VALIDATIONS = 8  # per training run, the last at its end
 SAVE_EVERY_S = 60.0  # how often a running step's wall time is written to the agenda
 RECIPES = {
@@ -210,12 +213,36 @@ def run_step(step: str, settings: dict, work: Path, agenda: Agenda, *, dry_run: 
     return run_command(step, argv, work, agenda, precision=precision, dry_run=dry_run)
 
 
+def snapshot_folder(target: str) -> Path:
+    """Where the agenda looks for ``target``'s committed corpus checkpoints (``--corpus-snapshots``' default)."""
+    return SNAPSHOTS / f"corpus-{Path(target).name}"
+
+
+def restore_corpus(corpus: Path, snapshots: Path, *, dry_run: bool = False) -> bool:
+    """A missing corpus rebuilt from the committed parts in ``snapshots`` (:mod:`tools.corpus.snapshot`), when there
+    are any, so that a new machine goes on where the last snapshot ended rather than from nothing; returns whether
+    it was (or, in a dry run, would be)."""
+    from tools.corpus.snapshot import part_files, restore
+
+    parts = part_files(snapshots)
+    if not parts or corpus.exists() and any(corpus.iterdir()):
+        return False
+    print(f"corpus: restoring {corpus} from {len(parts)} parts in {snapshots}", flush=True)
+    if not dry_run:
+        done = restore(snapshots, corpus)
+        print("corpus: restored " + ", ".join(f"{name} {n} rows" for name, n in done["rows"].items()), flush=True)
+    return True
+
+
 def corpus_step(corpus: Path, target: str, processes: int, work: Path, agenda: Agenda, *,
-                dry_run: bool = False) -> int:
-    """The corpus step: a complete corpus is taken as it is; else the issue's is built or resumed (the agenda's other
-    steps wait for it). A complete one gets its held-out question file (:func:`held_out_questions`). Returns an exit
-    code."""
+                dry_run: bool = False, snapshots: Path | None = None) -> int:
+    """The corpus step: a missing corpus is first restored from ``snapshots``' committed parts where there are any
+    (:func:`restore_corpus`); a complete corpus is taken as it is; else the issue's is built or resumed (the agenda's
+    other steps wait for it). A complete one gets its held-out question file (:func:`held_out_questions`). Returns an
+    exit code."""
     record, state = agenda.step("corpus"), corpus_state(corpus)
+    if state == "missing" and snapshots is not None and restore_corpus(corpus, snapshots, dry_run=dry_run):
+        state = corpus_state(corpus)
     if state == "complete":
         print(f"corpus: {corpus} is complete; taken as it is", flush=True)
         if not dry_run:
@@ -429,6 +456,9 @@ def main(argv: list[str] | None = None, *, own_session: bool = False) -> int:
     parser.add_argument("--corpus", type=Path, help="the corpus's folder (python -m tools.corpus build --out): built "
                         "there by the corpus step when it is missing or unfinished; its answers/train.jsonl is read "
                         "as it is once the corpus is complete")
+    parser.add_argument("--corpus-snapshots", type=Path, help="committed checkpoints of the corpus (python -m "
+                        "tools.corpus snapshot --to): a missing --corpus is restored from them first (default "
+                        "data/snapshots/corpus-TARGET in the repository; 'none': never)")
     parser.add_argument("--steps", default=",".join(STEPS), help="steps to run, in order (default %(default)s)")
     parser.add_argument("--processes", type=int, default=2, help="one-thread processes per step (default 2)")
     parser.add_argument("--hours-per-drafter", type=float, default=4.0, help="each drafter's budget, the features' "
@@ -469,7 +499,10 @@ def main(argv: list[str] | None = None, *, own_session: bool = False) -> int:
             print(f"{step}: done already ({agenda.step(step)['seconds'] / 60:.1f} min)", flush=True)
             continue
         if step == "corpus":
-            if corpus_step(corpus, args.target, args.processes, work, agenda, dry_run=args.dry_run) != 0:
+            snapshots = None if str(args.corpus_snapshots) == "none" else \
+                (args.corpus_snapshots or snapshot_folder(args.target))
+            if corpus_step(corpus, args.target, args.processes, work, agenda, dry_run=args.dry_run,
+                           snapshots=snapshots) != 0:
                 return 1
             continue
         if corpus_state(corpus) != "complete":

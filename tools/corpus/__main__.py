@@ -1,16 +1,19 @@
-"""``python -m tools.corpus build|status|lists|questions``: the self-distillation corpus in one command.
+"""``python -m tools.corpus build|status|lists|questions|snapshot|restore``: the self-distillation corpus in one command.
 
     python -m tools.corpus build --target smollm2-135m-instruct --out ~/corpora/smollm2 --answers 20000
     python -m tools.corpus status --out ~/corpora/smollm2
     python -m tools.corpus lists --out lists/ --answers 20000   # then, elsewhere: build ... --lists lists/
     python -m tools.corpus questions --out ~/corpora/smollm2 --to held_out.jsonl --per-category 10
+    python -m tools.corpus snapshot --out ~/corpora/smollm2 --to data/snapshots/corpus-smollm2   # restore --from
 
 ``build`` writes the prompt list (WordNet, the target's own messages, the team's templates, in the --mix's
 proportions, deduplicated, without Spec-Bench's questions, a held-out split by hash), then the target's greedy
 answers to it. The same command resumes a stopped run; a larger --answers grows the corpus, keeping every prompt
 and answer it has. ``lists`` writes the WordNet and built-in candidates to files for a build on a machine without
 Debian's WordNet and fortune files (a lent GPU: ``build --device cuda --lists DIR``). ``questions`` writes the
-held-out prompts as a Spec-Bench question file, for the benchmarks' ``--dataset``. Run it from the repository's
+held-out prompts as a Spec-Bench question file, for the benchmarks' ``--dataset``. ``snapshot`` adds a compressed
+part with what a corpus gained to a folder that can be committed, and ``restore`` rebuilds the corpus from it on
+another machine (:mod:`tools.corpus.snapshot`). Run it from the repository's
 root (``tools`` is not installed with the package).
 """
 
@@ -90,6 +93,17 @@ def parser() -> argparse.ArgumentParser:
     lists.add_argument("--wordnet-dir", type=Path, help="folder of WordNet's data.noun (default /usr/share/wordnet)")
     lists.add_argument("--fortune-dir", type=Path, help="folder of the fortune files (default "
                        "/usr/share/games/fortunes)")
+    snap = sub.add_parser("snapshot", help="add a compressed part with what the corpus gained to a snapshot folder",
+                          description="Add DIR/part-NNNN.jsonl.xz: the rows the corpus's files gained since DIR's "
+                          "parts (a rewritten file whole), and its manifest; a folder that can be kept in the "
+                          "repository, so that a lost machine does not take the corpus with it (restore).")
+    snap.add_argument("--out", type=Path, required=True, help="the corpus's folder")
+    snap.add_argument("--to", type=Path, required=True, help="the snapshot folder (DIR)")
+    restore = sub.add_parser("restore", help="rebuild a corpus folder from a snapshot folder's parts",
+                             description="Write the corpus the parts of --from hold into --out (absent or empty); "
+                             "the same build command then resumes it.")
+    restore.add_argument("--from", dest="source", type=Path, required=True, help="the snapshot folder")
+    restore.add_argument("--out", type=Path, required=True, help="the corpus's folder to write")
     q = sub.add_parser("questions", help="the held-out prompts as a Spec-Bench question file (for --dataset)")
     q.add_argument("--out", type=Path, required=True, help="the corpus's folder")
     q.add_argument("--to", type=Path, required=True, help="the question file to write (JSONL)")
@@ -107,6 +121,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.command == "status":
+            print(status(args.out))
+            return 0
+        if args.command == "snapshot":
+            from .snapshot import snapshot
+
+            part = snapshot(args.out, args.to)
+            print(f"{part}: {part.stat().st_size / 1e6:.2f} MB" if part else f"{args.to}: nothing new to add")
+            return 0
+        if args.command == "restore":
+            from .snapshot import restore
+
+            done = restore(args.source, args.out)
+            print(f"{args.out}: restored from {done['parts']} parts: "
+                  + ", ".join(f"{name} {n} rows" for name, n in done["rows"].items()))
             print(status(args.out))
             return 0
         if args.command == "questions":
