@@ -14,6 +14,10 @@ import pytest
 
 from tests.conftest import ARCHS, DRAFTERS
 
+# test_integration.py's every item as collected (test, parameters, whether rotated), for test_arch_rotation.py: the
+# session's own collection, where it collected the whole module
+MATRIX = pytest.StashKey[list]()
+
 # the edge-case tests, in the order that offsets their rotations; their other parameters shift it further
 ROTATED = ("test_eos_inside_a_draft", "test_max_new_tokens_inside_a_draft", "test_stop_strings",
            "test_custom_stopping_criterion_on_a_token", "test_custom_stopping_criterion_on_length",
@@ -46,3 +50,13 @@ def pytest_collection_modifyitems(config, items):
         for item in group:
             if item.callspec.params["arch"] != kept_arch(name, item.callspec.params, archs, cases):
                 item.add_marker(pytest.mark.arch_rotated)
+    # before `-m`/`-k` deselect anything (pytest's own hooks run after a conftest's): every item of the module. The
+    # key is the one of this file imported as `tests.hf.conftest`, as test_arch_rotation.py imports it (pytest loads
+    # a conftest of a folder without __init__.py as another module, whose key would be another object)
+    from tests.hf.conftest import MATRIX as key
+
+    config.stash[key] = [{"test": getattr(item, "originalname", item.name),
+                             "params": {key: repr(value) for key, value in item.callspec.params.items()}
+                             if hasattr(item, "callspec") else {},
+                             "rotated": item.get_closest_marker("arch_rotated") is not None}
+                            for item in items if item.path.name == "test_integration.py" and item.path.parent.name == "hf"]

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.hf.conftest import ROTATED
+import pytest
+
+from tests.hf.conftest import MATRIX, ROTATED
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMP = '''
@@ -24,8 +26,16 @@ def pytest_collection_finish(session):
 '''
 
 
+def recorded(config) -> list[dict] | None:
+    """This session's own record of test_integration.py's items (tests/hf/conftest.py), where the session collected
+    the whole module (no node ids given, no ``--lf``); else None."""
+    whole = not any("::" in str(arg) for arg in config.invocation_params.args) and not config.getoption("lf", False)
+    return config.stash.get(MATRIX, None) if whole else None
+
+
 def collected(tmp_path) -> list[dict]:
-    """Every item of test_integration.py: its test, parameters and whether it carries ``arch_rotated``."""
+    """Every item of test_integration.py: its test, parameters and whether it carries ``arch_rotated``, collected in a
+    subprocess (34-59 s in CI's runs: torch, transformers and the module imported again)."""
     (tmp_path / "rotation_dump.py").write_text(DUMP)
     out = tmp_path / "items.json"
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "rotation_dump",
@@ -36,8 +46,9 @@ def collected(tmp_path) -> list[dict]:
     return json.loads(out.read_text())
 
 
-def test_the_rotation_keeps_each_case_once_and_meets_every_drafter_and_arch(tmp_path):
-    items = collected(tmp_path)
+@pytest.mark.single_version  # the marks' arithmetic over the collection: the same on both versions
+def test_the_rotation_keeps_each_case_once_and_meets_every_drafter_and_arch(tmp_path, request):
+    items = recorded(request.config) or collected(tmp_path)
     matrix = [item for item in items if item["test"] in ROTATED]
     assert {item["test"] for item in matrix} == set(ROTATED)
     assert not any(item["rotated"] for item in items if item["test"] not in ROTATED)  # greedy identity: every arch
@@ -55,3 +66,12 @@ def test_the_rotation_keeps_each_case_once_and_meets_every_drafter_and_arch(tmp_
     assert met == {(drafter, arch) for drafter in drafters for arch in archs}, "a drafter never meets an arch"
     left_out = sum(item["rotated"] for item in matrix)
     assert len(matrix) / 2 < left_out < len(matrix)  # what the 4.x run saves: over half of the matrix's cells
+
+
+@pytest.mark.slow  # a second collection of the module in a subprocess
+def test_the_sessions_record_is_the_modules_collection(tmp_path, request):
+    """The record the fast test reads is what a collection of test_integration.py alone finds."""
+    items = recorded(request.config)
+    if not items:
+        pytest.skip("this session did not collect all of tests/hf/test_integration.py (run tests/hf whole)")
+    assert items == collected(tmp_path)
