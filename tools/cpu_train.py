@@ -241,6 +241,8 @@ def corpus_step(corpus: Path, target: str, processes: int, work: Path, agenda: A
     other steps wait for it). A complete one gets its held-out question file (:func:`held_out_questions`). Returns an
     exit code."""
     record, state = agenda.step("corpus"), corpus_state(corpus)
+    if snapshots is not None:  # (--status says what a snapshot would add there)
+        record["snapshots"] = str(snapshots)
     if state == "missing" and snapshots is not None and restore_corpus(corpus, snapshots, dry_run=dry_run):
         state = corpus_state(corpus)
     if state == "complete":
@@ -403,6 +405,14 @@ def status(work: Path) -> str:
                 written = progress(Path(record["folder"]))["done"]
             lines.append(f"           {written}/{data.get('answers_asked')} answers in {record['folder']}"
                          + (f" ({done} in finished chunks)" if written != done else ""))
+            if record.get("snapshots"):  # what the committed parts lack: a machine lost now would lose it
+                from tools.corpus.snapshot import behind
+
+                lag = behind(Path(record["folder"]), Path(record["snapshots"]))
+                lines.append(f"           committed parts in {record['snapshots']}: " + (
+                    "up to date" if not lag else ", ".join(f"{name} {held}/{rows} rows" for name, (held, rows)
+                                                           in lag.items())
+                    + f" (python -m tools.corpus snapshot --out {record['folder']} --to {record['snapshots']})"))
         index = Path(work) / "features" / "index.json"
         if step == "features" and index.is_file():  # examples finished: the index's prefix, its runs, the notes
             lines.append(f"           {finished_examples(index.parent)}/{json.loads(index.read_text())['num_examples']} "

@@ -376,7 +376,8 @@ def test_a_missing_corpus_is_restored_from_its_committed_snapshot_first(tmp_path
 
     made, corpus, work = tmp_path / "made", tmp_path / "corpus", tmp_path / "work"
     (made / "answers").mkdir(parents=True)
-    (made / "answers" / "train.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in range(3)))
+    row = {"prompt_tokens": [1], "response_tokens": [2]}
+    (made / "answers" / "train.jsonl").write_text("".join(json.dumps({"id": i, **row}) + "\n" for i in range(3)))
     (made / "MANIFEST.json").write_text(json.dumps({"answers_asked": 4, "answers": {"done": 3}}))
     monkeypatch.setattr(cpu_train, "SNAPSHOTS", tmp_path / "snapshots")
     assert snapshot(made, cpu_train.snapshot_folder("smollm2-135m-instruct")).name == "part-0001.jsonl.xz"
@@ -392,6 +393,12 @@ def test_a_missing_corpus_is_restored_from_its_committed_snapshot_first(tmp_path
     assert "restored answers/train.jsonl 3 rows" in capsys.readouterr().out
     assert (corpus / "answers" / "train.jsonl").read_bytes() == (made / "answers" / "train.jsonl").read_bytes()
     assert cpu_train.corpus_state(corpus) == "unfinished" and len(commands) == 3  # then the build resumes it
+    parts = cpu_train.snapshot_folder("smollm2-135m-instruct")
+    assert f"committed parts in {parts}: up to date" in status(work)
+    with open(corpus / "answers" / "train.jsonl", "a") as f:  # the build went on: --status says what is uncommitted
+        f.write(json.dumps({"id": 3, **row}) + "\n")
+    assert (f"committed parts in {parts}: answers/train.jsonl 3/4 rows (python -m tools.corpus snapshot --out "
+            f"{corpus} --to {parts})") in status(work)
     (corpus / "answers" / "train.jsonl").write_text("")  # a corpus there is the build's to resume, not overwritten
     (corpus / "MANIFEST.json").unlink()
     assert main(args) == 0 and (corpus / "answers" / "train.jsonl").read_text() == ""

@@ -96,6 +96,21 @@ def _state(parts: list[Path]) -> dict[str, dict]:
     return state
 
 
+def behind(out: Path | str, snapshots: Path | str) -> dict[str, tuple[int, int]]:
+    """Per JSONL file of the corpus in ``out``, ``(rows the parts hold, whole rows the file has)`` where they differ:
+    what a :func:`snapshot` now would add (a rewritten file counts as all its rows)."""
+    out = Path(out).expanduser()
+    held = {name: entry["rows"] for name, entry in _state(part_files(Path(snapshots))).items()}
+    found = {}
+    for name in _corpus_files(out) if out.is_dir() else []:
+        if name.endswith(".jsonl"):
+            data = (out / name).read_bytes()
+            rows = data[:data.rfind(b"\n") + 1].count(b"\n")
+            if rows != held.get(name, 0):
+                found[name] = (held.get(name, 0), rows)
+    return found
+
+
 def _corpus_files(out: Path) -> list[str]:
     return sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
                   if p.is_file() and not p.is_symlink() and not any(SKIPPED.search(q) for q in p.relative_to(out).parts)
