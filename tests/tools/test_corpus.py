@@ -412,3 +412,25 @@ def test_questions_are_the_held_out_prompts_in_spec_bench_form(env, tmp_path, ca
     with pytest.raises(SystemExit):
         main(["questions", "--out", str(tmp_path / "none"), "--to", str(to)])
     assert "no prompt list" in capsys.readouterr().err
+
+
+def test_a_registry_targets_weights_are_recorded_once_converted(tmp_path, monkeypatch):
+    """A build that starts before the registry's target is converted (a new machine: the first load converts it)
+    records the converted weights' sha256 at the next refresh of the manifest, and never recomputes it after."""
+    from tools.corpus import build as corpus_build
+
+    calls = []
+
+    def identity(name):
+        calls.append(name)
+        return {"name": name, "registry": True, "weights_sha256": "ab" * 32}
+
+    written = []
+    monkeypatch.setattr(corpus_build, "target_identity", identity)
+    monkeypatch.setattr(corpus_build, "write_manifest", lambda out, manifest: written.append(
+        json.loads(json.dumps(manifest))))
+    manifest = {"target": {"name": "smollm2-135m-instruct", "registry": True}, "answers_asked": 1}
+    corpus_build._refresh(tmp_path, manifest)
+    assert written[-1]["target"]["weights_sha256"] == "ab" * 32 and calls == ["smollm2-135m-instruct"]
+    corpus_build._refresh(tmp_path, manifest)
+    assert calls == ["smollm2-135m-instruct"] and written[-1]["target"]["weights_sha256"] == "ab" * 32

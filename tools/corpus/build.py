@@ -208,7 +208,12 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
 
 
 def _refresh(out: Path, manifest: dict) -> None:
-    """Recount the prompts and answers from the files, and rewrite the manifest and README."""
+    """Recount the prompts and answers from the files, and rewrite the manifest and README. A registry target's
+    weights' sha256 is taken once its cache has it: on a new machine the target is converted at its first load, after
+    the build began."""
+    target = manifest.get("target") or {}
+    if target.get("registry") and not target.get("weights_sha256"):
+        manifest["target"] = target_identity(target["name"])
     manifest["prompts"] = {split: len(read_rows(prompts_path(out, split))) for split in ("train", "held_out")}
     manifest["prompts"]["total"] = sum(manifest["prompts"].values())
     manifest["answers"] = progress(out)
