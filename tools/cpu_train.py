@@ -13,7 +13,9 @@ two such processes train 1.19x faster than one with two threads, ``benchmarks/tr
 corpus with it three times), then builds the issue's corpus (``CORPUS_RECIPE``: 20,000 answers, the mix, 2% held
 out, 192 new tokens, in bfloat16 where the CPU multiplies it natively, else float32: ``native_bf16``) into
 ``--corpus`` when nothing is there, resumes one whose manifest says it is unfinished with the same command (in its own
-dtype; one of other settings is refused by the build, which names them), and takes a finished one (or answers made
+dtype, but for the answers still to write of a bfloat16 corpus on a CPU that emulates bfloat16: those in float32,
+``--answers-dtype``, recorded in its manifest; one of other settings is refused by the build, which names them), and
+takes a finished one (or answers made
 elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast where the CPU has native bf16
 products (``--mixed-precision``: AVX-512 BF16 products ran at twice fp32's rate, and a training step is mostly
 products; on an AVX2 CPU bf16 is emulated, 5-7x slower, so there they run in float32), the weights, the losses and
@@ -128,8 +130,8 @@ def native_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def corpus_dtype(corpus: Path) -> str:
-    """The answers' dtype: an unfinished corpus's own (its manifest's: a build refuses another, and one corpus has
-    one dtype), else ``bfloat16`` where the CPU multiplies it natively, ``float32`` elsewhere (:func:`native_bf16`)."""
+    """The corpus's dtype: an unfinished corpus's own (its manifest's: a build refuses another; its remaining answers
+    may come in float32 where bfloat16 is emulated, :func:`corpus_command`), else ``bfloat16`` where the CPU multiplies it natively, ``float32`` elsewhere (:func:`native_bf16`)."""
     manifest = corpus / "MANIFEST.json"
     if manifest.is_file():
         dtype = (json.loads(manifest.read_text()).get("settings") or {}).get("dtype")
@@ -141,8 +143,22 @@ def corpus_dtype(corpus: Path) -> str:
 def corpus_command(corpus: Path, target: str, processes: int) -> list[str]:
     """The issue's corpus built into ``corpus``, or resumed there (a corpus of other settings is refused by the
     build, naming them), in ``processes`` one-thread processes, in :func:`corpus_dtype`."""
+    dtype = corpus_dtype(corpus)
+    # a corpus begun in bfloat16 on another machine, resumed here where bfloat16 is emulated: its remaining answers in
+    # float32 (the build refuses this until the prompt list is complete, and records which answers came in which)
+    switch = ["--answers-dtype", "float32"] if dtype == "bfloat16" and not native_bf16() and \
+        corpus_prompts_complete(corpus) else []
     return [sys.executable, "-m", "tools.corpus", "build", "--target", target, "--out", str(corpus), *CORPUS_RECIPE,
-            "--dtype", corpus_dtype(corpus), "--processes", str(processes), "--threads", "1"]
+            "--dtype", dtype, *switch, "--processes", str(processes), "--threads", "1"]
+
+
+def corpus_prompts_complete(corpus: Path) -> bool:
+    """Whether the corpus's prompt list is complete (its manifest counts as many prompts as answers asked)."""
+    manifest = corpus / "MANIFEST.json"
+    if not manifest.is_file():
+        return False
+    data = json.loads(manifest.read_text())
+    return (data.get("prompts") or {}).get("total", 0) >= data.get("answers_asked", math.inf)
 
 
 def corpus_folder(args: argparse.Namespace, agenda: Agenda) -> Path:

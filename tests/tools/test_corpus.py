@@ -295,6 +295,25 @@ def test_max_minutes_stops_the_answers_and_the_same_command_goes_on(env, tmp_pat
         build(env["target"], out, answers=8, max_minutes=0, sort_window=0, **kw)
 
 
+def test_a_corpus_begun_in_one_dtype_answers_on_in_another_and_says_so(env, tmp_path):
+    """A corpus begun in bfloat16 resumed on a CPU that emulates it: ``answers_dtype`` writes its remaining answers
+    in float32 once the prompt list is complete (never the target's own messages), keeps the corpus's setting, and
+    records the switch in the run with the answers there at its start."""
+    out = tmp_path / "corpus"
+    kw = {**KW, "magpie": None, "mix": "wordnet=1,builtin=1", "wordnet_dir": env["wordnet_dir"],
+          "fortune_dir": env["fortune_dir"]}
+    first = build(env["target"], out, answers=8, dtype="bfloat16", max_minutes=1e-9, **kw)
+    assert first["answers"]["done"] == 0 and first["prompts"]["total"] == 8
+    with pytest.raises(ValueError, match="--answers-dtype float32: the prompt list of .* is not complete"):
+        build(env["target"], out, answers=12, dtype="bfloat16", answers_dtype="float32", **kw)  # grown: prompts first
+    again = build(env["target"], out, answers=8, dtype="bfloat16", answers_dtype="float32", **kw)
+    assert again["answers"]["done"] == 8 and again["settings"]["dtype"] == "bfloat16"
+    assert again["runs"][-1]["dtype"] == "float32" and again["runs"][-1]["answers_at_start"] == 0
+    assert "answers_at_start" not in again["runs"][0]
+    with pytest.raises(ValueError, match="dtype: 'bfloat16' there, 'float32' now"):  # the setting is still checked
+        build(env["target"], out, answers=8, dtype="float32", **kw)
+
+
 def test_the_target_on_another_device_takes_no_cpu_layout(env):
     from tools.corpus.answers import load_target
 

@@ -297,6 +297,15 @@ def test_bfloat16_only_where_the_cpu_multiplies_it_and_a_corpus_keeps_its_own(tm
     started.mkdir()
     (started / "MANIFEST.json").write_text(json.dumps({"settings": {"dtype": "bfloat16"}, "answers_asked": 4}))
     assert corpus_dtype(started) == "bfloat16"
+    # here bfloat16 is emulated (the loop left native_bf16 False): the messages still in bfloat16, but once the prompt
+    # list is complete the remaining answers in float32 (the build records the switch)
+    assert "--answers-dtype" not in cpu_train.corpus_command(started, "m", 2)
+    (started / "MANIFEST.json").write_text(json.dumps({"settings": {"dtype": "bfloat16"}, "answers_asked": 4,
+                                                       "prompts": {"total": 4}}))
+    shown = " ".join(cpu_train.corpus_command(started, "m", 2))
+    assert "--dtype bfloat16 --answers-dtype float32 " in shown
+    monkeypatch.setattr(cpu_train, "native_bf16", lambda cpuinfo=None: True)
+    assert "--answers-dtype" not in cpu_train.corpus_command(started, "m", 2)
 
 
 def test_the_tau_runs_compare_each_trained_drafter_with_the_shipped_one(tmp_path):

@@ -54,6 +54,10 @@ def _build_parser(sub) -> None:
                    "core's arithmetic: one process per core; default 1)")
     p.add_argument("--device", default="cpu", help="where the target runs: cpu (default) or cuda; on a GPU give a "
                    "--batch-size and --magpie-batch-size in the hundreds")
+    p.add_argument("--answers-dtype", choices=("float32", "bfloat16", "float16", "auto"), help="this run's answers "
+                   "in another dtype than the corpus's --dtype (still its setting), once its prompt list is complete: a "
+                   "corpus begun in bfloat16 resumed on a CPU that emulates bfloat16 (5-7x slower than float32); "
+                   "recorded in the manifest's runs")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "auto"), help="the target's dtype (default: "
                    "float32 on the CPU, the checkpoint's elsewhere)")
     p.add_argument("--sort-window", type=int, default=1024, help="prompts are sorted by length within windows of "
@@ -160,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "min_words": args.magpie_min_words, "temperature": args.magpie_temperature,
                       "top_p": args.magpie_top_p}, argv=argv, device=args.device, dtype=args.dtype,
               lists=args.lists, max_minutes=args.max_minutes, sort_window=args.sort_window,
-              processes=args.processes)
+              processes=args.processes, answers_dtype=args.answers_dtype)
     except (OSError, ValueError, Exhausted) as error:
         p.exit(2, f"{p.prog}: error: {error}\n")
     print(status(args.out))

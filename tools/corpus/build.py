@@ -87,7 +87,7 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
           wordnet_dir: Path | None = None, fortune_dir: Path | None = None, magpie: dict | None = None,
           spec_bench: Path | None = None, argv: list[str] | None = None, progress_output: bool = True,
           device: str = "cpu", dtype: str | None = None, lists: Path | None = None, max_minutes: float | None = None,
-          sort_window: int = 1024, processes: int = 1) -> dict:
+          sort_window: int = 1024, processes: int = 1, answers_dtype: str | None = None) -> dict:
     """Build, resume or grow the corpus in ``out`` to ``answers`` answers; returns its manifest.
 
     Stage 1 writes the prompt list (``prompts/*.jsonl``; :mod:`tools.corpus.prompts`), stage 2 the answers
@@ -99,7 +99,10 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
     many minutes of the build (the same command resumes); ``sort_window``: prompts answered are sorted by length
     within windows of this many (0: each chunk of answers whole); ``processes``: one-thread processes sampling the
     target's own messages and answering side by side on the CPU, each with its own copy of the target
-    (:mod:`tools.corpus.magpie_processes`, :func:`~tools.corpus.answers.answer_in_processes`).
+    (:mod:`tools.corpus.magpie_processes`, :func:`~tools.corpus.answers.answer_in_processes`); ``answers_dtype``:
+    this run's target in another dtype than the corpus's ``dtype`` (its setting, still checked), for the answers
+    still to write once the prompt list is complete (a corpus begun in bfloat16 resumed on a CPU that only emulates
+    it, 5-7x slower than float32); recorded in the manifest's run with the answers there at its start.
 
     Raises:
         ValueError: ``out`` inside the repository, bad numbers or mix, settings other than the corpus's, a
@@ -127,18 +130,28 @@ def build(target: str, out: Path | str, *, answers: int = 20_000, mix: str = DEF
                 "magpie": {k: v for k, v in options.items() if k != "progress"} if "magpie" in shares else None,
                 "wordnet_dir": str(wordnet_dir) if wordnet_dir and "wordnet" in shares else None,
                 "fortune_dir": str(fortune_dir) if fortune_dir and "wordnet" in shares else None,
-                # the target's dtype shapes every message and answer: one corpus, one dtype
+                # the target's dtype shapes every message and answer: one corpus, one dtype (a run's answers in
+                # another, --answers-dtype, are recorded in its run)
                 "dtype": dtype or ("float32" if device == "cpu" else "auto")}
     with sole_writer(out):
         check_settings(out, settings)
         check_growth(out, answers)
-        run = Target(target, cpu_layout, threads, device, dtype)
+        if answers_dtype is not None and answers_dtype != settings["dtype"] and not _prompts_complete(out, answers):
+            raise ValueError(f"--answers-dtype {answers_dtype}: the prompt list of {out} is not complete (the target's "
+                             f"own messages are sampled in the corpus's --dtype {settings['dtype']}); resume without "
+                             "--answers-dtype until the answers begin")
+        run = Target(target, cpu_layout, threads, device, answers_dtype or dtype)
         return _build(out, settings, answers, run, SpecBenchFilter(spec_bench),
                       batch_size=batch_size, prompts_only=prompts_only, wordnet_dir=wordnet_dir,
                       fortune_dir=fortune_dir, magpie=options, argv=argv, progress_output=progress_output,
                       lists=(Path(lists), listed) if listed is not None else None,
                       deadline=started + 60 * max_minutes if max_minutes else None, sort_window=sort_window,
                       processes=processes)
+
+
+def _prompts_complete(out: Path, answers: int) -> bool:
+    """Whether ``out``'s prompt list holds the ``answers`` prompts asked (stage 1 done: only answers are left)."""
+    return sum(len(read_rows(prompts_path(out, split))) for split in ("train", "held_out")) >= answers
 
 
 def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBenchFilter, *, batch_size: int,
@@ -159,6 +172,8 @@ def _build(out: Path, settings: dict, answers: int, run: Target, spec: SpecBench
         record["processes"] = processes
     if run.device != "cpu" or run.dtype is not None:
         record.update(device=run.device, dtype=run.dtype)
+    if run.dtype is not None and run.dtype != settings["dtype"]:  # which answers came in which dtype
+        record["answers_at_start"] = progress(out)["done"]
     if lists is not None:  # where the WordNet and built-in candidates were written, and which files
         record["lists"] = {key: lists[1][key] for key in ("machine", "python", "wordnet_dir", "fortune_dir", "lists")}
     manifest["runs"].append(record)
