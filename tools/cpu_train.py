@@ -15,9 +15,8 @@ out, 192 new tokens, in bfloat16 where the CPU multiplies it natively, else floa
 ``--corpus`` when nothing is there, resumes one whose manifest says it is unfinished with the same command (in its own
 dtype, but for the answers still to write of a bfloat16 corpus on a CPU that emulates bfloat16: those in float32,
 ``--answers-dtype``, recorded in its manifest; one of other settings is refused by the build, which names them), and
-takes a finished one (or answers made
-elsewhere, without a manifest) as it is; the trainers under accelerate's bf16 autocast where the CPU has native bf16
-products (``--mixed-precision``: AVX-512 BF16 products ran at twice fp32's rate, and a training step is mostly
+takes a finished one (or answers made elsewhere, without a manifest) as it is; the trainers under accelerate's bf16
+autocast where the CPU has native bf16 products (``--mixed-precision``: AVX-512 BF16 products ran at twice fp32's rate, and a training step is mostly
 products; on an AVX2 CPU bf16 is emulated, 5-7x slower, so there they run in float32), the weights, the losses and
 the features' pass in float32. The same command goes on after an interruption:
 the features' pass and each trainer resume from their files (a trainer's ``--max-minutes`` counts its time over
@@ -107,12 +106,18 @@ class Agenda:
 def corpus_state(corpus: Path) -> str:
     """``"complete"`` (its manifest's answers all written, or answers made elsewhere, without a manifest),
     ``"unfinished"`` (a manifest with answers still to write) or ``"missing"``."""
-    manifest = corpus / "MANIFEST.json"
-    if manifest.is_file():
-        data = json.loads(manifest.read_text())
+    data = _manifest(corpus)
+    if data is not None:
         done = (data.get("answers") or {}).get("done", 0)
         return "complete" if done >= data.get("answers_asked", math.inf) else "unfinished"
     return "complete" if (corpus / "answers" / "train.jsonl").is_file() else "missing"
+
+
+def _manifest(corpus: Path) -> dict | None:
+    """The corpus's ``MANIFEST.json`` (``tools.corpus``' own reader), or None where there is none."""
+    from tools.corpus.manifest import read_manifest
+
+    return read_manifest(corpus)
 
 
 def native_bf16(cpuinfo: str | None = None) -> bool:
@@ -131,12 +136,11 @@ def native_bf16(cpuinfo: str | None = None) -> bool:
 
 def corpus_dtype(corpus: Path) -> str:
     """The corpus's dtype: an unfinished corpus's own (its manifest's: a build refuses another; its remaining answers
-    may come in float32 where bfloat16 is emulated, :func:`corpus_command`), else ``bfloat16`` where the CPU multiplies it natively, ``float32`` elsewhere (:func:`native_bf16`)."""
-    manifest = corpus / "MANIFEST.json"
-    if manifest.is_file():
-        dtype = (json.loads(manifest.read_text()).get("settings") or {}).get("dtype")
-        if dtype:
-            return dtype
+    may come in float32 where bfloat16 is emulated, :func:`corpus_command`), else ``bfloat16`` where the CPU
+    multiplies it natively, ``float32`` elsewhere (:func:`native_bf16`)."""
+    dtype = ((_manifest(corpus) or {}).get("settings") or {}).get("dtype")
+    if dtype:
+        return dtype
     return "bfloat16" if native_bf16() else "float32"
 
 
@@ -154,10 +158,7 @@ def corpus_command(corpus: Path, target: str, processes: int) -> list[str]:
 
 def corpus_prompts_complete(corpus: Path) -> bool:
     """Whether the corpus's prompt list is complete (its manifest counts as many prompts as answers asked)."""
-    manifest = corpus / "MANIFEST.json"
-    if not manifest.is_file():
-        return False
-    data = json.loads(manifest.read_text())
+    data = _manifest(corpus) or {}
     return (data.get("prompts") or {}).get("total", 0) >= data.get("answers_asked", math.inf)
 
 

@@ -53,10 +53,16 @@ def pytest_collection_modifyitems(config, items):
     # before `-m`/`-k` deselect anything (pytest's own hooks run after a conftest's): every item of the module. The
     # key is the one of this file imported as `tests.hf.conftest`, as test_arch_rotation.py imports it (pytest loads
     # a conftest of a folder without __init__.py as another module, whose key would be another object)
-    from tests.hf.conftest import MATRIX as key
+    from tests.hf.conftest import MATRIX as matrix_key
 
-    config.stash[key] = [{"test": getattr(item, "originalname", item.name),
-                             "params": {key: repr(value) for key, value in item.callspec.params.items()}
-                             if hasattr(item, "callspec") else {},
-                             "rotated": item.get_closest_marker("arch_rotated") is not None}
-                            for item in items if item.path.name == "test_integration.py" and item.path.parent.name == "hf"]
+    config.stash[matrix_key] = matrix_rows(items)
+
+
+def matrix_rows(items) -> list[dict]:
+    """test_integration.py's items among ``items``: each one's test, parameters (as ``repr``) and whether it carries
+    ``arch_rotated`` (also what test_arch_rotation.py's subprocess collection writes)."""
+    return [{"test": getattr(item, "originalname", item.name),
+             "params": {key: repr(value) for key, value in item.callspec.params.items()}
+             if hasattr(item, "callspec") else {},
+             "rotated": item.get_closest_marker("arch_rotated") is not None}
+            for item in items if item.path.name == "test_integration.py" and item.path.parent.name == "hf"]

@@ -16,13 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DUMP = '''
 import json, os
 
+from tests.hf.conftest import matrix_rows
+
 def pytest_collection_finish(session):
-    rows = [{"test": getattr(item, "originalname", item.name),
-             "params": {key: repr(value) for key, value in getattr(item, "callspec", None).params.items()}
-             if hasattr(item, "callspec") else {},
-             "rotated": item.get_closest_marker("arch_rotated") is not None} for item in session.items]
     with open(os.environ["ROTATION_DUMP"], "w") as f:
-        json.dump(rows, f)
+        json.dump(matrix_rows(session.items), f)
 '''
 
 

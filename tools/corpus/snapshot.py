@@ -32,11 +32,9 @@ import re
 import time
 from pathlib import Path, PurePosixPath
 
-from .files import LOCK
-
 FORMAT = 1
 PART = re.compile(r"part-(\d{4,})\.jsonl\.xz")
-SKIPPED = re.compile(r"(^\.|\.part\d+\.jsonl$|\.tmp$)")  # the lock, temporary files, a helper's unmerged rows
+SKIPPED = re.compile(r"(^\.|\.part\d+\.jsonl$|\.tmp$)")  # the .lock, temporary files, a helper's unmerged rows
 XZ_PRESET = 9
 
 
@@ -65,30 +63,37 @@ def _whole_rows(path: Path) -> list[bytes]:
     return data[:data.rfind(b"\n") + 1].splitlines(keepends=True)
 
 
-def _sha(rows: list[bytes]) -> str:
-    digest = hashlib.sha256()
+def _sha(rows: list[bytes], digest=None):
+    """``digest`` (a new sha256 when None) updated with ``rows``; returned, so that a prefix's hash goes on."""
+    digest = hashlib.sha256() if digest is None else digest
     for row in rows:
         digest.update(row)
-    return digest.hexdigest()
+    return digest
+
+
+def _header(path: Path, first_line: bytes) -> dict:
+    try:
+        header = json.loads(first_line) if first_line else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or not isinstance(header.get("files"), list):
+        raise ValueError(f"{path}: not a corpus snapshot part of format {FORMAT} (its first line is not the header)")
+    return header
 
 
 def _read_part(path: Path) -> tuple[dict, list[bytes]]:
     with lzma.open(path, "rb") as f:
         lines = f.read().splitlines(keepends=True)
-    try:
-        header = json.loads(lines[0]) if lines else None
-    except ValueError:
-        header = None
-    if not isinstance(header, dict) or header.get("format") != FORMAT or not isinstance(header.get("files"), list):
-        raise ValueError(f"{path}: not a corpus snapshot part of format {FORMAT} (its first line is not the header)")
-    return header, lines[1:]
+    return _header(path, lines[0] if lines else b""), lines[1:]
 
 
 def _state(parts: list[Path]) -> dict[str, dict]:
-    """Per JSONL path, the rows and the sha256 the parts restore to (from the headers alone)."""
+    """Per JSONL path, the rows and the sha256 the parts restore to, from the headers alone (each part decompressed
+    only as far as its first line)."""
     state: dict[str, dict] = {}
     for part in parts:
-        header, _ = _read_part(part)
+        with lzma.open(part, "rb") as f:
+            header = _header(part, f.readline())
         for entry in header["files"]:
             if "lines" in entry:
                 state[_safe_relative(entry["path"], part)] = {"rows": entry["start"] + entry["lines"],
@@ -104,8 +109,7 @@ def behind(out: Path | str, snapshots: Path | str) -> dict[str, tuple[int, int]]
     found = {}
     for name in _corpus_files(out) if out.is_dir() else []:
         if name.endswith(".jsonl"):
-            data = (out / name).read_bytes()
-            rows = data[:data.rfind(b"\n") + 1].count(b"\n")
+            rows = (out / name).read_bytes().count(b"\n")  # whole rows: a row still being written has no newline
             if rows != held.get(name, 0):
                 found[name] = (held.get(name, 0), rows)
     return found
@@ -113,8 +117,7 @@ def behind(out: Path | str, snapshots: Path | str) -> dict[str, tuple[int, int]]
 
 def _corpus_files(out: Path) -> list[str]:
     return sorted(p.relative_to(out).as_posix() for p in out.rglob("*")
-                  if p.is_file() and not p.is_symlink() and not any(SKIPPED.search(q) for q in p.relative_to(out).parts)
-                  and p.name != LOCK)
+                  if p.is_file() and not p.is_symlink() and not any(SKIPPED.search(q) for q in p.relative_to(out).parts))
 
 
 def snapshot(out: Path | str, snapshots: Path | str) -> Path | None:
@@ -133,13 +136,16 @@ def snapshot(out: Path | str, snapshots: Path | str) -> Path | None:
             continue
         rows = _whole_rows(path)
         known = before.get(name)
-        start = known["rows"] if known and len(rows) >= known["rows"] and \
-            _sha(rows[:known["rows"]]) == known["sha256"] else 0
-        if known and start == known["rows"] == len(rows):
+        start, digest = 0, hashlib.sha256()
+        if known and len(rows) >= known["rows"]:  # the rows the parts hold, unchanged: only what follows is new
+            prefix = _sha(rows[:known["rows"]])
+            if prefix.hexdigest() == known["sha256"]:
+                start, digest = known["rows"], prefix
+        if known and start == len(rows):
             continue
         new = rows[start:]
-        entries.append({"path": name, "start": start, "lines": len(new),
-                        "prefix_sha256": _sha(rows[:start]), "sha256": _sha(rows)})
+        entries.append({"path": name, "start": start, "lines": len(new), "prefix_sha256": digest.hexdigest(),
+                        "sha256": _sha(new, digest.copy()).hexdigest()})
         body.extend(new)
     if not any("lines" in entry for entry in entries):
         return None
@@ -170,6 +176,7 @@ def restore(snapshots: Path | str, out: Path | str) -> dict:
         raise ValueError(f"{out} is not empty: restore into a new folder (the build resumes from it), or move this "
                          "one away")
     rows: dict[str, list[bytes]] = {}
+    digests: dict[str, object] = {}  # each file's sha256 so far, going on with its next entry
     texts: dict[str, str] = {}
     for part in parts:
         header, lines = _read_part(part)
@@ -182,16 +189,16 @@ def restore(snapshots: Path | str, out: Path | str) -> dict:
             start, count = entry.get("start"), entry.get("lines")
             if not (isinstance(start, int) and isinstance(count, int) and start >= 0 and count >= 0):
                 raise ValueError(f"{part}: {name}: start {start!r} and lines {count!r} must be whole numbers >= 0")
-            have = rows.get(name, []) if start else []
-            if start and (len(have) != start or _sha(have) != entry.get("prefix_sha256")):
+            have, digest = (rows.get(name, []), digests.get(name)) if start else ([], hashlib.sha256())
+            if start and (len(have) != start or digest.hexdigest() != entry.get("prefix_sha256")):
                 raise ValueError(f"{part}: {name} continues from row {start}, which the parts before it do not "
                                  "restore: a part is missing or from another corpus")
             new = lines[at:at + count]
             at += count
             if len(new) != count:
                 raise ValueError(f"{part}: {name}: the header promises {count} rows, the part holds {len(new)}")
-            rows[name] = have + new
-            if _sha(rows[name]) != entry.get("sha256"):
+            rows[name], digests[name] = have + new, _sha(new, digest)
+            if digests[name].hexdigest() != entry.get("sha256"):
                 raise ValueError(f"{part}: {name}: its rows do not match the header's sha256: the part is damaged")
         if at != len(lines):
             raise ValueError(f"{part}: {len(lines) - at} rows beyond those its header lists: the part is damaged")
