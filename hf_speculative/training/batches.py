@@ -81,6 +81,14 @@ class EpochOrder(torch.utils.data.Sampler):
         return iter([i for batch in batches for i in batch])
 
 
+def batch_generator(device: torch.device | str, seed: int, batch: int, process: int = 0) -> torch.Generator:
+    """The generator of one training batch's random draws (DFlash's anchors, Medusa's positions), seeded by the run's
+    ``seed``, the batch's number in the run and the process: a run resumed from a checkpoint draws what the
+    uninterrupted run drew (the global generator's state there also depends on when the data loader started)."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + batch * 0x100000001B3 + process) % (1 << 63)
+    return torch.Generator(device=device).manual_seed(mixed)
+
+
 def pad_batch(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Right-pad ``items`` to the longest: ids, loss mask, features, final states and argmax `[B, T, ...]`
     (zeros past each sequence's end, never learnt); ``lengths`` `[B]` and ``tokens``, the real tokens in the batch."""

@@ -15,6 +15,10 @@ PROMPTS_HELP = ("Prompts to self-distill: a JSONL file with 'prompt' (and an opt
                 "conversations ('messages', or ShareGPT's 'conversations': the first user turn is the prompt). "
                 "hf-speculative sample-prompts writes such a file from the target itself.")
 PromptsOpt = Annotated[Optional[str], typer.Option("--prompts", help=PROMPTS_HELP)]
+SaveMinutesOpt = Annotated[float, typer.Option(
+    "--save-minutes", min=0, help="Training minutes between saves of the training state besides the validations' "
+                                  "(a run killed between two validations resumes at most this far behind; 0: at "
+                                  "validations only).")]
 # Removed with the team's prompt lists (builtin:N, context:N, wordnet:N), which moved to the repository's tools/;
 # kept hidden so that an old command gets the tools/ command to run instead of "no such option".
 PassagesOpt = Annotated[list[Path], typer.Option("--passages", hidden=True)]
@@ -222,6 +226,7 @@ def train_eagle(
     max_minutes: Annotated[Optional[float], typer.Option(
         "--max-minutes", help="Stop training after this long (counted over resumes), then validate and save a "
                               "checkpoint to go on from.")] = None,
+    save_minutes: SaveMinutesOpt = 10.0,
     val_prompts: Annotated[int, typer.Option("--val-prompts")] = 8,
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
@@ -271,7 +276,8 @@ def train_eagle(
         cfg = TrainConfig(target=target, data=data, out=str(out), eagle3=eagle3, draft_vocab_size=draft_vocab_size,
                           unroll=unroll, epochs=epochs, lr=lr, grad_accum=grad_accum, max_length=max_length,
                           batch_size=batch_size,
-                          eval_every=eval_every, max_minutes=max_minutes, val_prompts=val_prompts,
+                          eval_every=eval_every, max_minutes=max_minutes, save_minutes=save_minutes or None,
+                          val_prompts=val_prompts,
                           max_examples=max_examples, threads=threads,
                           seed=seed, exit_layer=exit_layer, init_from=init_from,
                           refresh_vocab=refresh_vocab, feature_batch_tokens=feature_batch_tokens,

@@ -46,7 +46,20 @@ def budget_spent(clock: TrainClock, max_minutes: float | None, accelerator) -> b
     stopping alone would leave the others waiting at their next collective)."""
     if max_minutes is None:
         return False
-    late = clock.seconds > 60 * max_minutes
+    return agreed(clock.seconds > 60 * max_minutes, accelerator)
+
+
+def save_due(clock: TrainClock, saved_at: float, save_minutes: float | None, accelerator) -> bool:
+    """Whether ``--save-minutes`` of training time passed since the training state was last saved (``saved_at``,
+    the clock's seconds then), agreed by every process: a run killed between two validations (a session's end, a
+    lost machine) then resumes at most that much training behind, where it had resumed at the last validation."""
+    if save_minutes is None:
+        return False
+    return agreed(clock.seconds - saved_at >= 60 * save_minutes, accelerator)
+
+
+def agreed(flag: bool, accelerator) -> bool:
+    """``flag`` of any process, for every process (one that saves or stops alone leaves the others waiting)."""
     if accelerator.num_processes > 1:
-        late = bool(accelerator.reduce(torch.tensor(float(late), device=accelerator.device), "sum"))
-    return late
+        flag = bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "sum"))
+    return flag

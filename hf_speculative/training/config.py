@@ -39,6 +39,9 @@ class TrainConfig:
         max_minutes (`float`, *optional*): stop training after this much wall time (then validate and save), counted
             over resumes (``checkpoint/progress.json`` keeps the time trained), as ``train-dflash`` and
             ``train-medusa`` do.
+        save_minutes (`float`, defaults to 10): training minutes between saves of the training state besides the
+            validations' (no validation, no drafter written): a run killed between two validations resumes at most
+            this far behind; ``None``: at validations only.
         val_prompts (`int`, defaults to 8), val_new_tokens (`int`, defaults to 64), val_draft (`int`,
             defaults to 6): the validation tau: greedy speculative generation on held-out prompts
             with drafts of up to ``val_draft`` tokens and no cost rule (a property of the drafter, not of
@@ -106,6 +109,7 @@ class TrainConfig:
     features: str = "cache"
     target_dtype: str | None = None
     feature_cache: str | None = None
+    save_minutes: float | None = 10.0
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -144,7 +148,8 @@ class TrainConfig:
                   "max_length": self.max_length >= 8, "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1,
                   "draft_vocab_size": self.draft_vocab_size >= 16, "val_draft": self.val_draft >= 1, "noise": self.noise >= 0,
                   "feature_batch_tokens": self.feature_batch_tokens is None or self.feature_batch_tokens >= 1,
-                  "max_minutes": self.max_minutes is None or self.max_minutes > 0}
+                  "max_minutes": self.max_minutes is None or self.max_minutes > 0,
+                  "save_minutes": self.save_minutes is None or self.save_minutes > 0}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"TrainConfig: invalid {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)}.")

@@ -73,6 +73,9 @@ class DFlashTrainConfig:
             between validations and checkpoints. val_prompts (`int`, 8), val_new_tokens (`int`, 64): the real tau on
             held-out prompts (greedy, chains of every drafted position, no cost rule).
         max_minutes (`float`, *optional*): stop training after this much wall time (then validate and save).
+        save_minutes (`float`, 10): training minutes between saves of the training state besides the
+            validations' (no validation, no drafter written): a run killed between two validations resumes at most
+            this far behind; ``None``: at validations only.
         save_dtype (`str`, ``"float32"``): the dtype of the saved drafter (``float16`` or ``bfloat16`` to ship).
         draft_vocab (`int`, *optional*): save a draft vocabulary of this many ids with the drafter: the most frequent
             tokens of the training examples (``draft_vocab.safetensors``; the drafter then reads only those
@@ -119,6 +122,7 @@ class DFlashTrainConfig:
     threads: int | None = None
     seed: int = 0
     max_examples: int | None = None
+    save_minutes: float | None = 10.0
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -169,6 +173,7 @@ class DFlashTrainConfig:
                   "eval_every": self.eval_every >= 1, "val_prompts": self.val_prompts >= 0,
                   "val_new_tokens": self.val_new_tokens >= 1,
                   "max_minutes": self.max_minutes is None or self.max_minutes > 0,
+                  "save_minutes": self.save_minutes is None or self.save_minutes > 0,
                   "mask_token_id": self.mask_token_id is None or self.mask_token_id >= 0,
                   "feature_batch_tokens": self.feature_batch_tokens is None or self.feature_batch_tokens >= 1}
         bad = [k for k, ok in checks.items() if not ok]

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import PromptsOpt, _prompt_rows, _training_extra, layer_indices, self_distill
+from .cli import PromptsOpt, SaveMinutesOpt, _prompt_rows, _training_extra, layer_indices, self_distill
 
 
 def _layer_list(text: Optional[str]) -> Optional[list[int]]:
@@ -53,6 +53,7 @@ def train_dflash(
     val_prompts: Annotated[int, typer.Option("--val-prompts", help="Held-out prompts for the real tau.")] = 8,
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
     max_minutes: Annotated[Optional[float], typer.Option("--max-minutes", help="Stop training after this long.")] = None,
+    save_minutes: SaveMinutesOpt = 10.0,
     save_dtype: Annotated[str, typer.Option("--save-dtype", help="float32, float16 or bfloat16.")] = "float32",
     draft_vocab: Annotated[Optional[int], typer.Option(
         "--draft-vocab", min=1, help="Ship a draft vocabulary of this many ids (the training data's most frequent "
@@ -94,7 +95,8 @@ def train_dflash(
                                 mask_token_id=mask_token_id, anchors=anchors, gamma=gamma, epochs=epochs, lr=lr,
                                 grad_accum=grad_accum, batch_size=batch_size, max_length=max_length,
                                 eval_every=eval_every, val_prompts=val_prompts, max_examples=max_examples,
-                                max_minutes=max_minutes, save_dtype=save_dtype, draft_vocab=draft_vocab,
+                                max_minutes=max_minutes, save_minutes=save_minutes or None, save_dtype=save_dtype,
+                                draft_vocab=draft_vocab,
                                 loss_vocab=loss_vocab, features=features, feature_cache=str(feature_cache) if feature_cache else None,
                                 feature_batch_tokens=feature_batch_tokens, target_dtype=target_dtype, threads=threads,
                                 seed=seed)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .batches import CachedExamples, EpochOrder, pad_batch
-from .clock import TrainClock, budget_spent
+from .batches import CachedExamples, EpochOrder, batch_generator, pad_batch
+from .clock import TrainClock, budget_spent, save_due
 from .data import FeatureCache, training_examples
 from .evaluate import greedy_tau
 from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary_all_tokens, lr_factor, new_network,
@@ -41,9 +41,9 @@ class DFlashStep(torch.nn.Module):
         self.net = net
 
     def forward(self, batch: dict[str, torch.Tensor], *, embed, head_weight: torch.Tensor, anchors: int, gamma: float,
-                vocab: torch.Tensor | None = None):
+                vocab: torch.Tensor | None = None, generator: torch.Generator | None = None):
         loss, metrics = dflash_loss(self.net, embed, head_weight, batch["ids"], batch["loss_mask"], batch["features"],
-                                    batch["top"], anchors, gamma, vocab=vocab)
+                                    batch["top"], anchors, gamma, generator=generator, vocab=vocab)
         if not loss.requires_grad:  # nothing learnt in this batch: a zero that reaches every parameter (DDP)
             loss = loss + sum(p.sum() for p in self.net.parameters()) * 0.0
         return loss, metrics
@@ -163,6 +163,16 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
         step, done_batches, seconds_before = saved["step"], saved["batches"], saved.get("train_seconds", 0.0)
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
     clock = TrainClock(seconds_before)
+    saved_at = clock.seconds  # when the state was last saved, in the clock's seconds (--save-minutes)
+
+    def save_progress() -> None:
+        """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
+        nonlocal saved_at
+        accelerator.save_state(str(state_dir))
+        if accelerator.is_main_process:
+            (state_dir / "progress.json").write_text(json.dumps(
+                {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
+        saved_at = clock.seconds
 
     def evaluate_and_save() -> dict:
         accelerator.wait_for_everyone()
@@ -193,10 +203,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
                 f.write(json.dumps(record) + "\n")
             accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
         clock.tick("validation")
-        accelerator.save_state(str(state_dir))  # at the end too: a longer run (more --epochs) continues from here
-        if accelerator.is_main_process:
-            (state_dir / "progress.json").write_text(json.dumps(
-                {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
+        save_progress()  # at the end too: a longer run (more --epochs) continues from here
         return record
 
     model.train()
@@ -214,8 +221,9 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
             if online is not None:
                 batch = online.fill(batch)
             with accelerator.accumulate(model):
+                draws = batch_generator(accelerator.device, cfg.seed, done_batches, accelerator.process_index)
                 loss, metrics = model(batch, embed=embed, head_weight=head_weight, anchors=cfg.anchors, gamma=cfg.gamma,
-                                      vocab=loss_vocab)
+                                      vocab=loss_vocab, generator=draws)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -235,6 +243,8 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
                 record = None
                 if step % cfg.eval_every == 0 and not out_of_time:
                     record = evaluate_and_save()
+                elif not out_of_time and save_due(clock, saved_at, cfg.save_minutes, accelerator):
+                    save_progress()
     bar.close()
     if record is None:  # unless the last step was just validated and saved
         record = evaluate_and_save()

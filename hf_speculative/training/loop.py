@@ -27,7 +27,7 @@ import torch
 from .. import compat
 from ..drafters.eagle.config import EagleConfig
 from ..extras import require
-from .clock import TrainClock, budget_spent
+from .clock import TrainClock, budget_spent, save_due
 from .config import FEATURE, TrainConfig
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, training_examples
@@ -184,6 +184,18 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         seconds_before = saved.get("train_seconds", 0.0)  # absent in checkpoints written before --max-minutes
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
     clock = TrainClock(seconds_before)  # training time over every run of this --out (--max-minutes counts it)
+    saved_at = clock.seconds  # when the state was last saved, in the clock's seconds (--save-minutes)
+
+    def save_progress(tokens: int | None = None) -> None:
+        """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
+        nonlocal saved_at
+        if tokens is None:
+            tokens = earlier_tokens + int(accelerator.reduce(torch.tensor(seen_tokens, device=accelerator.device), "sum"))
+        accelerator.save_state(str(state_dir))
+        if accelerator.is_main_process:
+            (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches,
+                                                                 "train_seconds": clock.seconds}))
+        saved_at = clock.seconds
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
@@ -205,10 +217,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
             accelerator.print(f"step {step}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
         clock.tick("validation")
         if not final:
-            accelerator.save_state(str(state_dir))
-            if accelerator.is_main_process:
-                (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches,
-                                                                     "train_seconds": clock.seconds}))
+            save_progress(tokens)
         return record
 
     if cfg.init_from is not None and step == 0 and not (state_dir / "progress.json").exists():
@@ -249,6 +258,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
+                elif not out_of_time and save_due(clock, saved_at, cfg.save_minutes, accelerator):
+                    save_progress()
     bar.close()
     record = evaluate_and_save(final=not out_of_time)  # stopped by --max-minutes: a checkpoint to go on from
     if accelerator.is_main_process:

@@ -34,6 +34,9 @@ class MedusaTrainConfig:
         decay (`float`, 0.8): head ``k``'s loss weight is ``decay ** k`` (Medusa-1's lambda).
         positions (`int`, 512): positions learnt per batch, drawn at random among the learnt ones.
         max_minutes (`float`, *optional*): stop training after this much wall time (then validate and save).
+        save_minutes (`float`, 10): training minutes between saves of the training state besides the
+            validations' (no validation, no drafter written): a run killed between two validations resumes at most
+            this far behind; ``None``: at validations only.
         tree_nodes (`int`, 16): size of the static tree calibrated on the validation ranks (``tree.json``).
         features (`str`, ``"cache"``), feature_cache (`str`, *optional*): as ``train-eagle``'s.
     """
@@ -63,6 +66,7 @@ class MedusaTrainConfig:
     seed: int = 0
     features: str = "cache"
     feature_cache: str | None = None
+    save_minutes: float | None = 10.0
 
     def __post_init__(self):
         if isinstance(self.data, str):
@@ -78,7 +82,8 @@ class MedusaTrainConfig:
         checks = {"decay": 0 < self.decay <= 1, "epochs": self.epochs > 0, "lr": self.lr > 0, "grad_accum": self.grad_accum >= 1,
                   "batch_size": self.batch_size >= 1, "max_length": self.max_length >= 8, "positions": self.positions >= 1,
                   "val_every": self.val_every >= 2, "eval_every": self.eval_every >= 1, "tree_nodes": 1 <= self.tree_nodes <= 64,
-                  "max_minutes": self.max_minutes is None or self.max_minutes > 0}
+                  "max_minutes": self.max_minutes is None or self.max_minutes > 0,
+                  "save_minutes": self.save_minutes is None or self.save_minutes > 0}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"MedusaTrainConfig: invalid {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)}.")
@@ -97,13 +102,15 @@ def head_logits(heads: MedusaHeads, state: torch.Tensor, k: int, head_weight: to
 
 
 def medusa_loss(heads: MedusaHeads, final: torch.Tensor, top: torch.Tensor, mask: torch.Tensor,
-                head_weight: torch.Tensor, decay: float = 0.8, positions: int | None = None):
+                head_weight: torch.Tensor, decay: float = 0.8, positions: int | None = None,
+                generator: torch.Generator | None = None):
     """Medusa-1's loss and per-head top-1 agreement.
 
     Args:
         final (`[B, T, H]`): the target's normed last hidden states; ``top`` `[B, T]`: its argmax at each position;
         mask (`[B, T]`): ``loss_mask`` (``mask[q]``: the token after ``q`` is learnt; 0 on padding).
         positions (`int`, *optional*): learn this many positions at most, drawn at random (all by default).
+        generator (`torch.Generator`, *optional*): what draws them (on ``final``'s device; the global one by default).
 
     Returns:
         ``(loss, correct [K], counts [K])``: head ``k`` counts ``correct[k]`` of ``counts[k]`` guesses right.
@@ -111,7 +118,7 @@ def medusa_loss(heads: MedusaHeads, final: torch.Tensor, top: torch.Tensor, mask
     K, T = heads.config.num_heads, final.shape[1]
     rows, cols = torch.nonzero(mask[:, 1:] > 0, as_tuple=True)  # positions q whose head 0 has a label at q + 1
     if positions is not None and rows.numel() > positions:
-        keep = torch.randperm(rows.numel(), device=rows.device)[:positions]
+        keep = torch.randperm(rows.numel(), device=rows.device, generator=generator)[:positions]
         rows, cols = rows[keep], cols[keep]
     states = heads(final[rows, cols].float())  # [K, N, H]
     loss = final.new_zeros((), dtype=torch.float32)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli import PromptsOpt, _prompt_rows, _training_extra, self_distill
+from .cli import PromptsOpt, SaveMinutesOpt, _prompt_rows, _training_extra, self_distill
 
 
 def train_medusa(
@@ -37,6 +37,7 @@ def train_medusa(
     tree_nodes: Annotated[int, typer.Option("--tree-nodes", help="Nodes of the calibrated tree.json.")] = 16,
     max_examples: Annotated[Optional[int], typer.Option("--max-examples")] = None,
     max_minutes: Annotated[Optional[float], typer.Option("--max-minutes", help="Stop training after this long.")] = None,
+    save_minutes: SaveMinutesOpt = 10.0,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1)] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     features: Annotated[str, typer.Option("--features", help="cache (OUT/cache) or online.")] = "cache",
@@ -63,7 +64,8 @@ def train_medusa(
                                 decay=decay, epochs=epochs, lr=lr, grad_accum=grad_accum, batch_size=batch_size,
                                 max_length=max_length, positions=positions, eval_every=eval_every,
                                 val_prompts=val_prompts, tree_nodes=tree_nodes, max_examples=max_examples,
-                                max_minutes=max_minutes, threads=threads, seed=seed, features=features,
+                                max_minutes=max_minutes, save_minutes=save_minutes or None, threads=threads, seed=seed,
+                                features=features,
                                 feature_cache=str(feature_cache) if feature_cache else None)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

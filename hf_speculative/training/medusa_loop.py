@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from .batches import CachedExamples, EpochOrder, pad_batch
-from .clock import TrainClock, budget_spent
+from .batches import CachedExamples, EpochOrder, batch_generator, pad_batch
+from .clock import TrainClock, budget_spent, save_due
 from .data import FeatureCache, training_examples
 from .loop import _Progress, float32_pieces, start_run
 from .medusa import LOG, STATE, MedusaTrainConfig, medusa_loss, new_heads, real_tau, validate
@@ -31,9 +31,10 @@ class MedusaStep(torch.nn.Module):
         super().__init__()
         self.heads = heads
 
-    def forward(self, batch: dict[str, torch.Tensor], *, head_weight: torch.Tensor, decay: float, positions: int):
+    def forward(self, batch: dict[str, torch.Tensor], *, head_weight: torch.Tensor, decay: float, positions: int,
+                generator: torch.Generator | None = None):
         loss, correct, counts = medusa_loss(self.heads, batch["final"], batch["top"], batch["loss_mask"], head_weight,
-                                            decay, positions)
+                                            decay, positions, generator)
         if not loss.requires_grad:  # nothing learnt in this batch: a zero that still reaches every parameter
             loss = loss + sum(p.sum() for p in self.heads.parameters()) * 0.0
         return loss, correct, counts
@@ -97,6 +98,16 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
         step, done_batches, seconds_before = saved["step"], saved["batches"], saved.get("train_seconds", 0.0)
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
     clock = TrainClock(seconds_before)
+    saved_at = clock.seconds  # when the state was last saved, in the clock's seconds (--save-minutes)
+
+    def save_progress() -> None:
+        """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
+        nonlocal saved_at
+        accelerator.save_state(str(state_dir))
+        if accelerator.is_main_process:
+            (state_dir / "progress.json").write_text(json.dumps(
+                {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
+        saved_at = clock.seconds
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
@@ -125,10 +136,7 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
                                                            if k not in ("step", "tree")))
         clock.tick("validation")
         if not final:
-            accelerator.save_state(str(state_dir))
-            if accelerator.is_main_process:
-                (state_dir / "progress.json").write_text(json.dumps(
-                    {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
+            save_progress()
         return record
 
     model.train()
@@ -145,7 +153,9 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
             if online is not None:
                 batch = online.fill(batch)
             with accelerator.accumulate(model):
-                loss, correct, counts = model(batch, head_weight=head_weight, decay=cfg.decay, positions=cfg.positions)
+                draws = batch_generator(accelerator.device, cfg.seed, done_batches, accelerator.process_index)
+                loss, correct, counts = model(batch, head_weight=head_weight, decay=cfg.decay, positions=cfg.positions,
+                                              generator=draws)
                 accelerator.backward(loss)
                 optimizer.step()
                 scheduler.step()
@@ -161,6 +171,8 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
                 out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
+                elif not out_of_time and save_due(clock, saved_at, cfg.save_minutes, accelerator):
+                    save_progress()
     bar.close()
     record = evaluate_and_save(final=True)
     if accelerator.is_main_process:

@@ -1,13 +1,15 @@
-"""``TrainClock``: ``--max-minutes`` counts the time a run trained, not a pause (``kill -STOP``) in it."""
+"""``TrainClock``: ``--max-minutes`` counts the time a run trained, not a pause (``kill -STOP``) in it; ``--save-minutes``
+counts the same time since the last save, and every process agrees on both."""
 
 from __future__ import annotations
 
 import types
 
 import pytest
+import torch
 
 from hf_speculative.training import clock as clock_module
-from hf_speculative.training.clock import TrainClock, budget_spent
+from hf_speculative.training.clock import TrainClock, budget_spent, save_due
 
 
 class FakeTime:
@@ -77,6 +79,48 @@ def test_budget_spent_one_process(monkeypatch):
     fake.run(2.0)
     clock.tick()
     assert budget_spent(clock, 1.0, one) is True
+
+
+def test_a_save_is_due_after_save_minutes_of_training_since_the_last(monkeypatch):
+    fake = FakeTime(monkeypatch)
+    clock = TrainClock(300.0)  # resumed: the clock's seconds go on from the checkpoint's
+    one = types.SimpleNamespace(num_processes=1)
+    saved_at = clock.seconds
+    assert save_due(clock, saved_at, None, one) is False
+    for _ in range(9):
+        fake.run(5.0)
+        clock.tick()
+    fake.stop(3600.0)  # a pause is not training: it counts at most the clock's cap (60 s), not the hour
+    clock.tick()
+    assert clock.seconds < saved_at + 120 and save_due(clock, saved_at, 2.0, one) is False
+    while clock.seconds < saved_at + 120:
+        fake.run(10.0)
+        clock.tick()
+    assert save_due(clock, saved_at, 2.0, one) is True
+    assert save_due(clock, clock.seconds, 2.0, one) is False
+
+
+class TwoProcesses:
+    """An accelerator of two processes whose other process says ``other`` (reduce sums the flags)."""
+
+    num_processes, device = 2, torch.device("cpu")
+
+    def __init__(self, other: bool):
+        self.other = other
+
+    def reduce(self, value, reduction):
+        assert reduction == "sum"
+        return value + float(self.other)
+
+
+@pytest.mark.parametrize("mine, other", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_process_saves_and_stops_when_any_one_says_so(monkeypatch, mine, other):
+    fake = FakeTime(monkeypatch)
+    clock = TrainClock()
+    fake.run(90.0 if mine else 30.0)
+    clock.tick()
+    assert save_due(clock, 0.0, 1.0, TwoProcesses(other)) is (mine or other)
+    assert budget_spent(clock, 1.0, TwoProcesses(other)) is (mine or other)
 
 
 @pytest.mark.parametrize("kwargs", [{"floor": 0}, {"slack": 0.5}])
