@@ -30,7 +30,8 @@ cross-entropy were about half of a CPU training step); Medusa-1's 4 heads on the
 weights, ``training.json`` with the command, curve and corpus, ``sha256sums.json``; loaded back and checked), ready to
 be copied into the package; the last step measures each one's τ against the shipped drafter of its kind at the issue's
 budgets, on Spec-Bench and on the held-out prompts (:mod:`tools.cpu_tau`: ``WORK/tau``; fixed budgets, so the figures
-do not depend on the machine's load; speeds are for a quiet run).
+do not depend on the machine's load; speeds are for a quiet run). ``python -m tools.cpu_ship`` then copies each
+exported drafter whose τ beats the shipped one's into the package.
 """
 
 from __future__ import annotations
