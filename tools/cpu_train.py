@@ -433,8 +433,8 @@ def status(work: Path) -> str:
                     + f" (python -m tools.corpus snapshot --out {record['folder']} --to {record['snapshots']})"))
         index = Path(work) / "features" / "index.json"
         if step == "features" and index.is_file():  # examples finished: the index's prefix, its runs, the notes
-            lines.append(f"           {finished_examples(index.parent)}/{json.loads(index.read_text())['num_examples']} "
-                         "examples")
+            finished, total = finished_examples(index.parent), json.loads(index.read_text())["num_examples"]
+            lines.append(f"           {finished}/{total} examples" + _to_go(finished, total, record))
         if step == "tau":
             from tools.cpu_tau import summary
 
@@ -452,6 +452,14 @@ def status(work: Path) -> str:
                 keys = ("step", "val_tau", "val_tau_tree", "val_tau_chain", "val_acc", "val_top1")
                 lines.append("           last validation: " + ", ".join(f"{k} {last[k]}" for k in keys if k in last))
     return "\n".join(lines)
+
+
+def _to_go(finished: int, total: int, record: dict) -> str:
+    """``", about N min to go"`` at the step's rate so far (its examples over its wall time, resumes included), while it
+    runs and has run a minute; else empty."""
+    if record["done"] or finished <= 0 or finished >= total or record["seconds"] < 60:
+        return ""
+    return f", about {(total - finished) * record['seconds'] / finished / 60:.0f} min to go at its rate so far"
 
 
 def yield_to_foreground(autogroup: Path = Path("/proc/self/autogroup")) -> str:

@@ -146,6 +146,18 @@ def test_the_status_counts_the_features_finished_by_every_process(tmp_path):
     assert finished_examples(tmp_path) == 6
 
 
+def test_the_status_says_how_long_the_features_pass_has_to_go(tmp_path):
+    work = tmp_path / "work"
+    (work / "features").mkdir(parents=True)
+    (work / "features" / "index.json").write_text(json.dumps({"done": 250, "num_examples": 1000}))
+    steps = {"features": {"done": False, "seconds": 600.0, "runs": 2}}
+    (work / "agenda.json").write_text(json.dumps({"settings": {}, "steps": steps}))
+    assert "250/1000 examples, about 30 min to go at its rate so far" in status(work)  # 250 in 10 min
+    steps["features"]["seconds"] = 30.0  # too early to say
+    (work / "agenda.json").write_text(json.dumps({"settings": {}, "steps": steps}))
+    assert "250/1000 examples\n" in status(work) + "\n" and "to go" not in status(work)
+
+
 def test_planned_steps_are_the_trainers():
     assert planned_steps(20, 4, 1, 1.0) == 5  # 19 trained (one in 20 held out), 4 a step
     assert planned_steps(20_000, 4, 2, 1.0) == 2375
