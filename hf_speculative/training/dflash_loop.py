@@ -22,6 +22,7 @@ import torch
 
 from .batches import CachedExamples, EpochOrder, batch_generator, pad_batch
 from .clock import TrainClock, budget_spent, save_due
+from .state_files import recover, save_state
 from .data import FeatureCache, training_examples
 from .evaluate import greedy_tau
 from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary_all_tokens, lr_factor, new_network,
@@ -107,6 +108,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
     target.requires_grad_(False).eval().to(accelerator.device)
     net = new_network(cfg, target, tokenizer).to(accelerator.device)  # checked against the target before any work
     state_dir = out / STATE
+    recover(accelerator, state_dir)  # a save that a kill cut short
     resuming = (state_dir / "progress.json").exists()
     saved_ids = _layer_ids_in(out) if resuming else None
     if saved_ids is not None and saved_ids != net.config.target_layer_ids:
@@ -168,10 +170,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
     def save_progress() -> None:
         """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
         nonlocal saved_at
-        accelerator.save_state(str(state_dir))
-        if accelerator.is_main_process:
-            (state_dir / "progress.json").write_text(json.dumps(
-                {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
+        save_state(accelerator, state_dir, {"step": step, "batches": done_batches, "train_seconds": clock.seconds})
         saved_at = clock.seconds
 
     def evaluate_and_save() -> dict:

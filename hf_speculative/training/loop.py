@@ -28,6 +28,7 @@ from .. import compat
 from ..drafters.eagle.config import EagleConfig
 from ..extras import require
 from .clock import TrainClock, budget_spent, save_due
+from .state_files import recover, save_state
 from .config import FEATURE, TrainConfig
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, training_examples
@@ -133,6 +134,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
     net, warm = initial_network(cfg, target, [examples[i] for i in train_idx])
     eagle_cfg = net.config
     state_dir = out / STATE
+    recover(accelerator, state_dir)  # a save that a kill cut short
     if (state_dir / "progress.json").exists():  # a resume: the checkpoint fits this network, checked before any work
         check_resume(state_dir, net, cfg.to_dict())
 
@@ -191,10 +193,8 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         nonlocal saved_at
         if tokens is None:
             tokens = earlier_tokens + int(accelerator.reduce(torch.tensor(seen_tokens, device=accelerator.device), "sum"))
-        accelerator.save_state(str(state_dir))
-        if accelerator.is_main_process:
-            (state_dir / "progress.json").write_text(json.dumps({"step": step, "tokens": tokens, "batches": done_batches,
-                                                                 "train_seconds": clock.seconds}))
+        save_state(accelerator, state_dir, {"step": step, "tokens": tokens, "batches": done_batches,
+                                            "train_seconds": clock.seconds})
         saved_at = clock.seconds
 
     def evaluate_and_save(final: bool = False) -> dict:

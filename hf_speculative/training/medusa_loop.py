@@ -18,6 +18,7 @@ import torch
 
 from .batches import CachedExamples, EpochOrder, batch_generator, pad_batch
 from .clock import TrainClock, budget_spent, save_due
+from .state_files import recover, save_state
 from .data import FeatureCache, training_examples
 from .loop import _Progress, float32_pieces, start_run
 from .medusa import LOG, STATE, MedusaTrainConfig, medusa_loss, new_heads, real_tau, validate
@@ -92,6 +93,7 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
 
     step, done_batches, seconds_before = 0, 0, 0.0
     state_dir = out / STATE
+    recover(accelerator, state_dir)  # a save that a kill cut short
     if (state_dir / "progress.json").exists():
         accelerator.load_state(str(state_dir))
         saved = json.loads((state_dir / "progress.json").read_text())
@@ -103,10 +105,7 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
     def save_progress() -> None:
         """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
         nonlocal saved_at
-        accelerator.save_state(str(state_dir))
-        if accelerator.is_main_process:
-            (state_dir / "progress.json").write_text(json.dumps(
-                {"step": step, "batches": done_batches, "train_seconds": clock.seconds}))
+        save_state(accelerator, state_dir, {"step": step, "batches": done_batches, "train_seconds": clock.seconds})
         saved_at = clock.seconds
 
     def evaluate_and_save(final: bool = False) -> dict:
