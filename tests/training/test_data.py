@@ -3,6 +3,8 @@ batched by length, resumed after an interruption; ``length_batches``'s grouping.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -64,6 +66,32 @@ def test_batched_cache_matches_one_forward_per_example(tmp_path, arch, layers):
     single = FeatureCache.build(tmp_path / "s", target, examples, layers, batch_tokens=1, progress=False)
     np.testing.assert_array_equal(np.asarray(single.top), np.asarray(cache.top))
     np.testing.assert_allclose(np.asarray(single.features, np.float32), np.asarray(cache.features, np.float32), atol=2e-3)
+
+
+def test_a_kill_while_the_index_is_written_leaves_the_last_one(tmp_path, monkeypatch):
+    """The index is replaced by a rename: killed half-way through writing it, the cache keeps the last whole one and
+    resumes from it (a half-written index had stopped the next start on its JSON)."""
+    target = build_model("llama", layers=3)
+    examples = examples_of(LENGTHS)
+    whole = FeatureCache.build(tmp_path / "whole", target, examples, [0, 1], chunk=4, batch_tokens=64, progress=False)
+    real_write, writes = Path.write_text, []
+
+    def write_text(self, text, *args, **kwargs):
+        if self.parent.name == "part" and self.name.startswith("index."):
+            writes.append(self.name)
+            if len(writes) == 3:  # the start's index, the first chunk's, then the second chunk's dies half-written
+                real_write(self, text[: len(text) // 2], *args, **kwargs)
+                raise KeyboardInterrupt
+        return real_write(self, text, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "write_text", write_text)
+        with pytest.raises(KeyboardInterrupt):
+            FeatureCache.build(tmp_path / "part", target, examples, [0, 1], chunk=4, batch_tokens=64, progress=False)
+    assert FeatureCache(tmp_path / "part").done == 4  # the first chunk's index, whole
+    resumed = FeatureCache.build(tmp_path / "part", target, examples, [0, 1], chunk=4, batch_tokens=64, progress=False)
+    np.testing.assert_array_equal(np.asarray(resumed.features), np.asarray(whole.features))
+    assert resumed.done == len(LENGTHS) and not (tmp_path / "part" / "index.tmp").exists()
 
 
 def test_interrupted_cache_resumes_from_the_last_saved_chunk(tmp_path, monkeypatch):
