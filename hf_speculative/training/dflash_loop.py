@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from .batches import CachedExamples, EpochOrder, batch_generator, pad_batch
-from .clock import TrainClock, budget_spent, save_due
-from .state_files import recover, save_state
+from .clock import TrainClock, budget_spent
+from .state_files import Saves, recover
 from .data import FeatureCache, training_examples
 from .evaluate import greedy_tau
 from .dflash import (LOG, STATE, DFlashTrainConfig, dflash_loss, draft_vocabulary_all_tokens, lr_factor, new_network,
@@ -165,13 +165,11 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
         step, done_batches, seconds_before = saved["step"], saved["batches"], saved.get("train_seconds", 0.0)
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
     clock = TrainClock(seconds_before)
-    saved_at = clock.seconds  # when the state was last saved, in the clock's seconds (--save-minutes)
+    saves = Saves(accelerator, state_dir, clock, cfg.save_minutes)
 
     def save_progress() -> None:
         """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
-        nonlocal saved_at
-        save_state(accelerator, state_dir, {"step": step, "batches": done_batches, "train_seconds": clock.seconds})
-        saved_at = clock.seconds
+        saves.save({"step": step, "batches": done_batches})
 
     def evaluate_and_save() -> dict:
         accelerator.wait_for_everyone()
@@ -242,7 +240,7 @@ def train_dflash(cfg: DFlashTrainConfig, *, progress: bool = True) -> Path:
                 record = None
                 if step % cfg.eval_every == 0 and not out_of_time:
                     record = evaluate_and_save()
-                elif not out_of_time and save_due(clock, saved_at, cfg.save_minutes, accelerator):
+                elif not out_of_time and saves.due():
                     save_progress()
     bar.close()
     if record is None:  # unless the last step was just validated and saved

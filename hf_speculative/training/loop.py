@@ -27,8 +27,8 @@ import torch
 from .. import compat
 from ..drafters.eagle.config import EagleConfig
 from ..extras import require
-from .clock import TrainClock, budget_spent, save_due
-from .state_files import recover, save_state
+from .clock import TrainClock, budget_spent
+from .state_files import Saves, recover
 from .config import FEATURE, TrainConfig
 from .batches import CachedExamples, EpochOrder, pad_batch
 from .data import FeatureCache, training_examples
@@ -186,16 +186,13 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
         seconds_before = saved.get("train_seconds", 0.0)  # absent in checkpoints written before --max-minutes
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
     clock = TrainClock(seconds_before)  # training time over every run of this --out (--max-minutes counts it)
-    saved_at = clock.seconds  # when the state was last saved, in the clock's seconds (--save-minutes)
+    saves = Saves(accelerator, state_dir, clock, cfg.save_minutes)
 
     def save_progress(tokens: int | None = None) -> None:
         """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
-        nonlocal saved_at
         if tokens is None:
             tokens = earlier_tokens + int(accelerator.reduce(torch.tensor(seen_tokens, device=accelerator.device), "sum"))
-        save_state(accelerator, state_dir, {"step": step, "tokens": tokens, "batches": done_batches,
-                                            "train_seconds": clock.seconds})
-        saved_at = clock.seconds
+        saves.save({"step": step, "tokens": tokens, "batches": done_batches})
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
@@ -258,7 +255,7 @@ def train(cfg: TrainConfig, *, progress: bool = True) -> Path:
                 out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
-                elif not out_of_time and save_due(clock, saved_at, cfg.save_minutes, accelerator):
+                elif not out_of_time and saves.due():
                     save_progress()
     bar.close()
     record = evaluate_and_save(final=not out_of_time)  # stopped by --max-minutes: a checkpoint to go on from

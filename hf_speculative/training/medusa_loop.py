@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from .batches import CachedExamples, EpochOrder, batch_generator, pad_batch
-from .clock import TrainClock, budget_spent, save_due
-from .state_files import recover, save_state
+from .clock import TrainClock, budget_spent
+from .state_files import Saves, recover
 from .data import FeatureCache, training_examples
 from .loop import _Progress, float32_pieces, start_run
 from .medusa import LOG, STATE, MedusaTrainConfig, medusa_loss, new_heads, real_tau, validate
@@ -100,13 +100,11 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
         step, done_batches, seconds_before = saved["step"], saved["batches"], saved.get("train_seconds", 0.0)
         accelerator.print(f"resumed from {state_dir} at optimizer step {step}")
     clock = TrainClock(seconds_before)
-    saved_at = clock.seconds  # when the state was last saved, in the clock's seconds (--save-minutes)
+    saves = Saves(accelerator, state_dir, clock, cfg.save_minutes)
 
     def save_progress() -> None:
         """The state to resume from: accelerate's (weights, optimizer, scheduler, RNGs) and our counters."""
-        nonlocal saved_at
-        save_state(accelerator, state_dir, {"step": step, "batches": done_batches, "train_seconds": clock.seconds})
-        saved_at = clock.seconds
+        saves.save({"step": step, "batches": done_batches})
 
     def evaluate_and_save(final: bool = False) -> dict:
         accelerator.wait_for_everyone()
@@ -170,7 +168,7 @@ def train_medusa(cfg: MedusaTrainConfig, *, progress: bool = True) -> Path:
                 out_of_time = budget_spent(clock, cfg.max_minutes, accelerator)
                 if step % cfg.eval_every == 0 and not out_of_time:
                     evaluate_and_save()
-                elif not out_of_time and save_due(clock, saved_at, cfg.save_minutes, accelerator):
+                elif not out_of_time and saves.due():
                     save_progress()
     bar.close()
     record = evaluate_and_save(final=True)

@@ -14,6 +14,8 @@ import json
 import shutil
 from pathlib import Path
 
+from .clock import TrainClock, save_due
+
 PROGRESS = "progress.json"  # our counters; in the incoming folder, written last
 
 
@@ -23,6 +25,24 @@ def incoming_of(state_dir: Path) -> Path:
 
 def replaced_of(state_dir: Path) -> Path:
     return state_dir.with_name(state_dir.name + ".replaced")
+
+
+class Saves:
+    """A run's saves of its training state: each one whole (:func:`save_state`), with the time trained, and when the
+    next is due (``--save-minutes`` of training since the last one, every process agreeing: ``clock.save_due``)."""
+
+    def __init__(self, accelerator, state_dir: Path, clock: TrainClock, save_minutes: float | None):
+        self.accelerator, self.state_dir, self.clock, self.save_minutes = accelerator, state_dir, clock, save_minutes
+        self.saved_at = clock.seconds  # the clock's seconds at the last save (a resumed run's at its checkpoint)
+
+    def save(self, progress: dict) -> None:
+        """``progress`` (the loop's counters) and ``train_seconds`` (what ``--max-minutes`` counts) with accelerate's
+        state. Every process calls it."""
+        save_state(self.accelerator, self.state_dir, {**progress, "train_seconds": self.clock.seconds})
+        self.saved_at = self.clock.seconds
+
+    def due(self) -> bool:
+        return save_due(self.clock, self.saved_at, self.save_minutes, self.accelerator)
 
 
 def save_state(accelerator, state_dir: Path, progress: dict) -> None:

@@ -32,6 +32,21 @@ class Killed(Exception):
     pass
 
 
+def command(kind: str, checkpoint, data) -> list:
+    """``kind``'s trainer on the tiny target and its answers, one epoch without a validation before its end."""
+    options = TRAINERS[kind]
+    return [*options[:1], "--target", checkpoint, "--data", data, "--threads", 1, *options[1:], "--epochs", 1,
+            "--eval-every", 1000]
+
+
+def assert_same_weights(out: Path, whole: Path, kind: str) -> None:
+    """The drafter in ``out`` is the one in ``whole``, to the bit."""
+    ends, expected = weights(out), weights(whole)
+    assert ends.keys() == expected.keys()
+    for name, value in ends.items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=f"{kind}: {name}")
+
+
 def killed_run(monkeypatch, kind: str, args: list) -> None:
     """``args`` run in this process and killed after :data:`KILLED_AFTER` optimizer steps."""
     loop = importlib.import_module(f"hf_speculative.training.{LOOPS[kind]}")
@@ -54,9 +69,7 @@ def killed_run(monkeypatch, kind: str, args: list) -> None:
 @pytest.mark.parametrize("kind", sorted(TRAINERS))
 def test_a_run_killed_between_validations_resumes_from_its_last_save(tmp_path, monkeypatch, deep_chat_checkpoint,  # noqa: F811
                                                                      answers, kind):  # noqa: F811
-    options = TRAINERS[kind]
-    common = [*options[:1], "--target", deep_chat_checkpoint, "--data", answers, "--threads", 1, *options[1:],
-              "--epochs", 1, "--eval-every", 1000]
+    common = command(kind, deep_chat_checkpoint, answers)
     whole = tmp_path / "whole"
     run(*common, "--out", whole)
 
@@ -64,10 +77,7 @@ def test_a_run_killed_between_validations_resumes_from_its_last_save(tmp_path, m
     killed_run(monkeypatch, kind, [*common, "--out", out, "--save-minutes", 1e-9])  # a save after every step
     again = run(*common, "--out", out, "--save-minutes", 1e-9)
     assert f"resumed from {out / 'checkpoint'} at optimizer step {KILLED_AFTER}" in again.output
-    ends, expected = weights(out), weights(whole)
-    assert ends.keys() == expected.keys()
-    for name, value in ends.items():
-        torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=f"{kind}: {name}")
+    assert_same_weights(out, whole, kind)
 
     # the control: saved at validations only, the same kill loses the run's steps
     lost = tmp_path / "lost"
@@ -95,9 +105,7 @@ def test_a_save_cut_short_leaves_the_last_whole_checkpoint(tmp_path, monkeypatch
                                                            answers, kind):  # noqa: F811
     from accelerate import Accelerator
 
-    options = TRAINERS[kind]
-    common = [*options[:1], "--target", deep_chat_checkpoint, "--data", answers, "--threads", 1, *options[1:],
-              "--epochs", 1, "--eval-every", 1000]
+    common = command(kind, deep_chat_checkpoint, answers)
     whole = tmp_path / "whole"
     run(*common, "--out", whole)
 
@@ -119,9 +127,7 @@ def test_a_save_cut_short_leaves_the_last_whole_checkpoint(tmp_path, monkeypatch
     again = run(*common, "--out", out, "--save-minutes", 1e-9)
     assert f"resumed from {out / 'checkpoint'} at optimizer step 4" in again.output
     assert not (out / "checkpoint.incoming").exists()
-    ends, expected = weights(out), weights(whole)
-    for name, value in ends.items():
-        torch.testing.assert_close(value, expected[name], rtol=0, atol=0, msg=f"{kind}: {name}")
+    assert_same_weights(out, whole, kind)
 
 
 def folder(path: Path, step: int | None, marker: str) -> Path:
