@@ -33,8 +33,8 @@ from typing import Any, Callable, Mapping, NoReturn
 from ..options import escaped
 
 __all__ = ["sha256_file", "is_sha256_hex", "stat_key", "settled", "check_files", "first_problem", "read_trust",
-           "write_json_atomic", "drafter_trust_file", "FileRefused", "confined", "folder_file", "check_model_folder",
-           "open_regular", "read_capped", "read_json_capped", "MAX_JSON_BYTES", "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
+           "write_json_atomic", "write_text_atomic", "drafter_trust_file", "FileRefused", "confined", "folder_file",
+           "check_model_folder", "open_regular", "read_capped", "read_json_capped", "MAX_JSON_BYTES", "MAX_HASHED_BYTES", "MAX_NAME_CHARS"]
 
 _CHUNK = 8 << 20
 MAX_JSON_BYTES = 4 << 20  # a config.json, manifest, weights index or calibration file read from disk
@@ -303,6 +303,30 @@ def read_trust(trust_file: Path | None, folder: Path) -> dict[str, list]:
         return files if isinstance(files, dict) else {}
     except (OSError, ValueError, AttributeError):  # FileRefused is a ValueError
         return {}
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file and a rename: readers, and a run killed while it writes, see the
+    old file or the new one, never part of one. The file keeps its mode (a new one 0644, as a plain write makes it).
+
+    Raises:
+        OSError: the folder or the file cannot be written (the temporary file removed).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:  # mkstemp's 0600 would make the file the owner's alone
+            mode = os.stat(path).st_mode & 0o777
+        except OSError:
+            mode = 0o644
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomic(path: Path, data: Any) -> bool:

@@ -29,6 +29,7 @@ import torch
 
 from .. import compat
 from ..extras import require
+from ..registry.integrity import write_text_atomic  # a kill while writing the index left half a JSON
 from ..core.features import FeatureTap
 from .config import FEATURE
 from .conversations import chat_tokens, conversation
@@ -281,7 +282,7 @@ class FeatureCache:
                     meta = _count_finished(directory, meta, part)
                 else:  # only the main process writes the index; the others leave a note of their own
                     written += part
-                    _write_whole(directory / f"finished.{rank}.json", json.dumps(_runs(written)))
+                    write_text_atomic(directory / f"finished.{rank}.json", json.dumps(_runs(written)))
         finally:
             tap.remove()
             final_tap.remove()
@@ -375,14 +376,6 @@ def _noted(directory: Path, strict: bool) -> tuple[list[Path], set[int]]:
     return notes, finished
 
 
-def _write_whole(path: Path, text: str) -> None:
-    """``text`` into ``path`` by a rename: a kill while writing leaves the old file (a half-written index stopped the
-    next start on its JSON)."""
-    part = path.with_suffix(".tmp")
-    part.write_text(text)
-    part.replace(path)
-
-
 def _count_finished(directory: Path, meta: dict, extra: Iterable[int] = ()) -> dict:
     """``meta`` with every finished example counted (its ``finished`` runs, the processes'
     ``finished.<rank>.json`` notes and ``extra``): ``done`` grows over the finished prefix, the rest stay
@@ -393,7 +386,7 @@ def _count_finished(directory: Path, meta: dict, extra: Iterable[int] = ()) -> d
     while done in finished:
         done += 1
     meta = dict(meta, done=done, finished=_runs(i for i in finished if i > done))
-    _write_whole(directory / INDEX, json.dumps(meta))
+    write_text_atomic(directory / INDEX, json.dumps(meta))
     for note in notes:
         note.unlink()
     return meta
@@ -411,7 +404,7 @@ def _open_index(directory: Path, meta: dict) -> dict:
         note.unlink()
     for array in _arrays(directory, meta, "w+"):
         array.flush()
-    _write_whole(index, json.dumps(meta))
+    write_text_atomic(index, json.dumps(meta))
     return meta
 
 

@@ -3,6 +3,7 @@ batched by length, resumed after an interruption; ``length_batches``'s grouping.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -74,24 +75,25 @@ def test_a_kill_while_the_index_is_written_leaves_the_last_one(tmp_path, monkeyp
     target = build_model("llama", layers=3)
     examples = examples_of(LENGTHS)
     whole = FeatureCache.build(tmp_path / "whole", target, examples, [0, 1], chunk=4, batch_tokens=64, progress=False)
-    real_write, writes = Path.write_text, []
+    real_replace, writes = os.replace, []
 
-    def write_text(self, text, *args, **kwargs):
-        if self.parent.name == "part" and self.name.startswith("index."):
-            writes.append(self.name)
+    def replace(src, dst, *args, **kwargs):  # the rename that puts a written index in place
+        if Path(dst).parent.name == "part" and Path(dst).name == "index.json":
+            writes.append(dst)
             if len(writes) == 3:  # the start's index, the first chunk's, then the second chunk's dies half-written
-                real_write(self, text[: len(text) // 2], *args, **kwargs)
+                text = Path(src).read_text()
+                Path(src).write_text(text[: len(text) // 2])
                 raise KeyboardInterrupt
-        return real_write(self, text, *args, **kwargs)
+        return real_replace(src, dst, *args, **kwargs)
 
     with monkeypatch.context() as patched:
-        patched.setattr(Path, "write_text", write_text)
+        patched.setattr(os, "replace", replace)
         with pytest.raises(KeyboardInterrupt):
             FeatureCache.build(tmp_path / "part", target, examples, [0, 1], chunk=4, batch_tokens=64, progress=False)
     assert FeatureCache(tmp_path / "part").done == 4  # the first chunk's index, whole
     resumed = FeatureCache.build(tmp_path / "part", target, examples, [0, 1], chunk=4, batch_tokens=64, progress=False)
     np.testing.assert_array_equal(np.asarray(resumed.features), np.asarray(whole.features))
-    assert resumed.done == len(LENGTHS) and not (tmp_path / "part" / "index.tmp").exists()
+    assert resumed.done == len(LENGTHS) and not list((tmp_path / "part").glob(".index.json.*"))  # no temporary left
 
 
 def test_interrupted_cache_resumes_from_the_last_saved_chunk(tmp_path, monkeypatch):

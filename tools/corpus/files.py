@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from hf_speculative.registry.integrity import write_text_atomic  # the corpus modules import it from here
 
 SPLITS = ("train", "held_out")
 LOCK = ".lock"
@@ -62,20 +62,6 @@ def repair_tail(path: Path) -> bool:
             return False
         f.truncate(data.rfind(b"\n") + 1)
     return True
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file and a rename: readers see the old file or the new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_rows_atomic(path: Path, rows: list[dict]) -> None:
